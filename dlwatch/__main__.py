@@ -1,0 +1,3 @@
+from dlwatch.cli.main import main
+
+raise SystemExit(main())
