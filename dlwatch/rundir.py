@@ -1,0 +1,93 @@
+"""Where the job sockets live, and the checks that keep that place private.
+
+Stdlib only: the probe uses this inside the training job.
+
+The directory is ``$DLWATCH_DIR``, else ``$XDG_RUNTIME_DIR/dlwatch``, else
+``/tmp/dlwatch-<uid>``. It must be a real directory (not a symlink), owned by
+this user, with no access for group or others; we create it 0700 and refuse
+one that is not, because anyone who can write there could impersonate a job
+or read its stream.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+SOCKET_SUFFIX = ".sock"
+# sun_path is 108 bytes on Linux, including the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+
+class RuntimeDirError(OSError):
+    """The runtime directory cannot be used safely; the message says why."""
+
+
+def runtime_dir() -> str:
+    d = os.environ.get("DLWATCH_DIR")
+    if d:
+        return os.path.abspath(d)
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isdir(xdg):
+        return os.path.join(xdg, "dlwatch")
+    return f"/tmp/dlwatch-{os.getuid()}"
+
+
+def check_dir(path: str) -> None:
+    """Raise RuntimeDirError unless ``path`` is a private directory of ours."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise RuntimeDirError(f"runtime directory {path} does not exist") from None
+    except OSError as e:
+        raise RuntimeDirError(f"runtime directory {path} cannot be read: {e.strerror}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise RuntimeDirError(f"runtime directory {path} is a symlink; refusing to use it")
+    if not stat.S_ISDIR(st.st_mode):
+        raise RuntimeDirError(f"runtime directory {path} is not a directory")
+    if st.st_uid != os.getuid():
+        raise RuntimeDirError(
+            f"runtime directory {path} is owned by uid {st.st_uid}, not by you (uid {os.getuid()})"
+        )
+    if st.st_mode & 0o077:
+        raise RuntimeDirError(
+            f"runtime directory {path} has mode {stat.S_IMODE(st.st_mode):04o}; "
+            "it must give no access to group or others (0700)"
+        )
+
+
+def ensure_dir(path: str | None = None) -> str:
+    """Create the runtime directory 0700 if missing, then check it."""
+    path = path or runtime_dir()
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise RuntimeDirError(f"cannot create runtime directory {path}: {e.strerror}") from None
+    check_dir(path)
+    return path
+
+
+def socket_path(directory: str, pid: int) -> str:
+    path = os.path.join(directory, f"{pid}{SOCKET_SUFFIX}")
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise RuntimeDirError(
+            f"socket path {path} is longer than the {MAX_SOCKET_PATH}-byte limit of Unix "
+            "sockets; set DLWATCH_DIR to a shorter directory"
+        )
+    return path
+
+
+def list_sockets(directory: str) -> list[tuple[int, str]]:
+    """(pid, path) of every job socket in ``directory``, sorted by pid."""
+    out = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    for name in names:
+        stem, ext = os.path.splitext(name)
+        if ext == SOCKET_SUFFIX and stem.isdigit():
+            out.append((int(stem), os.path.join(directory, name)))
+    return sorted(out)

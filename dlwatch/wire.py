@@ -1,0 +1,208 @@
+"""The wire protocol shared by the probe (server) and the monitor (client).
+
+Newline-delimited JSON over a Unix stream socket. Nothing but JSON is ever
+decoded from the wire, every frame is size-limited, and every message is
+checked against a small schema before anyone looks at it. This module is
+stdlib-only because the probe imports it inside the training job.
+
+Conversation::
+
+    client -> {"type": "hello", "protocol": 1, "client": "dlwatch 0.1.0"}
+    server -> {"type": "hello", "protocol": 1, "job": {...}, "history": N}
+    server -> N x {"type": "window", ...}   (recent history, oldest first)
+    server -> {"type": "window", ...}       (about 10 per second, live)
+
+A version mismatch is answered with ``{"type": "error", ...}`` and the
+connection is closed; so is a malformed or oversized frame.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+PROTOCOL_VERSION = 1
+# Windows carry a handful of loaders with up to a few dozen workers each:
+# a few KiB. 1 MiB leaves room for anything real and bounds what a peer can
+# make the other side buffer.
+MAX_FRAME_BYTES = 1 << 20
+# What a client may send: only a hello. Anything longer is an attack or a bug.
+MAX_CLIENT_FRAME_BYTES = 4096
+
+
+class WireError(ValueError):
+    """A frame that cannot be accepted; the message says why, readably."""
+
+
+def encode(msg: dict[str, Any], limit: int = MAX_FRAME_BYTES) -> bytes:
+    data = json.dumps(msg, separators=(",", ":"), allow_nan=False).encode()
+    if len(data) + 1 > limit:
+        raise WireError(f"frame of {len(data) + 1} bytes exceeds the {limit}-byte limit")
+    return data + b"\n"
+
+
+class FrameDecoder:
+    """Splits a byte stream into validated messages.
+
+    ``feed`` returns what the bytes completed: dicts for good frames and
+    ``WireError`` instances for bad ones (the caller decides whether a bad frame
+    ends the conversation). A line longer than ``limit`` is reported once and
+    skipped up to its newline without being buffered, so memory stays bounded
+    whatever the peer sends.
+    """
+
+    def __init__(self, limit: int = MAX_FRAME_BYTES) -> None:
+        self.limit = limit
+        self._buf = bytearray()
+        self._skipping = False
+
+    def feed(self, data: bytes) -> list[dict[str, Any] | WireError]:
+        out: list[dict[str, Any] | WireError] = []
+        start = 0
+        while True:
+            nl = data.find(b"\n", start)
+            if nl < 0:
+                break
+            if self._skipping:
+                self._skipping = False
+            else:
+                self._buf += data[start:nl]
+                out.append(self._parse(bytes(self._buf)))
+            self._buf.clear()
+            start = nl + 1
+        rest = data[start:]
+        if not self._skipping and rest:
+            if len(self._buf) + len(rest) > self.limit:
+                out.append(WireError(f"frame exceeds the {self.limit}-byte limit"))
+                self._buf.clear()
+                self._skipping = True
+            else:
+                self._buf += rest
+        return out
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an unfinished frame held in the buffer."""
+        return len(self._buf)
+
+    def _parse(self, line: bytes) -> dict[str, Any] | WireError:
+        if len(line) + 1 > self.limit:
+            return WireError(f"frame exceeds the {self.limit}-byte limit")
+        try:
+            msg = json.loads(line.decode("utf-8"), parse_constant=_reject_constant)
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            return WireError(f"malformed frame: {_short(e)}")
+        try:
+            return validate(msg)
+        except WireError as e:
+            return e
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _short(e: BaseException) -> str:
+    s = str(e)
+    return s if len(s) <= 120 else s[:117] + "..."
+
+
+# --- schema -----------------------------------------------------------------
+# A tiny structural checker: field -> accepted types. Optional fields may be
+# absent or null. Extra fields are allowed (forward compatibility within a
+# protocol version); wrong types are not.
+
+_INT = (int,)
+_NUM = (int, float)
+_STR = (str,)
+_BOOL = (bool,)
+_LIST = (list,)
+_DICT = (dict,)
+
+HELLO_CLIENT = {"protocol": _INT}
+HELLO_SERVER = {"protocol": _INT, "job": _DICT}
+JOB = {"pid": _INT, "cmdline": _STR}
+JOB_OPTIONAL = {
+    "rank": _INT, "local_rank": _INT, "world_size": _INT, "torch_version": _STR,
+    "start_method": _STR, "run_id": _STR, "started": _NUM, "python": _STR,
+    "hostname": _STR, "dlwatch_version": _STR,
+}
+WINDOW = {"seq": _INT, "t": _NUM, "mono_ns": _INT, "loaders": _LIST}
+WINDOW_OPTIONAL = {"main": _DICT}
+LOADER = {"id": _INT, "epoch": _INT, "batches": _INT, "wait_ns": _INT, "step_ns": _INT,
+          "num_workers": _INT, "workers": _LIST, "queue": _DICT}
+LOADER_OPTIONAL = {
+    "batch_size": _INT, "pin_memory": _BOOL, "persistent_workers": _BOOL,
+    "prefetch_factor": _INT, "start_method": _STR, "kind": _STR, "name": _STR,
+    "active": _BOOL, "epoch_start_ms": _LIST, "epoch_ms": _LIST, "teardown_ns": _INT,
+    "iterator": _STR, "dataset": _STR,
+}
+QUEUE_OPTIONAL = {"ready": _INT, "in_flight": _INT, "capacity": _INT}
+WORKER = {"id": _INT, "pid": _INT, "batches": _INT, "fetch_ns": _INT, "busy_ns": _INT}
+ERROR = {"message": _STR}
+
+
+def _check(obj: Any, required: dict, optional: dict | None, what: str) -> None:
+    if not isinstance(obj, dict):
+        raise WireError(f"{what} must be a JSON object, got {type(obj).__name__}")
+    for key, types in required.items():
+        if key not in obj:
+            raise WireError(f"{what} lacks required field '{key}'")
+        _check_type(obj[key], types, f"{what}.{key}")
+    for key, types in (optional or {}).items():
+        if obj.get(key) is not None:
+            _check_type(obj[key], types, f"{what}.{key}")
+
+
+def _check_type(value: Any, types: tuple, where: str) -> None:
+    # bool is an int subclass: never accept it where a number is meant.
+    if isinstance(value, bool) and bool not in types:
+        raise WireError(f"{where} has the wrong type (bool)")
+    if not isinstance(value, types):
+        raise WireError(f"{where} has the wrong type ({type(value).__name__})")
+
+
+def validate(msg: Any) -> dict[str, Any]:
+    """Return ``msg`` if it is a well-formed message, else raise WireError."""
+    if not isinstance(msg, dict):
+        raise WireError(f"message must be a JSON object, got {type(msg).__name__}")
+    kind = msg.get("type")
+    if kind == "hello":
+        if "job" in msg:
+            _check(msg, HELLO_SERVER, None, "hello")
+            _check(msg["job"], JOB, JOB_OPTIONAL, "hello.job")
+        else:
+            _check(msg, HELLO_CLIENT, None, "hello")
+    elif kind == "window":
+        _check(msg, WINDOW, WINDOW_OPTIONAL, "window")
+        for i, ld in enumerate(msg["loaders"]):
+            _check(ld, LOADER, LOADER_OPTIONAL, f"window.loaders[{i}]")
+            _check(ld["queue"], {}, QUEUE_OPTIONAL, f"window.loaders[{i}].queue")
+            for j, w in enumerate(ld["workers"]):
+                _check(w, WORKER, None, f"window.loaders[{i}].workers[{j}]")
+    elif kind == "error":
+        _check(msg, ERROR, None, "error")
+    else:
+        raise WireError(f"unknown message type {kind!r}")
+    return msg
+
+
+def client_hello(client: str) -> dict[str, Any]:
+    return {"type": "hello", "protocol": PROTOCOL_VERSION, "client": client}
+
+
+def check_protocol(hello: dict[str, Any]) -> None:
+    """Raise WireError when the peer speaks another protocol version."""
+    theirs = hello.get("protocol")
+    if theirs != PROTOCOL_VERSION:
+        raise WireError(
+            f"protocol version mismatch: peer speaks {theirs}, this dlwatch speaks "
+            f"{PROTOCOL_VERSION}; use the same dlwatch version in the job and the monitor"
+        )
+
+
+def iter_lines(data: bytes) -> Iterator[bytes]:
+    """Split already-complete wire data into lines (for recorded streams)."""
+    for line in data.split(b"\n"):
+        if line.strip():
+            yield line
