@@ -1,0 +1,20 @@
+"""``import dlwatch.hook``: instrument every PyTorch DataLoader in this process.
+
+Importing only installs class-level patches (or, if torch is not imported
+yet, an import hook that patches it when it is). No thread, socket or file
+exists until a DataLoader is first iterated in a trainer process. Safe to
+import many times, and in DataLoader workers (spawn re-imports the script).
+Set ``DLWATCH_DISABLE=1`` to make it a no-op.
+"""
+
+import os as _os
+
+if _os.environ.get("DLWATCH_DISABLE", "").strip() in ("", "0", "false", "no"):
+    try:
+        from dlwatch.probe import patches as _patches
+        from dlwatch.probe import publisher as _publisher
+
+        _patches.on_first_iterator = _publisher.ensure_started
+        _patches.install()
+    except Exception:  # the job must train on whatever happens here
+        pass

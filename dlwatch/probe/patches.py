@@ -1,0 +1,249 @@
+"""Class-level patches of torch's DataLoader iterator (DESIGN §3).
+
+``install()`` patches ``_BaseDataLoaderIter`` if torch's dataloader module is
+already imported, else arms an import hook that patches it the moment torch
+imports it: ``dlwatch run`` activates the hook in every Python process, and
+most of those never touch torch, so we must not import it for them.
+
+Patched: ``__init__`` (an epoch starts; a fresh iterator), ``_reset`` (an
+epoch starts on a persistent iterator), ``__next__`` (wait inside the call,
+the loop's work between calls), and a ``_worker_init_fn`` data descriptor so
+that whatever any iterator class assigns there reaches its workers wrapped in
+a ``WorkerHook`` (torchdata's iterator assigns it after our ``__init__`` has
+run; a descriptor sees every assignment). Originals are kept for
+``uninstall()``.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+from time import perf_counter_ns as _clock
+
+from dlwatch.probe import worker as _worker
+from dlwatch.probe.stats import Registry
+
+TARGET_MODULE = "torch.utils.data.dataloader"
+
+registry = Registry()
+_originals: dict[str, object] = {}
+_finder = None
+# Called with no arguments when the first iterator of a trainer process
+# exists; the publisher sets it (keeps this module free of socket code).
+on_first_iterator = None
+
+
+def install() -> None:
+    """Idempotent: patch now if torch's dataloader is loaded, else on import."""
+    global _finder
+    mod = sys.modules.get(TARGET_MODULE)
+    if mod is not None and hasattr(mod, "_BaseDataLoaderIter"):
+        _patch(mod)
+        return
+    if _finder is None:
+        _finder = _PostImportFinder()
+        sys.meta_path.insert(0, _finder)
+
+
+def installed() -> bool:
+    return bool(_originals)
+
+
+def uninstall() -> None:
+    global _finder
+    if _finder is not None:
+        try:
+            sys.meta_path.remove(_finder)
+        except ValueError:
+            pass
+        _finder = None
+    mod = sys.modules.get(TARGET_MODULE)
+    if mod is None or not _originals:
+        return
+    cls = mod._BaseDataLoaderIter
+    for name, orig in _originals.items():
+        if orig is _MISSING:
+            try:
+                delattr(cls, name)
+            except AttributeError:
+                pass
+        else:
+            setattr(cls, name, orig)
+    _originals.clear()
+
+
+_MISSING = object()
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Finds torch's dataloader module through the other finders and wraps
+    its loader so our patch runs right after the module body executes."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != TARGET_MODULE:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _PatchingLoader(spec.loader)
+                return spec
+        return None
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, inner) -> None:
+        self._inner = inner
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._inner.exec_module(module)
+        try:
+            _patch(module)
+        except Exception:
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def _patch(mod) -> None:
+    if _originals:
+        return
+    cls = mod._BaseDataLoaderIter
+    orig_init = cls.__init__
+    orig_next = cls.__next__
+    orig_reset = cls._reset
+    _originals["__init__"] = orig_init
+    _originals["__next__"] = orig_next
+    _originals["_reset"] = orig_reset
+    _originals["_worker_init_fn"] = cls.__dict__.get("_worker_init_fn", _MISSING)
+
+    def __init__(self, loader, *args, **kwargs):
+        t0 = _clock()
+        orig_init(self, loader, *args, **kwargs)
+        try:
+            _on_new_iterator(self, loader, t0)
+        except Exception:
+            pass
+
+    def _reset(self, loader, first_iter=False, *args, **kwargs):
+        if not first_iter:
+            st = self.__dict__.get("_dlw_stats")
+            if st is not None:
+                try:
+                    st.begin_epoch(self, _clock())
+                except Exception:
+                    pass
+        return orig_reset(self, loader, first_iter, *args, **kwargs)
+
+    # The hot path: two clock reads, a dict lookup and a few integer adds.
+    def __next__(self):
+        st = self.__dict__.get("_dlw_stats")
+        if st is None:
+            return orig_next(self)
+        t0 = _clock()
+        st.t_enter = t0
+        try:
+            data = orig_next(self)
+        except StopIteration:
+            t1 = _clock()
+            st.t_enter = 0
+            st.end_epoch(t0, t1)
+            raise
+        except BaseException:
+            st.t_enter = 0
+            raise
+        t1 = _clock()
+        st.wait_ns += t1 - t0
+        st.t_enter = 0
+        if st.t_last:
+            st.step_ns += t0 - st.t_last
+        st.t_last = t1
+        st.batches += 1
+        if st.first_pending:
+            st.first_batch(t1)
+        return data
+
+    __init__._dlwatch_orig = orig_init
+    __next__._dlwatch_orig = orig_next
+    _reset._dlwatch_orig = orig_reset
+    for f, o in ((__init__, orig_init), (__next__, orig_next), (_reset, orig_reset)):
+        f.__doc__ = getattr(o, "__doc__", None)
+    cls.__init__ = __init__
+    cls.__next__ = __next__
+    cls._reset = _reset
+    cls._worker_init_fn = _InitFnSlot(_originals["_worker_init_fn"])
+
+
+def _in_worker_process() -> bool:
+    w = sys.modules.get("torch.utils.data._utils.worker")
+    return w is not None and getattr(w, "_worker_info", None) is not None
+
+
+def _on_new_iterator(it, loader, t0: int) -> None:
+    # A DataLoader iterated inside a worker (nested loaders) is not the job's
+    # training loop: leave it alone so workers never open sockets.
+    if _in_worker_process():
+        return
+    st = registry.for_iterator(it, loader)
+    nw = int(getattr(it, "_num_workers", 0) or 0)
+    if nw > 0:
+        slots = _worker.make_slots(nw)
+        st.slots = slots
+        st.slots_view = _worker.as_int64_view(slots)
+        st.num_workers = nw
+        it.__dict__["_dlw_slots"] = slots
+    else:
+        st.slots = st.slots_view = None
+        st.num_workers = 0
+    st.begin_epoch(it, t0)
+    it.__dict__["_dlw_stats"] = st
+    cb = on_first_iterator
+    if cb is not None:
+        cb()
+
+
+class _InitFnSlot:
+    """Data descriptor for ``_worker_init_fn`` on the iterator base class.
+
+    Stores what the iterator assigns and hands back a ``WorkerHook`` around it
+    when the iterator has worker slots. The DataLoader's own
+    ``worker_init_fn`` is never touched, so frameworks that check it for None
+    (Lightning) see exactly what the user set.
+    """
+
+    def __init__(self, fallback) -> None:
+        self._fallback = fallback
+
+    def __set_name__(self, owner, name) -> None:
+        pass
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        d = obj.__dict__
+        if "_dlw_init_user" not in d:
+            if self._fallback is not _MISSING:
+                return self._fallback
+            raise AttributeError("_worker_init_fn")
+        user = d["_dlw_init_user"]
+        slots = d.get("_dlw_slots")
+        if slots is None:
+            return user
+        hook = d.get("_dlw_init_hook")
+        if hook is None or hook.user_fn is not user:
+            hook = _worker.WorkerHook(user, slots)
+            d["_dlw_init_hook"] = hook
+        return hook
+
+    def __set__(self, obj, value) -> None:
+        obj.__dict__["_dlw_init_user"] = value
+
+    def __delete__(self, obj) -> None:
+        obj.__dict__.pop("_dlw_init_user", None)

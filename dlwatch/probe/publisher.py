@@ -1,0 +1,426 @@
+"""The trainer-side server: one Unix socket per trainer process.
+
+A daemon thread turns the loaders' cumulative counters into a window frame
+about 10 times a second, keeps the last minute of frames, and streams them to
+whoever attaches. It never blocks the training loop: sockets are
+non-blocking, a client that does not keep up is dropped, and everything that
+can fail is caught here and turned into "not monitoring", never into an
+exception in the job.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import selectors
+import socket
+import struct
+import sys
+import threading
+import time
+from collections import deque
+
+from dlwatch import rundir, wire
+from dlwatch.probe import patches
+from dlwatch.probe.identity import job_identity
+
+INTERVAL_S = 0.1
+HISTORY_FRAMES = 600  # one minute at 10 Hz
+# A client further behind than this is not reading: drop it rather than
+# buffer without bound (history on attach is ~2 MB at most).
+MAX_CLIENT_BACKLOG = 8 << 20
+HELLO_TIMEOUT_S = 5.0
+MAX_CLIENTS = 32
+# How often to check that our socket file still exists (someone may have
+# deleted the runtime directory under a long-running job).
+REBIND_CHECK_S = 2.0
+
+_lock = threading.Lock()
+_publisher: "Publisher | None" = None
+_disabled_reason: str | None = None
+
+
+def ensure_started() -> None:
+    """Called on every new iterator; cheap after the first call."""
+    if _publisher is not None or _disabled_reason is not None:
+        return
+    _start()
+
+
+def _start() -> None:
+    global _publisher, _disabled_reason
+    with _lock:
+        if _publisher is not None or _disabled_reason is not None:
+            return
+        pub = Publisher()
+        try:
+            pub.open()
+        except (OSError, rundir.RuntimeDirError) as e:
+            _disabled_reason = str(e)
+            _say(f"dlwatch: not monitoring this job: {e}")
+            return
+        pub.start()
+        _publisher = pub
+        atexit.register(_stop_at_exit)
+
+
+def _say(msg: str) -> None:
+    try:
+        print(msg, file=sys.stderr, flush=True)
+    except Exception:
+        pass
+
+
+def _stop_at_exit() -> None:
+    pub = _publisher
+    if pub is not None:
+        pub.close()
+
+
+def current() -> "Publisher | None":
+    return _publisher
+
+
+def _after_fork_in_child() -> None:
+    # The child inherits our socket fds but not our thread. Close the copies
+    # (the file belongs to the parent: never unlink it) and forget everything;
+    # a child that trains starts its own publisher on its first iterator.
+    global _publisher, _disabled_reason, _lock
+    pub = _publisher
+    _publisher = None
+    _disabled_reason = None
+    _lock = threading.Lock()
+    patches.registry.clear()
+    if pub is not None:
+        pub.abandon()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class _Client:
+    __slots__ = ("sock", "decoder", "out", "greeted", "t_connect", "closing", "history_frames")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.decoder = wire.FrameDecoder(wire.MAX_CLIENT_FRAME_BYTES)
+        self.out = bytearray()
+        self.greeted = False
+        self.t_connect = time.monotonic()
+        self.closing = False
+        self.history_frames = HISTORY_FRAMES
+
+
+class Publisher:
+    def __init__(self, directory: str | None = None, interval: float = INTERVAL_S) -> None:
+        self.directory = directory
+        self.interval = interval
+        self.path: str | None = None
+        self._inode: tuple[int, int] | None = None
+        self._sock: socket.socket | None = None
+        self._sel: selectors.BaseSelector | None = None
+        self._clients: dict[int, _Client] = {}
+        self._history: deque[bytes] = deque(maxlen=HISTORY_FRAMES)
+        self._seq = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._hello: bytes | None = None
+        self._last_rebind_check = 0.0
+        self.frames_built = 0
+        self.clients_dropped = 0
+
+    # --- lifecycle ------------------------------------------------------------
+
+    def open(self) -> None:
+        self.directory = rundir.ensure_dir(self.directory or rundir.runtime_dir())
+        self._bind()
+        self._hello = wire.encode({
+            "type": "hello", "protocol": wire.PROTOCOL_VERSION, "job": job_identity(),
+        })
+
+    def _bind(self) -> None:
+        path = rundir.socket_path(self.directory, os.getpid())
+        if os.path.lexists(path):
+            os.unlink(path)  # a stale socket of a dead process with our pid
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            # Bind with a private umask window: the socket is never, even
+            # briefly, connectable by others.
+            old = os.umask(0o177)
+            try:
+                sock.bind(path)
+            finally:
+                os.umask(old)
+            os.chmod(path, 0o600)
+            sock.listen(16)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        st = os.stat(path)
+        self._inode = (st.st_dev, st.st_ino)
+        self.path = path
+        old_sock = self._sock
+        self._sock = sock
+        if self._sel is not None:
+            if old_sock is not None:
+                try:
+                    self._sel.unregister(old_sock)
+                except (KeyError, ValueError):
+                    pass
+                old_sock.close()
+            self._sel.register(sock, selectors.EVENT_READ, None)
+
+    def start(self) -> None:
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._sock, selectors.EVENT_READ, None)
+        self._thread = threading.Thread(target=self._run, name="dlwatch-publisher", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        t = self._thread
+        if t is not None and t.is_alive() and t is not threading.current_thread():
+            t.join(timeout=1.0)
+        self._close_sockets()
+        self._unlink_own()
+
+    def abandon(self) -> None:
+        """In a forked child: drop the inherited fds, leave the file alone."""
+        self._stop.set()
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        for c in list(self._clients.values()):
+            try:
+                c.sock.close()
+            except OSError:
+                pass
+        self._clients.clear()
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+        if self._sel is not None:
+            try:
+                self._sel.close()
+            except (OSError, RuntimeError):
+                pass
+
+    def _unlink_own(self) -> None:
+        if not self.path:
+            return
+        try:
+            st = os.stat(self.path)
+            if (st.st_dev, st.st_ino) == self._inode:
+                os.unlink(self.path)
+        except OSError:
+            pass
+
+    # --- the thread -------------------------------------------------------------
+
+    def _run(self) -> None:
+        next_tick = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                timeout = max(0.0, next_tick - time.monotonic())
+                for key, mask in self._sel.select(timeout):
+                    if key.data is None:
+                        self._accept()
+                    else:
+                        self._service(key.data, mask)
+                now = time.monotonic()
+                if now >= next_tick:
+                    self._tick()
+                    next_tick += self.interval
+                    if next_tick < now:
+                        next_tick = now + self.interval
+                    self._reap(now)
+                    if now - self._last_rebind_check >= REBIND_CHECK_S:
+                        self._last_rebind_check = now
+                        self._check_socket_file()
+            except Exception:
+                # A bug here must cost us monitoring, never the job; back off.
+                if self._stop.wait(self.interval):
+                    break
+
+    def _tick(self) -> None:
+        frame = self.build_frame()
+        try:
+            data = wire.encode(frame)
+        except (wire.WireError, ValueError, TypeError):
+            return
+        self._history.append(data)
+        self.frames_built += 1
+        for c in list(self._clients.values()):
+            if c.greeted and not c.closing:
+                self._queue(c, data)
+
+    def build_frame(self) -> dict:
+        now = time.perf_counter_ns()
+        self._seq += 1
+        loaders = []
+        for st in patches.registry.snapshot():
+            try:
+                loaders.append(st.frame(now))
+            except Exception:
+                continue
+        torch = sys.modules.get("torch")
+        cuda_init = None
+        try:
+            if torch is not None:
+                cuda_init = bool(torch.cuda.is_initialized())
+        except Exception:
+            cuda_init = None
+        return {
+            "type": "window", "seq": self._seq, "t": time.time(), "mono_ns": now,
+            "loaders": loaders,
+            "main": {"cuda_initialized": cuda_init, "py_threads": threading.active_count()},
+        }
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            if not self._peer_allowed(conn) or len(self._clients) >= MAX_CLIENTS:
+                conn.close()
+                continue
+            conn.setblocking(False)
+            c = _Client(conn)
+            self._clients[conn.fileno()] = c
+            self._sel.register(conn, selectors.EVENT_READ, c)
+
+    @staticmethod
+    def _peer_allowed(conn: socket.socket) -> bool:
+        try:
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            _pid, uid, _gid = struct.unpack("3i", creds)
+        except OSError:
+            return False
+        return uid == os.getuid()
+
+    def _service(self, c: _Client, mask: int) -> None:
+        if mask & selectors.EVENT_READ:
+            try:
+                data = c.sock.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                data = None
+            except OSError:
+                self._drop(c)
+                return
+            if data == b"":
+                self._drop(c)
+                return
+            if data:
+                for msg in c.decoder.feed(data):
+                    self._on_message(c, msg)
+                    if c.closing:
+                        break
+        if mask & selectors.EVENT_WRITE and c.sock.fileno() >= 0:
+            self._flush(c)
+
+    def _on_message(self, c: _Client, msg) -> None:
+        if isinstance(msg, wire.WireError):
+            self._fail(c, str(msg))
+            return
+        if c.greeted:
+            return  # nothing else is expected from a client; ignore
+        if msg.get("type") != "hello" or "job" in msg:
+            self._fail(c, "expected a client hello first")
+            return
+        try:
+            wire.check_protocol(msg)
+        except wire.WireError as e:
+            self._fail(c, str(e))
+            return
+        c.greeted = True
+        want = msg.get("history_frames")
+        n = len(self._history)
+        if isinstance(want, int) and not isinstance(want, bool) and want >= 0:
+            n = min(n, want)
+        self._queue(c, self._hello)
+        for frame in list(self._history)[len(self._history) - n:]:
+            self._queue(c, frame)
+
+    def _fail(self, c: _Client, message: str) -> None:
+        """Tell the client why, best effort, then hang up."""
+        try:
+            c.out += wire.encode({"type": "error", "message": message})
+        except wire.WireError:
+            pass
+        c.closing = True
+        self._flush(c)
+        self._drop(c)
+
+    def _queue(self, c: _Client, data: bytes) -> None:
+        if len(c.out) + len(data) > MAX_CLIENT_BACKLOG:
+            self.clients_dropped += 1
+            self._drop(c)
+            return
+        c.out += data
+        self._flush(c)
+
+    def _flush(self, c: _Client) -> None:
+        try:
+            while c.out:
+                n = c.sock.send(c.out)
+                if n <= 0:
+                    break
+                del c.out[:n]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            self._drop(c)
+            return
+        want = selectors.EVENT_READ | (selectors.EVENT_WRITE if c.out else 0)
+        try:
+            self._sel.modify(c.sock, want, c)
+        except (KeyError, ValueError, OSError):
+            pass
+
+    def _drop(self, c: _Client) -> None:
+        try:
+            fd = c.sock.fileno()
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            try:
+                self._sel.unregister(c.sock)
+            except (KeyError, ValueError):
+                pass
+            self._clients.pop(fd, None)
+        else:
+            for k, v in list(self._clients.items()):
+                if v is c:
+                    del self._clients[k]
+        try:
+            c.sock.close()
+        except OSError:
+            pass
+
+    def _reap(self, now: float) -> None:
+        for c in list(self._clients.values()):
+            if not c.greeted and now - c.t_connect > HELLO_TIMEOUT_S:
+                self._fail(c, f"no hello within {HELLO_TIMEOUT_S:.0f} s")
+
+    def _check_socket_file(self) -> None:
+        try:
+            st = os.stat(self.path)
+            if (st.st_dev, st.st_ino) == self._inode:
+                return
+        except OSError:
+            pass
+        try:
+            rundir.ensure_dir(self.directory)
+            self._bind()
+        except (OSError, rundir.RuntimeDirError):
+            pass  # try again at the next check; the job trains on regardless
+
+    @property
+    def clients(self) -> int:
+        return len(self._clients)

@@ -1,0 +1,247 @@
+"""Per-loader counters kept by the trainer's hot path, read by the publisher.
+
+The hot path only adds to integers and stores clock readings; everything
+else (windows, rates, fractions) is derived later from cumulative counters,
+by the publisher (in-progress adjustments) and by the monitor (diffs between
+two frames). The publisher reads these fields from another thread without a
+lock: each is a single Python int, so a read is never torn, and a frame that
+straddles an update is off by one batch for one window.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import weakref
+from collections import deque
+from time import perf_counter_ns as _clock
+
+from dlwatch.probe import worker as _worker
+
+# Recent epochs remembered per loader (epoch-start stalls, epoch durations).
+EPOCH_HISTORY = 20
+# Loaders remembered per process; the oldest garbage-collected ones go first.
+MAX_LOADERS = 64
+
+
+class LoaderStats:
+    __slots__ = (
+        "id", "loader_ref", "config", "epoch", "batches", "wait_ns", "step_ns",
+        "teardown_ns", "t_enter", "t_last", "epoch_t0", "first_pending",
+        "epoch_start_ms", "epoch_ms", "iter_ref", "slots", "slots_view",
+        "num_workers", "alive", "__weakref__",
+    )
+
+    def __init__(self, loader_id: int, loader, config: dict) -> None:
+        self.id = loader_id
+        self.loader_ref = _weak(loader)
+        self.config = config
+        self.epoch = 0
+        self.batches = 0
+        self.wait_ns = 0  # completed time blocked in __next__
+        self.step_ns = 0  # completed time between batches (the loop's work)
+        self.teardown_ns = 0  # __next__ calls that ended the epoch
+        self.t_enter = 0  # clock at entry of an unfinished __next__, else 0
+        self.t_last = 0  # clock when the last batch was returned; 0 between epochs
+        self.epoch_t0 = 0
+        self.first_pending = False
+        self.epoch_start_ms: deque[float] = deque(maxlen=EPOCH_HISTORY)
+        self.epoch_ms: deque[float] = deque(maxlen=EPOCH_HISTORY)
+        self.iter_ref = None
+        self.slots = None
+        self.slots_view = None
+        self.num_workers = int(config.get("num_workers") or 0)
+        self.alive = True
+
+    # --- called from the patched iterator (trainer main thread) -------------
+
+    def begin_epoch(self, it, t0: int) -> None:
+        self.epoch += 1
+        self.epoch_t0 = t0
+        self.first_pending = True
+        self.t_last = 0
+        self.t_enter = 0
+        self.iter_ref = _weak(it)
+
+    def first_batch(self, t1: int) -> None:
+        self.first_pending = False
+        self.epoch_start_ms.append((t1 - self.epoch_t0) / 1e6)
+
+    def end_epoch(self, t0: int, t1: int) -> None:
+        # The __next__ that raises StopIteration joins non-persistent workers:
+        # teardown, not data wait. The loop's work before it still counts.
+        if self.t_last:
+            self.step_ns += t0 - self.t_last
+        self.teardown_ns += t1 - t0
+        if self.epoch_t0:
+            self.epoch_ms.append((t0 - self.epoch_t0) / 1e6)
+        self.t_last = 0
+        self.epoch_t0 = 0
+        self.first_pending = False
+
+    # --- called from the publisher thread -------------------------------------
+
+    def frame(self, now_ns: int) -> dict:
+        wait = self.wait_ns
+        step = self.step_ns
+        t_enter = self.t_enter
+        t_last = self.t_last
+        if t_enter and t_enter <= now_ns:
+            wait += now_ns - t_enter
+        elif t_last and t_last <= now_ns:
+            step += now_ns - t_last
+        it = self.iter_ref() if self.iter_ref is not None else None
+        workers = []
+        view = self.slots_view
+        if view is not None and it is not None:
+            pids = _worker_pids(it)
+            workers = _worker.read_workers(view, self.num_workers, now_ns, pids)
+        loader_alive = self.loader_ref() is not None if self.loader_ref is not None else False
+        self.alive = loader_alive
+        out = dict(self.config)
+        out.update({
+            "id": self.id,
+            "epoch": self.epoch,
+            "batches": self.batches,
+            "wait_ns": wait,
+            "step_ns": step,
+            "teardown_ns": self.teardown_ns,
+            "active": it is not None and loader_alive,
+            "epoch_start_ms": [round(x, 3) for x in self.epoch_start_ms],
+            "epoch_ms": [round(x, 3) for x in self.epoch_ms],
+            "queue": _queue_state(it, self.num_workers),
+            "workers": workers,
+        })
+        return out
+
+
+def _weak(obj):
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return None
+
+
+def _worker_pids(it) -> list[int]:
+    try:
+        return [int(w.pid or 0) for w in list(getattr(it, "_workers", ()) or ())]
+    except Exception:
+        return []
+
+
+def _queue_state(it, num_workers: int) -> dict:
+    """Prefetch queue, read from torch's private iterator fields defensively."""
+    q = {"ready": None, "in_flight": None, "capacity": None}
+    if it is None or num_workers <= 0:
+        return q
+    try:
+        pf = getattr(it, "_prefetch_factor", None)
+        if isinstance(pf, int):
+            q["capacity"] = pf * num_workers
+        outstanding = getattr(it, "_tasks_outstanding", None)
+        task_info = getattr(it, "_task_info", None)
+        if getattr(it, "_shutdown", False):
+            return q
+        queued = None
+        dq = getattr(it, "_data_queue", None)
+        if dq is not None:
+            try:
+                queued = int(dq.qsize())
+            except (NotImplementedError, OSError, AttributeError, ValueError):
+                queued = None  # macOS has no sem_getvalue
+        if isinstance(outstanding, int):
+            # Items sitting in the data queue still count as outstanding until
+            # __next__ takes them; out-of-order batches wait in _task_info.
+            buffered = len(task_info) - outstanding if isinstance(task_info, dict) else 0
+            if queued is not None:
+                q["ready"] = max(0, queued) + max(0, buffered)
+                q["in_flight"] = max(0, outstanding - queued)
+            else:
+                q["in_flight"] = max(0, outstanding)
+    except Exception:
+        pass
+    return q
+
+
+def loader_config(loader, it) -> dict:
+    cfg: dict = {}
+    try:
+        nw = int(getattr(loader, "num_workers", 0) or 0)
+        cfg["num_workers"] = nw
+        bs = getattr(loader, "batch_size", None)
+        cfg["batch_size"] = bs if isinstance(bs, int) and not isinstance(bs, bool) else None
+        cfg["pin_memory"] = bool(getattr(it, "_pin_memory", getattr(loader, "pin_memory", False)))
+        cfg["persistent_workers"] = bool(getattr(loader, "persistent_workers", False))
+        pf = getattr(loader, "prefetch_factor", None)
+        cfg["prefetch_factor"] = pf if nw > 0 and isinstance(pf, int) else None
+        cfg["start_method"] = _start_method(loader) if nw > 0 else None
+        ds = getattr(loader, "dataset", None)
+        cfg["kind"] = "iterable" if _is_iterable(ds) else "map"
+        cfg["dataset"] = type(ds).__name__
+        cfg["iterator"] = type(it).__name__
+    except Exception:
+        cfg.setdefault("num_workers", 0)
+    return cfg
+
+
+def _is_iterable(ds) -> bool:
+    try:
+        from torch.utils.data import IterableDataset
+
+        return isinstance(ds, IterableDataset)
+    except Exception:
+        return False
+
+
+def _start_method(loader) -> str | None:
+    ctx = getattr(loader, "multiprocessing_context", None)
+    try:
+        if ctx is not None:
+            return str(ctx.get_start_method())
+        return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
+    except Exception:
+        return None
+
+
+class Registry:
+    """The loaders of this process, in the order they were first iterated."""
+
+    def __init__(self) -> None:
+        self._by_loader: dict[int, LoaderStats] = {}
+        self._next_id = 0
+        self._lock = threading.Lock()
+
+    def for_iterator(self, it, loader) -> LoaderStats:
+        key = id(loader)
+        st = self._by_loader.get(key)
+        if st is not None and st.loader_ref is not None and st.loader_ref() is loader:
+            return st
+        with self._lock:
+            st = LoaderStats(self._next_id, loader, loader_config(loader, it))
+            self._next_id += 1
+            self._by_loader[key] = st
+            self._trim()
+        return st
+
+    def _trim(self) -> None:
+        if len(self._by_loader) <= MAX_LOADERS:
+            return
+        dead = [k for k, s in self._by_loader.items()
+                if s.loader_ref is None or s.loader_ref() is None]
+        for k in dead[: len(self._by_loader) - MAX_LOADERS]:
+            del self._by_loader[k]
+        while len(self._by_loader) > MAX_LOADERS:
+            del self._by_loader[next(iter(self._by_loader))]
+
+    def snapshot(self) -> list[LoaderStats]:
+        with self._lock:
+            return sorted(self._by_loader.values(), key=lambda s: s.id)
+
+    def clear(self) -> None:
+        self._by_loader = {}
+        self._next_id = 0
+        self._lock = threading.Lock()
+
+
+def now_ns() -> int:
+    return _clock()
