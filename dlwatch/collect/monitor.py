@@ -1,0 +1,388 @@
+"""The monitor's model of the box: jobs' streams + process, host and GPU samples.
+
+``Monitor`` owns all I/O (sockets, psutil, NVML). Views never call into it
+from their event loop except ``latest()``, which returns a prebuilt dict
+(the snapshot schema of DESIGN §4 plus the extras in
+docs/CONTRACTS-internal.md). ``take_snapshot`` is the one-shot path used by
+``dlwatch snapshot``.
+"""
+
+from __future__ import annotations
+
+import selectors
+import threading
+import time
+from collections import deque
+from typing import Any, Callable
+
+from dlwatch import rundir
+from dlwatch.collect import window as win
+from dlwatch.collect.jobs import JobConnection, discover
+
+SCHEMA_VERSION = 1
+DEFAULT_WINDOW_S = 3.0
+RESCAN_S = 1.0
+GPU_EVERY_S = 1.0
+HISTORY_POINTS = 120
+# USS reads /proc/PID/smaps (costly with many mappings): every 4th sample.
+USS_EVERY = 4
+# Exited jobs stay on screen with their last figures until dismissed, but a
+# box that runs thousands of short jobs must not grow the model without bound.
+MAX_EXITED = 32
+
+
+class Monitor:
+    def __init__(self, directory: str | None = None, window_s: float = DEFAULT_WINDOW_S,
+                 interval: float = 0.5, gpu: Any = None, procs: Any = None, host: Any = None,
+                 diagnoser: Any = None, only_pid: int | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.directory = directory or rundir.runtime_dir()
+        self.window_s = window_s
+        self.interval = interval
+        self.only_pid = only_pid
+        self.clock = clock
+        self.conns: dict[int, JobConnection] = {}
+        self.dir_error: str | None = None
+        self._sel = selectors.DefaultSelector()
+        self._last_scan = 0.0
+        # None: the real sampler; False: none at all (``dlwatch ls`` needs no figures).
+        self._gpu = _pick(gpu, _default_gpu)
+        self._procs = _pick(procs, _default_procs)
+        self._host = _pick(host, _default_host)
+        self._diagnoser = _pick(diagnoser, _default_diagnoser)
+        self._gpu_state: tuple[str, list] = ("n/a: not sampled yet", [])
+        self._gpu_hist: dict[int, deque] = {}
+        self._gpu_mem_hist: dict[int, deque] = {}
+        self._last_gpu = 0.0
+        self._latest: dict | None = None
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.errors: deque[str] = deque(maxlen=20)
+
+    # --- discovery and reading ----------------------------------------------------
+
+    def scan(self) -> None:
+        self._last_scan = time.monotonic()
+        try:
+            rundir.check_dir(self.directory)
+        except rundir.RuntimeDirError as e:
+            # A missing directory just means no job has run yet.
+            self.dir_error = None if "does not exist" in str(e) else str(e)
+            return
+        self.dir_error = None
+        for pid, path in discover(self.directory):
+            if self.only_pid is not None and pid != self.only_pid:
+                continue
+            c = self.conns.get(pid)
+            if c is None:
+                c = JobConnection(pid, path)
+                self.conns[pid] = c
+            if c.sock is None and c.state in ("connecting", "unreachable"):
+                if c.connect():
+                    self._sel.register(c.sock, selectors.EVENT_READ, c)
+        # Jobs whose socket vanished while we were not connected.
+        for pid, c in list(self.conns.items()):
+            if c.sock is None and c.state == "unreachable":
+                from dlwatch.collect.jobs import pid_alive
+
+                if not pid_alive(pid):
+                    c._set_ended("exited", "the process has exited")
+        self._trim_exited()
+
+    def _trim_exited(self) -> None:
+        ended = sorted((c.ended_at or 0, pid) for pid, c in self.conns.items() if not c.live
+                       and c.state == "exited")
+        for _, pid in ended[: max(0, len(ended) - MAX_EXITED)]:
+            self.conns.pop(pid, None)
+
+    def poll(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for frames and read them (rescans as due)."""
+        if time.monotonic() - self._last_scan >= RESCAN_S:
+            self.scan()
+        try:
+            events = self._sel.select(timeout) if self._sel.get_map() else _sleep(timeout)
+        except (OSError, ValueError):
+            events = []
+        for key, _ in events:
+            c: JobConnection = key.data
+            c.read()
+            if c.sock is None:
+                try:
+                    self._sel.unregister(key.fileobj)
+                except (KeyError, ValueError):
+                    pass
+
+    def dismiss(self, job_pid: int) -> None:
+        c = self.conns.get(job_pid)
+        if c is not None and not c.live:
+            self.conns.pop(job_pid, None)
+
+    # --- the model ---------------------------------------------------------------------
+
+    def build(self, window_s: float | None = None) -> dict:
+        window_s = window_s or self.window_s
+        now = self.clock()
+        conns = [c for c in self.conns.values() if c.job is not None]
+        pids: set[int] = set()
+        for c in conns:
+            if c.live:
+                pids.add(c.pid)
+                if c.frames:
+                    for ld in c.frames[-1]["loaders"]:
+                        pids.update(w["pid"] for w in ld["workers"] if w.get("pid"))
+        procs = _safe(lambda: self._procs.sample(sorted(pids)), {}) if self._procs else {}
+        host = _safe(self._host.sample, {}) if self._host else {}
+        self._sample_gpu()
+        status, gpus = self._gpu_state
+        snap: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
+            "time": now,
+            "window_s": window_s,
+            "host": _host_dict(host),
+            "gpu_status": status,
+            "gpus": [dict(g, history=list(self._gpu_hist.get(g["index"], ())),
+                          mem_history=list(self._gpu_mem_hist.get(g["index"], ())))
+                     for g in gpus],
+            "jobs": [job_dict(c, window_s, procs, now) for c in
+                     sorted(conns, key=lambda c: (c.job.get("run_id") or "", c.job.get("rank") or 0, c.pid))],
+            "hints": [],
+            "runtime_dir": self.directory,
+            "runtime_dir_error": self.dir_error,
+        }
+        if self._diagnoser is not None:
+            snap["hints"] = _safe(lambda: self._diagnoser.update(snap), [])
+        return snap
+
+    def _sample_gpu(self) -> None:
+        t = time.monotonic()
+        if self._gpu is None or t - self._last_gpu < GPU_EVERY_S:
+            return
+        self._last_gpu = t
+        status, gpus = _safe(self._gpu.sample, ("n/a: GPU sampling failed", []))
+        self._gpu_state = (status, gpus)
+        for g in gpus:
+            i = g.get("index")
+            self._gpu_hist.setdefault(i, deque(maxlen=HISTORY_POINTS)).append(g.get("util_percent"))
+            total = g.get("mem_total_bytes") or 0
+            used = g.get("mem_used_bytes")
+            self._gpu_mem_hist.setdefault(i, deque(maxlen=HISTORY_POINTS)).append(
+                round(used / total, 4) if total and used is not None else None)
+
+    # --- background thread for the TUI -------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="dlwatch-monitor", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            deadline = time.monotonic() + self.interval
+            try:
+                while not self._stop.is_set():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self.poll(left)
+                snap = self.build()
+                with self._lock:
+                    self._latest = snap
+            except Exception as e:  # keep sampling; the view shows the error
+                self.errors.append(f"{type(e).__name__}: {e}")
+                self._stop.wait(self.interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+            self._thread = None
+        for c in self.conns.values():
+            c.close()
+        try:
+            self._sel.close()
+        except (OSError, RuntimeError):
+            pass
+
+    def latest(self) -> dict | None:
+        with self._lock:
+            return self._latest
+
+
+def _sleep(t: float) -> list:
+    time.sleep(max(0.0, t))
+    return []
+
+
+def _safe(fn, default):
+    try:
+        return fn()
+    except Exception:
+        return default
+
+
+def _pick(given, default):
+    if given is False:
+        return None
+    return given if given is not None else default()
+
+
+def _default_gpu():
+    try:
+        from dlwatch.collect.gpu import GpuSampler
+
+        return GpuSampler()
+    except Exception:
+        return None
+
+
+def _default_procs():
+    try:
+        from dlwatch.collect.procs import ProcSampler
+
+        return ProcSampler(uss_every=USS_EVERY)
+    except Exception:
+        return None
+
+
+def _default_host():
+    try:
+        from dlwatch.collect.host import HostSampler
+
+        return HostSampler()
+    except Exception:
+        return None
+
+
+def _default_diagnoser():
+    try:
+        from dlwatch.diagnose import Diagnoser
+
+        return Diagnoser()
+    except Exception:
+        return None
+
+
+def _host_dict(h: dict) -> dict:
+    out = {"logical_cpus": h.get("logical_cpus"), "usable_cores": h.get("usable_cores"),
+           "cpu_percent": h.get("cpu_percent"), "shm_free_bytes": h.get("shm_free_bytes")}
+    for k, v in h.items():
+        out.setdefault(k, v)
+    return out
+
+
+def job_dict(c: JobConnection, window_s: float, procs: dict, now: float) -> dict:
+    job = c.job or {}
+    main = procs.get(c.pid, {}) if c.live else {}
+    frames = list(c.frames)
+    last = frames[-1] if frames else None
+    out = {
+        "pid": c.pid,
+        "cmdline": job.get("cmdline", ""),
+        "rank": job.get("rank"),
+        "local_rank": job.get("local_rank"),
+        "world_size": job.get("world_size"),
+        "run_id": job.get("run_id"),
+        "torch_version": job.get("torch_version", "unknown"),
+        "start_method": job.get("start_method", "unknown"),
+        "state": "live" if c.state in ("live", "connecting") else c.state,
+        "state_reason": c.reason,
+        "age_s": round(max(0.0, now - float(job.get("started") or now)), 1),
+        "main_cpu_percent": main.get("cpu_percent"),
+        "main_thread_cpu_percent": main.get("main_thread_cpu_percent"),
+        "threads": main.get("threads"),
+        "rss_bytes": main.get("rss_bytes"),
+        "cuda_initialized": (last or {}).get("main", {}).get("cuda_initialized"),
+        "bad_frames": c.bad_frames,
+        "last_wire_error": c.last_error or None,
+        "loaders": [],
+    }
+    if last is None:
+        return out
+    for ld in last["loaders"]:
+        out["loaders"].append(loader_dict(frames, ld, window_s, procs if c.live else {}))
+    return out
+
+
+def loader_dict(frames: list[dict], ld: dict, window_s: float, procs: dict) -> dict:
+    w = win.loader_window(frames, ld["id"], window_s) or {}
+    esm = ld.get("epoch_start_ms") or []
+    em = ld.get("epoch_ms") or []
+    workers = []
+    for wk in w.get("workers", []):
+        p = procs.get(wk["pid"], {})
+        workers.append({
+            "id": wk["id"], "pid": wk["pid"],
+            "cpu_percent": p.get("cpu_percent"),
+            "busy_fraction": wk["busy_fraction"], "fetch_ms_mean": wk["fetch_ms_mean"],
+            "batches": wk["batches"],
+            "rss_bytes": p.get("rss_bytes"), "uss_bytes": p.get("uss_bytes"),
+            "threads": p.get("threads"),
+            "state": p.get("state", "n/a") if p else "n/a",
+            "error": p.get("error"),
+        })
+    q = ld.get("queue") or {}
+    return {
+        "id": ld["id"],
+        "num_workers": ld.get("num_workers", 0),
+        "batch_size": ld.get("batch_size"),
+        "pin_memory": bool(ld.get("pin_memory", False)),
+        "persistent_workers": bool(ld.get("persistent_workers", False)),
+        "prefetch_factor": ld.get("prefetch_factor"),
+        "start_method": ld.get("start_method"),
+        "kind": ld.get("kind", "map"),
+        "dataset": ld.get("dataset"),
+        "active": bool(ld.get("active", False)),
+        "epoch": ld["epoch"],
+        "batches_total": ld["batches"],
+        "batches_per_s": w.get("batches_per_s", 0.0),
+        "data_wait_fraction": w.get("data_wait_fraction"),
+        "wait_ms_mean": w.get("wait_ms_mean"),
+        "step_ms_mean": w.get("step_ms_mean"),
+        "epoch_start_ms_last": esm[-1] if esm else None,
+        "epoch_start_ms": esm,
+        "epoch_ms": em,
+        "epoch_ms_last": em[-1] if em else None,
+        "queue": {"ready": q.get("ready"), "in_flight": q.get("in_flight"),
+                  "capacity": q.get("capacity")},
+        "queue_mean": w.get("queue_mean", {"ready": None, "in_flight": None}),
+        "worker_ms_per_batch": w.get("worker_ms_per_batch"),
+        "workers": workers,
+        "history": win.series(frames, ld["id"], 1.0, HISTORY_POINTS),
+    }
+
+
+def take_snapshot(window_s: float = DEFAULT_WINDOW_S, directory: str | None = None,
+                  only_pid: int | None = None, settle_s: float = 0.6,
+                  monitor: Monitor | None = None) -> dict:
+    """One measurement, about ``settle_s`` + a little after the call.
+
+    Jobs send their last minute of frames on attach, so the window is
+    available at once; the settle time is for CPU percentages (two psutil
+    samples) and for frames still in flight.
+    """
+    m = monitor or Monitor(directory=directory, window_s=window_s, only_pid=only_pid)
+    try:
+        m.scan()
+        deadline = time.monotonic() + settle_s
+        # First read (history), then prime CPU counters, then settle.
+        m.poll(0.15)
+        if m._procs is not None:
+            pids = set()
+            for c in m.conns.values():
+                pids.add(c.pid)
+                if c.frames:
+                    for ld in c.frames[-1]["loaders"]:
+                        pids.update(w["pid"] for w in ld["workers"] if w.get("pid"))
+            _safe(lambda: m._procs.sample(sorted(pids)), {})
+        if m._host is not None:
+            _safe(m._host.sample, {})
+        while (left := deadline - time.monotonic()) > 0:
+            m.poll(min(left, 0.1))
+        m._last_gpu = 0.0
+        return m.build(window_s)
+    finally:
+        if monitor is None:
+            m.stop()
