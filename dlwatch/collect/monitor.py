@@ -349,6 +349,7 @@ def loader_dict(frames: list[dict], ld: dict, window_s: float, procs: dict) -> d
                   "capacity": q.get("capacity")},
         "queue_mean": w.get("queue_mean", {"ready": None, "in_flight": None}),
         "worker_ms_per_batch": w.get("worker_ms_per_batch"),
+        "window_mono_ns": [w.get("start_mono_ns"), w.get("end_mono_ns")],
         "workers": workers,
         "history": win.series(frames, ld["id"], 1.0, HISTORY_POINTS),
     }

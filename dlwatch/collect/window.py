@@ -66,6 +66,10 @@ def loader_window(frames: Sequence[dict], loader_id: int, window_s: float) -> di
     busy_total = d_wait + d_step
     out: dict[str, Any] = {
         "window_s": round(dt, 3),
+        # The job's own monotonic clock: lets a caller line the window up with
+        # timestamps taken inside the job.
+        "start_mono_ns": t_old,
+        "end_mono_ns": t_new,
         "batches_per_s": round(d_b / dt, 3) if dt > 0 else 0.0,
         "data_wait_fraction": _round(_ratio(d_wait, busy_total), 4),
         "wait_ms_mean": _round(_ratio(d_wait / 1e6, d_b), 3),

@@ -1,0 +1,170 @@
+"""GPU figures from NVML (package nvidia-ml-py, module ``pynvml``).
+
+The monitor must run on laptops, CPU boxes and CI, so "no GPU" is a normal
+answer with a reason, never an exception. NVML is initialised lazily on the
+first sample; after a failed init it is retried at most every
+``retry_after_s`` seconds, because a failing ``nvmlInit`` can take a while
+(driver probing) and the sampler runs about once a second.
+
+Every per-device call is isolated: an unsupported or failing query (MIG
+slices, vGPUs and old drivers refuse some) degrades that one field to None
+and the device keeps its other figures.
+
+The NVML module is injectable (``GpuSampler(nvml=fake)``) so tests can make
+any call fail; by default the real ``pynvml`` is imported on first use.
+"""
+
+from __future__ import annotations
+
+import time
+from types import ModuleType
+from typing import Any, Callable
+
+NOT_FOUND = "n/a: NVML not found (no NVIDIA driver)"
+NOT_INSTALLED = "n/a: NVML not found (python package nvidia-ml-py not installed)"
+NO_GPU = "n/a: no GPU found"
+OK = "ok"
+RETRY_AFTER_S = 30.0
+
+
+def _text(value: Any) -> str:
+    # pynvml returns bytes from older releases and str from newer ones.
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+def _import_pynvml() -> ModuleType:
+    import pynvml
+
+    return pynvml
+
+
+class GpuSampler:
+    def __init__(
+        self,
+        nvml: Any = None,
+        retry_after_s: float = RETRY_AFTER_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._nvml = nvml
+        self._retry_after_s = retry_after_s
+        self._clock = clock
+        self._initialized = False
+        self._failed_at: float | None = None
+        self._failure = ""
+
+    # -------------------------------------------------------------- NVML plumbing
+
+    def _errors(self) -> tuple[type[BaseException], ...]:
+        err = getattr(self._nvml, "NVMLError", None)
+        return (err,) if isinstance(err, type) else ()
+
+    def _init_status(self, exc: BaseException) -> str:
+        not_found = getattr(self._nvml, "NVMLError_LibraryNotFound", None)
+        code = getattr(self._nvml, "NVML_ERROR_LIBRARY_NOT_FOUND", None)
+        if (isinstance(not_found, type) and isinstance(exc, not_found)) or (
+            code is not None and getattr(exc, "value", None) == code
+        ):
+            return NOT_FOUND
+        return f"n/a: NVML error: {exc}"
+
+    def _ensure_init(self) -> str | None:
+        """None when NVML is usable, else the status explaining why not."""
+        if self._initialized:
+            return None
+        now = self._clock()
+        if self._failed_at is not None and now - self._failed_at < self._retry_after_s:
+            return self._failure
+        status = self._try_init()
+        if status is None:
+            self._initialized, self._failed_at, self._failure = True, None, ""
+        else:
+            self._failed_at, self._failure = now, status
+        return status
+
+    def _try_init(self) -> str | None:
+        if self._nvml is None:
+            try:
+                self._nvml = _import_pynvml()
+            except ImportError:
+                return NOT_INSTALLED
+        try:
+            self._nvml.nvmlInit()
+        except self._errors() as e:
+            return self._init_status(e)
+        except OSError as e:
+            # A broken libnvidia-ml (wrong arch, missing symbol) surfaces as OSError.
+            return f"n/a: NVML error: {e}"
+        return None
+
+    def _field(self, fn: Callable[[], Any], failed: list[str], name: str) -> Any:
+        try:
+            return fn()
+        except self._errors() as e:
+            failed.append(f"{name}: {e}")
+            return None
+
+    # -------------------------------------------------------------- sampling
+
+    def sample(self) -> tuple[str, list[dict[str, Any]]]:
+        """(gpu_status, gpus): status "ok" with one dict per device, or "n/a: why" and []."""
+        why = self._ensure_init()
+        if why is not None:
+            return why, []
+        n = self._nvml
+        try:
+            count = n.nvmlDeviceGetCount()
+        except self._errors() as e:
+            return f"n/a: NVML error: {e}", []
+        if count == 0:
+            return NO_GPU, []
+        return OK, [self._device(i) for i in range(count)]
+
+    def _device(self, index: int) -> dict[str, Any]:
+        n = self._nvml
+        failed: list[str] = []
+        dev: dict[str, Any] = {
+            "index": index, "name": None, "uuid": None, "util_percent": None,
+            "mem_used_bytes": None, "mem_total_bytes": None,
+            "temperature_c": None, "power_w": None, "processes": None, "error": None,
+        }
+        handle = self._field(lambda: n.nvmlDeviceGetHandleByIndex(index), failed, "handle")
+        if handle is None:
+            dev["error"] = "; ".join(failed)
+            return dev
+        name = self._field(lambda: n.nvmlDeviceGetName(handle), failed, "name")
+        dev["name"] = _text(name) if name is not None else None
+        uuid = self._field(lambda: n.nvmlDeviceGetUUID(handle), failed, "uuid")
+        dev["uuid"] = _text(uuid) if uuid is not None else None
+        util = self._field(lambda: n.nvmlDeviceGetUtilizationRates(handle), failed, "utilization")
+        dev["util_percent"] = float(util.gpu) if util is not None else None
+        mem = self._field(lambda: n.nvmlDeviceGetMemoryInfo(handle), failed, "memory")
+        if mem is not None:
+            dev["mem_used_bytes"], dev["mem_total_bytes"] = int(mem.used), int(mem.total)
+        temp = self._field(
+            lambda: n.nvmlDeviceGetTemperature(handle, n.NVML_TEMPERATURE_GPU), failed, "temperature"
+        )
+        dev["temperature_c"] = float(temp) if temp is not None else None
+        mw = self._field(lambda: n.nvmlDeviceGetPowerUsage(handle), failed, "power")
+        dev["power_w"] = mw / 1000.0 if mw is not None else None
+        procs = self._field(lambda: n.nvmlDeviceGetComputeRunningProcesses(handle), failed, "processes")
+        # PIDs are in NVML's (the host's) PID namespace, which may differ from ours in a container.
+        dev["processes"] = [int(p.pid) for p in procs] if procs is not None else None
+        dev["error"] = "; ".join(failed) if failed else None
+        return dev
+
+    def close(self) -> None:
+        """Release NVML; a later sample() initialises it again."""
+        if self._initialized:
+            self._initialized = False
+            try:
+                self._nvml.nvmlShutdown()
+            except self._errors():
+                pass
+
+    def __enter__(self) -> GpuSampler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,253 @@
+"""Per-process figures for the PIDs the jobs report (trainer main loops, workers).
+
+CPU figures are deltas between successive ``sample()`` calls, so the sampler
+keeps state per PID; that state is keyed by (pid, create_time) so a recycled
+PID starts afresh instead of producing a nonsense delta against a dead
+process. PIDs no longer asked for are forgotten, which bounds memory.
+
+Every psutil/OS failure becomes a ``state`` and a readable ``error``; a
+vanished or unreadable process must never take the monitor down.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, TypeVar
+
+import psutil
+
+T = TypeVar("T")
+
+# Below this age a first-sample lifetime average is too coarse to report.
+MIN_LIFETIME_S = 0.5
+
+
+@dataclass
+class _Tracked:
+    proc: psutil.Process
+    create_time: float
+    cpu_s: float | None = None  # user+system seconds at the previous sample
+    main_cpu_s: float | None = None
+    at: float = 0.0  # monotonic time of the previous sample
+    calls: int = 0
+    uss: int | None = None
+    uss_failure: _Failed | None = None
+
+
+class _Failed(Exception):
+    """One field could not be read; carries the readable reason."""
+
+    def __init__(self, reason: str, state: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.state = state  # "gone" / "zombie" when the whole process is affected
+
+
+def describe_error(pid: int, exc: BaseException, what: str = "") -> _Failed:
+    """Turn a psutil/OS exception into a reason a user can act on."""
+    where = f"/proc/{pid}{'/' + what if what else ''}"
+    if isinstance(exc, psutil.ZombieProcess):
+        return _Failed(f"process {pid} is a zombie (exited, not yet reaped by its parent)", "zombie")
+    if isinstance(exc, psutil.NoSuchProcess):
+        return _Failed(f"process {pid} exited", "gone")
+    if isinstance(exc, (psutil.AccessDenied, PermissionError)):
+        return _Failed(f"no permission to read {where}")
+    if isinstance(exc, FileNotFoundError):
+        # /proc/PID disappearing between two reads is the process exiting.
+        return _Failed(f"process {pid} exited", "gone")
+    if isinstance(exc, OSError):
+        return _Failed(f"cannot read {where}: {exc.strerror or exc}")
+    return _Failed(f"cannot read {where}: {exc}")
+
+
+_PSUTIL_ERRORS = (psutil.Error, OSError)
+
+
+def _call(pid: int, fn: Callable[[], T], what: str = "") -> T:
+    try:
+        return fn()
+    except _PSUTIL_ERRORS as e:
+        raise describe_error(pid, e, what) from None
+
+
+def rate_percent(prev_s: float | None, cur_s: float, interval_s: float) -> float | None:
+    """CPU % (100 = one core) from two CPU-seconds readings ``interval_s`` apart."""
+    if prev_s is None or interval_s <= 0:
+        return None
+    # CPU time never goes backwards for one process; clamp clock-tick jitter.
+    return max(cur_s - prev_s, 0.0) / interval_s * 100.0
+
+
+def _empty(pid: int, state: str, error: str | None) -> dict[str, Any]:
+    return {
+        "pid": pid,
+        "cpu_percent": None,
+        "cpu_interval_s": None,
+        "rss_bytes": None,
+        "uss_bytes": None,
+        "threads": None,
+        "state": state,
+        "main_thread_cpu_percent": None,
+        "create_time": None,
+        "error": error,
+    }
+
+
+class ProcSampler:
+    """Samples a changing set of PIDs; CPU % covers the time between calls.
+
+    ``uss_every``: reading USS (``/proc/PID/smaps``) costs far more than the
+    rest together on processes with large heaps, so it is read on a
+    process's first sample and then every ``uss_every``-th sample, keeping the
+    last value in between.
+
+    On the first sample of a process, ``cpu_percent`` is its average since it
+    started (as ``ps`` and top's first frame show) rather than an invented 0;
+    ``cpu_interval_s`` says what span each figure covers.
+    """
+
+    def __init__(self, uss_every: int = 1, clock: Callable[[], float] = time.monotonic) -> None:
+        if uss_every < 1:
+            raise ValueError("uss_every must be >= 1")
+        self.uss_every = uss_every
+        self._clock = clock
+        self._tracked: dict[int, _Tracked] = {}
+
+    def tracked_pids(self) -> set[int]:
+        return set(self._tracked)
+
+    def sample(self, pids: Iterable[int]) -> dict[int, dict[str, Any]]:
+        wanted = list(dict.fromkeys(int(p) for p in pids))
+        out = {pid: self._sample_one(pid) for pid in wanted}
+        # Bounded memory: keep state only for PIDs asked for this time and still alive.
+        self._tracked = {
+            pid: self._tracked[pid]
+            for pid in wanted
+            if pid in self._tracked and out[pid]["state"] != "gone"
+        }
+        return out
+
+    def _track(self, pid: int) -> _Tracked:
+        """State for ``pid``, reset when the PID now belongs to another process."""
+        proc = _call(pid, lambda: psutil.Process(pid))
+        ct = _call(pid, proc.create_time, "stat")
+        old = self._tracked.get(pid)
+        if old is not None and True:
+            old.proc = proc
+            return old
+        fresh = _Tracked(proc=proc, create_time=ct)
+        self._tracked[pid] = fresh
+        return fresh
+
+    def _sample_one(self, pid: int) -> dict[str, Any]:
+        if pid <= 0:
+            return _empty(pid, "gone", f"invalid pid {pid}")
+        try:
+            st = self._track(pid)
+        except _Failed as f:
+            self._tracked.pop(pid, None)
+            return _empty(pid, f.state or "unknown", f.reason)
+
+        now = self._clock()
+        res = _empty(pid, "unknown", None)
+        res["create_time"] = st.create_time
+        errors: list[str] = []
+
+        def note(f: _Failed) -> None:
+            if f.state == "gone":
+                raise f
+            if f.state == "zombie":
+                res["state"] = "zombie"
+            if f.reason not in errors:
+                errors.append(f.reason)
+
+        def read(fn: Callable[[], T], what: str = "") -> T | None:
+            try:
+                return _call(pid, fn, what)
+            except _Failed as f:
+                note(f)
+                return None
+
+        try:
+            # oneshot: status, cpu_times, memory_info and num_threads share one
+            # read of /proc/PID/stat and /proc/PID/status.
+            with st.proc.oneshot():
+                status = read(st.proc.status, "status")
+                times = read(st.proc.cpu_times, "stat")
+                mem = read(st.proc.memory_info, "statm")
+                res["threads"] = read(st.proc.num_threads, "status")
+            threads = read(st.proc.threads, "task")
+            uss = self._uss(st, pid, note)
+        except _Failed as f:
+            self._tracked.pop(pid, None)
+            return _empty(pid, f.state or "gone", f.reason)
+
+        if status is not None and res["state"] != "zombie":
+            res["state"] = status
+        if res["state"] == "zombie" and not any("zombie" in e for e in errors):
+            errors.insert(0, f"process {pid} is a zombie (exited, not yet reaped by its parent)")
+
+        if mem is not None:
+            res["rss_bytes"] = mem.rss
+        res["uss_bytes"] = uss
+        cpu_s = times.user + times.system if times is not None else None
+        main_s = _main_thread_seconds(pid, threads)
+        if st.calls == 0:
+            # First sight: average since the process started, from a zero baseline.
+            interval = process_age_s(st.create_time)
+            if interval < MIN_LIFETIME_S:
+                # A process this young: its tick-granular lifetime average is noise.
+                interval = 0.0
+            prev_cpu, prev_main = 0.0, 0.0
+        else:
+            interval, prev_cpu, prev_main = now - st.at, st.cpu_s, st.main_cpu_s
+        if cpu_s is not None:
+            res["cpu_percent"] = rate_percent(prev_cpu, cpu_s, interval)
+        if res["cpu_percent"] is not None:
+            res["cpu_interval_s"] = interval
+        if main_s is not None:
+            res["main_thread_cpu_percent"] = rate_percent(prev_main, main_s, interval)
+        st.cpu_s, st.main_cpu_s = cpu_s, main_s
+        st.at = now
+        st.calls += 1
+        res["error"] = "; ".join(errors) if errors else None
+        return res
+
+    def _uss(self, st: _Tracked, pid: int, note: Callable[[_Failed], None]) -> int | None:
+        if st.calls % self.uss_every == 0:
+            try:
+                st.uss = _call(pid, st.proc.memory_full_info, "smaps").uss
+                st.uss_failure = None
+            except _Failed as f:
+                st.uss, st.uss_failure = None, f
+        # Between USS reads the last failure still explains the missing figure.
+        if st.uss_failure is not None:
+            note(st.uss_failure)
+        return st.uss
+
+
+def process_age_s(create_time: float, uptime_path: str = "/proc/uptime") -> float:
+    """Seconds since a process started.
+
+    ``time.time() - create_time`` can be off by up to a second, because psutil
+    builds create_time on the boot time, which /proc/stat gives in whole
+    seconds. Both create_time and the uptime count from the same boot, so
+    subtracting on that clock cancels the rounding.
+    """
+    try:
+        with open(uptime_path) as f:
+            uptime = float(f.read().split()[0])
+        return uptime - (create_time - psutil.boot_time())
+    except (OSError, ValueError, IndexError):
+        return time.time() - create_time
+
+
+def _main_thread_seconds(pid: int, threads: list[Any] | None) -> float | None:
+    """CPU seconds of the thread whose tid == pid (the process's main thread)."""
+    if threads is None:
+        return None
+    for t in threads:
+        if t.id == pid:
+            return t.user_time + t.system_time
+    return None

@@ -1,0 +1,135 @@
+"""Running real instrumented jobs and the real CLI for end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+JOB = HERE / "jobs" / "timed_job.py"
+
+
+def short_tmpdir(prefix: str = "dlw") -> str:
+    # Unix socket paths are limited to 107 bytes: pytest's tmp_path is too long.
+    d = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    os.chmod(d, 0o700)
+    return d
+
+
+class Job:
+    """A timed_job.py subprocess with its own runtime dir."""
+
+    def __init__(self, *args: str, runtime_dir: str | None = None, env: dict | None = None,
+                 disable: bool = False) -> None:
+        self.dir = runtime_dir or short_tmpdir()
+        self.workdir = short_tmpdir("dlwout")
+        self.out = os.path.join(self.workdir, "out.json")
+        self.trace_dir = os.path.join(self.workdir, "trace")
+        os.mkdir(self.trace_dir)
+        e = dict(os.environ)
+        e["DLWATCH_DIR"] = self.dir
+        e.pop("DLWATCH_DISABLE", None)
+        if disable:
+            e["DLWATCH_DISABLE"] = "1"
+        e.update(env or {})
+        self.env = e
+        self.proc = subprocess.Popen([sys.executable, str(JOB), "--out", self.out,
+                                      "--trace-dir", self.trace_dir, *args],
+                                     env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     cwd=self.workdir)
+
+    @property
+    def socket(self) -> str:
+        return os.path.join(self.dir, f"{self.proc.pid}.sock")
+
+    def wait_socket(self, timeout: float = 30.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if os.path.exists(self.socket):
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"job exited early: {self.proc.stderr.read().decode()[-2000:]}")
+            time.sleep(0.05)
+        raise AssertionError("job socket never appeared")
+
+    def wait_ready(self, settle: float, timeout: float = 60.0) -> None:
+        """Wait for the first batch, then ``settle`` seconds of steady state."""
+        self.wait_socket(timeout)
+        end = time.monotonic() + timeout
+        while not os.path.exists(self.out + ".ready"):
+            if self.proc.poll() is not None:
+                raise AssertionError(f"job exited early: {self.proc.stderr.read().decode()[-2000:]}")
+            if time.monotonic() > end:
+                raise AssertionError("job never produced a batch")
+            time.sleep(0.05)
+        time.sleep(settle)
+
+    def finish(self, timeout: float = 60.0) -> dict:
+        out, err = self.proc.communicate(timeout=timeout)
+        self.stdout, self.stderr = out.decode(), err.decode()
+        assert self.proc.returncode == 0, self.stderr[-3000:]
+        with open(self.out) as f:
+            result = json.load(f)
+        result["traces"] = {}
+        for name in os.listdir(self.trace_dir):
+            with open(os.path.join(self.trace_dir, name)) as f:
+                spans = [tuple(map(int, line.split())) for line in f if line.strip()]
+            result["traces"][int(name.split(".")[0])] = spans
+        return result
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def cleanup(self) -> None:
+        self.kill()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def dlwatch(*args: str, runtime_dir: str, timeout: float = 30.0) -> subprocess.CompletedProcess:
+    env = dict(os.environ, DLWATCH_DIR=runtime_dir)
+    return subprocess.run([sys.executable, "-m", "dlwatch", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def snapshot_json(runtime_dir: str, *extra: str) -> dict:
+    r = dlwatch("snapshot", "--json", *extra, runtime_dir=runtime_dir)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def overlap(a: int, b: int, s: int, e: int) -> int:
+    return max(0, min(b, e) - max(a, s))
+
+
+def truth_in_window(batches: list, start: int, end: int) -> dict:
+    """What the loop measured itself over [start, end] (its own monotonic ns)."""
+    wait = step = 0
+    count = 0
+    prev = None
+    for epoch, t0, t1 in batches:
+        wait += overlap(t0, t1, start, end)
+        if prev is not None and prev[0] == epoch:
+            step += overlap(prev[2], t0, start, end)
+        if start < t1 <= end:
+            count += 1
+        prev = (epoch, t0, t1)
+    total = wait + step
+    return {"data_wait_fraction": wait / total if total else None,
+            "batches_per_s": count / ((end - start) / 1e9)}
+
+
+def worker_truth(spans: list, start: int, end: int, batch_size: int) -> dict:
+    """A worker's own measure: busy fraction over the window from its sample
+    spans, and its mean sample time x batch size over the whole run."""
+    busy = sum(overlap(a, b, start, end) for a, b in spans) / (end - start)
+    mean = sum(b - a for a, b in spans) / len(spans) / 1e6 if spans else None
+    return {"busy_fraction": busy, "fetch_ms": mean * batch_size if mean else None}

@@ -1,0 +1,159 @@
+"""A training loop with known costs that measures itself, for end-to-end tests.
+
+It records, per loader, when each ``next()`` was entered and left (the job's
+own ground truth, on the same monotonic clock as the probe's frames), the
+worker PIDs per epoch, and optionally a checksum of every batch. The hook is
+imported unless DLWATCH_DISABLE=1, exactly as a user would.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+
+import dlwatch.hook  # noqa: F401  (a no-op under DLWATCH_DISABLE=1)
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+
+_trace = None
+
+
+def _cost(sample_ms, trace_dir):
+    """Spend the sample's cost; with a trace dir, log its span (worker truth)."""
+    global _trace
+    t0 = time.perf_counter_ns()
+    if sample_ms:
+        time.sleep(sample_ms / 1000)
+    if trace_dir:
+        if _trace is None:
+            _trace = open(os.path.join(trace_dir, f"{os.getpid()}.txt"), "a", buffering=1)
+        _trace.write(f"{t0} {time.perf_counter_ns()}\n")
+
+
+class SleepyMap(Dataset):
+    def __init__(self, n, sample_ms, raise_at=-1, trace_dir=None):
+        self.n, self.sample_ms, self.raise_at, self.trace_dir = n, sample_ms, raise_at, trace_dir
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.raise_at:
+            raise ValueError(f"corrupt sample {i}")
+        _cost(self.sample_ms, self.trace_dir)
+        g = torch.Generator().manual_seed(i)
+        return torch.rand(8, generator=g), i
+
+
+class SleepyIterable(IterableDataset):
+    def __init__(self, n, sample_ms, trace_dir=None):
+        self.n, self.sample_ms, self.trace_dir = n, sample_ms, trace_dir
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info else (0, 1)
+        for i in range(wid, self.n, nw):
+            _cost(self.sample_ms, self.trace_dir)
+            yield torch.full((8,), float(i)), i
+
+
+def make_loader(a, sample_ms, batch_size, n, trace_dir=None):
+    ds = (SleepyIterable(n, sample_ms, trace_dir) if a.iterable
+          else SleepyMap(n, sample_ms, a.raise_at, trace_dir))
+    kw = dict(batch_size=batch_size, num_workers=a.workers, shuffle=a.shuffle and not a.iterable)
+    if a.workers:
+        kw.update(multiprocessing_context=a.start_method, persistent_workers=a.persistent,
+                  prefetch_factor=a.prefetch)
+    if a.shuffle:
+        kw["generator"] = torch.Generator().manual_seed(a.seed)
+    if a.stateful:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        return StatefulDataLoader(ds, **kw)
+    return DataLoader(ds, **kw)
+
+
+def run_epoch(loader, rec, a, step_ms, deadline, digest):
+    it = iter(loader)
+    pids = [w.pid for w in getattr(it, "_workers", [])]
+    rec["worker_pids"].append(pids)
+    n = 0
+    while True:
+        t0 = time.perf_counter_ns()
+        try:
+            batch = next(it)
+        except StopIteration:
+            break
+        t1 = time.perf_counter_ns()
+        rec["batches"].append((rec["epoch"], t0, t1))
+        if deadline[0] is None:
+            # The run length counts from the first batch, whatever the start
+            # method's startup cost; tests wait for this file to settle.
+            deadline[0] = time.monotonic() + a.duration
+            open(a.out + ".ready", "w").close()
+        if digest is not None:
+            data = repr(batch[0].tolist()).encode()
+            digest.append(hashlib.sha256(data).hexdigest()[:16]
+                          + ":" + ",".join(str(int(x)) for x in batch[1]))
+        if step_ms:
+            time.sleep(step_ms / 1000)
+        n += 1
+        if a.batches_per_epoch and n >= a.batches_per_epoch:
+            break
+        if time.monotonic() > deadline[0]:
+            break
+    rec["epoch"] += 1
+    del it
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--start-method", default="fork")
+    p.add_argument("--persistent", action="store_true")
+    p.add_argument("--iterable", action="store_true")
+    p.add_argument("--stateful", action="store_true")
+    p.add_argument("--prefetch", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--sample-ms", type=float, default=5)
+    p.add_argument("--step-ms", type=float, default=5)
+    p.add_argument("--size", type=int, default=100000)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batches-per-epoch", type=int, default=0)
+    p.add_argument("--duration", type=float, default=6.0)
+    p.add_argument("--val", action="store_true", help="a second loader (validation) per epoch")
+    p.add_argument("--shuffle", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checksum", action="store_true")
+    p.add_argument("--raise-at", type=int, default=-1)
+    p.add_argument("--out", required=True)
+    p.add_argument("--trace-dir", help="log every train sample's span per worker PID here")
+    a = p.parse_args()
+
+    deadline = [None]
+    train = make_loader(a, a.sample_ms, a.batch_size, a.size, a.trace_dir)
+    val = make_loader(a, a.sample_ms / 2, a.batch_size * 2, a.size) if a.val else None
+    recs = {"train": {"epoch": 0, "batches": [], "worker_pids": []},
+            "val": {"epoch": 0, "batches": [], "worker_pids": []}}
+    digest = [] if a.checksum else None
+    out = {"pid": os.getpid(), "error": None}
+    try:
+        for _ in range(a.epochs):
+            run_epoch(train, recs["train"], a, a.step_ms, deadline, digest)
+            if val is not None:
+                run_epoch(val, recs["val"], a, a.step_ms / 2, deadline, None)
+            if deadline[0] is not None and time.monotonic() > deadline[0]:
+                break
+    except Exception as e:  # the test compares this with and without the hook
+        out["error"] = [type(e).__name__, str(e).splitlines()[-1] if str(e) else ""]
+    out.update(recs=recs, digest=digest)
+    with open(a.out + ".tmp", "w") as f:
+        json.dump(out, f)
+    os.replace(a.out + ".tmp", a.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""End to end: a real instrumented job, the real `dlwatch snapshot --json`,
+compared with what the job's own loop measured over the same window."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e_util import Job, snapshot_json, truth_in_window, worker_truth
+
+pytestmark = pytest.mark.slow
+
+# (name, job args, settle seconds before the snapshot, rough worker busy, for the record)
+# Costs are sleeps (off-CPU) so the truth does not depend on how busy the
+# 2-core CI machine is. bs=4 x 5 ms = 20 ms of worker time per batch.
+CASES = [
+    # 2 workers deliver a batch every ~10 ms, the loop eats one every 5 ms:
+    # data-bound, ~50 % wait, workers always busy.
+    ("fork", ["--start-method", "fork"], 2.5, 1.0),
+    ("spawn", ["--start-method", "spawn"], 2.5, 1.0),
+    ("forkserver", ["--start-method", "forkserver"], 2.5, 1.0),
+    # Loop-bound: 20 ms steps, workers busy 20 ms per 40 ms each = 50 %.
+    ("fork-loop-bound", ["--start-method", "fork", "--step-ms", "20"], 2.5, 0.5),
+    ("no-workers", ["--workers", "0", "--sample-ms", "2", "--step-ms", "8"], 2.0, None),
+    ("iterable", ["--iterable", "--start-method", "fork"], 2.5, 1.0),
+]
+
+
+def _loader(snap: dict, pid: int, loader_id: int = 0) -> dict:
+    jobs = [j for j in snap["jobs"] if j["pid"] == pid]
+    assert jobs, snap
+    loaders = {ld["id"]: ld for ld in jobs[0]["loaders"]}
+    assert loader_id in loaders, jobs[0]
+    return loaders[loader_id]
+
+
+@pytest.mark.parametrize("name,args,settle,busy", CASES, ids=[c[0] for c in CASES])
+def test_snapshot_matches_the_loops_own_measurement(name, args, settle, busy):
+    job = Job(*args)
+    try:
+        job.wait_ready(settle)
+        snap = snapshot_json(job.dir, "--window", "2")
+        result = job.finish()
+    finally:
+        job.cleanup()
+    ld = _loader(snap, job.proc.pid)
+    start, end = ld["window_mono_ns"]
+    assert end - start > 1.5e9, "the window should cover about 2 s"
+    truth = truth_in_window(result["recs"]["train"]["batches"], start, end)
+
+    assert ld["data_wait_fraction"] == pytest.approx(truth["data_wait_fraction"], abs=0.02)
+    assert ld["batches_per_s"] == pytest.approx(truth["batches_per_s"], rel=0.10)
+    workers = ld["workers"]
+    if "--workers" in args and args[args.index("--workers") + 1] == "0":
+        assert workers == [] and ld["num_workers"] == 0
+        return
+    assert ld["num_workers"] == 2 and len(workers) == 2
+    all_pids = {p for pids in result["recs"]["train"]["worker_pids"] for p in pids}
+    assert {w["pid"] for w in workers} <= all_pids and all(w["pid"] for w in workers)
+    for w in workers:
+        # The truth is the worker's own log of its samples' spans.
+        wt = worker_truth(result["traces"][w["pid"]], start, end, 4)
+        assert w["busy_fraction"] == pytest.approx(wt["busy_fraction"], abs=0.05), (w, wt)
+        # And the regime is the one the costs were chosen for (loosely: the
+        # 2-core CI box may be busy with other work).
+        assert w["busy_fraction"] > 0.6 if busy == 1.0 else 0.25 < w["busy_fraction"] < 0.75, w
+        assert w["fetch_ms_mean"] == pytest.approx(wt["fetch_ms"], rel=0.10), (w, wt)
+        assert w["batches"] > 0
+    assert ld["queue"]["capacity"] == 4
+
+
+def test_persistent_workers_over_several_epochs():
+    job = Job("--persistent", "--epochs", "50", "--batches-per-epoch", "30",
+              "--duration", "7", "--step-ms", "10")
+    try:
+        job.wait_ready(4.0)
+        snap = snapshot_json(job.dir, "--window", "2")
+        result = job.finish()
+    finally:
+        job.cleanup()
+    ld = _loader(snap, job.proc.pid)
+    assert ld["persistent_workers"] is True
+    assert ld["epoch"] >= 3
+    pids = result["recs"]["train"]["worker_pids"]
+    assert all(p == pids[0] for p in pids), "persistent workers keep their PIDs"
+    assert sorted(w["pid"] for w in ld["workers"]) == sorted(pids[0])
+    start, end = ld["window_mono_ns"]
+    truth = truth_in_window(result["recs"]["train"]["batches"], start, end)
+    assert ld["data_wait_fraction"] == pytest.approx(truth["data_wait_fraction"], abs=0.02)
+    assert ld["batches_per_s"] == pytest.approx(truth["batches_per_s"], rel=0.10)
+    # Every epoch start is measured: iter() (a _reset of the same iterator) to first batch.
+    assert len(ld["epoch_start_ms"]) >= 3 and all(x > 0 for x in ld["epoch_start_ms"])
+
+
+def test_train_and_val_loaders_are_told_apart():
+    job = Job("--val", "--epochs", "50", "--batches-per-epoch", "20", "--duration", "6")
+    try:
+        job.wait_ready(3.5)
+        snap = snapshot_json(job.dir, "--window", "2")
+        job.finish()
+    finally:
+        job.cleanup()
+    jobs = [j for j in snap["jobs"] if j["pid"] == job.proc.pid]
+    loaders = sorted(jobs[0]["loaders"], key=lambda ld: ld["id"])
+    assert [ld["id"] for ld in loaders] == [0, 1]
+    assert [ld["batch_size"] for ld in loaders] == [4, 8]
+    assert all(ld["epoch"] >= 2 for ld in loaders)
+    assert loaders[0]["batches_total"] > 0 and loaders[1]["batches_total"] > 0
+
+
+def test_torchdata_stateful_dataloader_is_instrumented():
+    pytest.importorskip("torchdata.stateful_dataloader")
+    job = Job("--stateful", "--start-method", "spawn")
+    try:
+        job.wait_ready(2.5)
+        snap = snapshot_json(job.dir, "--window", "2")
+        result = job.finish()
+    finally:
+        job.cleanup()
+    ld = _loader(snap, job.proc.pid)
+    start, end = ld["window_mono_ns"]
+    truth = truth_in_window(result["recs"]["train"]["batches"], start, end)
+    assert ld["data_wait_fraction"] == pytest.approx(truth["data_wait_fraction"], abs=0.02)
+    assert len(ld["workers"]) == 2
+    for w in ld["workers"]:
+        wt = worker_truth(result["traces"][w["pid"]], start, end, 4)
+        assert w["batches"] > 0
+        assert w["busy_fraction"] == pytest.approx(wt["busy_fraction"], abs=0.05), (w, wt)
+        assert w["fetch_ms_mean"] == pytest.approx(wt["fetch_ms"], rel=0.10), (w, wt)
