@@ -256,6 +256,13 @@ def _default_host():
         return None
 
 
+class _OneShotDiagnoser:
+    def update(self, snap: dict) -> list:
+        from dlwatch.diagnose import evaluate
+
+        return evaluate(snap)
+
+
 def _default_diagnoser():
     try:
         from dlwatch.diagnose import Diagnoser
@@ -364,7 +371,10 @@ def take_snapshot(window_s: float = DEFAULT_WINDOW_S, directory: str | None = No
     available at once; the settle time is for CPU percentages (two psutil
     samples) and for frames still in flight.
     """
-    m = monitor or Monitor(directory=directory, window_s=window_s, only_pid=only_pid)
+    # Hysteresis needs a stream of updates; a single measurement is judged on
+    # its own window (warm-up from the loaders' history) by ``evaluate``.
+    m = monitor or Monitor(directory=directory, window_s=window_s, only_pid=only_pid,
+                           diagnoser=_OneShotDiagnoser())
     try:
         m.scan()
         deadline = time.monotonic() + settle_s

@@ -1,0 +1,22 @@
+"""dlwatch.diagnose: pure rules from a snapshot dict to hints (DESIGN §3, §4).
+
+No I/O, no clock of its own (``snapshot["time"]`` is the clock), and no
+imports of textual/psutil/pynvml/torch.
+
+- ``diagnose(snapshot, state) -> (hints, state)``: hysteresis and warm-up
+  gating over successive snapshots; the live views use it (or ``Diagnoser``).
+- ``evaluate(snapshot) -> hints``: instantaneous, for one-shot output.
+- ``format_hints(hints) -> str``: text for ``dlwatch snapshot``.
+
+The rule catalog, thresholds and their origins: ``RULES.md`` next to this file.
+"""
+
+from .engine import (
+    HOLD_OFF_S, HOLD_ON_S, RULES, DiagnoseState, Diagnoser, diagnose, evaluate,
+)
+from .render import format_hints
+
+__all__ = [
+    "Diagnoser", "DiagnoseState", "diagnose", "evaluate", "format_hints",
+    "HOLD_ON_S", "HOLD_OFF_S", "RULES",
+]

@@ -1,0 +1,304 @@
+"""From rule candidates to the hints on screen: warm-up gating and hysteresis.
+
+The rules are instantaneous: "is the condition true in this snapshot?". Shown
+as-is they would flicker, because every figure is a short-window average and
+a training job is bursty (epoch boundaries, checkpoints, validation). This
+layer adds the memory a human reader needs:
+
+- a condition must hold for ``HOLD_ON_S`` before its hint appears, and be clear
+  for ``HOLD_OFF_S`` before it disappears;
+- a loader's rate figures are not judged while it warms up (the first
+  ``WARMUP_MIN_BATCHES`` batches, and ``WARMUP_STEADY_S`` — or one snapshot
+  window, if longer — after the first batch of an epoch whose workers were
+  just spawned): the window then still contains the start-up stall;
+- while warming up, a hint already on screen stays and a pending one is
+  forgotten (it must re-earn its hold on steady figures);
+- a job that is not "live" gets no new hints; its shown ones fade after
+  ``HOLD_OFF_S`` like any cleared condition.
+
+The only clock is ``snapshot["time"]``: replaying recorded snapshots gives the
+same hints as watching them live.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
+
+from . import rules_cores, rules_epochs, rules_gpu, rules_memory, rules_workers
+from .facts import (
+    INACTIVE, STEADY, WARMUP, Context, as_dict, as_int, as_list, build_context, num,
+)
+
+# A condition must hold this long before its hint shows (brief: ≈ 3 s): longer
+# than one epoch-boundary blip, short enough to feel live.
+HOLD_ON_S = 3.0
+# ... and be clear this long before the hint goes (brief: ≈ 5 s): longer than
+# HOLD_ON_S so a borderline condition shows steadily instead of blinking.
+HOLD_OFF_S = 5.0
+# A loader's first batches are dominated by worker start-up and cold caches.
+WARMUP_MIN_BATCHES = 20
+# Seconds of steady batches after an epoch's first batch before its window
+# figures are judged (the window, if longer, must also have slid past the stall).
+WARMUP_STEADY_S = 3.0
+# Snapshots further apart than this (monitor suspended, laptop asleep) say
+# nothing about whether a condition held in between: pending timers restart.
+STALE_GAP_S = 10.0
+
+RULES: dict[str, Callable[[Context], list[dict]]] = {
+    **rules_workers.RULES,
+    **rules_cores.RULES,
+    **rules_epochs.RULES,
+    **rules_memory.RULES,
+    **rules_gpu.RULES,
+}
+
+# Loader-level rules that judge window rates: frozen while their loader warms up.
+LOADER_RATE_RULES = frozenset({
+    "no-workers", "add-workers", "io-bound", "cpu-bound-preprocessing",
+    "pipeline-has-headroom", "worker-thread-oversubscription", "enable-pin-memory",
+})
+# Job-level rate rules: frozen while the job has no steady loader but one warming.
+JOB_RATE_RULES = frozenset({"main-loop-cpu-bound"})
+# Host-level rate rules: frozen while a loader that was steady re-warms (a
+# non-persistent loader re-spawning its workers at an epoch start).
+HOST_RATE_RULES = frozenset({"workers-oversubscribe-cores"})
+
+SEVERITY_ORDER = {"critical": 0, "warn": 1, "info": 2}
+
+HintKey = tuple  # (id, job_pid | None, loader_id | None)
+
+
+@dataclass(frozen=True)
+class LoaderTrack:
+    epoch: int | None
+    batches: int | None
+    first_batch_at: float | None   # steady clock start: first batch seen this epoch
+    was_steady: bool = False
+
+
+@dataclass(frozen=True)
+class HintTrack:
+    on_since: float | None         # condition continuously true since
+    off_since: float | None        # shown, condition continuously false since
+    shown: bool
+    hint: dict
+
+
+@dataclass(frozen=True)
+class DiagnoseState:
+    """Everything ``diagnose`` remembers between calls. Treat as opaque and
+    immutable: every call returns a new one and never modifies the old."""
+
+    time: float | None = None
+    loaders: Mapping[tuple[int, int], LoaderTrack] = field(default_factory=dict)
+    hints: Mapping[HintKey, HintTrack] = field(default_factory=dict)
+    # (job_pid, worker_pid) -> (first_seen_t, ((t, uss, rss), ...), growth facts)
+    mem: Mapping[tuple[int, int], tuple] = field(default_factory=dict)
+    # rule id -> "ExcType: message" for rules that raised on the last snapshot
+    rule_errors: Mapping[str, str] = field(default_factory=dict)
+
+
+def _grace(window_s: float | None) -> float:
+    return max(WARMUP_STEADY_S, window_s or 0.0)
+
+
+def _respawns_workers(loader: Mapping) -> bool:
+    """Whether an epoch start re-creates workers (and stalls the loop)."""
+    nw = as_int(loader.get("num_workers"))
+    return bool(nw) and loader.get("persistent_workers") is not True
+
+
+def history_says_steady(loader: Mapping, window_s: float | None) -> bool:
+    """Stateless warm-up test: enough batches, and batches flowed in each of
+    the last few one-second history samples (no stall inside the window)."""
+    batches = as_int(loader.get("batches_total"))
+    if batches is None or batches < WARMUP_MIN_BATCHES:
+        return False
+    rates = [num(x) for x in as_list(as_dict(loader.get("history")).get("batches_per_s"))]
+    need = math.ceil(_grace(window_s))
+    recent = rates[-need:]
+    return len(recent) >= need and all(v is not None and v > 0 for v in recent)
+
+
+def _iter_loaders(snapshot: Mapping):
+    for job in as_list(snapshot.get("jobs")):
+        if not isinstance(job, dict):
+            continue
+        pid = as_int(job.get("pid"))
+        if pid is None:
+            continue
+        for ld in as_list(job.get("loaders")):
+            lid = as_int(as_dict(ld).get("id"))
+            if lid is not None:
+                yield job, pid, ld, lid
+
+
+def stateless_phases(snapshot: Mapping) -> dict[tuple[int, int], str]:
+    window = num(snapshot.get("window_s"))
+    out = {}
+    for _job, pid, ld, lid in _iter_loaders(snapshot):
+        if ld.get("active") is False:
+            out[(pid, lid)] = INACTIVE
+        else:
+            out[(pid, lid)] = STEADY if history_says_steady(ld, window) else WARMUP
+    return out
+
+
+def _track_loaders(
+    snapshot: Mapping, old: Mapping[tuple[int, int], LoaderTrack], t: float
+) -> tuple[dict, dict]:
+    """Advance each loader's warm-up clock; return (phases, new tracks)."""
+    window = num(snapshot.get("window_s"))
+    grace = _grace(window)
+    phases: dict[tuple[int, int], str] = {}
+    tracks: dict[tuple[int, int], LoaderTrack] = {}
+    for _job, pid, ld, lid in _iter_loaders(snapshot):
+        key = (pid, lid)
+        epoch = as_int(ld.get("epoch"))
+        batches = as_int(ld.get("batches_total"))
+        tr = old.get(key)
+        if tr is None:
+            # Attached mid-run: trust the job's own recent history rather than
+            # making the user wait through a warm-up that already happened.
+            start = t - grace if history_says_steady(ld, window) else None
+            tr = LoaderTrack(epoch, batches, start)
+        elif epoch != tr.epoch and _respawns_workers(ld):
+            tr = LoaderTrack(epoch, batches, None, tr.was_steady)
+        else:
+            start = tr.first_batch_at
+            if (start is None and batches is not None and tr.batches is not None
+                    and batches > tr.batches):
+                start = t
+            tr = LoaderTrack(epoch, batches, start, tr.was_steady)
+        steady = (batches is not None and batches >= WARMUP_MIN_BATCHES
+                  and tr.first_batch_at is not None and t - tr.first_batch_at >= grace)
+        if steady and not tr.was_steady:
+            tr = replace(tr, was_steady=True)
+        tracks[key] = tr
+        if ld.get("active") is False:
+            phases[key] = INACTIVE
+        else:
+            phases[key] = STEADY if steady else WARMUP
+    return phases, tracks
+
+
+def _frozen_keys(ctx: Context, tracks: Mapping[tuple[int, int], LoaderTrack]) -> set:
+    frozen: set = set()
+    rewarming = False
+    for job in ctx.live_jobs:
+        pid = int(job["pid"])
+        views = ctx.loaders_of(pid)
+        warming = [lv for lv in views if lv.phase == WARMUP]
+        for lv in warming:
+            frozen.update((rid, pid, lv.lid) for rid in LOADER_RATE_RULES)
+            tr = tracks.get((pid, lv.lid))
+            rewarming = rewarming or bool(tr and tr.was_steady)
+        if warming and not any(lv.steady for lv in views):
+            frozen.update((rid, pid, None) for rid in JOB_RATE_RULES)
+    if rewarming:
+        frozen.update((rid, None, None) for rid in HOST_RATE_RULES)
+    return frozen
+
+
+def _run_rules(ctx: Context) -> tuple[dict, dict]:
+    """All candidates keyed by hint key, plus rule errors (a buggy rule must
+    not take the monitor down; its error is kept in the state for tests/logs)."""
+    fired: dict = {}
+    errors: dict = {}
+    for rid, fn in RULES.items():
+        try:
+            for h in fn(ctx):
+                fired[(h["id"], h["job_pid"], h["loader_id"])] = h
+        except Exception as e:  # noqa: BLE001 - see docstring
+            errors[rid] = f"{type(e).__name__}: {e}"
+    return fired, errors
+
+
+def _sorted(hints: list[dict]) -> list[dict]:
+    def key(h):
+        return (SEVERITY_ORDER.get(h["severity"], 9),
+                h["job_pid"] if h["job_pid"] is not None else -1,
+                h["loader_id"] if h["loader_id"] is not None else -1,
+                h["id"])
+    return sorted(hints, key=key)
+
+
+def _copy_hint(h: dict) -> dict:
+    out = dict(h)
+    out["evidence"] = dict(h.get("evidence") or {})
+    return out
+
+
+def evaluate(snapshot: Mapping) -> list[dict]:
+    """Instantaneous hints for one snapshot: no hysteresis, no slopes.
+
+    For one-shot callers (``dlwatch snapshot``), whose window already averages
+    over several seconds. Warm-up is judged from the loader's own history.
+    """
+    ctx = build_context(snapshot, stateless_phases(snapshot))
+    fired, _ = _run_rules(ctx)
+    return _sorted([_copy_hint(h) for h in fired.values()])
+
+
+def _step_hysteresis(
+    old: Mapping[HintKey, HintTrack], fired: Mapping, frozen: set, t: float, restart: bool,
+) -> dict:
+    new: dict = {}
+    for key in set(old) | set(fired):
+        tr = old.get(key)
+        if key in fired:
+            on = tr.on_since if (tr and tr.on_since is not None and not restart) else t
+            shown = bool(tr and tr.shown) or t - on >= HOLD_ON_S
+            new[key] = HintTrack(on, None, shown, fired[key])
+        elif key in frozen:
+            if tr.shown:
+                new[key] = tr
+        elif tr.shown:
+            off = tr.off_since if tr.off_since is not None else t
+            if t - off < HOLD_OFF_S:
+                new[key] = HintTrack(None, off, True, tr.hint)
+    return new
+
+
+def diagnose(
+    snapshot: Mapping[str, Any], state: DiagnoseState | None = None
+) -> tuple[list[dict], DiagnoseState]:
+    """Hints to show for ``snapshot`` given the state of the previous call.
+
+    Pure: reads nothing but its arguments, never modifies them, and returns a
+    new state. Hints are fresh dicts, sorted critical → warn → info.
+    """
+    state = state or DiagnoseState()
+    t = num(snapshot.get("time")) if isinstance(snapshot, Mapping) else None
+    if t is None:
+        # No clock, no hold times: keep showing what was shown.
+        shown = [_copy_hint(tr.hint) for tr in state.hints.values() if tr.shown]
+        return _sorted(shown), state
+    restart = state.time is None or t < state.time or t - state.time > STALE_GAP_S
+    phases, tracks = _track_loaders(snapshot, state.loaders, t)
+    mem = rules_memory.update_mem_series(dict(state.mem), snapshot, t)
+    ctx = build_context(snapshot, phases, mem)
+    fired, errors = _run_rules(ctx)
+    frozen = _frozen_keys(ctx, tracks)
+    # A rule that raised says nothing: keep its shown hints as they were.
+    frozen.update(k for k in state.hints if k[0] in errors)
+    hints = _step_hysteresis(state.hints, fired, frozen, t, restart)
+    new_state = DiagnoseState(time=t, loaders=tracks, hints=hints, mem=mem, rule_errors=errors)
+    shown = [_copy_hint(tr.hint) for tr in hints.values() if tr.shown]
+    return _sorted(shown), new_state
+
+
+class Diagnoser:
+    """Stateful convenience wrapper: feed snapshots in time order."""
+
+    def __init__(self) -> None:
+        self.state = DiagnoseState()
+
+    def update(self, snapshot: Mapping[str, Any]) -> list[dict]:
+        hints, self.state = diagnose(snapshot, self.state)
+        return hints
+
+    def reset(self) -> None:
+        self.state = DiagnoseState()

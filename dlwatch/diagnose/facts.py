@@ -1,0 +1,290 @@
+"""Read-only views of one snapshot that every rule shares.
+
+Rules never read the raw snapshot with ``dict[...]``: the monitor reports
+``None`` for whatever it could not measure, an older collector may lack a key,
+and a rule must stay silent rather than guess. Everything here therefore
+returns ``None`` when a number is missing or malformed, and the rules treat
+``None`` as "cannot decide".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+# A worker whose process is gone still appears in the snapshot for a moment
+# (psutil reports "gone" until the loader's next window drops it): its figures
+# are stale and must not count towards anything.
+GONE_STATES = frozenset({"gone", "zombie", "dead"})
+
+# ``main_cpu_percent`` / ``cpu_percent`` use 100 = one core (psutil convention).
+PERCENT_PER_CORE = 100.0
+
+# Phases a loader can be in, as far as the rate-based rules are concerned.
+STEADY = "steady"      # window figures are trustworthy
+WARMUP = "warmup"      # epoch start / first batches: figures are suspect, decide nothing
+INACTIVE = "inactive"  # no iterator alive: the loader is not being consumed
+
+
+def num(v: Any) -> float | None:
+    """A finite number as float, else None (bool is not a number here)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    f = float(v)
+    return f if math.isfinite(f) else None
+
+
+def as_int(v: Any) -> int | None:
+    if isinstance(v, bool) or not isinstance(v, int):
+        f = num(v)
+        return int(f) if f is not None and f == int(f) else None
+    return v
+
+
+def as_dict(v: Any) -> dict:
+    return v if isinstance(v, dict) else {}
+
+
+def as_list(v: Any) -> list:
+    return v if isinstance(v, list) else []
+
+
+def mean(values: Iterable[float]) -> float | None:
+    vals = list(values)
+    return sum(vals) / len(vals) if vals else None
+
+
+def median(values: Iterable[float]) -> float | None:
+    vals = sorted(values)
+    if not vals:
+        return None
+    mid = len(vals) // 2
+    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+
+
+def ceil_ratio(a: float, b: float) -> int:
+    # 0.7 / 0.1 is 6.999999999999999 and 0.3 / 0.1 is 2.9999999999999996 in
+    # binary floating point: a tolerance keeps exact ratios exact (40/10 -> 4).
+    return max(0, math.ceil(a / b - 1e-9))
+
+
+def pct(fraction: float) -> str:
+    return f"{fraction * 100:.0f} %"
+
+
+def ms(v: float) -> str:
+    return f"{v:.1f} ms" if v < 10 else f"{v:.0f} ms"
+
+
+def mib(nbytes: float) -> str:
+    return f"{nbytes / (1 << 20):.0f} MiB"
+
+
+def cores(v: float) -> str:
+    return f"{v:.0f}" if v == int(v) else f"{v:.1f}"
+
+
+def live_workers(loader: Mapping) -> list[dict]:
+    """Workers whose process still exists (figures may still be None)."""
+    out = []
+    for w in as_list(loader.get("workers")):
+        if isinstance(w, dict) and w.get("state") not in GONE_STATES:
+            out.append(w)
+    return out
+
+
+def worker_values(workers: Iterable[Mapping], key: str) -> list[float]:
+    return [v for v in (num(w.get(key)) for w in workers) if v is not None]
+
+
+def worker_ms_per_batch(loader: Mapping, workers: list[dict]) -> float | None:
+    """Dataset fetch time one batch costs one worker.
+
+    Prefers the collector's loader-level figure; falls back to the mean of the
+    workers' own means (equal weight: every worker serves the same sampler).
+    """
+    v = num(loader.get("worker_ms_per_batch"))
+    if v is not None and v > 0:
+        return v
+    m = mean(x for x in worker_values(workers, "fetch_ms_mean") if x > 0)
+    return m
+
+
+@dataclass
+class LoaderView:
+    """One loader of one live job, with the figures most rules need."""
+
+    job: dict
+    loader: dict
+    pid: int
+    lid: int
+    phase: str
+    workers: list[dict]
+    num_workers: int | None
+    wait: float | None            # data_wait_fraction 0..1
+    busy_mean: float | None       # mean worker busy fraction 0..1
+    cpu_mean: float | None        # mean worker CPU in cores (1.0 = one core)
+    cpu_missing: int              # live workers without a CPU figure
+    cpu_sum: float                # cores the workers use now (missing count 0)
+    worker_ms: float | None       # fetch time per batch in one worker
+    step_ms: float | None         # loop compute time per batch
+
+    @property
+    def steady(self) -> bool:
+        return self.phase == STEADY
+
+    @property
+    def title(self) -> str:
+        """How messages name the loader (at the start of a sentence)."""
+        return f"Loader {self.lid} of PID {self.pid}"
+
+    @property
+    def cpu_share_of_busy(self) -> float | None:
+        """How much of a worker's busy time is spent on a CPU.
+
+        ~1: CPU-bound (decoding, augmentation); well below 1: the worker is
+        "busy" inside ``fetch`` but sleeping on storage, network or locks.
+        Above 1 means the worker runs several threads at once: CPU-bound too.
+        """
+        if self.busy_mean is None or self.cpu_mean is None or self.busy_mean <= 0:
+            return None
+        return self.cpu_mean / self.busy_mean
+
+
+@dataclass
+class Context:
+    """Everything the rules see: the snapshot, loader views, state-kept samples."""
+
+    snapshot: dict
+    time: float | None
+    window_s: float | None
+    host: dict
+    usable_cores: float | None
+    live_jobs: list[dict]
+    loaders: list[LoaderView]
+    gpu_ok: bool
+    gpus: list[dict]
+    # (job_pid, worker_pid) -> (first_t, samples, growth): rules_memory; only the
+    # stateful path fills it, so slope rules are silent in one-shot use.
+    mem_series: Mapping[tuple[int, int], tuple] = field(
+        default_factory=dict
+    )
+
+    @property
+    def main_loops(self) -> int:
+        # One busy main loop per trainer process: the brief's accounting, and
+        # a trainer waiting for data still wakes up for every batch.
+        return len(self.live_jobs)
+
+    def loaders_of(self, pid: int) -> list[LoaderView]:
+        return [lv for lv in self.loaders if lv.pid == pid]
+
+    def other_workers_cpu(self, exclude: LoaderView | None) -> float:
+        """CPU cores used by the workers of every other live loader.
+
+        A worker without a CPU figure counts as one full core: this sum only
+        ever shrinks the "free cores" estimate, so unknown means pessimistic.
+        """
+        total = 0.0
+        for lv in self.loaders:
+            if lv is exclude:
+                continue
+            total += lv.cpu_sum + lv.cpu_missing
+        return total
+
+    def usable_cores_source(self) -> str:
+        # collect/host.py reports it as "cores_reason"; accept either name.
+        for key in ("usable_cores_source", "cores_reason"):
+            src = self.host.get(key)
+            if isinstance(src, str) and src:
+                return src
+        return "host.usable_cores (CPU affinity and cgroup quota, not os.cpu_count())"
+
+    def gpu_util_for(self, job: Mapping) -> tuple[float | None, str]:
+        """GPU utilisation (percent, averaged over the snapshot window) for a job.
+
+        Only when the mapping is unambiguous: a single GPU, or a ``local_rank``
+        that names a listed GPU index. Several GPUs and no rank: None, since
+        averaging an idle GPU of another job into this one's would be a guess.
+        """
+        if not self.gpu_ok or not self.gpus:
+            return None, ""
+        gpu = None
+        if len(self.gpus) == 1:
+            gpu = self.gpus[0]
+        else:
+            rank = as_int(job.get("local_rank"))
+            if rank is not None:
+                gpu = next((g for g in self.gpus if as_int(g.get("index")) == rank), None)
+        if gpu is None:
+            return None, ""
+        hist = [v for v in (num(x) for x in as_list(gpu.get("history"))) if v is not None]
+        n = max(1, int(round(self.window_s or 1)))
+        util = mean(hist[-n:]) if hist else num(gpu.get("util_percent"))
+        return util, f"GPU {gpu.get('index', '?')}"
+
+
+def build_context(
+    snapshot: Mapping,
+    phase_of: Mapping[tuple[int, int], str],
+    mem_series: Mapping[tuple[int, int], tuple] | None = None,
+) -> Context:
+    host = as_dict(snapshot.get("host"))
+    usable = num(host.get("usable_cores"))
+    if usable is not None and usable <= 0:
+        usable = None
+    live_jobs = [
+        j for j in as_list(snapshot.get("jobs"))
+        if isinstance(j, dict) and j.get("state", "live") == "live" and as_int(j.get("pid")) is not None
+    ]
+    views: list[LoaderView] = []
+    for job in live_jobs:
+        pid = as_int(job["pid"])
+        for ld in as_list(job.get("loaders")):
+            lid = as_int(as_dict(ld).get("id"))
+            if lid is None:
+                continue
+            workers = live_workers(ld)
+            busy = mean(worker_values(workers, "busy_fraction"))
+            cpu_vals = worker_values(workers, "cpu_percent")
+            views.append(LoaderView(
+                job=job, loader=ld, pid=pid, lid=lid,
+                phase=phase_of.get((pid, lid), WARMUP),
+                workers=workers,
+                num_workers=as_int(ld.get("num_workers")),
+                wait=num(ld.get("data_wait_fraction")),
+                busy_mean=busy,
+                cpu_mean=(mean(cpu_vals) / PERCENT_PER_CORE) if cpu_vals else None,
+                cpu_missing=len(workers) - len(cpu_vals),
+                cpu_sum=sum(cpu_vals) / PERCENT_PER_CORE,
+                worker_ms=worker_ms_per_batch(ld, workers),
+                step_ms=num(ld.get("step_ms_mean")),
+            ))
+    return Context(
+        snapshot=dict(snapshot),
+        time=num(snapshot.get("time")),
+        window_s=num(snapshot.get("window_s")),
+        host=host,
+        usable_cores=usable,
+        live_jobs=live_jobs,
+        loaders=views,
+        gpu_ok=snapshot.get("gpu_status") == "ok",
+        gpus=[g for g in as_list(snapshot.get("gpus")) if isinstance(g, dict)],
+        mem_series=mem_series or {},
+    )
+
+
+def hint(
+    id: str, severity: str, job_pid: int | None, loader_id: int | None,
+    message: str, suggestion: str, evidence: dict,
+) -> dict:
+    return {
+        "id": id, "severity": severity, "job_pid": job_pid, "loader_id": loader_id,
+        "message": message, "suggestion": suggestion, "evidence": evidence,
+    }
+
+
+def r(v: float | None, nd: int = 3) -> float | None:
+    """Round evidence for humans and JSON diffs; keep None as None."""
+    return None if v is None else round(v, nd)

@@ -1,0 +1,67 @@
+"""enable-persistent-workers: workers re-spawned at every epoch start.
+
+Judged on completed epochs (``epoch_start_ms`` / ``epoch_ms`` lists), not on
+window rates, so it is not subject to the loader warm-up: a validation loader
+with 3-second epochs is exactly the loader that suffers most, and it never
+has "a few seconds of steady state".
+"""
+
+from __future__ import annotations
+
+from .facts import Context, as_list, hint, median, ms, num, pct, r
+
+# An epoch-start stall under half a second is not worth a config change even
+# when epochs are short (brief: ≥ 0.5 s).
+PERSIST_MIN_STALL_MS = 500.0
+# ... and it must cost at least 10 % of the epoch (brief: ≥ 10 % of epoch time).
+PERSIST_MIN_FRACTION = 0.10
+
+
+def _numbers(v) -> list[float]:
+    return [x for x in (num(e) for e in as_list(v)) if x is not None and x >= 0]
+
+
+def rule_enable_persistent_workers(ctx: Context) -> list[dict]:
+    out = []
+    for lv in ctx.loaders:
+        ld = lv.loader
+        # Exactly False: None means the probe could not read the flag.
+        if ld.get("persistent_workers") is not False:
+            continue
+        if not lv.num_workers or lv.num_workers < 1:
+            continue
+        starts = _numbers(ld.get("epoch_start_ms"))
+        # The first epoch's start (fork/spawn + dataset pickling) is paid with
+        # persistent workers too; only later starts show what they would save.
+        # When the list has rolled over, dropping its oldest entry is harmless.
+        later = starts[1:]
+        epochs = [e for e in _numbers(ld.get("epoch_ms")) if e > 0]
+        if not later or not epochs:
+            continue
+        stall = median(later)
+        epoch = median(epochs)
+        frac = stall / epoch
+        if stall < PERSIST_MIN_STALL_MS or frac < PERSIST_MIN_FRACTION:
+            continue
+        method = ld.get("start_method") or lv.job.get("start_method")
+        msg = (f"{lv.title} re-creates its {lv.num_workers} workers at every epoch: "
+               f"the first batch of an epoch arrives after {ms(stall)} (median of "
+               f"{len(later)} epoch{'s' if len(later) != 1 else ''} after the first), "
+               f"{pct(frac)} of a {ms(epoch)} epoch.")
+        if method in ("spawn", "forkserver"):
+            msg += f" The '{method}' start method makes every re-spawn re-import the script."
+        sugg = "set persistent_workers=True in DataLoader(...) so workers survive between epochs"
+        ev = {
+            "epoch_start_ms_median": r(stall, 1),
+            "epoch_ms_median": r(epoch, 1),
+            "stall_fraction_of_epoch": r(frac),
+            "epochs_measured": len(later),
+            "first_epoch_start_ms": r(starts[0], 1),
+            "num_workers": lv.num_workers,
+            "start_method": method,
+        }
+        out.append(hint("enable-persistent-workers", "warn", lv.pid, lv.lid, msg, sugg, ev))
+    return out
+
+
+RULES = {"enable-persistent-workers": rule_enable_persistent_workers}

@@ -1,0 +1,98 @@
+"""Rules that need GPU figures: enable-pin-memory, main-loop-cpu-bound.
+
+Both stay silent without ``gpu_status == "ok"`` and a GPU that can be tied to
+the job (one GPU on the box, or the job's ``local_rank`` naming a listed
+index): "the GPU is idle" must be measured, not assumed.
+"""
+
+from __future__ import annotations
+
+from .facts import Context, hint, num, pct, r
+
+# Data wait that makes a pageable host-to-device copy worth fixing: the copy
+# happens in the loop, so any material wait (DESIGN's lower 5 %) counts.
+PIN_MIN_WAIT = 0.05
+# GPU utilisation below this over the snapshot window is "under-used" (brief:
+# ~50 %; the seeds call < 80 % suspicious, 50 % keeps the hint for clear cases).
+GPU_UNDERUSED_UTIL = 50.0
+# main-loop-cpu-bound: the loop must practically never wait for data ...
+MAIN_LOW_WAIT = 0.05
+# ... while its Python thread is pegged: ≥ 90 % of one core (brief).
+MAIN_THREAD_PEGGED_PERCENT = 90.0
+
+
+def rule_enable_pin_memory(ctx: Context) -> list[dict]:
+    if not ctx.gpu_ok or not ctx.gpus:
+        return []
+    out = []
+    for lv in ctx.loaders:
+        if not lv.steady or lv.loader.get("pin_memory") is not False:
+            continue
+        if lv.job.get("cuda_initialized") is not True or lv.wait is None:
+            continue
+        util, gpu_name = ctx.gpu_util_for(lv.job)
+        waits = lv.wait >= PIN_MIN_WAIT
+        idle = util is not None and util < GPU_UNDERUSED_UTIL
+        if not (waits or idle):
+            continue
+        reasons = []
+        if waits:
+            reasons.append(f"the loop waits for data {pct(lv.wait)} of the time")
+        if idle:
+            reasons.append(f"{gpu_name} is only {util:.0f} % busy")
+        msg = (f"{lv.title} hands batches to CUDA from pageable memory "
+               f"(pin_memory=False) while {' and '.join(reasons)}: every .to('cuda') makes an "
+               f"extra CPU copy and cannot overlap with compute.")
+        sugg = ("set pin_memory=True in DataLoader(...) and copy with "
+                ".to(device, non_blocking=True)")
+        ev = {
+            "pin_memory": False,
+            "cuda_initialized": True,
+            "data_wait_fraction": r(lv.wait),
+            "gpu": gpu_name or None,
+            "gpu_util_percent": r(util, 1),
+        }
+        out.append(hint("enable-pin-memory", "warn", lv.pid, lv.lid, msg, sugg, ev))
+    return out
+
+
+def rule_main_loop_cpu_bound(ctx: Context) -> list[dict]:
+    if not ctx.gpu_ok or not ctx.gpus:
+        return []
+    out = []
+    for job in ctx.live_jobs:
+        pid = int(job["pid"])
+        if job.get("cuda_initialized") is not True:
+            continue  # a CPU-only run has an idle GPU by design
+        steady = [lv for lv in ctx.loaders_of(pid) if lv.steady and lv.wait is not None]
+        if not steady:
+            continue
+        wait = max(lv.wait for lv in steady)
+        if wait >= MAIN_LOW_WAIT:
+            continue
+        main_cpu = num(job.get("main_thread_cpu_percent"))
+        if main_cpu is None or main_cpu < MAIN_THREAD_PEGGED_PERCENT:
+            continue
+        util, gpu_name = ctx.gpu_util_for(job)
+        if util is None or util >= GPU_UNDERUSED_UTIL:
+            continue
+        msg = (f"PID {pid}: the loop waits for data only {pct(wait)} of the time, yet {gpu_name} "
+               f"is {util:.0f} % busy while the trainer's main thread uses {main_cpu:.0f} % of a "
+               f"core: the Python side cannot launch kernels fast enough.")
+        sugg = ("profile one step with torch.profiler; then use larger batches, torch.compile, "
+                "or CUDA graphs to cut per-kernel launch overhead")
+        ev = {
+            "data_wait_fraction_max": r(wait),
+            "main_thread_cpu_percent": r(main_cpu, 1),
+            "gpu": gpu_name,
+            "gpu_util_percent": r(util, 1),
+            "loaders": [lv.lid for lv in steady],
+        }
+        out.append(hint("main-loop-cpu-bound", "warn", pid, None, msg, sugg, ev))
+    return out
+
+
+RULES = {
+    "enable-pin-memory": rule_enable_pin_memory,
+    "main-loop-cpu-bound": rule_main_loop_cpu_bound,
+}

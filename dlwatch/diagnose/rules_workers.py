@@ -1,0 +1,319 @@
+"""How many workers a loader needs: no-workers, add-workers, io-bound,
+cpu-bound-preprocessing, pipeline-has-headroom.
+
+The arithmetic is Little's law for a producer pool feeding one consumer: a
+worker delivers one batch per ``worker_ms_per_batch`` (its dataset fetch time,
+collate included), the loop takes one per ``step_ms_mean`` (its compute time
+between ``__next__`` calls, data wait excluded — DESIGN §3 "compute = between
+calls"), so keeping up needs ``ceil(worker_ms / step_ms)`` workers.
+
+Whether extra workers can run in parallel depends on what a worker does while
+busy: on a CPU (decode, augmentation) each needs a core, so the count is capped
+by the cores nobody else uses; off a CPU (storage, network) cores are not the
+limit and the same arithmetic holds past the core count.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .facts import (
+    Context, LoaderView, ceil_ratio, cores, hint, ms, num, pct, r, worker_values,
+)
+
+# Loop time spent waiting for data above which the job is "data-bound". DESIGN §4
+# says "material (≥ 5–10 %)"; 10 % is where a fix buys a visible speed-up and
+# epoch-boundary noise no longer matters.
+DATA_BOUND_WAIT = 0.10
+# num_workers == 0 with wait between this and DATA_BOUND_WAIT: an info hint —
+# worth knowing, not worth a warning (lower edge of DESIGN's 5–10 %).
+NO_WORKERS_INFO_WAIT = 0.05
+# Mean worker busy fraction from which the workers are "the limit": above it a
+# worker hardly ever sits idle waiting for the next index (brief: ~0.8).
+WORKERS_SATURATED_BUSY = 0.80
+# Share of busy time a worker spends on a CPU from which loading counts as
+# CPU-bound; below it the worker mostly sleeps inside fetch (I/O). The brief's
+# io-bound example is "CPU < 50 % of busy time"; one boundary keeps the two
+# hints mutually exclusive.
+CPU_BOUND_MIN_SHARE = 0.50
+# Multiplier on the Little's-law ratio. 1.0: the fetch time is measured under
+# the current contention and the prefetch queue (prefetch_factor batches per
+# worker) already absorbs jitter, so the plain ratio is the honest minimum; the
+# 40 ms / 10 ms -> 4 workers example of the brief holds exactly.
+LITTLE_SAFETY = 1.0
+# Cores counted as saturated when worker CPU + main loops reach this fraction
+# of the usable cores (psutil never reads exactly 100 % of a quota).
+CORES_SATURATED_FRACTION = 0.90
+# Sanity ceiling for the uncapped I/O-bound recommendation: a tiny step time
+# must not turn into "use 400 workers" (every worker costs memory and a pid).
+IO_MAX_RECOMMENDED_WORKERS = 64
+# pipeline-has-headroom: workers busier than this are not "mostly idle" (brief ~0.3).
+HEADROOM_MAX_BUSY = 0.30
+# ... and the loop must practically never wait (≈ 0).
+HEADROOM_MAX_WAIT = 0.02
+# ... and the prefetch queue must be (nearly) full: ready ≥ 90 % of capacity.
+HEADROOM_QUEUE_FULL = 0.90
+# Margin kept when recommending fewer workers: 50 % more than Little's law,
+# so a slower batch or a busy host does not starve the loop right away.
+HEADROOM_SAFETY = 1.5
+# Without per-batch times, size the pool so each worker would be ~70 % busy.
+HEADROOM_TARGET_BUSY = 0.70
+
+
+def _free_cores_for(ctx: Context, lv: LoaderView) -> float | None:
+    """Cores this loader's workers may use: usable minus main loops minus the
+    CPU that every other loader's workers use now."""
+    if ctx.usable_cores is None:
+        return None
+    return ctx.usable_cores - ctx.main_loops - ctx.other_workers_cpu(lv)
+
+
+def _workers_cpu_demand(ctx: Context) -> float:
+    """Cores wanted by all live workers plus one per main loop (brief's accounting)."""
+    return sum(lv.cpu_sum for lv in ctx.loaders) + ctx.main_loops
+
+
+def _bound_kind(lv: LoaderView) -> tuple[bool, str] | None:
+    share = lv.cpu_share_of_busy
+    if share is None:
+        return None
+    cpu_bound = share >= CPU_BOUND_MIN_SHARE
+    why = (f"worker CPU {pct(min(share, 9.99))} of busy time "
+           f"({'≥' if cpu_bound else '<'} {pct(CPU_BOUND_MIN_SHARE)})")
+    return cpu_bound, why
+
+
+def _data_bound_workers(lv: LoaderView) -> bool:
+    """The shared premise of add-workers / io-bound / cpu-bound-preprocessing."""
+    return (
+        lv.steady
+        and lv.num_workers is not None and lv.num_workers >= 1
+        and lv.wait is not None and lv.wait >= DATA_BOUND_WAIT
+        and lv.busy_mean is not None and lv.busy_mean >= WORKERS_SATURATED_BUSY
+    )
+
+
+def little_workers(worker_ms: float, step_ms: float) -> int:
+    """Workers needed so the pool delivers a batch every ``step_ms``."""
+    return max(1, ceil_ratio(worker_ms * LITTLE_SAFETY, step_ms))
+
+
+def _common_evidence(lv: LoaderView) -> dict:
+    return {
+        "data_wait_fraction": r(lv.wait),
+        "num_workers": lv.num_workers,
+        "worker_busy_fraction": r(lv.busy_mean),
+        "worker_cpu_cores_mean": r(lv.cpu_mean),
+        "worker_cpu_share_of_busy": r(lv.cpu_share_of_busy),
+        "worker_ms_per_batch": r(lv.worker_ms, 1),
+        "step_ms_mean": r(lv.step_ms, 1),
+    }
+
+
+def rule_no_workers(ctx: Context) -> list[dict]:
+    out = []
+    for lv in ctx.loaders:
+        if not lv.steady or lv.num_workers != 0 or lv.wait is None:
+            continue
+        if lv.wait < NO_WORKERS_INFO_WAIT:
+            continue
+        severity = "warn" if lv.wait >= DATA_BOUND_WAIT else "info"
+        # With num_workers=0 the loop loads inside __next__: the wait per batch
+        # is what one worker would spend per batch.
+        wait_ms = num(lv.loader.get("wait_ms_mean"))
+        rec = None
+        cap = None
+        if wait_ms is not None and wait_ms > 0 and lv.step_ms is not None and lv.step_ms > 0:
+            rec = little_workers(wait_ms, lv.step_ms)
+            free = _free_cores_for(ctx, lv)
+            if free is not None:
+                cap = max(1, math.floor(free + 1e-9))
+                rec = min(rec, cap)
+        msg = (f"{lv.title} spends {pct(lv.wait)} of the loop waiting for data "
+               f"with num_workers=0: the training loop loads every batch itself")
+        if wait_ms is not None and lv.step_ms is not None:
+            msg += f" ({ms(wait_ms)} loading vs {ms(lv.step_ms)} computing per batch)"
+        msg += "."
+        if rec is not None:
+            sugg = (f"set num_workers={rec} in DataLoader(...) so batches load in the "
+                    f"background while the loop computes")
+        else:
+            sugg = ("set num_workers=2 in DataLoader(...) to load in the background, "
+                    "then re-measure the data wait")
+        ev = {
+            "data_wait_fraction": r(lv.wait),
+            "num_workers": 0,
+            "wait_ms_mean": r(wait_ms, 1),
+            "step_ms_mean": r(lv.step_ms, 1),
+            "recommended_num_workers": rec,
+            "usable_cores": ctx.usable_cores,
+            "core_cap": cap,
+        }
+        out.append(hint("no-workers", severity, lv.pid, lv.lid, msg, sugg, ev))
+    return out
+
+
+def rule_add_workers(ctx: Context) -> list[dict]:
+    out = []
+    for lv in ctx.loaders:
+        if not _data_bound_workers(lv):
+            continue
+        kind = _bound_kind(lv)
+        if kind is None or not kind[0]:
+            continue
+        if lv.worker_ms is None or lv.step_ms is None or lv.step_ms <= 0:
+            continue
+        free = _free_cores_for(ctx, lv)
+        if free is None:
+            continue
+        nw = lv.num_workers
+        little = little_workers(lv.worker_ms, lv.step_ms)
+        # Little's law can say "enough" while the loop still waits (the fetch
+        # time misses IPC/unpickling): one more worker is then the measured
+        # next step.
+        needed = max(little, nw + 1)
+        cap = math.floor(free + 1e-9)
+        rec = min(needed, cap)
+        if rec <= nw:
+            continue  # no whole core free: cpu-bound-preprocessing's case
+        msg = (f"{lv.title} waits for data {pct(lv.wait)} of the time; its "
+               f"{nw} worker{'s are' if nw != 1 else ' is'} busy {pct(lv.busy_mean)} of the time "
+               f"and one batch costs a worker {ms(lv.worker_ms)} while the loop uses one every "
+               f"{ms(lv.step_ms)}")
+        if little > nw:
+            msg += f": keeping up needs {little} workers"
+            if rec < little:
+                msg += f", and the free cores allow {rec}"
+        else:
+            msg += (f": by fetch time alone {nw} should keep up, yet the loop waits, so "
+                    f"per-batch overhead outside the fetch (IPC, collate) is the rest")
+        msg += "."
+        sugg = f"set num_workers={rec} in DataLoader(...)"
+        ev = _common_evidence(lv) | {
+            "recommended_num_workers": rec,
+            "little_law_workers": little,
+            "usable_cores": ctx.usable_cores,
+            "usable_cores_source": ctx.usable_cores_source(),
+            "main_loops": ctx.main_loops,
+            "free_cores": r(free, 2),
+            "cpu_bound": True,
+            "cpu_bound_reason": kind[1],
+        }
+        out.append(hint("add-workers", "warn", lv.pid, lv.lid, msg, sugg, ev))
+    return out
+
+
+def rule_io_bound(ctx: Context) -> list[dict]:
+    out = []
+    for lv in ctx.loaders:
+        if not _data_bound_workers(lv):
+            continue
+        kind = _bound_kind(lv)
+        if kind is None or kind[0]:
+            continue
+        if lv.worker_ms is None or lv.step_ms is None or lv.step_ms <= 0:
+            continue
+        nw = lv.num_workers
+        little = little_workers(lv.worker_ms, lv.step_ms)
+        rec = min(max(little, nw + 1), IO_MAX_RECOMMENDED_WORKERS)
+        if rec <= nw:
+            continue
+        msg = (f"{lv.title} waits for data {pct(lv.wait)} of the time; its {nw} "
+               f"worker{'s are' if nw != 1 else ' is'} busy {pct(lv.busy_mean)} of the time but on a "
+               f"CPU only {pct(lv.cpu_share_of_busy)} of it: loading waits on storage or network. "
+               f"One batch takes a worker {ms(lv.worker_ms)} and the loop uses one every "
+               f"{ms(lv.step_ms)}.")
+        sugg = (f"set num_workers={rec} in DataLoader(...) (I/O waits overlap, so this may exceed "
+                f"the core count), or cache the dataset on local SSD / in RAM")
+        ev = _common_evidence(lv) | {
+            "recommended_num_workers": rec,
+            "little_law_workers": little,
+            "usable_cores": ctx.usable_cores,
+            "cpu_bound": False,
+            "cpu_bound_reason": kind[1],
+        }
+        out.append(hint("io-bound", "warn", lv.pid, lv.lid, msg, sugg, ev))
+    return out
+
+
+def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict]:
+    out = []
+    for lv in ctx.loaders:
+        if not _data_bound_workers(lv):
+            continue
+        kind = _bound_kind(lv)
+        if kind is None or not kind[0]:
+            continue
+        free = _free_cores_for(ctx, lv)
+        if free is None:
+            continue
+        if math.floor(free + 1e-9) > lv.num_workers:
+            continue  # a core is free: add-workers applies instead
+        demand = _workers_cpu_demand(ctx)
+        if demand < CORES_SATURATED_FRACTION * ctx.usable_cores:
+            continue
+        msg = (f"{lv.title} waits for data {pct(lv.wait)} of the time while its "
+               f"{lv.num_workers} CPU-bound workers are busy {pct(lv.busy_mean)} of the time, and "
+               f"workers plus main loops already use {cores(round(demand, 1))} of "
+               f"{cores(ctx.usable_cores)} usable cores: more workers cannot help.")
+        sugg = ("make each batch cheaper: decode/resize once and cache the result, use lighter "
+                "transforms, or move augmentation to the GPU (e.g. torchvision.transforms.v2 on "
+                "CUDA tensors, DALI)")
+        ev = _common_evidence(lv) | {
+            "usable_cores": ctx.usable_cores,
+            "usable_cores_source": ctx.usable_cores_source(),
+            "main_loops": ctx.main_loops,
+            "cpu_demand_cores": r(demand, 2),
+            "cpu_bound": True,
+            "cpu_bound_reason": kind[1],
+        }
+        out.append(hint("cpu-bound-preprocessing", "warn", lv.pid, lv.lid, msg, sugg, ev))
+    return out
+
+
+def rule_pipeline_has_headroom(ctx: Context) -> list[dict]:
+    out = []
+    for lv in ctx.loaders:
+        nw = lv.num_workers
+        if not lv.steady or nw is None or nw < 2:
+            continue
+        if lv.wait is None or lv.wait > HEADROOM_MAX_WAIT:
+            continue
+        if lv.busy_mean is None or lv.busy_mean >= HEADROOM_MAX_BUSY:
+            continue
+        q = lv.loader.get("queue") if isinstance(lv.loader.get("queue"), dict) else {}
+        ready, cap = num(q.get("ready")), num(q.get("capacity"))
+        if ready is None or cap is None or cap <= 0 or ready < HEADROOM_QUEUE_FULL * cap:
+            continue
+        if lv.worker_ms is not None and lv.step_ms is not None and lv.step_ms > 0:
+            rec = max(1, ceil_ratio(lv.worker_ms * HEADROOM_SAFETY, lv.step_ms))
+            method = (f"Little's law ({ms(lv.worker_ms)} per batch per worker vs "
+                      f"{ms(lv.step_ms)} per step) with {HEADROOM_SAFETY:g}x margin")
+        else:
+            rec = max(1, ceil_ratio(nw * lv.busy_mean, HEADROOM_TARGET_BUSY))
+            method = f"busy time of {nw} workers spread at {pct(HEADROOM_TARGET_BUSY)} busy each"
+        if rec >= nw:
+            continue
+        idle_cpu = sum(worker_values(lv.workers, "cpu_percent")) / 100.0
+        msg = (f"{lv.title} has its prefetch queue full ({int(ready)}/{int(cap)} "
+               f"batches ready), the loop waits {pct(lv.wait)} of the time and its {nw} workers are "
+               f"busy only {pct(lv.busy_mean)} of the time.")
+        sugg = f"num_workers={rec} would keep up and free CPU and memory for other work"
+        ev = _common_evidence(lv) | {
+            "recommended_num_workers": rec,
+            "method": method,
+            "queue_ready": int(ready),
+            "queue_capacity": int(cap),
+            "worker_cpu_cores_total": r(idle_cpu, 2),
+        }
+        out.append(hint("pipeline-has-headroom", "info", lv.pid, lv.lid, msg, sugg, ev))
+    return out
+
+
+RULES = {
+    "no-workers": rule_no_workers,
+    "add-workers": rule_add_workers,
+    "io-bound": rule_io_bound,
+    "cpu-bound-preprocessing": rule_cpu_bound_preprocessing,
+    "pipeline-has-headroom": rule_pipeline_has_headroom,
+}

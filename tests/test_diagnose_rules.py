@@ -1,0 +1,648 @@
+"""Table-driven tests of every diagnose rule, one snapshot at a time.
+
+Snapshots come from the small factory below (job / loader / worker builders with
+healthy defaults); each case changes only what its rule looks at. Rules are
+exercised through ``evaluate`` (instantaneous, no hysteresis) except the
+slope rule, which needs history and goes through ``Diagnoser``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+
+from dlwatch.diagnose import Diagnoser, diagnose, evaluate, format_hints
+from dlwatch.diagnose import rules_memory, rules_workers
+
+MIB = 1 << 20
+GIB = 1 << 30
+T0 = 1_700_000_000.0
+
+
+# --- factory ----------------------------------------------------------------
+
+def worker(i=0, *, pid=None, cpu=50.0, busy=0.5, fetch_ms=20.0, threads=2,
+           uss=200 * MIB, rss=600 * MIB, state="sleeping", **extra):
+    w = {"id": i, "pid": pid if pid is not None else 5000 + i, "cpu_percent": cpu,
+         "busy_fraction": busy, "fetch_ms_mean": fetch_ms, "batches": 100,
+         "rss_bytes": rss, "uss_bytes": uss, "threads": threads, "state": state, "error": None}
+    w.update(extra)
+    return w
+
+
+def loader(lid=0, *, nw=2, wait=0.0, step_ms=10.0, wait_ms=None, workers=None,
+           worker_kw=None, pin=True, persistent=True, prefetch=2, batches=1000, epoch=3,
+           active=True, ready=None, capacity=None, worker_ms=None, epoch_start_ms=None,
+           epoch_ms=None, steady_history=True, pid_base=5000, **extra):
+    if workers is None:
+        workers = [worker(i, pid=pid_base + i, **(worker_kw or {})) for i in range(nw)]
+    cap = capacity if capacity is not None else (nw * prefetch if nw else None)
+    if wait_ms is None and isinstance(step_ms, float) and isinstance(wait, float) and wait < 1:
+        # consistent with the wait fraction: wait / (wait + step)
+        wait_ms = step_ms * wait / (1 - wait)
+    ld = {
+        "id": lid, "num_workers": nw, "batch_size": 32, "pin_memory": pin,
+        "persistent_workers": persistent, "prefetch_factor": prefetch if nw else None,
+        "epoch": epoch, "batches_total": batches, "batches_per_s": 50.0,
+        "data_wait_fraction": wait, "wait_ms_mean": wait_ms, "step_ms_mean": step_ms,
+        "epoch_start_ms_last": None,
+        "queue": {"ready": ready if ready is not None else (cap // 2 if cap else None),
+                  "in_flight": cap, "capacity": cap},
+        "workers": workers, "kind": "map", "active": active, "start_method": "fork",
+        "epoch_ms_last": None, "epoch_start_ms": epoch_start_ms or [],
+        "epoch_ms": epoch_ms or [],
+        "history": {"data_wait_fraction": [wait] * 10,
+                    "batches_per_s": [50.0] * 10 if steady_history else [0.0] * 10},
+        "worker_ms_per_batch": worker_ms,
+    }
+    ld.update(extra)
+    return ld
+
+
+def job(pid=1000, *, loaders=None, state="live", main_cpu=100.0, main_thread_cpu=60.0,
+        cuda=True, local_rank=None, **extra):
+    j = {"pid": pid, "cmdline": "python train.py", "rank": None, "local_rank": local_rank,
+         "world_size": None, "torch_version": "2.13.0", "start_method": "fork",
+         "main_cpu_percent": main_cpu, "loaders": loaders if loaders is not None else [loader()],
+         "state": state, "state_reason": "", "run_id": None, "age_s": 100.0,
+         "main_thread_cpu_percent": main_thread_cpu, "threads": 10, "rss_bytes": GIB,
+         "cuda_initialized": cuda}
+    j.update(extra)
+    return j
+
+
+def gpu(i=0, util=90.0, history=None):
+    return {"index": i, "name": "NVIDIA H100", "util_percent": util, "mem_used_bytes": GIB,
+            "mem_total_bytes": 80 * GIB, "history": history if history is not None else [util] * 10,
+            "mem_history": [0.1] * 10}
+
+
+def snap(jobs=None, *, t=T0, usable=8.0, logical=8, shm_free=8 * GIB, gpus=None,
+         gpu_status="ok", window_s=3.0, **host_extra):
+    host = {"logical_cpus": logical, "usable_cores": usable, "cpu_percent": 30.0,
+            "shm_free_bytes": shm_free}
+    host.update(host_extra)
+    return {"schema_version": 1, "time": t, "window_s": window_s, "host": host,
+            "gpu_status": gpu_status, "gpus": gpus if gpus is not None else [gpu()],
+            "jobs": jobs if jobs is not None else [job()], "hints": []}
+
+
+def one(ld=None, *, job_kw=None, **snap_kw):
+    """A snapshot with one job holding one loader."""
+    return snap([job(loaders=[ld if ld is not None else loader()], **(job_kw or {}))], **snap_kw)
+
+
+def ids(hints):
+    return {h["id"] for h in hints}
+
+
+def get(hints, hid):
+    found = [h for h in hints if h["id"] == hid]
+    assert found, f"{hid} not in {sorted(ids(hints))}"
+    return found[0]
+
+
+# Data-bound CPU-bound loader: 2 workers at 95 % busy, 95 % CPU, 40 ms a batch,
+# 10 ms steps -> Little's law says 4 workers.
+def cpu_bound_loader(**kw):
+    base = dict(nw=2, wait=0.5, step_ms=10.0, worker_ms=40.0,
+                worker_kw=dict(cpu=95.0, busy=0.95, fetch_ms=40.0))
+    base.update(kw)
+    return loader(**base)
+
+
+def io_bound_loader(**kw):
+    base = dict(nw=2, wait=0.5, step_ms=10.0, worker_ms=40.0,
+                worker_kw=dict(cpu=10.0, busy=0.95, fetch_ms=40.0))
+    base.update(kw)
+    return loader(**base)
+
+
+def growth_snaps(uss_per_min_mib, *, seconds=100, step=1.0, nw=2, noise=None, rss_flat=True):
+    """Snapshots every ``step`` s with worker USS growing linearly."""
+    out = []
+    for k in range(int(seconds / step) + 1):
+        t = T0 + k * step
+        uss = 300 * MIB + uss_per_min_mib * MIB * (k * step) / 60.0
+        if noise:
+            uss += noise(k)
+        ws = [worker(i, pid=5000 + i, uss=int(uss), rss=600 * MIB if rss_flat else int(uss) + 300 * MIB)
+              for i in range(nw)]
+        out.append(one(loader(nw=nw, workers=ws, batches=1000 + 10 * k), t=t))
+    return out
+
+
+def run(snaps):
+    d = Diagnoser()
+    hints = []
+    for s in snaps:
+        hints = d.update(s)
+    return hints, d
+
+
+# --- the healthy baseline -----------------------------------------------------
+
+def test_healthy_job_has_no_warn_or_info_hint():
+    hints = evaluate(one())
+    assert hints == []
+
+
+def test_healthy_job_stays_quiet_over_time():
+    snaps = [one(loader(batches=1000 + 10 * k), t=T0 + k) for k in range(30)]
+    hints, d = run(snaps)
+    assert hints == []
+    assert d.state.rule_errors == {}
+
+
+# --- table: (case, snapshot, hint id, fires?) ------------------------------------
+
+CASES = [
+    # no-workers
+    ("no-workers fires warn at 10 %", one(loader(nw=0, wait=0.10)), "no-workers", True),
+    ("no-workers info at 5 %", one(loader(nw=0, wait=0.05)), "no-workers", True),
+    ("no-workers silent below 5 %", one(loader(nw=0, wait=0.049)), "no-workers", False),
+    ("no-workers silent with workers", one(loader(nw=2, wait=0.5)), "no-workers", False),
+    ("no-workers silent wait unknown", one(loader(nw=0, wait=0.3, data_wait_fraction=None)),
+     "no-workers", False),
+    ("no-workers silent during warm-up", one(loader(nw=0, wait=0.5, batches=5)), "no-workers", False),
+    ("no-workers silent when history stalls", one(loader(nw=0, wait=0.5, steady_history=False)),
+     "no-workers", False),
+    ("no-workers silent for exited job", one(loader(nw=0, wait=0.5), job_kw={"state": "exited"}),
+     "no-workers", False),
+    ("no-workers silent for inactive loader", one(loader(nw=0, wait=0.5, active=False)),
+     "no-workers", False),
+    # add-workers
+    ("add-workers fires", one(cpu_bound_loader()), "add-workers", True),
+    ("add-workers silent at 9.9 % wait", one(cpu_bound_loader(wait=0.099)), "add-workers", False),
+    ("add-workers at exactly 10 % wait", one(cpu_bound_loader(wait=0.10)), "add-workers", True),
+    ("add-workers silent when workers idle 79 %",
+     one(cpu_bound_loader(worker_kw=dict(cpu=79.0, busy=0.79, fetch_ms=40.0))), "add-workers", False),
+    ("add-workers at busy 80 %",
+     one(cpu_bound_loader(worker_kw=dict(cpu=80.0, busy=0.80, fetch_ms=40.0))), "add-workers", True),
+    ("add-workers silent when I/O-bound", one(io_bound_loader()), "add-workers", False),
+    ("add-workers silent, busy unknown",
+     one(cpu_bound_loader(worker_kw=dict(cpu=95.0, busy=None, fetch_ms=40.0))), "add-workers", False),
+    ("add-workers silent, cpu unknown",
+     one(cpu_bound_loader(worker_kw=dict(cpu=None, busy=0.95, fetch_ms=40.0))), "add-workers", False),
+    ("add-workers silent, fetch unknown",
+     one(cpu_bound_loader(worker_ms=None, worker_kw=dict(cpu=95.0, busy=0.95, fetch_ms=None))),
+     "add-workers", False),
+    ("add-workers silent, step unknown", one(cpu_bound_loader(step_ms=None, wait_ms=5.0)),
+     "add-workers", False),
+    ("add-workers silent, usable cores unknown", one(cpu_bound_loader(), usable=None),
+     "add-workers", False),
+    ("add-workers silent, no core free", one(cpu_bound_loader(), usable=3.0), "add-workers", False),
+    ("add-workers silent, workers gone",
+     one(cpu_bound_loader(worker_kw=dict(cpu=95.0, busy=0.95, fetch_ms=40.0, state="gone"))),
+     "add-workers", False),
+    # io-bound
+    ("io-bound fires", one(io_bound_loader()), "io-bound", True),
+    ("io-bound silent when CPU-bound", one(cpu_bound_loader()), "io-bound", False),
+    ("io-bound silent when not data-bound", one(io_bound_loader(wait=0.05)), "io-bound", False),
+    ("io-bound at CPU share 49 %",
+     one(io_bound_loader(worker_kw=dict(cpu=49.0, busy=1.0, fetch_ms=40.0))), "io-bound", True),
+    ("io-bound silent at CPU share 50 %",
+     one(io_bound_loader(worker_kw=dict(cpu=50.0, busy=1.0, fetch_ms=40.0))), "io-bound", False),
+    ("io-bound needs no usable cores", one(io_bound_loader(), usable=None), "io-bound", True),
+    # cpu-bound-preprocessing: 3 usable cores, 1 main loop, 2 workers at 95 % -> saturated
+    ("cpu-bound-preprocessing fires", one(cpu_bound_loader(), usable=3.0),
+     "cpu-bound-preprocessing", True),
+    ("cpu-bound-preprocessing silent with free cores", one(cpu_bound_loader(), usable=8.0),
+     "cpu-bound-preprocessing", False),
+    ("cpu-bound-preprocessing silent when I/O-bound", one(io_bound_loader(), usable=3.0),
+     "cpu-bound-preprocessing", False),
+    ("cpu-bound-preprocessing silent when cores not saturated",
+     # 3.4 usable: no whole core free for a 3rd worker, but 1 + 2*0.95 = 2.9 < 0.9*3.4 = 3.06
+     one(cpu_bound_loader(), usable=3.4), "cpu-bound-preprocessing", False),
+    ("cpu-bound-preprocessing silent, usable unknown", one(cpu_bound_loader(), usable=None),
+     "cpu-bound-preprocessing", False),
+    # workers-oversubscribe-cores: 8 busy workers + 1 main on 4 cores
+    ("oversubscribe fires",
+     one(loader(nw=8, worker_kw=dict(cpu=45.0)), job_kw={"main_cpu": 90.0}, usable=4.0),
+     "workers-oversubscribe-cores", True),
+    ("oversubscribe silent when processes fit",
+     one(loader(nw=3, worker_kw=dict(cpu=100.0)), usable=4.0), "workers-oversubscribe-cores", False),
+    ("oversubscribe silent when workers idle",
+     one(loader(nw=8, worker_kw=dict(cpu=5.0)), usable=4.0), "workers-oversubscribe-cores", False),
+    ("oversubscribe silent when demand below 90 %",
+     # 8 workers at 30 % + main 90 % = 3.3 cores < 3.6
+     one(loader(nw=8, worker_kw=dict(cpu=30.0)), job_kw={"main_cpu": 90.0}, usable=4.0),
+     "workers-oversubscribe-cores", False),
+    ("oversubscribe silent, usable unknown",
+     one(loader(nw=8, worker_kw=dict(cpu=45.0)), usable=None), "workers-oversubscribe-cores", False),
+    ("oversubscribe silent during warm-up",
+     one(loader(nw=8, worker_kw=dict(cpu=45.0), batches=3), usable=4.0),
+     "workers-oversubscribe-cores", False),
+    # worker-thread-oversubscription: 4 workers x 8 threads = 32 > 2 * 8 cores
+    ("threads fire with multi-core workers",
+     one(loader(nw=4, worker_kw=dict(threads=8, cpu=150.0, busy=0.9))),
+     "worker-thread-oversubscription", True),
+    ("threads fire when cores saturated",
+     one(loader(nw=4, worker_kw=dict(threads=8, cpu=100.0, busy=0.9)), usable=4.0),
+     "worker-thread-oversubscription", True),
+    ("threads silent at 4 per worker",
+     one(loader(nw=8, worker_kw=dict(threads=4, cpu=150.0))), "worker-thread-oversubscription", False),
+    ("threads silent when total below 2x cores",
+     one(loader(nw=2, worker_kw=dict(threads=8, cpu=150.0))), "worker-thread-oversubscription", False),
+    ("threads silent when the pools are idle",
+     one(loader(nw=4, worker_kw=dict(threads=8, cpu=50.0))), "worker-thread-oversubscription", False),
+    ("threads silent, thread counts unknown",
+     one(loader(nw=4, worker_kw=dict(threads=None, cpu=150.0))), "worker-thread-oversubscription", False),
+    # enable-persistent-workers
+    ("persistent fires", one(loader(persistent=False, epoch_start_ms=[3000, 2000, 2000],
+                                    epoch_ms=[10000, 10000])), "enable-persistent-workers", True),
+    ("persistent silent when already persistent",
+     one(loader(persistent=True, epoch_start_ms=[3000, 2000], epoch_ms=[10000])),
+     "enable-persistent-workers", False),
+    ("persistent silent with only the first epoch",
+     one(loader(persistent=False, epoch_start_ms=[3000], epoch_ms=[10000])),
+     "enable-persistent-workers", False),
+    ("persistent silent below 0.5 s",
+     one(loader(persistent=False, epoch_start_ms=[3000, 499], epoch_ms=[2000])),
+     "enable-persistent-workers", False),
+    ("persistent at exactly 0.5 s and 10 %",
+     one(loader(persistent=False, epoch_start_ms=[3000, 500], epoch_ms=[5000])),
+     "enable-persistent-workers", True),
+    ("persistent silent below 10 % of epoch",
+     one(loader(persistent=False, epoch_start_ms=[3000, 999], epoch_ms=[10000])),
+     "enable-persistent-workers", False),
+    ("persistent silent without epoch times",
+     one(loader(persistent=False, epoch_start_ms=[3000, 2000], epoch_ms=[])),
+     "enable-persistent-workers", False),
+    ("persistent silent with num_workers=0",
+     one(loader(nw=0, persistent=False, epoch_start_ms=[3000, 2000], epoch_ms=[5000])),
+     "enable-persistent-workers", False),
+    ("persistent silent when flag unknown",
+     one(loader(persistent=None, epoch_start_ms=[3000, 2000], epoch_ms=[5000])),
+     "enable-persistent-workers", False),
+    # enable-pin-memory
+    ("pin fires on data wait", one(loader(pin=False, wait=0.05)), "enable-pin-memory", True),
+    ("pin fires on idle GPU", one(loader(pin=False, wait=0.0), gpus=[gpu(util=49.0)]),
+     "enable-pin-memory", True),
+    ("pin silent when busy GPU and no wait", one(loader(pin=False, wait=0.049)),
+     "enable-pin-memory", False),
+    ("pin silent when pinned", one(loader(pin=True, wait=0.5)), "enable-pin-memory", False),
+    ("pin silent without CUDA", one(loader(pin=False, wait=0.5), job_kw={"cuda": False}),
+     "enable-pin-memory", False),
+    ("pin silent when CUDA unknown", one(loader(pin=False, wait=0.5), job_kw={"cuda": None}),
+     "enable-pin-memory", False),
+    ("pin silent without GPU figures",
+     one(loader(pin=False, wait=0.5), gpu_status="NVML not found", gpus=[]),
+     "enable-pin-memory", False),
+    # main-loop-cpu-bound
+    ("main loop fires", one(job_kw={"main_thread_cpu": 98.0}, gpus=[gpu(util=30.0)]),
+     "main-loop-cpu-bound", True),
+    ("main loop silent at 89 % thread CPU", one(job_kw={"main_thread_cpu": 89.0}, gpus=[gpu(util=30.0)]),
+     "main-loop-cpu-bound", False),
+    ("main loop at exactly 90 %", one(job_kw={"main_thread_cpu": 90.0}, gpus=[gpu(util=30.0)]),
+     "main-loop-cpu-bound", True),
+    ("main loop silent when GPU busy", one(job_kw={"main_thread_cpu": 98.0}, gpus=[gpu(util=50.0)]),
+     "main-loop-cpu-bound", False),
+    ("main loop silent when data-bound",
+     one(loader(wait=0.05), job_kw={"main_thread_cpu": 98.0}, gpus=[gpu(util=30.0)]),
+     "main-loop-cpu-bound", False),
+    ("main loop silent without GPU figures",
+     one(job_kw={"main_thread_cpu": 98.0}, gpu_status="NVML not found", gpus=[]),
+     "main-loop-cpu-bound", False),
+    ("main loop silent, thread CPU unknown",
+     one(job_kw={"main_thread_cpu": None, "main_cpu": 100.0}, gpus=[gpu(util=30.0)]),
+     "main-loop-cpu-bound", False),
+    ("main loop silent with 2 GPUs and no rank",
+     one(job_kw={"main_thread_cpu": 98.0}, gpus=[gpu(0, util=30.0), gpu(1, util=30.0)]),
+     "main-loop-cpu-bound", False),
+    ("main loop uses local_rank's GPU",
+     one(job_kw={"main_thread_cpu": 98.0, "local_rank": 1}, gpus=[gpu(0, util=99.0), gpu(1, util=30.0)]),
+     "main-loop-cpu-bound", True),
+    ("main loop silent for CPU-only run",
+     one(job_kw={"main_thread_cpu": 98.0, "cuda": False}, gpus=[gpu(util=0.0)]),
+     "main-loop-cpu-bound", False),
+    # pipeline-has-headroom
+    ("headroom fires", one(loader(nw=8, ready=16, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0))),
+     "pipeline-has-headroom", True),
+    ("headroom silent when queue not full",
+     one(loader(nw=8, ready=14, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0))),
+     "pipeline-has-headroom", False),
+    ("headroom at 90 % queue",
+     one(loader(nw=8, capacity=10, ready=9, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0))),
+     "pipeline-has-headroom", True),
+    ("headroom silent at busy 30 %",
+     one(loader(nw=8, ready=16, worker_kw=dict(busy=0.3, cpu=30.0, fetch_ms=5.0))),
+     "pipeline-has-headroom", False),
+    ("headroom silent when waiting",
+     one(loader(nw=8, ready=16, wait=0.03, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0))),
+     "pipeline-has-headroom", False),
+    ("headroom silent, queue unknown",
+     one(loader(nw=8, ready=None, capacity=None, queue={"ready": None, "in_flight": None, "capacity": None},
+                worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0))), "pipeline-has-headroom", False),
+    ("headroom silent with one worker",
+     one(loader(nw=1, ready=2, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0))),
+     "pipeline-has-headroom", False),
+    # shm-low
+    ("shm-low fires on floor", one(shm_free=200 * MIB), "shm-low", True),
+    ("shm-low silent at 256 MiB", one(shm_free=256 * MIB), "shm-low", False),
+    ("shm-low silent without workers", one(loader(nw=0), shm_free=10 * MIB), "shm-low", False),
+    ("shm-low silent when shm unknown", one(shm_free=None), "shm-low", False),
+    ("shm-low with batch bytes: 2x4x100 MiB needs 800 MiB",
+     one(loader(nw=2, prefetch=4, batch_bytes=100 * MIB), shm_free=1500 * MIB), "shm-low", True),
+    ("shm-low with batch bytes: ample",
+     one(loader(nw=2, prefetch=4, batch_bytes=100 * MIB), shm_free=1600 * MIB), "shm-low", False),
+    ("shm-low with small batches below floor is fine",
+     one(loader(nw=2, prefetch=2, batch_bytes=1 * MIB), shm_free=100 * MIB), "shm-low", False),
+    ("shm-low silent for exited job", one(job_kw={"state": "exited"}, shm_free=10 * MIB), "shm-low", False),
+]
+
+
+@pytest.mark.parametrize("snapshot,hid,fires", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_rule_table(snapshot, hid, fires):
+    before = copy.deepcopy(snapshot)
+    hints = evaluate(snapshot)
+    assert (hid in ids(hints)) is fires, [(h["id"], h["message"]) for h in hints]
+    assert snapshot == before  # pure: the input is never modified
+    for h in hints:
+        assert set(h) == {"id", "severity", "job_pid", "loader_id", "message", "suggestion",
+                          "evidence"}
+        assert h["severity"] in ("info", "warn", "critical")
+        assert h["message"] and h["suggestion"]
+        json.dumps(h)  # evidence is plain JSON
+
+
+# --- evidence and arithmetic ------------------------------------------------------
+
+def test_little_law_40ms_vs_10ms_is_4():
+    assert rules_workers.little_workers(40.0, 10.0) == 4
+    assert rules_workers.little_workers(41.0, 10.0) == 5
+    assert rules_workers.little_workers(0.7, 0.1) == 7  # float noise does not round up
+    assert rules_workers.little_workers(1.0, 10.0) == 1
+
+
+def test_add_workers_evidence():
+    h = get(evaluate(one(cpu_bound_loader())), "add-workers")
+    ev = h["evidence"]
+    assert h["severity"] == "warn" and h["job_pid"] == 1000 and h["loader_id"] == 0
+    assert ev["recommended_num_workers"] == 4
+    assert ev["worker_ms_per_batch"] == 40.0 and ev["step_ms_mean"] == 10.0
+    assert ev["usable_cores"] == 8.0 and ev["cpu_bound"] is True
+    assert "worker CPU 100 % of busy time" in ev["cpu_bound_reason"]
+    assert "num_workers=4" in h["suggestion"]
+    assert "40 ms" in h["message"] and "10 ms" in h["message"] and "50 %" in h["message"]
+
+
+def test_add_workers_capped_by_free_cores():
+    # 4 usable cores - 1 main loop = 3 workers, although Little's law says 4.
+    ev = get(evaluate(one(cpu_bound_loader(), usable=4.0)), "add-workers")["evidence"]
+    assert ev["little_law_workers"] == 4 and ev["recommended_num_workers"] == 3
+
+
+def test_add_workers_cap_counts_other_jobs():
+    # Another job's main loop and 2 busy workers leave 8 - 2 - 2 = 4 cores here.
+    other = job(2000, loaders=[loader(nw=2, pid_base=6000, worker_kw=dict(cpu=100.0, busy=0.5))])
+    s = snap([job(loaders=[cpu_bound_loader(worker_ms=80.0)]), other], usable=8.0)
+    ev = get(evaluate(s), "add-workers")["evidence"]
+    assert ev["little_law_workers"] == 8 and ev["recommended_num_workers"] == 4
+    assert ev["main_loops"] == 2
+
+
+def test_add_workers_fractional_quota_floors():
+    ev = get(evaluate(one(cpu_bound_loader(), usable=4.5)), "add-workers")["evidence"]
+    assert ev["recommended_num_workers"] == 3  # floor(4.5 - 1)
+
+
+def test_add_workers_at_least_one_more_when_little_says_enough():
+    # Fetch time says 2 workers suffice, yet the loop waits 50 %: one more.
+    ev = get(evaluate(one(cpu_bound_loader(worker_ms=20.0))), "add-workers")["evidence"]
+    assert ev["little_law_workers"] == 2 and ev["recommended_num_workers"] == 3
+
+
+def test_add_workers_falls_back_to_worker_fetch_means():
+    ev = get(evaluate(one(cpu_bound_loader(worker_ms=None))), "add-workers")["evidence"]
+    assert ev["worker_ms_per_batch"] == 40.0 and ev["recommended_num_workers"] == 4
+
+
+def test_io_bound_not_capped_by_cores():
+    ev = get(evaluate(one(io_bound_loader(worker_ms=200.0), usable=2.0)), "io-bound")["evidence"]
+    assert ev["recommended_num_workers"] == 20
+    assert ev["cpu_bound"] is False and "worker CPU 11 % of busy time" in ev["cpu_bound_reason"]
+
+
+def test_io_bound_sanity_ceiling():
+    ev = get(evaluate(one(io_bound_loader(worker_ms=5000.0))), "io-bound")["evidence"]
+    assert ev["recommended_num_workers"] == rules_workers.IO_MAX_RECOMMENDED_WORKERS
+
+
+def test_io_bound_suggests_caching():
+    h = get(evaluate(one(io_bound_loader())), "io-bound")
+    assert "num_workers=4" in h["suggestion"] and "cache" in h["suggestion"]
+
+
+def test_cpu_bound_preprocessing_and_add_workers_are_exclusive():
+    for usable in (2.0, 3.0, 3.5, 4.0, 8.0):
+        got = ids(evaluate(one(cpu_bound_loader(), usable=usable)))
+        assert not {"add-workers", "cpu-bound-preprocessing"} <= got
+
+
+def test_no_workers_severity_and_recommendation():
+    h = get(evaluate(one(loader(nw=0, wait=0.8, step_ms=10.0, wait_ms=40.0))), "no-workers")
+    assert h["severity"] == "warn"
+    assert h["evidence"]["recommended_num_workers"] == 4
+    assert "num_workers=4" in h["suggestion"] and "80 %" in h["message"]
+    info = get(evaluate(one(loader(nw=0, wait=0.07))), "no-workers")
+    assert info["severity"] == "info"
+
+
+def test_no_workers_recommendation_capped_by_cores():
+    h = get(evaluate(one(loader(nw=0, wait=0.8, step_ms=10.0, wait_ms=100.0), usable=4.0)), "no-workers")
+    assert h["evidence"]["recommended_num_workers"] == 3
+
+
+def test_no_workers_without_times_still_suggests_a_step():
+    h = get(evaluate(one(loader(nw=0, wait=0.5, step_ms=None, wait_ms=None,
+                                wait_ms_mean=None))), "no-workers")
+    assert h["evidence"]["recommended_num_workers"] is None
+    assert "num_workers=2" in h["suggestion"]
+
+
+def test_oversubscribe_evidence_counts_all_jobs():
+    a = job(1000, loaders=[loader(nw=4, worker_kw=dict(cpu=60.0))], main_cpu=80.0)
+    b = job(2000, loaders=[loader(nw=4, pid_base=6000, worker_kw=dict(cpu=60.0))], main_cpu=80.0)
+    h = get(evaluate(snap([a, b], usable=6.0, usable_cores_source="cgroup cpu.max 6.0")),
+            "workers-oversubscribe-cores")
+    ev = h["evidence"]
+    assert h["job_pid"] is None and h["loader_id"] is None
+    assert ev["total_workers"] == 8 and ev["busy_workers"] == 8 and ev["main_loops"] == 2
+    assert ev["jobs"] == [1000, 2000] and ev["usable_cores"] == 6.0
+    assert ev["usable_cores_source"] == "cgroup cpu.max 6.0"
+    assert ev["suggested_num_workers_per_loader"] == 2
+    assert "num_workers=2" in h["suggestion"]
+    ev = get(evaluate(snap([a, b], usable=6.0, cores_reason="cgroup quota 6 CPUs")),
+             "workers-oversubscribe-cores")["evidence"]
+    assert ev["usable_cores_source"] == "cgroup quota 6 CPUs"
+
+
+def test_oversubscribe_ignores_idle_persistent_workers():
+    # 4 busy workers + 1 main fit 5 cores; 12 parked workers must not tip it.
+    busy = [worker(i, pid=5000 + i, cpu=100.0) for i in range(4)]
+    idle = [worker(i, pid=5100 + i, cpu=1.0) for i in range(12)]
+    s = snap([job(loaders=[loader(0, nw=4, workers=busy), loader(1, nw=12, workers=idle)])],
+             usable=5.0)
+    assert "workers-oversubscribe-cores" not in ids(evaluate(s))
+
+
+def test_oversubscribe_ignores_exited_jobs():
+    a = job(1000, loaders=[loader(nw=4, worker_kw=dict(cpu=100.0))], main_cpu=100.0)
+    b = job(2000, loaders=[loader(nw=4, pid_base=6000, worker_kw=dict(cpu=100.0))], state="exited")
+    assert "workers-oversubscribe-cores" not in ids(evaluate(snap([a, b], usable=5.0)))
+
+
+def test_threads_evidence_and_suggestion():
+    h = get(evaluate(one(loader(nw=4, worker_kw=dict(threads=8, cpu=150.0, busy=0.9)))),
+            "worker-thread-oversubscription")
+    ev = h["evidence"]
+    assert ev["threads_per_worker"] == 8 and ev["total_worker_threads"] == 32
+    assert "torch.set_num_threads(1)" in h["suggestion"] and "OMP_NUM_THREADS=1" in h["suggestion"]
+    assert "cv2.setNumThreads(0)" in h["suggestion"]
+
+
+def test_persistent_ignores_first_epoch_start():
+    # First start 20 s (spawn), later starts 100 ms: nothing to save.
+    s = one(loader(persistent=False, epoch_start_ms=[20000, 100, 100], epoch_ms=[30000, 10000]))
+    assert "enable-persistent-workers" not in ids(evaluate(s))
+    ev = get(evaluate(one(loader(persistent=False, epoch_start_ms=[3000, 2000, 2500, 2000],
+                                 epoch_ms=[10000, 10000, 10000]))),
+             "enable-persistent-workers")["evidence"]
+    assert ev["epoch_start_ms_median"] == 2000 and ev["epochs_measured"] == 3
+    assert ev["stall_fraction_of_epoch"] == 0.2 and ev["first_epoch_start_ms"] == 3000
+
+
+def test_persistent_fires_for_inactive_loader():
+    # A validation loader between its short epochs is inactive most of the time.
+    s = one(loader(persistent=False, active=False, epoch_start_ms=[3000, 1500], epoch_ms=[4000]))
+    assert "enable-persistent-workers" in ids(evaluate(s))
+
+
+def test_pin_memory_evidence():
+    h = get(evaluate(one(loader(pin=False, wait=0.2), gpus=[gpu(util=40.0)])), "enable-pin-memory")
+    assert h["evidence"]["gpu_util_percent"] == 40.0 and h["evidence"]["data_wait_fraction"] == 0.2
+    assert "pin_memory=True" in h["suggestion"]
+
+
+def test_gpu_util_uses_window_of_history():
+    # Only the last window_s samples count: an old busy spell does not hide idling.
+    g = gpu(util=30.0, history=[100.0] * 10 + [30.0, 30.0, 30.0])
+    assert "main-loop-cpu-bound" in ids(evaluate(one(job_kw={"main_thread_cpu": 98.0}, gpus=[g])))
+
+
+def test_shm_severity():
+    assert get(evaluate(one(shm_free=200 * MIB)), "shm-low")["severity"] == "warn"
+    assert get(evaluate(one(shm_free=63 * MIB)), "shm-low")["severity"] == "critical"
+    h = get(evaluate(one(loader(nw=2, prefetch=4, batch_bytes=100 * MIB), shm_free=700 * MIB)),
+            "shm-low")
+    assert h["severity"] == "critical" and h["evidence"]["shm_needed_bytes"] == 800 * MIB
+    assert h["evidence"]["shm_free_bytes"] == 700 * MIB
+
+
+def test_headroom_recommendation():
+    h = get(evaluate(one(loader(nw=8, ready=16, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0)))),
+            "pipeline-has-headroom")
+    assert h["severity"] == "info"
+    assert h["evidence"]["recommended_num_workers"] == 1  # ceil(5 * 1.5 / 10)
+    ld = loader(nw=8, ready=16, worker_kw=dict(busy=0.2, cpu=20.0, fetch_ms=None))
+    ev = get(evaluate(one(ld)), "pipeline-has-headroom")["evidence"]
+    assert ev["recommended_num_workers"] == math.ceil(8 * 0.2 / 0.7)
+
+
+def test_missing_everything_is_silent_and_safe():
+    bare = {"schema_version": 1, "time": T0, "window_s": 3.0, "host": {}, "gpu_status": "NVML not found",
+            "gpus": [], "jobs": [{"pid": 1, "loaders": [{"id": 0, "workers": [{"id": 0, "pid": 2}]}]}]}
+    assert evaluate(bare) == []
+    hints, state = diagnose(bare)
+    assert hints == [] and state.rule_errors == {}
+    nulls = one(loader(**{k: None for k in ("num_workers", "data_wait_fraction", "step_ms_mean",
+                                            "wait_ms_mean", "batches_total", "epoch", "queue",
+                                            "pin_memory", "persistent_workers", "prefetch_factor")}),
+                usable=None, shm_free=None)
+    for w in nulls["jobs"][0]["loaders"][0]["workers"]:
+        for k in ("cpu_percent", "busy_fraction", "fetch_ms_mean", "uss_bytes", "threads"):
+            w[k] = None
+    assert evaluate(nulls) == []
+    assert evaluate({}) == [] and diagnose({})[0] == []
+
+
+def test_wrong_types_do_not_crash():
+    s = one(loader(wait="lots", nw=True, step_ms=float("nan")), usable="8", shm_free=-1)
+    s["jobs"][0]["loaders"][0]["workers"].append("not a worker")
+    hints, state = diagnose(s)
+    assert state.rule_errors == {}
+
+
+# --- worker-memory-growth (needs history: Diagnoser) ----------------------------
+
+def test_memory_growth_fires_with_slope_evidence():
+    hints, _ = run(growth_snaps(30.0, seconds=100))
+    h = get(hints, "worker-memory-growth")
+    ev = h["evidence"]
+    assert ev["slope_mib_per_min_per_worker"] == pytest.approx(30.0, rel=0.01)
+    assert ev["workers_growing"] == 2 and ev["span_s"] >= 60
+    assert ev["projected_mib_per_hour_total"] == pytest.approx(3600.0, rel=0.01)
+    assert ev["rss_slope_mib_per_min_per_worker"] == 0.0
+    assert "RSS" in h["message"] and "numpy" in h["suggestion"]
+
+
+def test_memory_growth_needs_60s_of_samples():
+    hints, _ = run(growth_snaps(60.0, seconds=60))  # 10 s skipped -> only 50 s of samples
+    assert "worker-memory-growth" not in ids(hints)
+
+
+def test_memory_growth_silent_when_small():
+    hints, _ = run(growth_snaps(10.0, seconds=150))  # ~23 MiB over the span < 32 MiB
+    assert "worker-memory-growth" not in ids(hints)
+
+
+def test_memory_growth_silent_when_noisy():
+    noise = lambda k: (400 * MIB if k % 4 < 2 else 0)  # sawtooth dwarfs the trend
+    hints, _ = run(growth_snaps(30.0, seconds=120, noise=noise))
+    assert "worker-memory-growth" not in ids(hints)
+
+
+def test_memory_growth_silent_when_flat_or_shrinking():
+    assert "worker-memory-growth" not in ids(run(growth_snaps(0.0, seconds=120))[0])
+    assert "worker-memory-growth" not in ids(run(growth_snaps(-60.0, seconds=120))[0])
+
+
+def test_memory_growth_silent_without_uss():
+    snaps = growth_snaps(60.0, seconds=120)
+    for s in snaps:
+        for w in s["jobs"][0]["loaders"][0]["workers"]:
+            w["uss_bytes"] = None
+    assert "worker-memory-growth" not in ids(run(snaps)[0])
+
+
+def test_memory_growth_is_never_in_one_shot_output():
+    assert "worker-memory-growth" not in ids(evaluate(growth_snaps(60.0, seconds=120)[-1]))
+
+
+def test_memory_series_bounded():
+    _, d = run(growth_snaps(30.0, seconds=600, step=1.0))
+    for _first, samples, _growth in d.state.mem.values():
+        assert len(samples) <= rules_memory.MEM_WINDOW_S / rules_memory.MEM_SAMPLE_INTERVAL_S + 1
+        assert samples[-1][0] - samples[0][0] <= rules_memory.MEM_WINDOW_S
+
+
+def test_fit_line():
+    slope, r2 = rules_memory.fit_line([(0, 1), (1, 3), (2, 5)])
+    assert slope == pytest.approx(2.0) and r2 == pytest.approx(1.0)
+    assert rules_memory.fit_line([(0, 1), (1, 1)]) is None
+
+
+# --- renderer -----------------------------------------------------------------------
+
+def test_format_hints():
+    hints = evaluate(one(cpu_bound_loader(), shm_free=10 * MIB))
+    text = format_hints(hints)
+    assert text.splitlines()[0].startswith("[CRIT] shm-low")
+    assert "[WARN] add-workers (pid 1000, loader 0):" in text
+    assert "→ set num_workers=4 in DataLoader(...)" in text
+    assert "recommended_num_workers=4" in text and "worker_ms_per_batch=40" in text
+    assert format_hints([]).startswith("No hints")
