@@ -12,7 +12,7 @@ vanished or unreadable process must never take the monitor down.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, TypeVar
 
 import psutil
@@ -133,7 +133,7 @@ class ProcSampler:
         proc = _call(pid, lambda: psutil.Process(pid))
         ct = _call(pid, proc.create_time, "stat")
         old = self._tracked.get(pid)
-        if old is not None and True:
+        if old is not None and old.create_time == ct:
             old.proc = proc
             return old
         fresh = _Tracked(proc=proc, create_time=ct)

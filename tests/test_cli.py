@@ -1,0 +1,124 @@
+"""The command line: help, version, no jobs, usage errors, and `dlwatch run`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from dlwatch import __version__
+from tests.e2e_util import dlwatch, short_tmpdir
+
+
+def test_version_and_help():
+    d = short_tmpdir()
+    r = dlwatch("--version", runtime_dir=d)
+    assert r.returncode == 0 and r.stdout.strip() == f"dlwatch {__version__}"
+    r = dlwatch("--help", runtime_dir=d)
+    assert r.returncode == 0
+    for word in ("snapshot", "ls", "run", "demo", "DLWATCH_DIR", "DLWATCH_DISABLE"):
+        assert word in r.stdout
+
+
+def test_usage_error_exits_2():
+    d = short_tmpdir()
+    r = dlwatch("snapshot", "--window", "abc", runtime_dir=d)
+    assert r.returncode == 2 and "invalid float" in r.stderr
+    r = dlwatch("nonsense", runtime_dir=d)
+    assert r.returncode == 2
+    r = dlwatch("run", runtime_dir=d)
+    assert r.returncode == 2 and "give the command" in r.stderr
+
+
+@pytest.mark.parametrize("exists", [True, False])
+def test_no_jobs_is_a_message_and_exit_0(exists):
+    d = short_tmpdir()
+    if not exists:
+        os.rmdir(d)
+    for args in (("snapshot",), ("ls",)):
+        r = dlwatch(*args, runtime_dir=d)
+        assert r.returncode == 0, r.stderr
+        assert "no dlwatch jobs found" in r.stdout and "Traceback" not in r.stderr
+    r = dlwatch("snapshot", "--json", runtime_dir=d)
+    snap = json.loads(r.stdout)
+    assert snap["schema_version"] == 1 and snap["jobs"] == [] and snap["hints"] == []
+    assert isinstance(snap["host"]["usable_cores"], float)
+    assert snap["gpu_status"] == "ok" or snap["gpu_status"].startswith("n/a")
+    r = dlwatch("ls", "--json", runtime_dir=d)
+    assert json.loads(r.stdout)["jobs"] == []
+
+
+def test_snapshot_pid_not_found_is_an_error():
+    d = short_tmpdir()
+    r = dlwatch("snapshot", "--pid", "999999", runtime_dir=d)
+    assert r.returncode == 1 and "no dlwatch job with PID 999999" in r.stderr
+
+
+def test_insecure_runtime_dir_is_refused():
+    d = short_tmpdir()
+    os.chmod(d, 0o777)
+    r = dlwatch("snapshot", runtime_dir=d)
+    assert r.returncode == 1 and "0777" in r.stderr and "Traceback" not in r.stderr
+
+
+def _run_cmd(code: str, env_extra: dict, d: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, DLWATCH_DIR=d, **env_extra)
+    return subprocess.run([sys.executable, "-m", "dlwatch", "run", "--", sys.executable, "-c", code],
+                          env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_run_activates_the_hook_and_keeps_pythonpath_and_sitecustomize(tmp_path):
+    d = short_tmpdir()
+    user = tmp_path / "userpath"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text("import os\nos.environ['USER_SITECUSTOMIZE_RAN'] = '1'\n")
+    (user / "mymod.py").write_text("VALUE = 42\n")
+    code = textwrap.dedent("""
+        import os, sys
+        import mymod
+        print(mymod.VALUE, os.environ.get('USER_SITECUSTOMIZE_RAN'),
+              'dlwatch.hook' in sys.modules, 'torch' in sys.modules)
+        import torch
+        from torch.utils.data import DataLoader
+        from dlwatch.probe import patches
+        print(patches.installed())
+        for _ in DataLoader(list(range(8)), batch_size=2):
+            pass
+        print(os.path.exists(os.path.join(os.environ['DLWATCH_DIR'], f'{os.getpid()}.sock')))
+    """)
+    r = _run_cmd(code, {"PYTHONPATH": str(user)}, d)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split()
+    # The user's module and sitecustomize still work; the hook is armed
+    # without importing torch, patches once torch is imported, and the socket
+    # exists while a loader has been iterated.
+    assert lines == ["42", "1", "True", "False", "True", "True"], r.stdout
+
+
+def test_run_passes_exit_status_and_reports_missing_command():
+    d = short_tmpdir()
+    r = _run_cmd("import sys; sys.exit(3)", {}, d)
+    assert r.returncode == 3
+    env = dict(os.environ, DLWATCH_DIR=d)
+    r = subprocess.run([sys.executable, "-m", "dlwatch", "run", "no-such-command-xyz"], env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 127 and "command not found" in r.stderr
+
+
+def test_hook_import_is_light_and_side_effect_free():
+    code = textwrap.dedent("""
+        import sys, os, threading
+        before = threading.active_count()
+        import dlwatch.hook
+        heavy = [m for m in ('torch', 'textual', 'psutil', 'pynvml', 'rich') if m in sys.modules]
+        print(heavy, threading.active_count() - before, os.listdir(os.environ['DLWATCH_DIR']))
+    """)
+    d = short_tmpdir()
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, DLWATCH_DIR=d),
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[] 0 []"
