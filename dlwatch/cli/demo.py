@@ -1,0 +1,93 @@
+"""``dlwatch demo [SCENARIO]``: the bundled demo job in the background, the TUI on it.
+
+The job runs under the same bootstrap as ``dlwatch run`` (no code change in
+the demo) in its own session, so quitting the TUI stops it and its workers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from dlwatch.cli.main import EXIT_OK, EXIT_USAGE, bootstrap_env
+
+
+def scenario_table(scenarios) -> str:
+    width = max(len(n) for n in scenarios)
+    return "\n".join(f"{n.ljust(width)}  {s.description}" for n, s in scenarios.items())
+
+
+def demo_command(name: str) -> list[str]:
+    return [sys.executable, "-m", "dlwatch.demo.train", "--scenario", name, "--quiet"]
+
+
+def start_demo(name: str, log_path: str) -> subprocess.Popen:
+    log = open(log_path, "ab")
+    try:
+        return subprocess.Popen(demo_command(name), env=bootstrap_env(), stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    finally:
+        log.close()
+
+
+def stop_demo(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """SIGTERM the demo's process group (workers included), SIGKILL stragglers."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:  # workers left behind in the group
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def cmd_demo(args) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        print("dlwatch demo: the demo trains with PyTorch, which is not installed here: "
+              "pip install torch", file=sys.stderr)
+        return 1
+    from dlwatch.demo.scenarios.catalog import SCENARIOS
+
+    if args.list:
+        print(scenario_table(SCENARIOS))
+        return EXIT_OK
+    if args.scenario not in SCENARIOS:
+        print(f"dlwatch demo: unknown scenario {args.scenario!r}; choose one of:\n"
+              + scenario_table(SCENARIOS), file=sys.stderr)
+        return EXIT_USAGE
+    if args.no_tui:
+        os.execvpe(sys.executable, demo_command(args.scenario), bootstrap_env())
+    log_path = os.path.join(tempfile.gettempdir(), f"dlwatch-demo-{os.getpid()}.log")
+    proc = start_demo(args.scenario, log_path)
+    from dlwatch.collect.monitor import Monitor
+    from dlwatch.tui.app import run_tui
+
+    try:
+        rc = run_tui(Monitor(window_s=args.window, interval=min(args.interval, 0.5)),
+                     interval=args.interval)
+    finally:
+        stop_demo(proc)
+    if proc.returncode not in (0, None, -signal.SIGINT, -signal.SIGTERM, -signal.SIGKILL, 130):
+        print(f"dlwatch demo: the demo job exited with status {proc.returncode}; its log: {log_path}",
+              file=sys.stderr)
+    else:
+        try:
+            os.unlink(log_path)
+        except OSError:
+            pass
+    return rc
