@@ -67,6 +67,8 @@ def make_loader(a, sample_ms, batch_size, n, trace_dir=None):
     if a.workers:
         kw.update(multiprocessing_context=a.start_method, persistent_workers=a.persistent,
                   prefetch_factor=a.prefetch)
+    if a.pin_memory:
+        kw["pin_memory"] = True
     if a.shuffle:
         kw["generator"] = torch.Generator().manual_seed(a.seed)
     if a.stateful:
@@ -74,6 +76,16 @@ def make_loader(a, sample_ms, batch_size, n, trace_dir=None):
 
         return StatefulDataLoader(ds, **kw)
     return DataLoader(ds, **kw)
+
+
+_W = None
+
+
+def _gpu_work():
+    global _W
+    if _W is None:
+        _W = torch.randn(2048, 2048, device="cuda")
+    return (_W @ _W).mean()
 
 
 def run_epoch(loader, rec, a, step_ms, deadline, digest):
@@ -98,6 +110,9 @@ def run_epoch(loader, rec, a, step_ms, deadline, digest):
             data = repr(batch[0].tolist()).encode()
             digest.append(hashlib.sha256(data).hexdigest()[:16]
                           + ":" + ",".join(str(int(x)) for x in batch[1]))
+        if a.cuda:
+            x = batch[0].to("cuda", non_blocking=a.pin_memory)
+            (x.sum() + _gpu_work()).item()
         if step_ms:
             time.sleep(step_ms / 1000)
         n += 1
@@ -129,6 +144,8 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checksum", action="store_true")
     p.add_argument("--raise-at", type=int, default=-1)
+    p.add_argument("--cuda", action="store_true", help="copy batches to the GPU and compute there")
+    p.add_argument("--pin-memory", action="store_true")
     p.add_argument("--out", required=True)
     p.add_argument("--trace-dir", help="log every train sample's span per worker PID here")
     a = p.parse_args()

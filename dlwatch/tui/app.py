@@ -1,0 +1,410 @@
+"""The live TUI: `DlwatchApp(source)` and the `run_tui` entry point.
+
+The event loop never does I/O: a timer asks the source for its prebuilt
+latest snapshot and redraws from it. Every panel is drawn inside its own
+guard, so a snapshot the code did not expect costs a status line, not the
+screen.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, Iterable
+
+from rich.style import Style
+from rich.text import Text
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from dlwatch import __version__
+from dlwatch.tui import fmt
+from dlwatch.tui.gpu import GpuPanel
+from dlwatch.tui.help import HelpScreen
+from dlwatch.tui.hints import HintsPanel
+from dlwatch.tui.host import HostLine
+from dlwatch.tui.jobs import JobList, JobRow, group_jobs, job_state
+from dlwatch.tui.loader import LoaderPanel
+from dlwatch.tui.sources import Source
+from dlwatch.tui.status import job_header, status_text
+
+# Below this size everything collapses to one line per section (80×24 is the
+# design's floor); from here up the gauge gets big digits and GPUs a graph.
+WIDE_MIN = (120, 35)
+
+
+def local_time(ts: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts))
+
+
+class MonitorScreen(Screen):
+    """The main screen. Job switching is bound here, not on the app, so that
+    tab/j/k stay ordinary keys in the command palette and the help screen."""
+
+    BINDINGS = [
+        Binding("tab", "app.next_job", "next job", show=True),
+        Binding("shift+tab", "app.prev_job", "prev job", show=False),
+        Binding("j,down", "app.next_job", "next job", show=False),
+        Binding("k,up", "app.prev_job", "prev job", show=False),
+        Binding("pagedown", "page(1)", "scroll", show=False),
+        Binding("pageup", "page(-1)", "scroll", show=False),
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="status")
+        yield Static(id="error")
+        yield JobList(id="jobs")
+        with VerticalScroll(id="main", can_focus=False):
+            yield Static(id="job-header")
+            yield Static(id="message")
+            yield Vertical(id="loaders")
+        yield GpuPanel(id="gpu")
+        yield HostLine(id="host", classes="line")
+        with VerticalScroll(id="hints-box", can_focus=False):
+            yield HintsPanel(id="hints")
+        yield Footer()
+
+    def action_page(self, direction: int) -> None:
+        main = self.query_one("#main", VerticalScroll)
+        if direction > 0:
+            main.scroll_page_down(animate=False)
+        else:
+            main.scroll_page_up(animate=False)
+
+    def on_mount(self) -> None:
+        # The app's first tick may come before this screen exists.
+        app = self.app
+        if isinstance(app, DlwatchApp):
+            app.redraw()
+
+    def on_resize(self) -> None:
+        w, h = self.size
+        wide = w >= WIDE_MIN[0] and h >= WIDE_MIN[1]
+        changed = wide != self.has_class("-wide")
+        self.set_class(wide, "-wide")
+        app = self.app
+        if isinstance(app, DlwatchApp):
+            app.resize_columns(w)
+            if changed:
+                app.redraw()
+
+
+class DlwatchApp(App):
+    CSS_PATH = "app.tcss"
+    TITLE = "dlwatch"
+
+    BINDINGS = [
+        Binding("q", "quit", "quit"),
+        Binding("question_mark", "help", "help", key_display="?"),
+        Binding("p", "toggle_pause", "pause"),
+        Binding("s", "screenshot", "screenshot"),
+        Binding("d", "dismiss_job", "dismiss"),
+    ]
+
+    def __init__(self, source: Source, interval: float = 0.5, *, runtime_dir: str | None = None,
+                 clock: Callable[[], float] = time.time,
+                 time_format: Callable[[float], str] = local_time,
+                 version: str = __version__, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.source = source
+        self.interval = max(0.05, float(interval))
+        self.runtime_dir = runtime_dir
+        self.clock = clock
+        self.time_format = time_format
+        self.version = version
+        self.paused = False
+        self.snapshot: dict | None = None
+        self.rows: list[JobRow] = []
+        self.selected_key: str | None = None
+        self.palette = fmt.DEFAULT_PALETTE
+        self.errors: dict[str, str] = {}
+        self.source_error: str | None = None
+        self._dismissed: set[int] = set()
+        self._drawn: dict | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def get_default_screen(self) -> Screen:
+        return MonitorScreen(id="monitor")
+
+    def _monitor(self) -> MonitorScreen:
+        for screen in self.screen_stack:
+            if isinstance(screen, MonitorScreen):
+                return screen
+        raise RuntimeError("monitor screen not mounted")
+
+    def on_mount(self) -> None:
+        self.palette = self._theme_palette()
+        self.theme_changed_signal.subscribe(self, self._on_theme_changed)
+        try:
+            self.source.start()
+        except Exception as e:  # the screen still explains what is wrong
+            self.source_error = f"could not start: {type(e).__name__}: {e}"
+        self.set_interval(self.interval, self.tick, name="dlwatch-refresh")
+        self.tick()
+
+    def on_unmount(self) -> None:
+        try:
+            self.source.stop()
+        except Exception:
+            pass
+
+    def _on_theme_changed(self, _theme) -> None:
+        self.palette = self._theme_palette()
+        self.redraw()
+
+    def _theme_palette(self) -> fmt.Palette:
+        variables = self.get_css_variables()
+
+        def style(name: str, fallback: str) -> str:
+            value = variables.get(name, "")
+            try:
+                Style.parse(value)
+            except Exception:
+                return fallback
+            return value or fallback
+
+        return fmt.Palette(good=style("success", "green"), warn=style("warning", "yellow"),
+                           bad=style("error", "red"), info=style("primary", "cyan"),
+                           dim="dim", accent=style("primary", "bold"))
+
+    # ------------------------------------------------------------ data flow
+
+    def tick(self) -> None:
+        """Timer: take the source's newest snapshot and redraw if it changed."""
+        if not self.paused:
+            try:
+                snap = self.source.latest()
+                self.source_error = None
+            except Exception as e:
+                self.source_error = f"{type(e).__name__}: {e}"
+                snap = self.snapshot
+            if snap is not None and not isinstance(snap, dict):
+                self.source_error = f"not a snapshot: {type(snap).__name__}"
+                snap = self.snapshot
+            self.snapshot = snap
+        if self.snapshot is not self._drawn:
+            self.redraw()
+        else:
+            self._guard("status", self._draw_status)
+
+    def visible_snapshot(self) -> dict | None:
+        snap = self.snapshot
+        if snap is None or not self._dismissed:
+            return snap
+        jobs = [j for j in fmt.lst(snap.get("jobs"))
+                if not (isinstance(j, dict) and j.get("pid") in self._dismissed and job_state(j) != "live")]
+        return {**snap, "jobs": jobs}
+
+    def redraw(self) -> None:
+        try:
+            screen = self._monitor()
+        except RuntimeError:
+            return
+        if not screen.query(JobList):
+            return  # not composed yet; its on_mount redraws
+        self._drawn = self.snapshot
+        snap = self.visible_snapshot()
+        self.errors.clear()
+        self.rows = self._guard("jobs", group_jobs, (snap or {}).get("jobs")) or []
+        self._fix_selection()
+        wide = screen.has_class("-wide")
+        pal = self.palette
+        job = self.selected_job()
+        self._guard("job list", screen.query_one(JobList).show, self.rows, self.selected_key, pal)
+        self._guard("job", self._draw_job, screen, snap, job, pal, wide)
+        screen.query_one(GpuPanel).display = snap is not None
+        self._guard("gpu", screen.query_one(GpuPanel).show, snap or {}, pal, wide)
+        self._guard("host", self._draw_host, screen, snap, pal, wide)
+        pid = fmt.intval(job.get("pid")) if job else None
+        self._guard("hints", screen.query_one(HintsPanel).show, snap, pid, pal, wide)
+        self._guard("status", self._draw_status)
+
+    def _guard(self, what: str, fn: Callable, *args):
+        try:
+            return fn(*args)
+        except Exception as e:
+            self.errors[what] = f"{type(e).__name__}: {e}"
+            self.log.error(f"dlwatch: drawing {what} failed", exc_info=True)
+            return None
+
+    def _draw_status(self) -> None:
+        screen = self._monitor()
+        screen.query_one("#status", Static).update(status_text(
+            version=self.version, snapshot=self.snapshot, rows=self.rows, interval=self.interval,
+            paused=self.paused, now=self.clock(), time_format=self.time_format, pal=self.palette,
+            source_error=self.source_error))
+        error = screen.query_one("#error", Static)
+        error.display = bool(self.errors)
+        if self.errors:
+            what, msg = next(iter(self.errors.items()))
+            more = f" (+{len(self.errors) - 1} more)" if len(self.errors) > 1 else ""
+            error.update(Text(f"✖ could not draw {what}: {msg}{more}; the rest is live", self.palette.bad))
+
+    def _draw_host(self, screen: Screen, snap: dict | None, pal: fmt.Palette, wide: bool) -> None:
+        host = screen.query_one(HostLine)
+        host.display = snap is not None
+        if snap is not None:
+            host.show(snap, pal, wide)
+
+    def _draw_job(self, screen: Screen, snap: dict | None, job: dict | None,
+                  pal: fmt.Palette, wide: bool) -> None:
+        header = screen.query_one("#job-header", Static)
+        message = screen.query_one("#message", Static)
+        loaders_box = screen.query_one("#loaders", Vertical)
+        screen.query_one(JobList).display = bool(self.rows)
+        if snap is None or job is None:
+            header.display = False
+            loaders_box.display = False
+            message.display = True
+            message.update(self._empty_message(snap, pal))
+            return
+        header.display = True
+        header.update(job_header(job, pal, wide))
+        loaders = [ld for ld in fmt.lst(job.get("loaders")) if isinstance(ld, dict)]
+        message.display = not loaders
+        if not loaders:
+            message.update(Text("this job has no DataLoader iterator yet: figures appear at the "
+                                "first iter(loader)", pal.dim))
+        loaders_box.display = bool(loaders)
+        panels = list(loaders_box.query_children(LoaderPanel))
+        # Panels are reused by position: switching jobs updates them in place.
+        for panel in panels[len(loaders):]:
+            panel.remove()
+        for i, ld in enumerate(loaders):
+            if i < len(panels):
+                panels[i].show(ld, pal, wide)
+            else:
+                panel = LoaderPanel(classes="loader")
+                panel.show(ld, pal, wide)  # kept until mounted
+                loaders_box.mount(panel)
+
+    def _empty_message(self, snap: dict | None, pal: fmt.Palette) -> Text:
+        if snap is None:
+            if self.source_error:
+                return Text(f"no data from the collector: {self.source_error}", pal.bad)
+            return Text("waiting for data…", pal.dim)
+        where = self.runtime_dir
+        if where is None:
+            try:
+                from dlwatch.rundir import runtime_dir
+                where = runtime_dir()
+            except Exception:
+                where = "the runtime directory"
+        t = Text()
+        t.append(f"no jobs found in {where}\n\n", "bold")
+        t.append("start a job with ")
+        t.append("`import dlwatch.hook`", "bold")
+        t.append(" in the training script, or ")
+        t.append("`dlwatch run -- python train.py`", "bold")
+        t.append("\nthis screen picks it up at its first DataLoader iterator.", pal.dim)
+        return t
+
+    def resize_columns(self, width: int) -> None:
+        try:
+            table = self._monitor().query_one(JobList)
+        except Exception:
+            return
+        table.fit_command_column(width)
+
+    # ------------------------------------------------------------ selection
+
+    def _fix_selection(self) -> None:
+        keys = [r.key for r in self.rows if r.selectable]
+        if self.selected_key not in keys:
+            self.selected_key = keys[0] if keys else None
+
+    def selected_row(self) -> JobRow | None:
+        for r in self.rows:
+            if r.key == self.selected_key:
+                return r
+        return None
+
+    def selected_job(self) -> dict | None:
+        row = self.selected_row()
+        return row.job if row else None
+
+    def _move(self, step: int) -> None:
+        keys = [r.key for r in self.rows if r.selectable]
+        if not keys:
+            return
+        i = keys.index(self.selected_key) if self.selected_key in keys else -step
+        self.selected_key = keys[(i + step) % len(keys)]
+        self._drawn = None  # force a redraw even when paused
+        self.redraw()
+
+    # ------------------------------------------------------------ actions
+
+    def action_next_job(self) -> None:
+        self._move(1)
+
+    def action_prev_job(self) -> None:
+        self._move(-1)
+
+    def action_toggle_pause(self) -> None:
+        self.paused = not self.paused
+        self._guard("status", self._draw_status)
+        if not self.paused:
+            self.tick()
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_screenshot(self) -> None:
+        try:
+            path = self.save_screenshot(path=os.getcwd())
+        except OSError as e:
+            self.notify(f"screenshot failed: {e.strerror or e}", severity="error")
+            return
+        self.notify(f"saved {path}", title="screenshot")
+
+    def action_dismiss_job(self) -> None:
+        job = self.selected_job()
+        if job is None:
+            self.notify("no job selected", severity="warning")
+            return
+        pid = fmt.intval(job.get("pid"))
+        state = job_state(job)
+        if state == "live":
+            self.notify("only an exited job can be dismissed", severity="warning")
+            return
+        if pid is None:
+            self.notify("this job has no pid to dismiss", severity="warning")
+            return
+        try:
+            self.source.dismiss(pid)
+        except Exception as e:
+            self.notify(f"dismiss failed: {e}", severity="error")
+            return
+        self._dismissed.add(pid)
+        self.notify(f"dismissed job {pid}")
+        self._drawn = None
+        self.redraw()
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        # Ours replace Textual's "Keys" and "Screenshot", which do the same
+        # thing differently (a side panel; a file name we do not notify).
+        for command in super().get_system_commands(screen):
+            if command.title not in ("Keys", "Screenshot"):
+                yield command
+        yield SystemCommand("Pause / resume", "Stop or restart updating the display (p)",
+                            self.action_toggle_pause)
+        yield SystemCommand("Save screenshot", "Write an SVG of the screen to the current directory (s)",
+                            self.action_screenshot)
+        yield SystemCommand("Next job", "Select the next job (tab, j)", self.action_next_job)
+        yield SystemCommand("Previous job", "Select the previous job (shift+tab, k)",
+                            self.action_prev_job)
+        yield SystemCommand("Dismiss exited job", "Forget the selected exited job (d)",
+                            self.action_dismiss_job)
+        yield SystemCommand("Keys", "Show the key bindings and the legend (?)", self.action_help)
+
+
+def run_tui(source: Source, interval: float = 0.5) -> int:
+    """Run the TUI until the user quits; the CLI's exit code."""
+    app = DlwatchApp(source, interval=interval)
+    app.run()
+    return 0 if app.return_code in (None, 0) else int(app.return_code)

@@ -1,0 +1,277 @@
+"""Pure formatting helpers for the TUI.
+
+Every function here accepts whatever a snapshot might hold (a number, None, a
+string where a number was expected, a missing key) and returns text: anything
+that is not a real number becomes "n/a". The widgets can then format without
+guarding each field, and a malformed snapshot renders instead of raising.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from rich.text import Text
+
+NA = "n/a"
+
+# Severity levels of a measured value (data wait) and of hints. Each carries a
+# word and an icon so that meaning survives NO_COLOR and monochrome terminals.
+GOOD, WARN, BAD, INFO = "good", "warn", "bad", "info"
+LEVEL_LABEL = {GOOD: "✓ OK", WARN: "▲ WARN", BAD: "✖ BAD", INFO: "ℹ INFO"}
+HINT_LEVEL = {"critical": BAD, "warn": WARN, "info": INFO}
+HINT_LABEL = {"critical": "✖ CRITICAL", "warn": "▲ WARN", "info": "ℹ INFO"}
+HINT_ORDER = {"critical": 0, "warn": 1, "info": 2}
+
+# Thresholds of DESIGN §4 / the brief: < 10 % good, 10–30 % warn, > 30 % bad.
+WAIT_WARN = 0.10
+WAIT_BAD = 0.30
+
+BLOCKS = " ▁▂▃▄▅▆▇█"
+
+
+@dataclass(frozen=True)
+class Palette:
+    """Rich styles for levels; the app fills it from the Textual theme."""
+
+    good: str = "green"
+    warn: str = "yellow"
+    bad: str = "red"
+    info: str = "cyan"
+    dim: str = "dim"
+    accent: str = "bold"
+
+    def level(self, level: str) -> str:
+        return getattr(self, level, "")
+
+
+DEFAULT_PALETTE = Palette()
+
+
+# ---------------------------------------------------------------- accessors
+
+
+def d(x: Any) -> Mapping:
+    """``x`` if it is a mapping, else an empty one."""
+    return x if isinstance(x, Mapping) else {}
+
+
+def lst(x: Any) -> list:
+    """``x`` as a list of its items if it is a list/tuple, else empty."""
+    return list(x) if isinstance(x, (list, tuple)) else []
+
+
+def num(x: Any) -> float | None:
+    """A finite float, or None for anything else (bool counts as not a number)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def intval(x: Any) -> int | None:
+    v = num(x)
+    return None if v is None else int(v)
+
+
+def s(x: Any, default: str = "") -> str:
+    return x if isinstance(x, str) else default
+
+
+# ---------------------------------------------------------------- numbers
+
+
+def pct(frac: Any, digits: int = 0) -> str:
+    """A 0..1 fraction as a percentage."""
+    v = num(frac)
+    return NA if v is None else f"{v * 100:.{digits}f}%"
+
+
+def pct100(p: Any, digits: int = 0) -> str:
+    """A value already in percent."""
+    v = num(p)
+    return NA if v is None else f"{v:.{digits}f}%"
+
+
+def ms(v: Any) -> str:
+    """Milliseconds with a unit that keeps 2–3 significant digits."""
+    x = num(v)
+    if x is None:
+        return NA
+    if abs(x) >= 10_000:
+        return f"{x / 1000:.0f} s"
+    if abs(x) >= 1000:
+        return f"{x / 1000:.2f} s"
+    if abs(x) >= 100:
+        return f"{x:.0f} ms"
+    if abs(x) >= 10:
+        return f"{x:.1f} ms"
+    return f"{x:.2f} ms"
+
+
+def rate(v: Any) -> str:
+    x = num(v)
+    if x is None:
+        return NA
+    if x >= 100:
+        return f"{x:.0f}"
+    if x >= 10:
+        return f"{x:.1f}"
+    return f"{x:.2f}"
+
+
+def count(v: Any) -> str:
+    x = intval(v)
+    return NA if x is None else str(x)
+
+
+def size(v: Any) -> str:
+    """Bytes in binary units: 512 B, 1.5 KiB, 23 MiB, 1.2 GiB."""
+    x = num(v)
+    if x is None:
+        return NA
+    units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
+    i = 0
+    while abs(x) >= 1024 and i < len(units) - 1:
+        x /= 1024
+        i += 1
+    if i == 0:
+        return f"{x:.0f} B"
+    return f"{x:.1f} {units[i]}" if abs(x) < 10 else f"{x:.0f} {units[i]}"
+
+
+def duration(v: Any) -> str:
+    """Seconds as a short age: 45s, 12m, 3h05m, 2d4h."""
+    x = num(v)
+    if x is None or x < 0:
+        return NA
+    x = int(x)
+    if x < 60:
+        return f"{x}s"
+    if x < 3600:
+        return f"{x // 60}m{x % 60:02d}s"
+    if x < 86400:
+        return f"{x // 3600}h{(x % 3600) // 60:02d}m"
+    return f"{x // 86400}d{(x % 86400) // 3600}h"
+
+
+def evidence_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if v.is_integer() and abs(v) < 1e12:
+            return str(int(v))
+        return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
+    if isinstance(v, (int, str)):
+        return str(v)
+    return "…"
+
+
+def evidence(ev: Any, limit: int = 4) -> str:
+    """The first few evidence items as ``k=v`` (the rule puts the key ones first)."""
+    items = list(d(ev).items())
+    out = ", ".join(f"{k}={evidence_value(v)}" for k, v in items[:limit])
+    if len(items) > limit:
+        out += ", …"
+    return out
+
+
+def truncate(text: str, width: int) -> str:
+    if width <= 0:
+        return ""
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+# ---------------------------------------------------------------- levels
+
+
+def wait_level(frac: Any) -> str | None:
+    v = num(frac)
+    if v is None:
+        return None
+    if v > WAIT_BAD:
+        return BAD
+    if v >= WAIT_WARN:
+        return WARN
+    return GOOD
+
+
+# ---------------------------------------------------------------- bars
+
+
+def bar(frac: Any, width: int, style: str = "", pal: Palette = DEFAULT_PALETTE) -> Text:
+    """A horizontal bar ``█████░░░`` for a 0..1 fraction; over 1 is drawn full.
+
+    The filled part is solid and the empty part shaded so that the value
+    reads without colour.
+    """
+    v = num(frac)
+    t = Text()
+    if v is None:
+        t.append("·" * width, pal.dim)
+        return t
+    # Eighth-blocks give 8 steps per cell, so 80 % and 85 % look different.
+    eighths = round(max(0.0, min(1.0, v)) * width * 8)
+    full, rest = divmod(eighths, 8)
+    partial = "▏▎▍▌▋▊▉"[rest - 1] if rest else ""
+    t.append("█" * full + partial, style)
+    t.append("░" * (width - full - len(partial)), pal.dim)
+    return t
+
+
+def queue_bar(ready: Any, in_flight: Any, capacity: Any, width: int, pal: Palette = DEFAULT_PALETTE) -> Text:
+    """Prefetch queue: █ ready batches, ▒ requested and being made, ░ free slots."""
+    cap = intval(capacity)
+    r = intval(ready)
+    f = intval(in_flight)
+    t = Text()
+    if not cap or cap <= 0:
+        t.append(NA, pal.dim)
+        return t
+    scale = width / cap
+    nr = round((r or 0) * scale)
+    nf = min(width - nr, round((f or 0) * scale))
+    t.append("█" * nr, pal.good)
+    t.append("▒" * nf, pal.warn)
+    t.append("░" * (width - nr - nf), pal.dim)
+    return t
+
+
+def sparkline_rows(values: Sequence[Any], width: int, height: int = 1, top: float = 100.0) -> list[list[tuple[str, float | None]]]:
+    """Block characters for the newest ``width`` values on a FIXED 0..top scale.
+
+    Returns ``height`` rows (top row first) of ``(char, value)`` per column so
+    the caller can colour by value. Columns without data are blank; a value of
+    0 still draws the lowest block so that "measured, zero" differs from "no
+    data". Right-aligned: the newest sample is in the rightmost column.
+    """
+    width = max(0, width)
+    height = max(1, height)
+    vals = [num(v) for v in lst(values)][-width:] if width else []
+    cols: list[float | None] = [None] * (width - len(vals)) + vals
+    rows: list[list[tuple[str, float | None]]] = [[] for _ in range(height)]
+    levels = 8 * height
+    for v in cols:
+        if v is None:
+            for r in range(height):
+                rows[r].append((" ", None))
+            continue
+        frac = max(0.0, min(1.0, v / top)) if top > 0 else 0.0
+        level = max(1, round(frac * levels))
+        for r in range(height):
+            # Row r (from the top) covers levels (height-1-r)*8 .. +8.
+            fill = max(0, min(8, level - (height - 1 - r) * 8))
+            rows[r].append((BLOCKS[fill], v))
+    return rows
+
+
+def join(parts: Iterable[Text | str], sep: str = " · ", pal: Palette = DEFAULT_PALETTE) -> Text:
+    out = Text()
+    first = True
+    for p in parts:
+        if not first:
+            out.append(sep, pal.dim)
+        first = False
+        out.append(p if isinstance(p, Text) else str(p))
+    return out

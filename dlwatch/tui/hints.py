@@ -1,0 +1,69 @@
+"""Diagnosis: the snapshot's hints for the selected job (and box-wide ones),
+worst first, each with its measured evidence and one next step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import Static
+
+from dlwatch.tui import fmt
+
+
+def relevant_hints(hints: Any, job_pid: int | None) -> tuple[list[dict], int]:
+    """(hints about this job or the whole box, number about other jobs)."""
+    mine, others = [], 0
+    for h in fmt.lst(hints):
+        if not isinstance(h, dict):
+            continue
+        pid = h.get("job_pid")
+        if pid is None or job_pid is None or pid == job_pid:
+            mine.append(h)
+        else:
+            others += 1
+    mine.sort(key=lambda h: fmt.HINT_ORDER.get(h.get("severity"), 3))
+    return mine, others
+
+
+def hint_text(h: dict, pal: fmt.Palette, wide: bool) -> Text:
+    sev = fmt.s(h.get("severity"), "info")
+    level = fmt.HINT_LEVEL.get(sev, fmt.INFO)
+    t = Text()
+    t.append(fmt.HINT_LABEL.get(sev, f"? {sev.upper() or 'HINT'}"), f"bold {pal.level(level)}")
+    t.append(f" {fmt.s(h.get('id'), '?')}", "bold")
+    if h.get("job_pid") is None:
+        t.append(" (all jobs)", pal.dim)
+    elif fmt.intval(h.get("loader_id")) not in (None, 0):
+        t.append(f" (loader {fmt.count(h.get('loader_id'))})", pal.dim)
+    t.append(": " + fmt.s(h.get("message"), fmt.NA))
+    suggestion = fmt.s(h.get("suggestion"))
+    ev = fmt.evidence(h.get("evidence"), limit=6 if wide else 3)
+    if suggestion:
+        t.append("\n  → ", f"bold {pal.level(level)}")
+        t.append(suggestion)
+    if ev:
+        t.append("\n  evidence: " if wide else ("  [" if suggestion else "\n  ["), pal.dim)
+        t.append(ev, pal.dim)
+        if not wide:
+            t.append("]", pal.dim)
+    return t
+
+
+class HintsPanel(Static):
+    def show(self, snapshot: dict | None, job_pid: int | None, pal: fmt.Palette, wide: bool) -> None:
+        if snapshot is None:
+            self.update(Text("hints: waiting for data…", pal.dim))
+            return
+        hints, others = relevant_hints(snapshot.get("hints"), job_pid)
+        out = Text()
+        if not hints:
+            out.append("✓ no hints" + (" for this job" if others else ""), pal.good)
+            out.append(" — nothing to fix in the input pipeline right now" if not others else "", pal.dim)
+        for i, h in enumerate(hints):
+            if i:
+                out.append("\n")
+            out.append_text(hint_text(h, pal, wide))
+        if others:
+            out.append(f"\n+{others} hint{'s' if others > 1 else ''} about other jobs (tab to switch)", pal.dim)
+        self.update(out)

@@ -1,0 +1,53 @@
+"""Host figures: usable cores (and where the number comes from), CPU load,
+free /dev/shm."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from dlwatch.tui import fmt
+
+
+def cores_source(host: dict) -> str:
+    # collect reports why (e.g. "cgroup v2 quota 4 cores"); older or partial
+    # snapshots do not, and then the logical CPU count is the best hint.
+    src = fmt.s(host.get("cores_reason")) or fmt.s(host.get("usable_cores_source"))
+    if src:
+        return src
+    usable, logical = fmt.num(host.get("usable_cores")), fmt.intval(host.get("logical_cpus"))
+    if usable is None or logical is None:
+        return ""
+    if usable < logical:
+        return f"affinity/cgroup quota, of {logical} logical"
+    return "all logical CPUs"
+
+
+def host_text(snapshot: dict, pal: fmt.Palette, wide: bool) -> Text:
+    host = fmt.d(snapshot.get("host"))
+    usable = fmt.num(host.get("usable_cores"))
+    load = fmt.num(host.get("load_percent_of_usable"))
+    src = cores_source(host)
+    t = Text()
+    t.append("host ", "bold")
+    t.append(f"{usable:g}" if usable is not None else fmt.NA)
+    t.append(" usable cores" if wide else " cores")
+    if src:
+        t.append(f" ({src})", pal.dim)
+    t.append(" · load ", pal.dim)
+    if load is not None:
+        style = pal.bad if load > 100 else (pal.warn if load > 80 else "")
+        t.append(fmt.pct100(load), style)
+        if wide:
+            t.append(" of usable")
+            t.append(f" (cpu {fmt.pct100(host.get('cpu_percent'))} of all)", pal.dim)
+    else:
+        t.append(f"cpu {fmt.pct100(host.get('cpu_percent'))}")
+    t.append(" · /dev/shm free ", pal.dim)
+    t.append(fmt.size(host.get("shm_free_bytes")))
+    return t
+
+
+class HostLine(Static):
+    def show(self, snapshot: dict, pal: fmt.Palette, wide: bool) -> None:
+        self.update(host_text(snapshot, pal, wide))

@@ -1,0 +1,180 @@
+"""The job list: one row per job, ranks of one torchrun run grouped under an
+aggregate row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey
+
+from dlwatch.tui import fmt
+from dlwatch.tui.keyed import sync_rows
+
+
+def job_key(job: Any, index: int) -> str:
+    pid = fmt.intval(fmt.d(job).get("pid"))
+    # A job without a pid (malformed) still gets a stable-enough row.
+    return f"job:{pid}" if pid is not None else f"job:?{index}"
+
+
+def primary_loader(job: Any) -> dict:
+    """The loader that stands for the job in one-line summaries: the one
+    moving the most batches (the training loader, not an idle validation one)."""
+    loaders = [ld for ld in fmt.lst(fmt.d(job).get("loaders")) if isinstance(ld, dict)]
+    if not loaders:
+        return {}
+    return max(loaders, key=lambda ld: fmt.num(ld.get("batches_per_s")) or -1.0)
+
+
+def job_state(job: Any) -> str:
+    return fmt.s(fmt.d(job).get("state"), "live") or "live"
+
+
+@dataclass
+class JobRow:
+    key: str
+    kind: str  # "run" (aggregate of ranks) or "job"
+    jobs: list[dict] = field(default_factory=list)
+    index: int = 0  # position of the job in the snapshot (for key of pid-less jobs)
+    run_id: str = ""
+    world_size: int | None = None
+
+    @property
+    def job(self) -> dict:
+        return self.jobs[0] if self.jobs else {}
+
+    @property
+    def selectable(self) -> bool:
+        return self.kind == "job"
+
+    @property
+    def data_wait(self) -> float | None:
+        vals = [fmt.num(primary_loader(j).get("data_wait_fraction")) for j in self.jobs]
+        vals = [v for v in vals if v is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    @property
+    def batches_per_s(self) -> float | None:
+        vals = [fmt.num(primary_loader(j).get("batches_per_s")) for j in self.jobs]
+        vals = [v for v in vals if v is not None]
+        return sum(vals) if vals else None
+
+    @property
+    def state(self) -> str:
+        states = {job_state(j) for j in self.jobs}
+        if len(states) == 1:
+            return states.pop()
+        return "live" if "live" in states else "mixed"
+
+
+def group_jobs(jobs: Any) -> list[JobRow]:
+    """Rows in display order: jobs in snapshot order, except that ranks of one
+    run (same run_id and world_size > 1) follow their aggregate row, by rank."""
+    rows: list[JobRow] = []
+    runs: dict[tuple[str, int], JobRow] = {}
+    members: dict[tuple[str, int], list[tuple[int, dict]]] = {}
+    for i, job in enumerate(fmt.lst(jobs)):
+        if not isinstance(job, dict):
+            continue
+        run_id = job.get("run_id")
+        ws = fmt.intval(job.get("world_size"))
+        if isinstance(run_id, str) and run_id and ws and ws > 1:
+            gk = (run_id, ws)
+            if gk not in runs:
+                runs[gk] = JobRow(key=f"run:{run_id}:{ws}", kind="run", run_id=run_id, world_size=ws)
+                rows.append(runs[gk])
+                members[gk] = []
+            members[gk].append((i, job))
+        else:
+            rows.append(JobRow(key=job_key(job, i), kind="job", jobs=[job], index=i))
+    out: list[JobRow] = []
+    for row in rows:
+        out.append(row)
+        if row.kind == "run":
+            gk = (row.run_id, row.world_size or 0)
+            ranked = sorted(members[gk], key=lambda m: (fmt.intval(m[1].get("rank")) is None,
+                                                       fmt.intval(m[1].get("rank")) or 0))
+            row.jobs = [j for _, j in ranked]
+            for i, j in ranked:
+                out.append(JobRow(key=job_key(j, i), kind="job", jobs=[j], index=i,
+                                  run_id=row.run_id, world_size=row.world_size))
+    return out
+
+
+STATE_STYLE = {"live": "good", "exited": "dim", "unreachable": "warn", "mixed": "warn"}
+
+
+class JobList(DataTable):
+    """Rows are never focused by the user directly: the app moves the cursor
+    (tab/j/k) so that the same keys work whatever has focus."""
+
+    can_focus = False
+
+    COLUMNS = ("job", "command", "state", "wait", "batch/s")
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=False, show_cursor=True, **kwargs)
+        self.rows_model: list[JobRow] = []
+        self._cmd_width = 30
+
+    def on_mount(self) -> None:
+        widths = {"job": 14, "command": self._cmd_width, "state": 8, "wait": 9, "batch/s": 7}
+        for col in self.COLUMNS:
+            self.add_column(col, key=col, width=widths[col])
+        self.fit_command_column(self.app.size.width)
+
+    def fit_command_column(self, screen_width: int) -> None:
+        """Give the command column whatever the fixed columns leave."""
+        fixed = sum(c.width for key, c in self.columns.items() if key.value != "command")
+        padding = 2 * self.cell_padding * len(self.columns)
+        width = max(12, screen_width - fixed - padding - 2)
+        column = self.columns.get(ColumnKey("command"))
+        if column is not None and column.width != width:
+            column.width = width
+            self._require_update_dimensions = True
+            self.refresh(layout=True)
+
+    def show(self, rows: list[JobRow], selected_key: str | None, pal: fmt.Palette) -> None:
+        self.rows_model = rows
+        sync_rows(self, self.COLUMNS, [(r.key, self._cells(r, pal)) for r in rows])
+        keys = [r.key for r in rows]
+        if selected_key in keys:
+            idx = keys.index(selected_key)
+            if self.cursor_row != idx:
+                self.move_cursor(row=idx, animate=False)
+
+    def _cells(self, row: JobRow, pal: fmt.Palette) -> list[Text]:
+        job = row.job
+        if row.kind == "run":
+            n = len(row.jobs)
+            label = Text(f"▾ run ×{n}", style="bold")
+            if row.world_size and n != row.world_size:
+                label.append(f"/{row.world_size}", "bold")
+            cmd = Text(fmt.truncate(f"{row.run_id} · " + fmt.s(job.get("cmdline")), 200))
+            wait_prefix = "⌀ "
+        else:
+            pid = fmt.intval(job.get("pid"))
+            rank = fmt.intval(job.get("rank"))
+            if row.run_id:
+                label = Text(f"  r{rank if rank is not None else '?'} {pid if pid is not None else '?'}")
+            else:
+                label = Text(str(pid) if pid is not None else fmt.NA)
+            cmd = Text(fmt.s(job.get("cmdline"), fmt.NA))
+            wait_prefix = ""
+        state = row.state
+        wait = row.data_wait
+        level = fmt.wait_level(wait)
+        wait_text = Text(wait_prefix + fmt.pct(wait), style=pal.level(level) if level else pal.dim)
+        if level in (fmt.WARN, fmt.BAD):
+            wait_text.append(" " + fmt.LEVEL_LABEL[level][0])  # ▲/✖ so severity survives NO_COLOR
+        return [
+            label,
+            cmd,
+            Text(state, style=pal.level(STATE_STYLE.get(state, "dim")) or pal.dim),
+            wait_text,
+            Text(fmt.rate(row.batches_per_s), justify="right"),
+        ]

@@ -1,0 +1,178 @@
+"""One DataLoader of the selected job: data-wait gauge with history, rates,
+prefetch queue and the workers table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
+from textual.widgets import Digits, Static
+
+from dlwatch.tui import fmt
+from dlwatch.tui.sparkline import FixedSparkline
+from dlwatch.tui.workers import WorkersTable
+
+QUEUE_BAR = 12
+
+
+def _flag(on: Any) -> str:
+    return "✓" if on is True else ("✗" if on is False else "?")
+
+
+def loader_title(ld: dict, pal: fmt.Palette) -> Text:
+    nw = fmt.intval(ld.get("num_workers"))
+    parts: list[Text | str] = [Text(f"loader {fmt.count(ld.get('id'))}", "bold")]
+    kind = fmt.s(ld.get("kind"))
+    if kind:
+        parts.append(kind)
+    parts.append(f"{fmt.count(nw)} workers" if nw != 1 else "1 worker")
+    parts.append(f"batch {fmt.count(ld.get('batch_size'))}")
+    parts.append(f"pin {_flag(ld.get('pin_memory'))}")
+    parts.append(f"persistent {_flag(ld.get('persistent_workers'))}")
+    if nw:
+        parts.append(f"prefetch {fmt.count(ld.get('prefetch_factor'))}")
+    sm = fmt.s(ld.get("start_method"))
+    if sm:
+        parts.append(sm)
+    if ld.get("active") is False:
+        parts.append(Text("idle (no iterator)", pal.dim))
+    return fmt.join(parts, pal=pal)
+
+
+def loader_stats(ld: dict, pal: fmt.Palette, wide: bool) -> Text:
+    parts: list[Text | str] = [
+        Text.assemble((fmt.rate(ld.get("batches_per_s")), "bold"), " batch/s"),
+        f"wait {fmt.ms(ld.get('wait_ms_mean'))}",
+        f"step {fmt.ms(ld.get('step_ms_mean'))}",
+        f"epoch {fmt.count(ld.get('epoch'))} (start {fmt.ms(ld.get('epoch_start_ms_last'))})",
+    ]
+    if wide:
+        parts += [
+            f"worker {fmt.ms(ld.get('worker_ms_per_batch'))}/batch",
+            f"last epoch {fmt.ms(ld.get('epoch_ms_last'))}",
+            f"{fmt.count(ld.get('batches_total'))} batches",
+        ]
+    return fmt.join(parts, pal=pal)
+
+
+def queue_line(ld: dict, pal: fmt.Palette) -> Text:
+    q = fmt.d(ld.get("queue"))
+    ready, flight, cap = q.get("ready"), q.get("in_flight"), q.get("capacity")
+    t = Text("queue ", "bold")
+    if fmt.intval(cap) is None or fmt.intval(cap) <= 0:
+        if fmt.intval(ld.get("num_workers")) == 0:
+            t.append("n/a (num_workers=0: the loop loads each batch itself)", pal.dim)
+        else:
+            t.append("n/a", pal.dim)
+        return t
+    t.append_text(fmt.queue_bar(ready, flight, cap, QUEUE_BAR, pal))
+    t.append(f" {fmt.count(ready)} ready █ · {fmt.count(flight)} in flight ▒ / {fmt.count(cap)}")
+    return t
+
+
+class WaitGauge(Horizontal):
+    """Headline: share of the loop's time spent waiting for data."""
+
+    def compose(self) -> ComposeResult:
+        yield Digits("", id="wait-digits")
+        yield Static(id="wait-label")
+        with Vertical(id="wait-graph"):
+            yield FixedSparkline(top=100.0, id="wait-history")
+            yield Static(id="wait-axis")
+
+    def show(self, ld: dict, pal: fmt.Palette, wide: bool) -> None:
+        frac = fmt.num(ld.get("data_wait_fraction"))
+        level = fmt.wait_level(frac)
+        style = pal.level(level) if level else pal.dim
+        digits = self.query_one("#wait-digits", Digits)
+        digits.update("--" if frac is None else f"{frac * 100:.0f}")
+        for lv in (fmt.GOOD, fmt.WARN, fmt.BAD):
+            digits.set_class(level == lv, f"-{lv}")
+        label = Text()
+        if wide:
+            label.append("% waiting\n", "bold")
+            label.append("for data\n", "bold")
+        else:
+            label.append("DATA WAIT ", "bold")
+            label.append(f"{fmt.pct(frac):>4}", f"bold {style}")
+            label.append(" ")
+        label.append(fmt.LEVEL_LABEL[level] if level else "n/a", f"bold {style}")
+        label.append(" ")
+        self.query_one("#wait-label", Static).update(label)
+        spark = self.query_one("#wait-history", FixedSparkline)
+        history = [None if fmt.num(v) is None else fmt.num(v) * 100
+                   for v in fmt.lst(fmt.d(ld.get("history")).get("data_wait_fraction"))]
+        spark.style_for = lambda v: pal.level(fmt.wait_level(v / 100)) or ""
+        spark.set_values(history)
+        self.query_one("#wait-axis", Static).update(
+            Text(f"history, 1 sample/s, fixed scale 0–100 % (now {fmt.pct(frac)})", pal.dim))
+
+
+class LoaderPanel(Vertical):
+    """Shows one loader dict; keeps the last one so it can (re)draw once its
+    children exist (a freshly mounted panel has none yet)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._pending: tuple[dict, fmt.Palette, bool] | None = None
+        self._composed = False
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="loader-title", classes="line")
+        yield WaitGauge(id="wait-gauge")
+        yield Static(id="loader-stats", classes="line")
+        yield Static(id="loader-queue", classes="line")
+        yield WorkersTable(id="workers")
+        yield Static(id="no-workers", classes="line")
+        yield Static(id="worker-notes")
+
+    def on_mount(self) -> None:
+        self._composed = True
+        if self._pending:
+            self.show(*self._pending)
+
+    def show(self, ld: Any, pal: fmt.Palette, wide: bool = False) -> None:
+        ld = dict(fmt.d(ld))
+        self._pending = (ld, pal, wide)
+        if not self._composed:
+            return
+        try:
+            self._apply(ld, pal, wide)
+        except NoMatches:
+            # A grandchild (the gauge's parts) can still be mounting right
+            # after this panel was mounted; draw again once it is there.
+            self.call_after_refresh(self._retry)
+
+    def _retry(self) -> None:
+        if self._pending and self.is_attached:
+            self.show(*self._pending)
+
+    def _apply(self, ld: dict, pal: fmt.Palette, wide: bool) -> None:
+        self.query_one("#loader-title", Static).update(loader_title(ld, pal))
+        self.query_one("#wait-gauge", WaitGauge).show(ld, pal, wide)
+        self.query_one("#loader-stats", Static).update(loader_stats(ld, pal, wide))
+        self.query_one("#loader-queue", Static).update(queue_line(ld, pal))
+        workers = [w for w in fmt.lst(ld.get("workers")) if isinstance(w, dict)]
+        table = self.query_one("#workers", WorkersTable)
+        table.show(workers, pal)
+        table.display = bool(workers)
+        no_workers = self.query_one("#no-workers", Static)
+        no_workers.display = not workers
+        if not workers:
+            nw = fmt.intval(ld.get("num_workers"))
+            no_workers.update(Text(
+                "num_workers=0: the training loop loads every batch itself" if nw == 0
+                else "workers: n/a", pal.dim))
+        notes = Text()
+        for w in workers:
+            err = fmt.s(w.get("error"))
+            if err:
+                if notes:
+                    notes.append("\n")
+                notes.append(f"! worker {fmt.count(w.get('id'))}: {err}", pal.warn)
+        note_widget = self.query_one("#worker-notes", Static)
+        note_widget.update(notes)
+        note_widget.display = bool(notes)

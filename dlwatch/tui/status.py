@@ -1,0 +1,76 @@
+"""The status line at the top, and the single-line job header."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from rich.text import Text
+
+from dlwatch.tui import fmt
+from dlwatch.tui.jobs import JobRow
+
+
+def status_text(*, version: str, snapshot: dict | None, rows: list[JobRow], interval: float,
+                paused: bool, now: float, time_format: Callable[[float], str],
+                pal: fmt.Palette, source_error: str | None = None) -> Text:
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append(f"dlwatch {version}", "bold")
+    parts: list[Text | str] = [t]
+    jobs = [r for r in rows if r.kind == "job"]
+    if snapshot is not None:
+        exited = sum(1 for r in jobs if r.state != "live")
+        jt = Text(f"{len(jobs)} job{'s' if len(jobs) != 1 else ''}")
+        if exited:
+            jt.append(f" ({exited} exited)", pal.dim)
+        parts.append(jt)
+    parts.append(f"every {interval:g} s")
+    if paused:
+        parts.append(Text("⏸ PAUSED (p resumes)", f"bold reverse {pal.warn}"))
+    if source_error:
+        parts.append(Text(f"✖ source: {source_error}", pal.bad))
+    if snapshot is None:
+        parts.append(Text("waiting for data…", pal.dim))
+    else:
+        ts = fmt.num(snapshot.get("time"))
+        if ts is None:
+            parts.append(Text("updated n/a", pal.dim))
+        else:
+            try:
+                stamp = time_format(ts)
+            except (ValueError, OverflowError, OSError):
+                stamp = fmt.NA
+            parts.append(Text(f"updated {stamp}", pal.dim))
+            age = now - ts
+            # Freshness bar is 1 s; several missed samples mean the collector
+            # is stuck, which must not look like a quiet job.
+            if age > max(3.0, 5 * interval):
+                parts.append(Text(f"⚠ STALE {fmt.duration(age)} old", f"bold {pal.warn}"))
+    return fmt.join(parts, pal=pal)
+
+
+def job_header(job: Any, pal: fmt.Palette, wide: bool) -> Text:
+    job = fmt.d(job)
+    state = fmt.s(job.get("state"), "live") or "live"
+    parts: list[Text | str] = []
+    pid = Text(f"pid {fmt.count(job.get('pid'))}", "bold")
+    parts.append(pid)
+    rank, ws = fmt.intval(job.get("rank")), fmt.intval(job.get("world_size"))
+    if rank is not None:
+        parts.append(f"rank {rank}/{ws if ws is not None else '?'}")
+    if state == "live":
+        parts.append(Text(f"● live {fmt.duration(job.get('age_s'))}", pal.good))
+    else:
+        reason = fmt.s(job.get("state_reason"))
+        parts.append(Text(f"■ {state.upper()}" + (f" ({reason})" if reason else ""), f"bold {pal.warn}"))
+        parts.append(Text("last figures; d dismisses", pal.dim))
+    parts.append(f"main CPU {fmt.pct100(job.get('main_cpu_percent'))}")
+    if wide:
+        parts.append(f"main thread {fmt.pct100(job.get('main_thread_cpu_percent'))}")
+        parts.append(f"RSS {fmt.size(job.get('rss_bytes'))}")
+        parts.append(f"torch {fmt.s(job.get('torch_version'), fmt.NA)}")
+        parts.append(fmt.s(job.get("start_method"), fmt.NA))
+    out = fmt.join(parts, pal=pal)
+    if wide:
+        out.append("\n")
+        out.append(fmt.s(job.get("cmdline"), fmt.NA), pal.dim)
+    return out

@@ -1,0 +1,67 @@
+"""Per-worker table of one loader, updated in place by key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from dlwatch.tui import fmt
+from dlwatch.tui.keyed import sync_rows
+
+CPU_BAR = 5
+
+
+def worker_key(w: dict, index: int) -> str:
+    # id alone would keep a respawned worker's row; pid makes the new process
+    # a new row in the same (sorted-by-id) place.
+    return f"w:{w.get('id', '?')}:{w.get('pid', index)}"
+
+
+def worker_sort_key(item: tuple[int, dict]) -> tuple:
+    index, w = item
+    wid = fmt.intval(w.get("id"))
+    return (wid is None, wid if wid is not None else index, index)
+
+
+class WorkersTable(DataTable):
+    can_focus = False
+
+    # Fixed widths: the table fits 80 columns and never jitters as figures change.
+    COLUMNS = (("id", "id", 2), ("pid", "PID", 7), ("cpu", "CPU", CPU_BAR + 5),
+               ("busy", "busy", 4), ("fetch", "fetch", 7), ("rss", "RSS", 7),
+               ("uss", "USS", 7), ("threads", "thr", 3), ("state", "state", 9))
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(cursor_type="none", show_cursor=False, zebra_stripes=True, **kwargs)
+
+    def on_mount(self) -> None:
+        for key, label, width in self.COLUMNS:
+            self.add_column(label, key=key, width=width)
+
+    def show(self, workers: Any, pal: fmt.Palette) -> None:
+        items = sorted(((i, w) for i, w in enumerate(fmt.lst(workers)) if isinstance(w, dict)),
+                       key=worker_sort_key)
+        rows = [(worker_key(w, i), self._cells(w, pal)) for i, w in items]
+        sync_rows(self, [c[0] for c in self.COLUMNS], rows)
+
+    @staticmethod
+    def _cells(w: dict, pal: fmt.Palette) -> list[Text]:
+        cpu = fmt.num(w.get("cpu_percent"))
+        cpu_cell = fmt.bar(None if cpu is None else cpu / 100, CPU_BAR, pal.accent, pal)
+        cpu_cell.append(f"{fmt.pct100(cpu):>5}")
+        state = fmt.s(w.get("state"), fmt.NA)
+        error = fmt.s(w.get("error"))
+        state_style = pal.dim if state == "gone" else (pal.warn if error else "")
+        return [
+            Text(fmt.count(w.get("id")), justify="right"),
+            Text(fmt.count(w.get("pid")), justify="right"),
+            cpu_cell,
+            Text(fmt.pct(w.get("busy_fraction")), justify="right"),
+            Text(fmt.ms(w.get("fetch_ms_mean")), justify="right"),
+            Text(fmt.size(w.get("rss_bytes")), justify="right"),
+            Text(fmt.size(w.get("uss_bytes")), justify="right"),
+            Text(fmt.count(w.get("threads")), justify="right"),
+            Text(("! " if error else "") + state, style=state_style),
+        ]

@@ -1,0 +1,619 @@
+"""Pilot tests of the TUI: what is on screen matches the snapshot, and every
+key does what the help screen says."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import functools
+import json
+
+import pytest
+from textual.widgets import Digits, Static
+
+from dlwatch.tui import fmt
+from dlwatch.tui.app import DlwatchApp, run_tui
+from dlwatch.tui.help import HelpScreen
+from dlwatch.tui.hints import HintsPanel
+from dlwatch.tui.host import HostLine
+from dlwatch.tui.jobs import JobList, group_jobs
+from dlwatch.tui.loader import LoaderPanel
+from dlwatch.tui.sources import ReplaySource, Source, StaticSource
+from dlwatch.tui.sparkline import FixedSparkline
+from dlwatch.tui.workers import WorkersTable
+from tests import tui_fixtures as F
+from tests.tui_fixtures import make_app, plain, row_text, screen_lines
+
+FAST = 0.05  # refresh interval for tests that wait for the timer
+
+
+def sync(fn):
+    """Run an async test body with asyncio.run (no pytest-asyncio here)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return asyncio.run(fn(*args, **kwargs))
+
+    return wrapper
+  # refresh interval for tests that wait for the timer
+
+
+async def settle(pilot, times: int = 3) -> None:
+    for _ in range(times):
+        await pilot.pause()
+
+
+async def wait_until(pilot, cond, timeout: float = 3.0) -> None:
+    for _ in range(int(timeout / 0.02)):
+        if cond():
+            return
+        await pilot.pause(0.02)
+    assert cond(), "condition not reached"
+
+
+def status(app) -> str:
+    return plain(app.screen.query_one("#status", Static))
+
+
+# ------------------------------------------------------------------ figures
+
+
+@sync
+async def test_headline_figures_and_workers_match_snapshot():
+    app = make_app([F.data_bound()])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        label = plain(app.screen.query_one("#wait-label", Static))
+        assert "DATA WAIT" in label and "62%" in label and "BAD" in label
+        stats = plain(app.screen.query_one("#loader-stats", Static))
+        assert "12.3 batch/s" in stats and "wait 50.4 ms" in stats and "step 81.2 ms" in stats
+        assert "epoch 3" in stats and "1.84 s" in stats
+        queue = plain(app.screen.query_one("#loader-queue", Static))
+        assert "0 ready" in queue and "8 in flight" in queue and "/ 8" in queue
+
+        table = app.screen.query_one(WorkersTable)
+        assert table.row_count == 4
+        pids = [row_text(table, row.key.value)[1] for row in table.ordered_rows]
+        assert pids == ["4301", "4302", "4303", "4304"]
+        first = row_text(table, table.ordered_rows[0].key.value)
+        assert first[2].endswith("97%") and first[3] == "98%" and first[4] == "176 ms"
+        assert first[5] == "610 MiB" and first[6] == "240 MiB" and first[7] == "3" and first[8] == "running"
+        assert row_text(table, table.ordered_rows[2].key.value)[6] == "n/a"  # uss None
+
+        history = app.screen.query_one("#wait-history", FixedSparkline)
+        assert history.values[-1] == pytest.approx(62.0)
+
+
+@sync
+async def test_compact_layout_shows_gauge_workers_and_hints_at_80x24():
+    app = make_app([F.data_bound()])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        screen = "\n".join(screen_lines(app))
+        assert "DATA WAIT  62% ✖ BAD" in screen
+        for pid in ("4301", "4302", "4303", "4304"):
+            assert pid in screen
+        assert "add-workers" in screen and "▲ WARN" in screen
+        assert "GPU: n/a: NVML not found" in screen
+        assert "host 4 cores (cgroup v2 quota 4 cores)" in screen and "/dev/shm free 31 GiB" in screen
+        assert not app.screen.has_class("-wide")
+
+
+@sync
+async def test_wide_layout_uses_big_digits_and_gpu_history():
+    app = make_app([F.data_bound(with_gpu=True)])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        assert app.screen.has_class("-wide")
+        digits = app.screen.query_one("#wait-digits", Digits)
+        assert digits.value == "62" and digits.display and digits.has_class("-bad")
+        rows = [plain(s) for s in app.screen.query(".gpu-summary").results(Static)]
+        assert len(rows) == 2
+        assert "GPU0" in rows[0] and "util  23%" in rows[0] and "9.0 GiB/80 GiB" in rows[0]
+        assert "util  71%" in rows[1]
+        graphs = list(app.screen.query(".gpu-history").results(FixedSparkline))
+        assert graphs[1].values[-1] == F.fake_gpus()[1]["history"][-1]
+
+
+@sync
+async def test_compact_gpu_is_one_line():
+    app = make_app([F.data_bound(with_gpu=True)])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        line = plain(app.screen.query_one("#gpu-line", Static))
+        assert line == "GPU0 util 23% mem 11% · GPU1 util 71% mem 51%"
+        assert not app.screen.query_one("#gpu-rows").display
+
+
+@sync
+async def test_no_gpu_is_one_line_with_reason_and_host_line():
+    app = make_app([F.data_bound()])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        assert plain(app.screen.query_one("#gpu-line", Static)) == "GPU: n/a: NVML not found"
+        host = plain(app.screen.query_one(HostLine))
+        assert "4 usable cores (cgroup v2 quota 4 cores)" in host
+        assert "load 103% of usable" in host and "/dev/shm free 31 GiB" in host
+
+
+@sync
+async def test_hints_panel_shows_message_suggestion_and_evidence():
+    app = make_app([F.data_bound()])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        text = plain(app.screen.query_one(HintsPanel))
+        assert text.index("add-workers") < text.index("enable-persistent-workers")  # warn before info
+        assert "▲ WARN" in text and "ℹ INFO" in text
+        assert "→ set num_workers=6" in text
+        assert "recommended_num_workers=6" in text
+
+
+@sync
+async def test_no_hints_and_waiting_states():
+    source = StaticSource([None])
+    app = make_app(source, interval=FAST)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert "waiting for data" in status(app)
+        assert "waiting for data" in plain(app.screen.query_one(HintsPanel))
+        source.push(F.data_bound(hints=False))
+        await wait_until(pilot, lambda: "no hints" in plain(app.screen.query_one(HintsPanel)))
+
+
+@sync
+async def test_no_jobs_message_names_runtime_dir_and_how_to_start():
+    app = make_app([F.empty()])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        msg = plain(app.screen.query_one("#message", Static))
+        assert "no jobs found in /run/user/1000/dlwatch" in msg
+        assert "import dlwatch.hook" in msg and "dlwatch run -- python train.py" in msg
+        assert "0 jobs" in status(app)
+
+
+@sync
+async def test_status_line_version_jobs_interval_and_time():
+    app = make_app([F.several_jobs()])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        s = status(app)
+        assert s.startswith("dlwatch 0.1.0")
+        assert "4 jobs" in s and "every 0.5 s" in s and "updated 12:00:00" in s
+        assert "STALE" not in s
+
+
+@sync
+async def test_stale_snapshot_is_flagged():
+    app = make_app([F.data_bound()], clock_at=F.T0 + 30)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert "STALE 30s old" in status(app)
+
+
+# ------------------------------------------------------------------ jobs
+
+
+@sync
+async def test_job_appears_then_shows_exited_with_last_figures():
+    source = StaticSource([F.empty()])
+    app = make_app(source, interval=FAST)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        jobs = app.screen.query_one(JobList)
+        assert jobs.row_count == 0
+        source.push(F.data_bound())
+        await wait_until(pilot, lambda: jobs.row_count == 1)
+        assert row_text(jobs, "job:4242")[2] == "live"
+        source.push(F.with_exited(F.data_bound()))
+        await wait_until(pilot, lambda: row_text(jobs, "job:4242")[2] == "exited")
+        assert "EXITED (exit code 0)" in plain(app.screen.query_one("#job-header", Static))
+        assert "62%" in plain(app.screen.query_one("#wait-label", Static))  # last figures kept
+        assert "1 exited" in status(app)
+
+
+@sync
+async def test_ranks_of_one_run_are_grouped_under_an_aggregate_row():
+    app = make_app([F.several_jobs()])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        jobs = app.screen.query_one(JobList)
+        keys = [r.key.value for r in jobs.ordered_rows]
+        assert keys == ["run:a1b2c3:2", "job:5001", "job:5002", "job:4242", "job:6001"]
+        agg = row_text(jobs, "run:a1b2c3:2")
+        assert agg[0].startswith("▾ run ×2")
+        assert "30%" in agg[3]  # mean of 40 % and 20 %
+        assert agg[4].strip() == "21.0"  # 10 + 11 batches/s
+        assert row_text(jobs, "job:5002")[0].strip() == "r1 5002"
+
+
+@sync
+async def test_switching_jobs_with_tab_j_k_and_arrows():
+    app = make_app([F.several_jobs()])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        table = app.screen.query_one(WorkersTable)
+
+        def pids():
+            return [row_text(table, r.key.value)[1] for r in table.ordered_rows]
+
+        assert app.selected_key == "job:5001"  # the aggregate row is not selectable
+        assert pids()[0] == "5101"
+        await pilot.press("tab")
+        assert app.selected_key == "job:5002"
+        await settle(pilot)
+        assert pids()[0] == "5201"
+        assert "rank 1/2" in plain(app.screen.query_one("#job-header", Static))
+        await pilot.press("j")
+        assert app.selected_key == "job:4242"
+        await pilot.press("down")
+        assert app.selected_key == "job:6001"
+        await settle(pilot)
+        assert pids() == ["6101", "6102"]
+        await pilot.press("j")  # wraps
+        assert app.selected_key == "job:5001"
+        await pilot.press("k")
+        assert app.selected_key == "job:6001"
+        await pilot.press("up", "shift+tab")
+        assert app.selected_key == "job:5002"
+        jobs = app.screen.query_one(JobList)
+        assert jobs.cursor_row == 2  # the list's cursor follows the selection
+
+
+@sync
+async def test_selection_survives_refresh_and_falls_back_when_job_goes():
+    source = StaticSource([F.several_jobs()])
+    app = make_app(source, interval=FAST)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("j", "j")
+        assert app.selected_key == "job:4242"
+        snap = F.several_jobs()
+        snap["jobs"][2]["loaders"][0]["batches_per_s"] = 99.0
+        source.push(snap)
+        await wait_until(pilot, lambda: row_text(app.screen.query_one(JobList), "job:4242")[4].strip() == "99.0")
+        assert app.selected_key == "job:4242"
+        gone = F.several_jobs()
+        del gone["jobs"][2]
+        source.push(gone)
+        await wait_until(pilot, lambda: app.selected_key == "job:5001")
+
+
+@sync
+async def test_dismiss_exited_job_only():
+    source = StaticSource([F.with_exited(F.several_jobs(), 4242)])
+    app = make_app(source, interval=FAST)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("d")  # 5001 is live
+        assert source.dismissed == set()
+        await pilot.press("j", "j")
+        assert app.selected_key == "job:4242"
+        await pilot.press("d")
+        await settle(pilot)
+        assert source.dismissed == {4242}
+        jobs = app.screen.query_one(JobList)
+        assert "job:4242" not in [r.key.value for r in jobs.ordered_rows]
+        assert app.selected_key == "job:5001"
+
+
+# ------------------------------------------------------------------ in-place updates
+
+
+@sync
+async def test_workers_table_is_updated_in_place_by_key():
+    source = StaticSource([F.data_bound()])
+    app = make_app(source, interval=FAST)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        table = app.screen.query_one(WorkersTable)
+        keys_before = [r.key for r in table.ordered_rows]
+
+        def no_clear(*a, **k):
+            raise AssertionError("the workers table must not be cleared")
+
+        table.clear = no_clear
+        snap = F.data_bound()
+        workers = snap["jobs"][0]["loaders"][0]["workers"]
+        workers[0]["cpu_percent"] = 12.0
+        workers[3]["pid"] = 4399  # respawned worker 3
+        workers.append(F.worker(4, 4305))
+        source.push(snap)
+        await wait_until(pilot, lambda: table.row_count == 5)
+        keys_after = [r.key for r in table.ordered_rows]
+        assert keys_after[:3] == keys_before[:3]
+        assert row_text(table, keys_after[0].value)[2].endswith("12%")
+        assert [row_text(table, k.value)[1] for k in keys_after] == ["4301", "4302", "4303", "4399", "4305"]
+        loaders = app.screen.query(LoaderPanel)
+        assert len(loaders) == 1
+
+
+@sync
+async def test_loader_panels_follow_the_number_of_loaders():
+    source = StaticSource([F.data_bound()])
+    app = make_app(source, interval=FAST)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        snap = F.data_bound()
+        snap["jobs"][0]["loaders"].append(F.loader(1, workers=[], wait=0.0, bps=0.0, active=False))
+        source.push(snap)
+        await wait_until(pilot, lambda: len(app.screen.query(LoaderPanel)) == 2)
+        await settle(pilot)
+        second = list(app.screen.query(LoaderPanel))[1]
+        assert "loader 1" in plain(second.query_one("#loader-title", Static))
+        assert "num_workers=0" in plain(second.query_one("#no-workers", Static))
+        assert "n/a" in plain(second.query_one("#loader-queue", Static))
+        source.push(F.data_bound())
+        await wait_until(pilot, lambda: len(app.screen.query(LoaderPanel)) == 1)
+
+
+# ------------------------------------------------------------------ keys
+
+
+@sync
+async def test_pause_stops_display_updates_and_resume_catches_up():
+    source = StaticSource([F.data_bound()])
+    app = make_app(source, interval=FAST)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("p")
+        assert app.paused and "PAUSED" in status(app)
+        changed = F.data_bound()
+        changed["jobs"][0]["loaders"][0]["data_wait_fraction"] = 0.05
+        source.push(changed)
+        calls = source.calls
+        await pilot.pause(0.3)
+        assert source.calls == calls  # the app stopped asking
+        assert "62%" in plain(app.screen.query_one("#wait-label", Static))
+        await pilot.press("j")  # switching jobs still works while paused
+        await pilot.press("p")
+        await settle(pilot)
+        assert not app.paused and "PAUSED" not in status(app)
+        assert "5%" in plain(app.screen.query_one("#wait-label", Static))
+
+
+@sync
+async def test_s_saves_svg_screenshot_in_cwd(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    app = make_app([F.data_bound()])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("s")
+        await settle(pilot)
+        files = list(tmp_path.glob("*.svg"))
+        assert len(files) == 1
+        assert "<svg" in files[0].read_text(encoding="utf-8")
+        assert any(str(files[0].name) in n.message for n in app._notifications)
+
+
+@sync
+async def test_question_mark_opens_help_and_escape_closes():
+    app = make_app([F.data_bound()])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("question_mark")
+        await settle(pilot)
+        assert isinstance(app.screen, HelpScreen)
+        text = plain(app.screen.query_one("#help-text", Static))
+        for key in ("tab", "j", "k", "p", "s", "d", "q", "ctrl+p"):
+            assert key in text
+        await pilot.press("q")  # closes help, does not quit
+        await settle(pilot)
+        assert not isinstance(app.screen, HelpScreen)
+        assert app.is_running
+
+
+@sync
+async def test_q_quits():
+    source = StaticSource([F.data_bound()])
+    app = make_app(source)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert source.started
+        await pilot.press("q")
+        await settle(pilot)
+        assert not app.is_running
+    assert source.stopped
+
+
+@sync
+async def test_command_palette_offers_the_same_actions():
+    app = make_app([F.data_bound()])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        for title in ("Pause / resume", "Save screenshot", "Next job", "Previous job",
+                      "Dismiss exited job", "Keys", "Quit"):
+            assert title in titles
+        assert titles.count("Keys") == 1
+        command = next(c for c in app.get_system_commands(app.screen) if c.title == "Pause / resume")
+        command.callback()
+        assert app.paused
+
+
+@sync
+async def test_keys_are_plain_text_in_the_command_palette():
+    app = make_app([F.several_jobs()])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("ctrl+p")
+        await settle(pilot)
+        await pilot.press("j", "k")
+        assert app.selected_key == "job:5001"  # typed into the palette, not job switching
+        await pilot.press("escape")
+
+
+# ------------------------------------------------------------------ robustness
+
+
+@sync
+async def test_malformed_snapshot_renders_na_and_never_raises():
+    app = make_app([F.malformed()])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert app.errors == {}
+        for _ in range(6):
+            await pilot.press("tab")
+            await settle(pilot, 1)
+        assert app.errors == {}
+        assert "updated n/a" in status(app)
+        assert "GPU: n/a" in plain(app.screen.query_one("#gpu-line", Static))
+        assert "host n/a cores" in plain(app.screen.query_one(HostLine))
+    async with make_app([F.malformed()]).run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        assert pilot.app.errors == {}
+
+
+@pytest.mark.parametrize("snap", [
+    {}, {"jobs": None}, {"jobs": "x"}, {"jobs": [{"pid": 1, "loaders": [{"workers": [{}]}]}]},
+    {"jobs": [{"pid": 1, "loaders": [{"history": {"data_wait_fraction": [None, "x", 2.0, -1]},
+                                      "queue": {"ready": "a", "in_flight": None, "capacity": 0}}]}],
+     "gpu_status": "ok", "gpus": [{"util_percent": "x", "mem_total_bytes": 0, "history": None}],
+     "host": None, "hints": "nope"},
+])
+@sync
+async def test_partial_snapshots_render(snap):
+    for size in ((80, 24), (120, 40)):
+        app = make_app([snap])
+        async with app.run_test(size=size) as pilot:
+            await settle(pilot)
+            assert app.errors == {}
+
+
+@sync
+async def test_formatting_error_becomes_a_status_line_not_a_traceback(monkeypatch):
+    def boom(*args, **kwargs):
+        raise ValueError("bad figure")
+
+    monkeypatch.setattr(HintsPanel, "show", boom)
+    app = make_app([F.data_bound()])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        error = plain(app.screen.query_one("#error", Static))
+        assert "could not draw hints: ValueError: bad figure" in error
+        assert "62%" in plain(app.screen.query_one("#wait-label", Static))  # the rest still drawn
+        assert app.is_running
+
+
+@sync
+async def test_source_errors_are_shown_and_not_raised():
+    class Broken(StaticSource):
+        def latest(self):
+            raise RuntimeError("socket gone")
+
+        def start(self):
+            raise OSError("no runtime dir")
+
+    app = make_app(Broken())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert "socket gone" in status(app)
+        assert app.is_running
+
+
+@sync
+async def test_non_dict_snapshot_is_ignored():
+    app = make_app(StaticSource([["not", "a", "dict"]]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert "not a snapshot" in status(app)
+
+
+# ------------------------------------------------------------------ pure parts
+
+
+def test_fixed_scale_sparkline_draws_constant_high_value_high():
+    rows = fmt.sparkline_rows([95.0] * 10, width=10, height=1)
+    assert "".join(ch for ch, _ in rows[0]) == "█" * 10
+    rows = fmt.sparkline_rows([0.0, 50.0, 100.0], width=5, height=1)
+    assert "".join(ch for ch, _ in rows[0]) == "  ▁▄█"
+    rows = fmt.sparkline_rows([100.0, 50.0], width=2, height=2)
+    assert ["".join(c for c, _ in r) for r in rows] == ["█ ", "██"]
+    assert fmt.sparkline_rows([None, "x"], width=2)[0] == [(" ", None), (" ", None)]
+
+
+def test_formatters_return_na_for_missing_numbers():
+    for f in (fmt.pct, fmt.pct100, fmt.ms, fmt.rate, fmt.count, fmt.size, fmt.duration):
+        assert f(None) == "n/a"
+        assert f("12") == "n/a"
+        assert f(float("nan")) == "n/a"
+    assert fmt.pct(0.621) == "62%"
+    assert fmt.size(1536) == "1.5 KiB" and fmt.size(31 * F.GIB) == "31 GiB"
+    assert fmt.ms(0.7) == "0.70 ms" and fmt.ms(1840) == "1.84 s"
+    assert fmt.wait_level(0.05) == fmt.GOOD and fmt.wait_level(0.2) == fmt.WARN
+    assert fmt.wait_level(0.31) == fmt.BAD and fmt.wait_level(None) is None
+    assert str(fmt.bar(0.5, 4)) == "██░░" and str(fmt.bar(3.0, 2)) == "██"
+    assert str(fmt.queue_bar(2, 1, 4, 4)) == "██▒░"
+    assert str(fmt.queue_bar(None, None, None, 4)) == "n/a"
+
+
+def test_group_jobs_keeps_incomplete_runs_and_ignores_garbage():
+    jobs = F.several_jobs()["jobs"]
+    rows = group_jobs([None, "x"] + jobs[1:])  # rank 0 missing
+    assert [r.key for r in rows] == ["run:a1b2c3:2", "job:5002", "job:4242", "job:6001"]
+    assert rows[0].kind == "run" and len(rows[0].jobs) == 1
+
+
+def test_static_source_serves_in_order_and_hides_dismissed():
+    a, b = F.data_bound(), F.several_jobs()
+    src = StaticSource([a, b], advance=True)
+    assert isinstance(src, Source)
+    assert src.latest() is a
+    assert src.latest() is b
+    assert src.latest() is b
+    src.dismiss(4242)
+    assert 4242 not in [j["pid"] for j in src.latest()["jobs"]]
+    assert StaticSource().latest() is None
+
+
+def test_replay_source_plays_jsonl_and_skips_bad_lines(tmp_path):
+    path = tmp_path / "rec.jsonl"
+    first, second = F.data_bound(), F.with_exited(F.data_bound())
+    path.write_text(json.dumps(first) + "\n{truncated\n\n[1]\n" + json.dumps(second) + "\n", encoding="utf-8")
+    src = ReplaySource(str(path), period=0.01)
+    assert len(src) == 2 and src.skipped == 2
+    assert src.latest() is None
+    src.start()
+    try:
+        assert src.latest() is not None
+        import time
+        deadline = time.monotonic() + 2
+        while src.latest()["jobs"][0]["state"] != "exited" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert src.latest()["jobs"][0]["state"] == "exited"
+        src.dismiss(4242)
+        assert src.latest()["jobs"] == []
+    finally:
+        src.stop()
+
+
+def test_run_tui_returns_exit_code(monkeypatch):
+    ran = {}
+
+    def fake_run(self, *args, **kwargs):
+        ran["interval"] = self.interval
+
+    monkeypatch.setattr(DlwatchApp, "run", fake_run)
+    assert run_tui(StaticSource([F.data_bound()]), interval=0.25) == 0
+    assert ran["interval"] == 0.25
+
+
+def test_replay_entry_point(tmp_path, monkeypatch):
+    from dlwatch.tui import __main__ as replay
+
+    assert replay.main([str(tmp_path / "missing.jsonl")]) == 1
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n", encoding="utf-8")
+    assert replay.main([str(empty)]) == 1
+    rec = tmp_path / "rec.jsonl"
+    rec.write_text(json.dumps(F.data_bound()) + "\n", encoding="utf-8")
+    seen = {}
+    monkeypatch.setattr(replay, "run_tui", lambda source, interval: seen.update(n=len(source), i=interval) or 0)
+    assert replay.main([str(rec), "--interval", "1"]) == 0
+    assert seen == {"n": 1, "i": 1.0}
+
+
+def test_fixtures_are_fresh_copies():
+    a = F.data_bound()
+    a["jobs"].clear()
+    assert F.data_bound()["jobs"]
+    assert copy.deepcopy(F.several_jobs()) == F.several_jobs()

@@ -1,0 +1,62 @@
+"""SVG snapshot tests of the TUI at the design's floor (80×24) and a roomy
+terminal (120×40). Everything on screen is fixed: data from tui_fixtures, a
+fixed clock and time format, a fixed version string.
+
+Regenerate after an intended change with
+    .venv/bin/pytest tests/test_tui_snapshots.py --snapshot-update
+and look at the SVGs under tests/__snapshots__/ before committing them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import tui_fixtures as F
+from tests.tui_fixtures import make_app
+
+SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((120, 40), id="120x40")]
+
+
+async def settle(pilot) -> None:
+    # Loader panels and GPU rows mount one refresh after the first snapshot.
+    for _ in range(4):
+        await pilot.pause()
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_no_gpu(snap_compare, size):
+    assert snap_compare(make_app([F.data_bound()]), terminal_size=size, run_before=settle)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_fake_gpu(snap_compare, size):
+    assert snap_compare(make_app([F.data_bound(with_gpu=True)]), terminal_size=size, run_before=settle)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_several_jobs(snap_compare, size):
+    assert snap_compare(make_app([F.several_jobs()]), terminal_size=size, run_before=settle)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_exited_job_selected(snap_compare, size):
+    async def select_exited(pilot):
+        await settle(pilot)
+        await pilot.press("j", "j")
+        await settle(pilot)
+
+    app = make_app([F.with_exited(F.several_jobs(), 4242)])
+    assert snap_compare(app, terminal_size=size, run_before=select_exited)
+
+
+def test_no_jobs(snap_compare):
+    assert snap_compare(make_app([F.empty()]), terminal_size=(80, 24), run_before=settle)
+
+
+def test_help_screen(snap_compare):
+    async def open_help(pilot):
+        await settle(pilot)
+        await pilot.press("question_mark")
+        await settle(pilot)
+
+    assert snap_compare(make_app([F.data_bound()]), terminal_size=(80, 24), run_before=open_help)
