@@ -89,7 +89,8 @@ class FrameDecoder:
         if len(line) + 1 > self.limit:
             return WireError(f"frame exceeds the {self.limit}-byte limit")
         try:
-            msg = json.loads(line.decode("utf-8"), parse_constant=_reject_constant)
+            msg = json.loads(line.decode("utf-8"), parse_constant=_reject_constant,
+                             parse_float=_finite_float)
         except (UnicodeDecodeError, ValueError, RecursionError) as e:
             return WireError(f"malformed frame: {_short(e)}")
         try:
@@ -100,6 +101,13 @@ class FrameDecoder:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if v != v or v in (float("inf"), float("-inf")):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return v
 
 
 def _short(e: BaseException) -> str:
@@ -121,6 +129,7 @@ _DICT = (dict,)
 
 HELLO_CLIENT = {"protocol": _INT}
 HELLO_SERVER = {"protocol": _INT, "job": _DICT}
+HELLO_SERVER_OPTIONAL = {"history": _INT}
 JOB = {"pid": _INT, "cmdline": _STR}
 JOB_OPTIONAL = {
     "rank": _INT, "local_rank": _INT, "world_size": _INT, "torch_version": _STR,
@@ -139,6 +148,7 @@ LOADER_OPTIONAL = {
 }
 QUEUE_OPTIONAL = {"ready": _INT, "in_flight": _INT, "capacity": _INT}
 WORKER = {"id": _INT, "pid": _INT, "batches": _INT, "fetch_ns": _INT, "busy_ns": _INT}
+WORKER_OPTIONAL = {"started_ns": _INT}
 ERROR = {"message": _STR}
 
 
@@ -169,7 +179,7 @@ def validate(msg: Any) -> dict[str, Any]:
     kind = msg.get("type")
     if kind == "hello":
         if "job" in msg:
-            _check(msg, HELLO_SERVER, None, "hello")
+            _check(msg, HELLO_SERVER, HELLO_SERVER_OPTIONAL, "hello")
             _check(msg["job"], JOB, JOB_OPTIONAL, "hello.job")
         else:
             _check(msg, HELLO_CLIENT, None, "hello")
@@ -179,7 +189,7 @@ def validate(msg: Any) -> dict[str, Any]:
             _check(ld, LOADER, LOADER_OPTIONAL, f"window.loaders[{i}]")
             _check(ld["queue"], {}, QUEUE_OPTIONAL, f"window.loaders[{i}].queue")
             for j, w in enumerate(ld["workers"]):
-                _check(w, WORKER, None, f"window.loaders[{i}].workers[{j}]")
+                _check(w, WORKER, WORKER_OPTIONAL, f"window.loaders[{i}].workers[{j}]")
     elif kind == "error":
         _check(msg, ERROR, None, "error")
     else:

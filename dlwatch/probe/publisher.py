@@ -124,7 +124,7 @@ class Publisher:
         self._seq = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._hello: bytes | None = None
+        self._job: dict = {}
         self._last_rebind_check = 0.0
         self.frames_built = 0
         self.clients_dropped = 0
@@ -134,9 +134,7 @@ class Publisher:
     def open(self) -> None:
         self.directory = rundir.ensure_dir(self.directory or rundir.runtime_dir())
         self._bind()
-        self._hello = wire.encode({
-            "type": "hello", "protocol": wire.PROTOCOL_VERSION, "job": job_identity(),
-        })
+        self._job = job_identity()
 
     def _bind(self) -> None:
         path = rundir.socket_path(self.directory, os.getpid())
@@ -144,13 +142,10 @@ class Publisher:
             os.unlink(path)  # a stale socket of a dead process with our pid
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            # Bind with a private umask window: the socket is never, even
-            # briefly, connectable by others.
-            old = os.umask(0o177)
-            try:
-                sock.bind(path)
-            finally:
-                os.umask(old)
+            # No umask games (the umask is process-wide and the training code
+            # runs other threads): the directory is 0700, so nobody else can
+            # reach the socket in the moment before the chmod.
+            sock.bind(path)
             os.chmod(path, 0o600)
             sock.listen(16)
             sock.setblocking(False)
@@ -340,11 +335,24 @@ class Publisher:
             return
         c.greeted = True
         want = msg.get("history_frames")
-        n = len(self._history)
+        history = list(self._history)
         if isinstance(want, int) and not isinstance(want, bool) and want >= 0:
-            n = min(n, want)
-        self._queue(c, self._hello)
-        for frame in list(self._history)[len(self._history) - n:]:
+            history = history[len(history) - min(len(history), want):]
+        # Replay only the newest frames that fit in half the backlog: a big
+        # history must not get a client that reads normally dropped at once.
+        budget, keep = MAX_CLIENT_BACKLOG // 2, 0
+        for frame in reversed(history):
+            if budget - len(frame) < 0:
+                break
+            budget -= len(frame)
+            keep += 1
+        history = history[len(history) - keep:]
+        hello = {"type": "hello", "protocol": wire.PROTOCOL_VERSION, "job": self._job,
+                 "history": len(history)}
+        self._queue(c, wire.encode(hello))
+        for frame in history:
+            if c.closing:
+                break
             self._queue(c, frame)
 
     def _fail(self, c: _Client, message: str) -> None:
@@ -358,8 +366,11 @@ class Publisher:
         self._drop(c)
 
     def _queue(self, c: _Client, data: bytes) -> None:
+        if c.closing:
+            return
         if len(c.out) + len(data) > MAX_CLIENT_BACKLOG:
             self.clients_dropped += 1
+            c.closing = True
             self._drop(c)
             return
         c.out += data
@@ -368,7 +379,9 @@ class Publisher:
     def _flush(self, c: _Client) -> None:
         try:
             while c.out:
-                n = c.sock.send(c.out)
+                # MSG_NOSIGNAL: a monitor that hung up must never SIGPIPE a
+                # job that restored SIGPIPE's default action.
+                n = c.sock.send(c.out, socket.MSG_NOSIGNAL)
                 if n <= 0:
                     break
                 del c.out[:n]

@@ -41,7 +41,7 @@ class LoaderStats:
         self.wait_ns = 0  # completed time blocked in __next__
         self.step_ns = 0  # completed time between batches (the loop's work)
         self.teardown_ns = 0  # __next__ calls that ended the epoch
-        self.t_enter = 0  # clock at entry of an unfinished __next__, else 0
+        self.t_enter = 0  # clock at the last entry into __next__ (in progress if > t_last)
         self.t_last = 0  # clock when the last batch was returned; 0 between epochs
         self.epoch_t0 = 0
         self.first_pending = False
@@ -76,6 +76,7 @@ class LoaderStats:
         if self.epoch_t0:
             self.epoch_ms.append((t0 - self.epoch_t0) / 1e6)
         self.t_last = 0
+        self.t_enter = 0
         self.epoch_t0 = 0
         self.first_pending = False
 
@@ -86,9 +87,9 @@ class LoaderStats:
         step = self.step_ns
         t_enter = self.t_enter
         t_last = self.t_last
-        if t_enter and t_enter <= now_ns:
+        if t_enter > t_last and t_enter <= now_ns:  # inside __next__
             wait += now_ns - t_enter
-        elif t_last and t_last <= now_ns:
+        elif t_last and t_last <= now_ns:  # between batches: the loop's work
             step += now_ns - t_last
         it = self.iter_ref() if self.iter_ref is not None else None
         workers = []

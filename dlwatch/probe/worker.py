@@ -26,7 +26,8 @@ NFIELDS = 5
 # This process's row, set when the hook runs in a worker. Module globals so the
 # patched fetch reaches them with two dictionary lookups.
 _row = None  # memoryview of int64, or None outside a worker
-_base = 0
+# Absolute indices of this worker's fields, computed once (saves an add per access).
+_i_batches = _i_fetch = _i_cur = 0
 _patched = False
 
 
@@ -74,7 +75,7 @@ class WorkerHook:
 
 
 def activate(slots, worker_id: int) -> None:
-    global _row, _base
+    global _row, _i_batches, _i_fetch, _i_cur
     row = as_int64_view(slots)
     base = worker_id * NFIELDS
     if base + NFIELDS > len(row):
@@ -83,7 +84,8 @@ def activate(slots, worker_id: int) -> None:
     row[base + CUR_START_NS] = 0
     if not row[base + STARTED_NS]:
         row[base + STARTED_NS] = _clock()
-    _row, _base = row, base
+    _i_batches, _i_fetch, _i_cur = base + BATCHES, base + FETCH_NS, base + CUR_START_NS
+    _row = row
     _patch_fetchers()
 
 
@@ -106,19 +108,19 @@ def _timed(orig):
         row = _row
         if row is None:
             return orig(self, possibly_batched_index)
-        b = _base
+        cur = _i_cur
         t0 = _clock()
-        row[b + CUR_START_NS] = t0
+        row[cur] = t0
         try:
             data = orig(self, possibly_batched_index)
         except BaseException:
             # StopIteration ends an IterableDataset: time spent, no batch.
-            row[b + FETCH_NS] += _clock() - t0
-            row[b + CUR_START_NS] = 0
+            row[_i_fetch] += _clock() - t0
+            row[cur] = 0
             raise
-        row[b + FETCH_NS] += _clock() - t0
-        row[b + CUR_START_NS] = 0
-        row[b + BATCHES] += 1
+        row[_i_fetch] += _clock() - t0
+        row[cur] = 0
+        row[_i_batches] += 1
         return data
 
     fetch._dlwatch_orig = orig
