@@ -128,8 +128,13 @@ def truth_in_window(batches: list, start: int, end: int) -> dict:
 
 
 def worker_truth(spans: list, start: int, end: int, batch_size: int) -> dict:
-    """A worker's own measure: busy fraction over the window from its sample
-    spans, and its mean sample time x batch size over the whole run."""
-    busy = sum(overlap(a, b, start, end) for a, b in spans) / (end - start)
-    mean = sum(b - a for a, b in spans) / len(spans) / 1e6 if spans else None
-    return {"busy_fraction": busy, "fetch_ms": mean * batch_size if mean else None}
+    """A worker's own measure over the window: its samples' spans grouped into
+    batches (a worker fetches a batch's samples one after another), the busy
+    fraction as the batches' overlap with the window, and the mean batch time
+    of the batches that ended inside it."""
+    batches = [(spans[i][0], spans[i + batch_size - 1][1])
+               for i in range(0, len(spans) - batch_size + 1, batch_size)]
+    busy = sum(overlap(a, b, start, end) for a, b in batches) / (end - start)
+    inside = [b - a for a, b in batches if start < b <= end]
+    return {"busy_fraction": busy,
+            "fetch_ms": sum(inside) / len(inside) / 1e6 if inside else None}
