@@ -295,9 +295,9 @@ CASES = [
     # main-loop-cpu-bound
     ("main loop fires", one(job_kw={"main_thread_cpu": 98.0}, gpus=[gpu(util=30.0)]),
      "main-loop-cpu-bound", True),
-    ("main loop silent at 89 % thread CPU", one(job_kw={"main_thread_cpu": 89.0}, gpus=[gpu(util=30.0)]),
+    ("main loop silent at 79 % thread CPU", one(job_kw={"main_thread_cpu": 79.0}, gpus=[gpu(util=30.0)]),
      "main-loop-cpu-bound", False),
-    ("main loop at exactly 90 %", one(job_kw={"main_thread_cpu": 90.0}, gpus=[gpu(util=30.0)]),
+    ("main loop at exactly 80 %", one(job_kw={"main_thread_cpu": 80.0}, gpus=[gpu(util=30.0)]),
      "main-loop-cpu-bound", True),
     ("main loop silent when GPU busy", one(job_kw={"main_thread_cpu": 98.0}, gpus=[gpu(util=50.0)]),
      "main-loop-cpu-bound", False),
