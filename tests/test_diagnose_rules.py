@@ -323,7 +323,7 @@ CASES = [
     ("headroom fires", one(loader(nw=8, ready=16, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0))),
      "pipeline-has-headroom", True),
     ("headroom silent when queue not full",
-     one(loader(nw=8, ready=14, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0))),
+     one(loader(nw=8, ready=10, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0))),
      "pipeline-has-headroom", False),
     ("headroom at 90 % queue",
      one(loader(nw=8, capacity=10, ready=9, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0))),
@@ -332,7 +332,7 @@ CASES = [
      one(loader(nw=8, ready=16, worker_kw=dict(busy=0.3, cpu=30.0, fetch_ms=5.0))),
      "pipeline-has-headroom", False),
     ("headroom silent when waiting",
-     one(loader(nw=8, ready=16, wait=0.03, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0))),
+     one(loader(nw=8, ready=16, wait=0.06, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0))),
      "pipeline-has-headroom", False),
     ("headroom silent, queue unknown",
      one(loader(nw=8, ready=None, capacity=None, queue={"ready": None, "in_flight": None, "capacity": None},
@@ -646,3 +646,22 @@ def test_format_hints():
     assert "→ set num_workers=4 in DataLoader(...)" in text
     assert "recommended_num_workers=4" in text and "worker_ms_per_batch=40" in text
     assert format_hints([]).startswith("No hints")
+
+
+def test_add_workers_counts_the_main_loops_measured_cpu():
+    # A trainer waiting on its GPU (10 % of a core) leaves 1.9 of 2 cores:
+    # a second worker fits; Little's law (40 ms vs 10 ms) stays in evidence.
+    snap = one(cpu_bound_loader(nw=1), job_kw={"main_cpu": 10.0}, usable=2.0)
+    ev = get(evaluate(snap), "add-workers")["evidence"]
+    assert ev["recommended_num_workers"] == 2 and ev["little_law_workers"] == 4
+
+
+def test_run_queue_wait_counts_as_cpu_demand_not_io():
+    # 6 workers on 2 cores each get a third of a core and wait in the run
+    # queue the rest of their busy time: starved, not off-CPU on storage.
+    workers = dict(cpu=30.0, busy=0.95, fetch_ms=40.0, runqueue_percent=60.0)
+    snap = one(loader(nw=6, wait=0.5, step_ms=10.0, worker_ms=40.0, worker_kw=workers),
+               job_kw={"main_cpu": 10.0}, usable=2.0)
+    found = ids(evaluate(snap))
+    assert "workers-oversubscribe-cores" in found
+    assert not found & {"io-bound", "add-workers", "cpu-bound-preprocessing"}

@@ -202,6 +202,12 @@ def _frozen_keys(ctx: Context, tracks: Mapping[tuple[int, int], LoaderTrack]) ->
     return frozen
 
 
+# When cores are oversubscribed, per-loader advice about the worker count is
+# measured on starved workers: fix the oversubscription first, one hint at a time.
+OVERSUBSCRIPTION = ("workers-oversubscribe-cores", "worker-thread-oversubscription")
+SUPERSEDED_BY_OVERSUBSCRIPTION = frozenset({"add-workers", "io-bound", "cpu-bound-preprocessing"})
+
+
 def _run_rules(ctx: Context) -> tuple[dict, dict]:
     """All candidates keyed by hint key, plus rule errors (a buggy rule must
     not take the monitor down; its error is kept in the state for tests/logs)."""
@@ -213,7 +219,16 @@ def _run_rules(ctx: Context) -> tuple[dict, dict]:
                 fired[(h["id"], h["job_pid"], h["loader_id"])] = h
         except Exception as e:  # noqa: BLE001 - see docstring
             errors[rid] = f"{type(e).__name__}: {e}"
-    return fired, errors
+    return _precedence(fired), errors
+
+
+def _precedence(fired: dict) -> dict:
+    host_wide = any(k[0] == OVERSUBSCRIPTION[0] for k in fired)
+    threaded = {(k[1], k[2]) for k in fired if k[0] == OVERSUBSCRIPTION[1]}
+    if not host_wide and not threaded:
+        return fired
+    return {k: h for k, h in fired.items()
+            if not (k[0] in SUPERSEDED_BY_OVERSUBSCRIPTION and (host_wide or (k[1], k[2]) in threaded))}
 
 
 def _sorted(hints: list[dict]) -> list[dict]:

@@ -63,6 +63,13 @@ def median(values: Iterable[float]) -> float | None:
     return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
 
 
+def whole_cores(free: float) -> int:
+    """Workers that fit in ``free`` cores: a main loop using a tenth of a core
+    should not cost the loader a whole worker (1.9 -> 2), half a core should
+    (3.5 -> 3)."""
+    return max(0, math.floor(free + 0.25))
+
+
 def ceil_ratio(a: float, b: float) -> int:
     # 0.7 / 0.1 is 6.999999999999999 and 0.3 / 0.1 is 2.9999999999999996 in
     # binary floating point: a tolerance keeps exact ratios exact (40/10 -> 4).
@@ -127,6 +134,8 @@ class LoaderView:
     cpu_mean: float | None        # mean worker CPU in cores (1.0 = one core)
     cpu_missing: int              # live workers without a CPU figure
     cpu_sum: float                # cores the workers use now (missing count 0)
+    rq_sum: float                 # cores' worth of time the workers spent runnable but not
+                                  # running (run-queue wait: starved of CPU), 0 when unknown
     worker_ms: float | None       # fetch time per batch in one worker
     step_ms: float | None         # loop compute time per batch
 
@@ -141,15 +150,20 @@ class LoaderView:
 
     @property
     def cpu_share_of_busy(self) -> float | None:
-        """How much of a worker's busy time is spent on a CPU.
+        """How much of a worker's busy time it wants a CPU for.
 
         ~1: CPU-bound (decoding, augmentation); well below 1: the worker is
         "busy" inside ``fetch`` but sleeping on storage, network or locks.
         Above 1 means the worker runs several threads at once: CPU-bound too.
+        Time spent runnable but waiting for a core (run-queue wait, from
+        /proc/PID/schedstat) counts as CPU demand: a worker starved by
+        oversubscribed cores is not waiting on storage, and more workers
+        would make it worse.
         """
         if self.busy_mean is None or self.cpu_mean is None or self.busy_mean <= 0:
             return None
-        return self.cpu_mean / self.busy_mean
+        n = max(1, len(self.workers))
+        return (self.cpu_mean + self.rq_sum / n) / self.busy_mean
 
 
 @dataclass
@@ -176,6 +190,19 @@ class Context:
         # One busy main loop per trainer process: the brief's accounting, and
         # a trainer waiting for data still wakes up for every batch.
         return len(self.live_jobs)
+
+    @property
+    def main_loop_cores(self) -> float:
+        """Cores the trainers' main processes actually use (unknown: a full core).
+
+        A trainer whose step waits on the GPU leaves its core to the workers;
+        counting it as a whole core would cap every recommendation one short.
+        """
+        total = 0.0
+        for job in self.live_jobs:
+            v = num(job.get("main_cpu_percent"))
+            total += 1.0 if v is None else min(1.0, max(0.0, v / PERCENT_PER_CORE))
+        return total
 
     def loaders_of(self, pid: int) -> list[LoaderView]:
         return [lv for lv in self.loaders if lv.pid == pid]
@@ -248,6 +275,7 @@ def build_context(
             workers = live_workers(ld)
             busy = mean(worker_values(workers, "busy_fraction"))
             cpu_vals = worker_values(workers, "cpu_percent")
+            rq_vals = worker_values(workers, "runqueue_percent")
             views.append(LoaderView(
                 job=job, loader=ld, pid=pid, lid=lid,
                 phase=phase_of.get((pid, lid), WARMUP),
@@ -258,6 +286,7 @@ def build_context(
                 cpu_mean=(mean(cpu_vals) / PERCENT_PER_CORE) if cpu_vals else None,
                 cpu_missing=len(workers) - len(cpu_vals),
                 cpu_sum=sum(cpu_vals) / PERCENT_PER_CORE,
+                rq_sum=sum(rq_vals) / PERCENT_PER_CORE,
                 worker_ms=worker_ms_per_batch(ld, workers),
                 step_ms=num(ld.get("step_ms_mean")),
             ))

@@ -39,7 +39,8 @@ def _demand(ctx: Context, loaders) -> tuple[float, int]:
     """Measured cores used by these loaders' workers + all main loops, and how
     many main loops lacked a CPU figure (those count as zero: this sum only
     ever makes a rule fire, so unknown must not push it up)."""
-    total = sum(lv.cpu_sum for lv in loaders)
+    # Run-queue wait counts as demand: workers starved of a core want one.
+    total = sum(lv.cpu_sum + lv.rq_sum for lv in loaders)
     missing = 0
     for job in ctx.live_jobs:
         v = num(job.get("main_cpu_percent"))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from .facts import (
-    Context, LoaderView, ceil_ratio, cores, hint, ms, num, pct, r, worker_values,
+    Context, LoaderView, ceil_ratio, cores, hint, ms, num, pct, r, whole_cores, worker_values,
 )
 
 # Loop time spent waiting for data above which the job is "data-bound". DESIGN §4
@@ -49,10 +49,13 @@ CORES_SATURATED_FRACTION = 0.90
 IO_MAX_RECOMMENDED_WORKERS = 64
 # pipeline-has-headroom: workers busier than this are not "mostly idle" (brief ~0.3).
 HEADROOM_MAX_BUSY = 0.30
-# ... and the loop must practically never wait (≈ 0).
-HEADROOM_MAX_WAIT = 0.02
-# ... and the prefetch queue must be (nearly) full: ready ≥ 90 % of capacity.
-HEADROOM_QUEUE_FULL = 0.90
+# ... and the loop must practically never wait. Not 0: taking a ready batch
+# from the queue costs the loop 1-2 ms of IPC and unpickling (measured with
+# the demo), a few % of a 50 ms step, however fast the workers are.
+HEADROOM_MAX_WAIT = 0.05
+# ... and the prefetch queue mostly full (mean over the window; the loop
+# takes one out at every step, so exactly full is never seen).
+HEADROOM_QUEUE_FULL = 0.75
 # Margin kept when recommending fewer workers: 50 % more than Little's law,
 # so a slower batch or a busy host does not starve the loop right away.
 HEADROOM_SAFETY = 1.5
@@ -65,7 +68,7 @@ def _free_cores_for(ctx: Context, lv: LoaderView) -> float | None:
     CPU that every other loader's workers use now."""
     if ctx.usable_cores is None:
         return None
-    return ctx.usable_cores - ctx.main_loops - ctx.other_workers_cpu(lv)
+    return ctx.usable_cores - ctx.main_loop_cores - ctx.other_workers_cpu(lv)
 
 
 def _workers_cpu_demand(ctx: Context) -> float:
@@ -127,7 +130,7 @@ def rule_no_workers(ctx: Context) -> list[dict]:
             rec = little_workers(wait_ms, lv.step_ms)
             free = _free_cores_for(ctx, lv)
             if free is not None:
-                cap = max(1, math.floor(free + 1e-9))
+                cap = max(1, whole_cores(free))
                 rec = min(rec, cap)
         msg = (f"{lv.title} spends {pct(lv.wait)} of the loop waiting for data "
                f"with num_workers=0: the training loop loads every batch itself")
@@ -172,7 +175,7 @@ def rule_add_workers(ctx: Context) -> list[dict]:
         # time misses IPC/unpickling): one more worker is then the measured
         # next step.
         needed = max(little, nw + 1)
-        cap = math.floor(free + 1e-9)
+        cap = whole_cores(free)
         rec = min(needed, cap)
         if rec <= nw:
             continue  # no whole core free: cpu-bound-preprocessing's case
@@ -247,7 +250,7 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict]:
         free = _free_cores_for(ctx, lv)
         if free is None:
             continue
-        if math.floor(free + 1e-9) > lv.num_workers:
+        if whole_cores(free) > lv.num_workers:
             continue  # a core is free: add-workers applies instead
         demand = _workers_cpu_demand(ctx)
         if demand < CORES_SATURATED_FRACTION * ctx.usable_cores:

@@ -30,6 +30,9 @@ HISTORY_FRAMES = 600  # one minute at 10 Hz
 # buffer without bound (history on attach is ~2 MB at most).
 MAX_CLIENT_BACKLOG = 8 << 20
 HELLO_TIMEOUT_S = 5.0
+# A client whose backlog has not shrunk for this long is stopped or gone
+# (SIGSTOP, a frozen terminal): drop it long before it reaches the backlog cap.
+STALL_TIMEOUT_S = 30.0
 MAX_CLIENTS = 32
 # How often to check that our socket file still exists (someone may have
 # deleted the runtime directory under a long-running job).
@@ -99,7 +102,8 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Client:
-    __slots__ = ("sock", "decoder", "out", "greeted", "t_connect", "closing", "history_frames")
+    __slots__ = ("sock", "decoder", "out", "greeted", "t_connect", "closing", "history_frames",
+                 "t_progress")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -109,6 +113,7 @@ class _Client:
         self.t_connect = time.monotonic()
         self.closing = False
         self.history_frames = HISTORY_FRAMES
+        self.t_progress = self.t_connect  # last time its backlog was empty or shrank
 
 
 class Publisher:
@@ -385,6 +390,7 @@ class Publisher:
                 if n <= 0:
                     break
                 del c.out[:n]
+                c.t_progress = time.monotonic()
         except (BlockingIOError, InterruptedError):
             pass
         except OSError:
@@ -420,6 +426,9 @@ class Publisher:
         for c in list(self._clients.values()):
             if not c.greeted and now - c.t_connect > HELLO_TIMEOUT_S:
                 self._fail(c, f"no hello within {HELLO_TIMEOUT_S:.0f} s")
+            elif c.out and now - c.t_progress > STALL_TIMEOUT_S:
+                self.clients_dropped += 1
+                self._drop(c)
 
     def _check_socket_file(self) -> None:
         try:

@@ -170,6 +170,10 @@ def loader_config(loader, it) -> dict:
         nw = int(getattr(loader, "num_workers", 0) or 0)
         cfg["num_workers"] = nw
         bs = getattr(loader, "batch_size", None)
+        if not isinstance(bs, int):
+            # batch_sampler= (Accelerate's shards, bucketing samplers) leaves
+            # DataLoader.batch_size None; the sampler usually knows.
+            bs = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
         cfg["batch_size"] = bs if isinstance(bs, int) and not isinstance(bs, bool) else None
         cfg["pin_memory"] = bool(getattr(it, "_pin_memory", getattr(loader, "pin_memory", False)))
         cfg["persistent_workers"] = bool(getattr(loader, "persistent_workers", False))

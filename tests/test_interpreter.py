@@ -1,0 +1,318 @@
+"""The probe across the interpreter's life: exit, os._exit, fork, Ctrl-C,
+abandoned iterators, and the frameworks that create loaders for the user
+(Lightning, Accelerate) with ``import dlwatch.hook`` as the only change.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from dlwatch.collect.jobs import JobConnection
+from dlwatch.collect.monitor import take_snapshot
+from tests.e2e_util import dlwatch, short_tmpdir
+
+pytestmark = pytest.mark.slow
+
+HERE = Path(__file__).resolve().parent
+SCEN = HERE / "jobs" / "fault_scenarios.py"
+FRAMEWORKS = HERE / "jobs" / "fault_frameworks.py"
+MONITOR = HERE / "jobs" / "fault_monitor.py"
+
+
+class Proc:
+    """A scenario subprocess with its own runtime dir; reads its stdout lines."""
+
+    def __init__(self, script: Path, *args: str, disable: bool = False, env: dict | None = None,
+                 new_session: bool = False) -> None:
+        self.dir = short_tmpdir()
+        e = dict(os.environ, DLWATCH_DIR=self.dir, PYTHONUNBUFFERED="1")
+        e.pop("DLWATCH_DISABLE", None)
+        if disable:
+            e["DLWATCH_DISABLE"] = "1"
+        e.update(env or {})
+        self.p = subprocess.Popen([sys.executable, str(script), *args], env=e, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  start_new_session=new_session, cwd=str(HERE.parent))
+        self.pid = self.p.pid
+
+    def line(self, prefix: str, timeout: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            r, _, _ = select.select([self.p.stdout], [], [], max(0.0, left))
+            if not r:
+                raise AssertionError(f"no '{prefix}' line within {timeout} s")
+            text = self.p.stdout.readline()
+            if not text:
+                err = self.p.stderr.read() if self.p.poll() is not None else ""
+                raise AssertionError(f"job ended before '{prefix}': {err[-3000:]}")
+            if text.startswith(prefix):
+                return text[len(prefix):].strip()
+
+    def json_line(self, prefix: str, timeout: float = 60.0) -> dict:
+        return json.loads(self.line(prefix, timeout))
+
+    def sock(self, pid: int | None = None) -> str:
+        return os.path.join(self.dir, f"{pid or self.pid}.sock")
+
+    def finish(self, timeout: float = 60.0) -> tuple[int, str, str]:
+        out, err = self.p.communicate(timeout=timeout)
+        return self.p.returncode, out, err
+
+    def cleanup(self) -> None:
+        if self.p.poll() is None:
+            try:
+                if _is_leader(self.pid):
+                    os.killpg(self.pid, signal.SIGKILL)
+                else:
+                    self.p.kill()
+            except ProcessLookupError:
+                pass
+            self.p.wait()
+        import shutil
+
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _is_leader(pid: int) -> bool:
+    try:
+        return os.getpgid(pid) == pid
+    except OSError:
+        return False
+
+
+def wait_path(path: str, present: bool = True, timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if os.path.exists(path) == present:
+            return True
+        time.sleep(0.02)
+    return os.path.exists(path) == present
+
+
+def live_frames(pid: int, path: str, n: int = 3, timeout: float = 5.0) -> JobConnection:
+    c = JobConnection(pid, path)
+    assert c.connect(), c.reason
+    try:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and len(c.frames) < n:
+            select.select([c.sock], [], [], 0.1)
+            c.read()
+        assert c.state == "live" and len(c.frames) >= n, (c.state, c.reason, len(c.frames))
+        assert c.job["pid"] == pid
+        return c
+    finally:
+        c.close()
+
+
+def job_in(snap: dict, pid: int) -> dict:
+    found = [j for j in snap["jobs"] if j["pid"] == pid]
+    assert found, f"job {pid} not in snapshot: {[j['pid'] for j in snap['jobs']]}"
+    return found[0]
+
+
+# --- exit ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("monitor", ["reading", "stopped"])
+def test_exit_with_a_monitor_attached_never_hangs(monitor):
+    job = Proc(SCEN, "exit_attached", "2.0")
+    mon = None
+    try:
+        job.line("ready")
+        mon = subprocess.Popen([sys.executable, str(MONITOR), str(job.pid), job.sock()],
+                               stdout=subprocess.PIPE, text=True)
+        r, _, _ = select.select([mon.stdout], [], [], 15)
+        assert r and mon.stdout.readline().strip() == "live"
+        if monitor == "stopped":
+            os.kill(mon.pid, signal.SIGSTOP)
+        last = int(job.line("last-batch"))
+        rc, _, err = job.finish(timeout=30)
+        exited = time.perf_counter_ns()
+        assert rc == 0, err
+        took = (exited - last) / 1e9
+        print(f"\n[{monitor} monitor] job exited {took:.2f} s after its last batch")
+        # Interpreter shutdown (worker join + publisher close, which waits up to 1 s
+        # for its thread) must stay within a few seconds whatever the monitor does.
+        assert took < 5.0, f"exit took {took:.1f} s with a {monitor} monitor attached"
+        assert not os.path.exists(job.sock()), "socket not removed at exit"
+        if monitor == "reading":
+            assert mon.stdout.readline().strip().startswith("ended"), "monitor not told"
+    finally:
+        if mon is not None:
+            mon.kill()
+            mon.wait()
+            mon.stdout.close()
+        job.cleanup()
+
+
+def test_os_exit_leaves_a_stale_socket_that_ls_cleans_up():
+    job = Proc(SCEN, "os_exit")
+    try:
+        job.line("ready")
+        rc, _, err = job.finish(timeout=30)
+        assert rc == 0, err
+        assert os.path.exists(job.sock()), "os._exit skips atexit: the file stays"
+        r = dlwatch("ls", "--json", runtime_dir=job.dir)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["jobs"] == []
+        assert not os.path.exists(job.sock()), "dlwatch ls must remove the stale socket"
+        assert "Traceback" not in r.stderr
+    finally:
+        job.cleanup()
+
+
+# --- fork ---------------------------------------------------------------------------------------
+
+def test_fork_after_iterating_child_gets_its_own_socket():
+    job = Proc(SCEN, "fork", "80")
+    try:
+        ids = job.json_line("ready")
+        parent, child = ids["parent"], ids["child"]
+        assert parent == job.pid and child != parent
+        assert wait_path(job.sock(child), timeout=15), "the child never got its own socket"
+        c_child = live_frames(child, job.sock(child))
+        assert any(ld["batches"] > 0 for ld in c_child.frames[-1]["loaders"])
+        # The child's registry starts empty: only its own loader, numbered afresh.
+        assert [ld["id"] for ld in c_child.frames[-1]["loaders"]] == [0]
+        assert len(c_child.frames[-1]["loaders"][0]["workers"]) == 2
+        c_parent = live_frames(parent, job.sock(parent))
+        assert c_parent.frames[-1]["loaders"][0]["batches"] >= 10
+        done = job.json_line("child-done", timeout=60)
+        assert done["batches"] == 80
+        assert job.line("child-exit") == "0"
+        # The child's exit removed its own socket and left the parent's alone.
+        assert wait_path(job.sock(child), present=False, timeout=5)
+        assert os.path.exists(job.sock(parent))
+        c2 = live_frames(parent, job.sock(parent))
+        assert c2.frames[-1]["loaders"][0]["batches"] > c_parent.frames[-1]["loaders"][0]["batches"]
+        job.line("parent-done")
+        rc, _, err = job.finish()
+        assert rc == 0, err
+        assert os.listdir(job.dir) == []
+    finally:
+        job.cleanup()
+
+
+# --- Ctrl-C ----------------------------------------------------------------------------------------
+
+def _interrupt(disable: bool) -> tuple[int, str, str, list, list]:
+    job = Proc(SCEN, "sigint", disable=disable, new_session=True)
+    try:
+        job.line("ready")
+        kids = [p.pid for p in psutil.Process(job.pid).children(recursive=True)]
+        time.sleep(0.3)  # mid-epoch, workers busy
+        os.killpg(job.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        rc, out, err = job.finish(timeout=30)
+        left = os.listdir(job.dir)
+        alive = [k for k in kids if psutil.pid_exists(k)
+                 and psutil.Process(k).status() != psutil.STATUS_ZOMBIE]
+        return rc, out, err, left, alive
+    finally:
+        job.cleanup()
+
+
+def test_ctrl_c_with_two_workers_behaves_as_without_the_hook():
+    rc0, out0, err0, _, alive0 = _interrupt(disable=True)
+    rc1, out1, err1, left1, alive1 = _interrupt(disable=False)
+    assert rc0 == 130 and "interrupted cleanly" in out0, (rc0, out0, err0)
+    assert (rc1, out1) == (rc0, out0)
+    assert "Traceback" not in err1 and "dlwatch" not in err1, err1
+    assert left1 == [], "the socket must be removed after Ctrl-C"
+    assert alive1 == [] and alive0 == [], "worker processes outlived the job"
+
+
+# --- abandoned iterators ------------------------------------------------------------------------
+
+def test_abandoned_iterators_are_counted_as_epochs():
+    job = Proc(SCEN, "abandon")
+    try:
+        facts = job.json_line("ready")
+        snap = take_snapshot(directory=job.dir, settle_s=0.3)
+        j = job_in(snap, job.pid)
+        assert j["state"] == "live"
+        lds = {ld["id"]: ld for ld in j["loaders"]}
+        assert set(lds) == {0, 1}, lds
+        plain, keep = lds[0], lds[1]
+        assert not plain["persistent_workers"] and keep["persistent_workers"]
+        assert plain["epoch"] == facts["plain_epochs"] == 4
+        assert keep["epoch"] == facts["keep_epochs"] == 4
+        assert plain["batches_total"] == facts["plain_batches"] == 21
+        assert keep["batches_total"] == facts["keep_batches"] == 21
+        job.line("done")
+        rc, _, err = job.finish()
+        assert rc == 0, err
+        assert "Traceback" not in err and "Exception" not in err, err
+    finally:
+        job.cleanup()
+
+
+# --- frameworks -----------------------------------------------------------------------------------
+
+def _framework_snapshot(name: str) -> tuple[dict, str]:
+    job = Proc(FRAMEWORKS, name, env={"TRAIN_S": "6"})
+    try:
+        info = job.json_line("ready", timeout=120)
+        time.sleep(1.0)  # a second of steady training for the rates
+        snap = take_snapshot(directory=job.dir, settle_s=0.5)
+        j = job_in(snap, job.pid)
+        assert j["state"] == "live"
+        train = [ld for ld in j["loaders"] if ld["num_workers"] == 2]
+        assert train, j["loaders"]
+        ld = train[0]
+        # Accelerate's DataLoaderShard carries its batch size on its batch sampler
+        # (DataLoader.batch_size is None): see the batch-sampler test below.
+        assert ld["batch_size"] in (8, None)
+        assert ld["batches_total"] > 0 and ld["batches_per_s"] > 0
+        assert len(ld["workers"]) == 2
+        assert all(w["pid"] > 0 and w["batches"] > 0 for w in ld["workers"]), ld["workers"]
+        rc, out, err = job.finish(timeout=120)
+        assert rc == 0, err[-3000:]
+        assert "fit-done" in out
+        assert "dlwatch" not in err, err[-3000:]
+        assert os.listdir(job.dir) == []
+        return info, out
+    finally:
+        job.cleanup()
+
+
+def _has(mod: str) -> bool:
+    return importlib.util.find_spec(mod) is not None
+
+
+@pytest.mark.skipif(not _has("lightning"), reason="PyTorch Lightning not installed "
+                    "(pip install lightning; it keeps an installed torch 2.13)")
+def test_lightning_trainer_fit():
+    info, out = _framework_snapshot("lightning")
+    # Lightning checks worker_init_fn for None: the hook must never make it non-None.
+    assert info["worker_init_fn_is_none"] is True
+    assert "fit-done True" in out
+
+
+@pytest.mark.skipif(not _has("accelerate"), reason="HF Accelerate not installed "
+                    "(pip install accelerate; it keeps an installed torch 2.13)")
+def test_accelerate_prepared_loader():
+    info, _ = _framework_snapshot("accelerate")
+    assert info["loader_type"] == "DataLoaderShard"
+
+
+def test_batch_size_of_a_batch_sampler_loader_is_reported():
+    import torch
+    from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
+
+    from dlwatch.probe.stats import loader_config
+
+    ds = TensorDataset(torch.zeros(64, 2))
+    dl = DataLoader(ds, batch_sampler=BatchSampler(SequentialSampler(ds), 8, False))
+    assert dl.batch_size is None  # what Accelerate's DataLoaderShard looks like
+    assert loader_config(dl, None)["batch_size"] == 8
