@@ -251,13 +251,184 @@ def test_pid_reuse_starts_a_fresh_baseline(spawn, monkeypatch):
     first = two_samples(sampler, [p.pid], gap=0.3)[p.pid]
     assert first["cpu_interval_s"] < 1.0
     # Same pid, different start time: psutil now describes a different process.
+    # (/proc/PID/stat's start time is what the sampler checks on every sample.)
     real_ct = psutil.Process.create_time
+    real_ticks = procs.start_ticks
     monkeypatch.setattr(psutil.Process, "create_time", lambda self: real_ct(self) - 1000.0)
+    monkeypatch.setattr(procs, "start_ticks", lambda pid: real_ticks(pid) + 1)
     s = sampler.sample([p.pid])[p.pid]
     # A fresh baseline: a lifetime average since the (new) start, not a 0.3 s delta.
     assert s["cpu_interval_s"] > 999
     assert s["create_time"] == pytest.approx(first["create_time"] - 1000.0)
     assert s["cpu_percent"] < 5
+
+
+def test_same_process_keeps_its_psutil_object(spawn, monkeypatch):
+    """No psutil.Process (create time + boot time reads) per sample: one per process."""
+    p = spawn(SLEEP)
+    wait_status(p.pid, psutil.STATUS_SLEEPING)
+    made = []
+    real = psutil.Process
+
+    def counting(pid):
+        made.append(pid)
+        return real(pid)
+
+    monkeypatch.setattr(procs.psutil, "Process", counting)
+    sampler = ProcSampler()
+    for _ in range(4):
+        assert sampler.sample([p.pid])[p.pid]["state"] == "sleeping"
+    assert made == [p.pid]
+
+
+def test_start_ticks_matches_psutil(spawn):
+    p = spawn(SLEEP)
+    ticks = procs.start_ticks(p.pid)
+    boot = psutil.boot_time()
+    assert ticks / os.sysconf("SC_CLK_TCK") + boot == pytest.approx(
+        psutil.Process(p.pid).create_time(), abs=0.02)
+    with pytest.raises(FileNotFoundError):
+        procs.start_ticks(2**22 + 12345)
+
+
+def test_main_thread_only_for_main_pids(spawn, monkeypatch):
+    a, b = spawn(SLEEP), spawn(SLEEP)
+    calls = []
+    real = psutil.Process.threads
+
+    def spy(self):
+        calls.append(self.pid)
+        return real(self)
+
+    monkeypatch.setattr(psutil.Process, "threads", spy)
+    sampler = ProcSampler()
+    sampler.sample([a.pid, b.pid], main_pids=[a.pid])
+    time.sleep(0.2)
+    out = sampler.sample([a.pid, b.pid], main_pids=[a.pid])
+    assert calls == [a.pid, a.pid]
+    assert out[a.pid]["main_thread_cpu_percent"] is not None
+    assert out[b.pid]["main_thread_cpu_percent"] is None
+    assert out[b.pid]["cpu_percent"] is not None and out[b.pid]["error"] is None
+
+
+def test_uss_only_for_uss_pids(spawn, monkeypatch):
+    a, b = spawn(SLEEP), spawn(SLEEP)
+    calls = []
+    real = psutil.Process.memory_full_info
+
+    def spy(self):
+        calls.append(self.pid)
+        return real(self)
+
+    monkeypatch.setattr(psutil.Process, "memory_full_info", spy)
+    out = ProcSampler(uss_interval_s=10).sample([a.pid, b.pid], uss_pids=[b.pid])
+    assert calls == [b.pid]
+    assert out[a.pid]["uss_bytes"] is None and out[a.pid]["rss_bytes"] > 0
+    assert out[b.pid]["uss_bytes"] > 0
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_uss_is_time_based_and_staggered(spawn, monkeypatch):
+    kids = [spawn(SLEEP) for _ in range(4)]
+    pids = [k.pid for k in kids]
+    calls: list[tuple[float, int]] = []
+    real = psutil.Process.memory_full_info
+    clock = FakeClock()
+
+    def spy(self):
+        calls.append((clock.t, self.pid))
+        return real(self)
+
+    monkeypatch.setattr(psutil.Process, "memory_full_info", spy)
+    sampler = ProcSampler(uss_interval_s=10.0, clock=clock)
+    first = sampler.sample(pids)
+    assert sorted(p for _, p in calls) == sorted(pids)  # first sight: read at once
+    assert all(first[p]["uss_bytes"] > 0 for p in pids)
+    calls.clear()
+    # 60 s of 1 Hz samples: each process every 10 s (6 reads, the first
+    # repeat 5-10 s after the first), USS kept in between.
+    for _ in range(60):
+        clock.t += 1.0
+        out = sampler.sample(pids)
+        assert all(out[p]["uss_bytes"] > 0 for p in pids)
+    for pid in pids:
+        times = [t for t, p in calls if p == pid]
+        assert len(times) == 6, (pid, times)
+        assert 1005.0 <= times[0] <= 1010.0
+        assert all(b - a == pytest.approx(10.0) for a, b in zip(times, times[1:]))
+    # Spread: the four processes do not all read in the same second.
+    assert len({t for t, _ in calls}) > 1
+
+
+def test_steady_uss_is_read_less_often_and_a_change_restores_the_pace(spawn, monkeypatch):
+    p = spawn(SLEEP)
+    clock = FakeClock()
+    uss = {"v": 300 << 20}
+    reads: list[float] = []
+
+    class Full:
+        def __init__(self, v: int) -> None:
+            self.uss = v
+
+    def fake(self):
+        reads.append(clock.t)
+        return Full(uss["v"])
+
+    monkeypatch.setattr(psutil.Process, "memory_full_info", fake)
+    sampler = ProcSampler(uss_interval_s=10.0, uss_max_interval_s=30.0, clock=clock)
+
+    def run(seconds: int) -> None:
+        for _ in range(seconds):
+            clock.t += 1.0
+            assert sampler.sample([p.pid])[p.pid]["uss_bytes"] == uss["v"]  # kept between reads
+
+    sampler.sample([p.pid])
+    run(120)
+    gaps = [b - a for a, b in zip(reads[1:], reads[2:])]
+    # Steady: 10, then 20, then every 30 s.
+    assert gaps[:3] == [20.0, 30.0, 30.0], reads
+    # Growing (1 MiB a second, like a copy-on-read leak): back to every 10 s.
+    start = len(reads)
+    for _ in range(60):
+        clock.t += 1.0
+        uss["v"] += 1 << 20
+        sampler.sample([p.pid])
+    late = [b - a for a, b in zip(reads[start:], reads[start + 1:])]
+    assert reads[start] <= clock.t - 60 + 30  # the change is noticed within the longest gap
+    assert late and all(g == 10.0 for g in late), reads[start:]
+
+
+def test_force_uss_reads_every_process(spawn, monkeypatch):
+    p = spawn(SLEEP)
+    calls = []
+    real = psutil.Process.memory_full_info
+
+    def spy(self):
+        calls.append(self.pid)
+        return real(self)
+
+    monkeypatch.setattr(psutil.Process, "memory_full_info", spy)
+    clock = FakeClock()
+    sampler = ProcSampler(uss_interval_s=10.0, clock=clock)
+    sampler.sample([p.pid])
+    clock.t += 1
+    sampler.sample([p.pid])
+    assert len(calls) == 1
+    clock.t += 1
+    assert sampler.sample([p.pid], force_uss=True)[p.pid]["uss_bytes"] > 0
+    assert len(calls) == 2
+
+
+def test_uss_interval_must_not_be_negative():
+    with pytest.raises(ValueError):
+        ProcSampler(uss_interval_s=-1)
 
 
 # ---------------------------------------------------------------- faked failures
@@ -316,8 +487,10 @@ def test_process_vanishing_mid_sample_is_gone(spawn, monkeypatch):
     assert sampler.tracked_pids() == set()
 
 
+# create_time is read once per process; on later samples the identity check
+# reads /proc/PID/stat itself (start_ticks, below).
 METHODS = ["status", "cpu_times", "memory_info", "num_threads", "threads",
-           "memory_full_info", "create_time"]
+           "memory_full_info"]
 
 
 def make_exc(kind: str, pid: int) -> BaseException:
@@ -345,6 +518,32 @@ def test_no_psutil_or_os_error_escapes(spawn, monkeypatch, method, kind):
         assert s["state"] == "gone"
     if kind == "zombie":
         assert s["state"] in ("zombie", "gone")
+
+
+@pytest.mark.parametrize("kind", ["nosuch", "denied", "zombie", "oserror", "perm", "fnf"])
+def test_identity_check_errors_do_not_escape(spawn, monkeypatch, kind):
+    p = spawn(SLEEP)
+    sampler = ProcSampler()
+    sampler.sample([p.pid])
+
+    def boom(pid):
+        raise make_exc(kind, pid)
+
+    monkeypatch.setattr(procs, "start_ticks", boom)
+    s = sampler.sample([p.pid])[p.pid]
+    assert isinstance(s["state"], str) and s["state"]
+    assert isinstance(s["error"], str) and str(p.pid) in s["error"]
+    if kind in ("nosuch", "fnf"):
+        assert s["state"] == "gone"
+
+
+@pytest.mark.parametrize("kind", ["nosuch", "denied", "zombie", "oserror", "perm", "fnf"])
+def test_create_time_errors_on_first_sight_do_not_escape(spawn, monkeypatch, kind):
+    p = spawn(SLEEP)
+    fail(monkeypatch, "create_time", make_exc(kind, p.pid))
+    s = ProcSampler().sample([p.pid])[p.pid]
+    assert isinstance(s["state"], str) and s["state"]
+    assert isinstance(s["error"], str) and str(p.pid) in s["error"]
 
 
 def test_constructor_failure_is_reported(monkeypatch):

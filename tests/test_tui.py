@@ -327,6 +327,160 @@ async def test_workers_table_is_updated_in_place_by_key():
         assert len(loaders) == 1
 
 
+def _changed_figures() -> dict:
+    snap = F.several_jobs()
+    for job in snap["jobs"]:
+        for ld in job.get("loaders", []):
+            ld["data_wait_fraction"] = 0.07
+            ld["batches_per_s"] = 123.4
+            for i, w in enumerate(ld.get("workers", [])):
+                w["cpu_percent"] = 11.0 + i
+                w["busy_fraction"] = 0.5 - i / 100
+                w["fetch_ms_mean"] = 7.25 + i
+                w["uss_bytes"] = (300 + i) << 20
+    return snap
+
+
+@sync
+async def test_tables_updated_in_place_render_like_fresh_ones():
+    """Cells updated in place (only their own render caches dropped) draw
+    exactly what a table built from the new figures draws: text and styles."""
+    source = StaticSource([F.several_jobs()])
+    app = make_app(source, interval=FAST)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        source.push(_changed_figures())
+        workers = app.screen.query_one(WorkersTable)
+        await wait_until(pilot, lambda: row_text(workers, workers.ordered_rows[0].key.value)[2].endswith("11%"))
+        await settle(pilot)
+        updated = [list(s) for s in app.screen._compositor.render_strips()]
+    fresh_app = make_app(StaticSource([_changed_figures()]), interval=FAST)
+    async with fresh_app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        fresh = [list(s) for s in fresh_app.screen._compositor.render_strips()]
+    assert [plain_segments(s) for s in updated] == [plain_segments(s) for s in fresh]
+    assert updated == fresh
+
+
+@sync
+async def test_keyed_table_update_cell_drops_only_stale_renders():
+    """Render (filling the caches), update cells in place, render again: the
+    lines are those of a table built with the new values, and the cells that
+    did not change came from the cache."""
+    from rich.text import Text
+    from textual.app import App
+
+    from dlwatch.tui.keyed import KeyedTable
+
+    cols = ("a", "b", "c")
+    old = [[Text("1"), Text("x", style="red"), Text("10%")], [Text("2"), Text("y"), Text("20%")]]
+    new = [[Text("1"), Text("x", style="green"), Text("11%")], [Text("2"), Text("y"), Text("20%")]]
+
+    class TwoTables(App):
+        def compose(self):
+            for name in ("patched", "fresh"):
+                table = KeyedTable(id=name, cursor_type="none", show_cursor=False)
+                table.can_focus = False
+                yield table
+
+    def fill(table, rows):
+        for c in cols:
+            table.add_column(c, key=c, width=5)
+        for i, cells in enumerate(rows):
+            table.add_row(*cells, key=f"r{i}")
+
+    def lines(table):
+        return [list(table.render_line(y)) for y in range(3)]
+
+    app = TwoTables()
+    async with app.run_test(size=(40, 10)) as pilot:
+        patched, fresh = app.query_one("#patched", KeyedTable), app.query_one("#fresh", KeyedTable)
+        fill(patched, old)
+        fill(fresh, new)
+        await pilot.pause()
+        lines(patched)
+        lines(patched)  # cached now
+        renders = []
+        real = patched._render_cell
+        patched._render_cell = lambda *a, **k: (renders.append(a[:2]), real(*a, **k))[1]
+        count = patched._update_count
+        patched.update_cell("r0", "b", new[0][1])
+        patched.update_cell("r0", "c", new[0][2])
+        assert patched._update_count == count  # no table-wide invalidation
+        got = lines(patched)
+        assert [plain_segments(s) for s in got] == [plain_segments(s) for s in lines(fresh)]
+        assert got == lines(fresh)
+        # Row 0's changed cells were rendered again; row 1 and the header came from the cache.
+        assert {(r, c) for r, c in renders if r != -1 and (r, c) != (0, 0)} == {(0, 1), (0, 2)}
+
+
+@sync
+async def test_set_static_updates_only_changes_and_lays_out_only_for_a_new_size():
+    from rich.text import Text
+    from textual.app import App
+
+    from dlwatch.tui.keyed import set_static
+
+    class Lines(App):
+        CSS = "#fixed { height: 1; } #hidden { display: none; }"
+
+        def compose(self):
+            yield Static(id="fixed")
+            yield Static(id="auto")
+            yield Static(id="hidden")
+
+    app = Lines()
+    async with app.run_test(size=(40, 10)) as pilot:
+        fixed, auto, hidden = (app.query_one(f"#{n}", Static) for n in ("fixed", "auto", "hidden"))
+        for w in (fixed, auto, hidden):
+            set_static(w, Text("12 %"))
+        await pilot.pause()
+        layouts = []
+        for w in (fixed, auto, hidden):
+            real = w.refresh
+            w.refresh = lambda *a, _w=w, _real=real, **k: (
+                layouts.append(_w.id) if k.get("layout") else None, _real(*a, **k))[1]
+        assert not set_static(fixed, Text("12 %"))  # the same: nothing to do
+        assert set_static(fixed, Text("12 %", style="red"))  # restyled: rich's == would miss it
+        assert set_static(auto, Text("13 %"))
+        assert set_static(hidden, Text("13 %"))
+        assert layouts == []  # same sizes, or not shown: a repaint is enough
+        assert set_static(auto, Text("13 %\nand a second line"))
+        assert layouts == ["auto"]
+        await pilot.pause()
+        assert auto.size.height == 2
+
+
+def plain_segments(segments) -> str:
+    return "".join(seg.text for seg in segments)
+
+
+@sync
+async def test_unchanged_figures_do_not_touch_the_widgets():
+    source = StaticSource([F.data_bound()])
+    app = make_app(source, interval=FAST)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        calls = []
+        table = app.screen.query_one(WorkersTable)
+        jobs = app.screen.query_one(JobList)
+        for t in (table, jobs):
+            real = t.update_cells
+            t.update_cells = lambda changes, _real=real: (calls.extend(changes), _real(changes))[1]
+        hints = app.screen.query_one(HintsPanel)
+        real_update = hints.update
+        hints.update = lambda *a, **k: (calls.append(("hints",)), real_update(*a, **k))[1]
+        for _ in range(3):
+            source.push(F.data_bound())  # the same figures in a new snapshot
+            await pilot.pause(FAST * 2)
+        assert calls == []
+        snap = F.data_bound()
+        snap["jobs"][0]["loaders"][0]["workers"][1]["cpu_percent"] = 3.0
+        source.push(snap)
+        await wait_until(pilot, lambda: len(calls) == 1)
+        assert calls[0][1] == "cpu"
+
+
 @sync
 async def test_loader_panels_follow_the_number_of_loaders():
     source = StaticSource([F.data_bound()])

@@ -1,9 +1,19 @@
 """Per-process figures for the PIDs the jobs report (trainer main loops, workers).
 
 CPU figures are deltas between successive ``sample()`` calls, so the sampler
-keeps state per PID; that state is keyed by (pid, create_time) so a recycled
-PID starts afresh instead of producing a nonsense delta against a dead
-process. PIDs no longer asked for are forgotten, which bounds memory.
+keeps state per PID; that state belongs to one process (PID and start time)
+so a recycled PID starts afresh instead of producing a nonsense delta against
+a dead process. PIDs no longer asked for are forgotten, which bounds memory.
+
+Costs, for a monitor that samples tens of processes every second: a
+process's ``psutil.Process`` is kept between samples and PID reuse is caught
+by comparing the start time in /proc/PID/stat (one small read) instead of
+building a new ``Process`` (which re-reads the create and boot time); the
+thread list (/proc/PID/task) is read only for the processes whose main-thread
+CPU is wanted (``main_pids``); and USS, whose /proc/PID/smaps_rollup walks
+the whole address space (milliseconds of kernel time for a torch process),
+is read per process at most every ``uss_interval_s``, each process at its
+own phase so that the reads spread out instead of bunching.
 
 Every psutil/OS failure becomes a ``state`` and a readable ``error``; a
 vanished or unreadable process must never take the monitor down.
@@ -21,18 +31,25 @@ T = TypeVar("T")
 
 # Below this age a first-sample lifetime average is too coarse to report.
 MIN_LIFETIME_S = 0.5
+# With ``uss_max_interval_s``: a USS that moved less than this since the
+# previous read counts as steady and the next read waits twice as long.
+USS_STEADY_BYTES = 512 << 10
 
 
 @dataclass
 class _Tracked:
     proc: psutil.Process
     create_time: float
+    start_ticks: int | None = None  # /proc/PID/stat starttime: the process's identity
     cpu_s: float | None = None  # user+system seconds at the previous sample
     main_cpu_s: float | None = None
     at: float = 0.0  # monotonic time of the previous sample
     calls: int = 0
     uss: int | None = None
     uss_failure: _Failed | None = None
+    uss_calls: int = 0  # samples that wanted USS (for ``uss_every``)
+    uss_due: float | None = None  # monotonic time of the next USS read (``uss_interval_s``)
+    uss_gap: float = 0.0  # seconds from this USS read to the next (backs off while steady)
 
 
 class _Failed(Exception):
@@ -97,29 +114,58 @@ def _empty(pid: int, state: str, error: str | None) -> dict[str, Any]:
 class ProcSampler:
     """Samples a changing set of PIDs; CPU % covers the time between calls.
 
-    ``uss_every``: reading USS (``/proc/PID/smaps``) costs far more than the
-    rest together on processes with large heaps, so it is read on a
-    process's first sample and then every ``uss_every``-th sample, keeping the
-    last value in between.
+    USS (``/proc/PID/smaps_rollup``) costs far more than the rest together on
+    processes with large heaps, so it is read on a process's first sample and
+    then again only when due, keeping the last value in between:
+
+    - ``uss_interval_s`` (time based): each process again after that many
+      seconds, the first repeat at a phase of its own (from its PID) so that
+      many processes' reads are spread over the interval; with
+      ``uss_max_interval_s``, a process whose USS stays put (moved less than
+      ``USS_STEADY_BYTES`` since the previous read) is read half as often
+      each time, up to that interval, and at ``uss_interval_s`` again as soon
+      as it moves;
+    - ``uss_every`` (count based, when no interval is given): every
+      ``uss_every``-th sample of the process.
+
+    ``sample(..., force_uss=True)`` reads it for every process regardless.
 
     On the first sample of a process, ``cpu_percent`` is its average since it
     started (as ``ps`` and top's first frame show) rather than an invented 0;
     ``cpu_interval_s`` says what span each figure covers.
     """
 
-    def __init__(self, uss_every: int = 1, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, uss_every: int = 1, clock: Callable[[], float] = time.monotonic,
+                 uss_interval_s: float | None = None,
+                 uss_max_interval_s: float | None = None) -> None:
         if uss_every < 1:
             raise ValueError("uss_every must be >= 1")
+        if uss_interval_s is not None and uss_interval_s < 0:
+            raise ValueError("uss_interval_s must be >= 0")
         self.uss_every = uss_every
+        self.uss_interval_s = uss_interval_s
+        self.uss_max_interval_s = uss_max_interval_s
         self._clock = clock
         self._tracked: dict[int, _Tracked] = {}
 
     def tracked_pids(self) -> set[int]:
         return set(self._tracked)
 
-    def sample(self, pids: Iterable[int]) -> dict[int, dict[str, Any]]:
+    def sample(self, pids: Iterable[int], main_pids: Iterable[int] | None = None,
+               uss_pids: Iterable[int] | None = None, force_uss: bool = False) -> dict[int, dict[str, Any]]:
+        """Figures for ``pids``.
+
+        ``main_pids``: the processes whose main-thread CPU is wanted (reading
+        the thread list costs a directory walk); None: all of them.
+        ``uss_pids``: the processes whose USS is wanted; None: all of them.
+        Others get ``None`` for those figures.
+        """
         wanted = list(dict.fromkeys(int(p) for p in pids))
-        out = {pid: self._sample_one(pid) for pid in wanted}
+        mains = None if main_pids is None else {int(p) for p in main_pids}
+        ussing = None if uss_pids is None else {int(p) for p in uss_pids}
+        out = {pid: self._sample_one(pid, mains is None or pid in mains,
+                                     ussing is None or pid in ussing, force_uss)
+               for pid in wanted}
         # Bounded memory: keep state only for PIDs asked for this time and still alive.
         self._tracked = {
             pid: self._tracked[pid]
@@ -130,17 +176,25 @@ class ProcSampler:
 
     def _track(self, pid: int) -> _Tracked:
         """State for ``pid``, reset when the PID now belongs to another process."""
+        old = self._tracked.get(pid)
+        if old is not None:
+            # Cheap identity check: the start time in /proc/PID/stat (in clock
+            # ticks since boot) differs when the PID was recycled.
+            ticks = _call(pid, lambda: start_ticks(pid), "stat")
+            if ticks == old.start_ticks:
+                return old
         proc = _call(pid, lambda: psutil.Process(pid))
         ct = _call(pid, proc.create_time, "stat")
-        old = self._tracked.get(pid)
-        if old is not None and old.create_time == ct:
-            old.proc = proc
-            return old
-        fresh = _Tracked(proc=proc, create_time=ct)
+        try:
+            ticks = start_ticks(pid)
+        except (OSError, ValueError, IndexError):
+            ticks = None  # checked (and reported) again on the next sample
+        fresh = _Tracked(proc=proc, create_time=ct, start_ticks=ticks)
         self._tracked[pid] = fresh
         return fresh
 
-    def _sample_one(self, pid: int) -> dict[str, Any]:
+    def _sample_one(self, pid: int, want_main: bool = True, want_uss: bool = True,
+                    force_uss: bool = False) -> dict[str, Any]:
         if pid <= 0:
             return _empty(pid, "gone", f"invalid pid {pid}")
         try:
@@ -177,8 +231,8 @@ class ProcSampler:
                 times = read(st.proc.cpu_times, "stat")
                 mem = read(st.proc.memory_info, "statm")
                 res["threads"] = read(st.proc.num_threads, "status")
-            threads = read(st.proc.threads, "task")
-            uss = self._uss(st, pid, note)
+            threads = read(st.proc.threads, "task") if want_main else None
+            uss = self._uss(st, pid, note, now, force_uss) if want_uss else None
         except _Failed as f:
             self._tracked.pop(pid, None)
             return _empty(pid, f.state or "gone", f.reason)
@@ -214,17 +268,64 @@ class ProcSampler:
         res["error"] = "; ".join(errors) if errors else None
         return res
 
-    def _uss(self, st: _Tracked, pid: int, note: Callable[[_Failed], None]) -> int | None:
-        if st.calls % self.uss_every == 0:
+    def _uss_due(self, st: _Tracked, pid: int, now: float) -> bool:
+        if self.uss_interval_s is None:
+            due = st.uss_calls % self.uss_every == 0
+            st.uss_calls += 1
+            return due
+        return st.uss_due is None or now >= st.uss_due
+
+    def _schedule_uss(self, st: _Tracked, pid: int, now: float, prev: int | None) -> None:
+        base = self.uss_interval_s
+        if base is None:
+            return
+        if st.uss_due is None:
+            # The first repeat comes at this PID's own phase of the interval
+            # (at least half of it away), then every interval: processes seen
+            # at the same moment (a job's workers) do not read together again.
+            st.uss_gap = base
+            st.uss_due = now + base * (0.5 + 0.5 * _phase(pid))
+            return
+        top = self.uss_max_interval_s
+        if (top is not None and top > base and prev is not None and st.uss is not None
+                and abs(st.uss - prev) < USS_STEADY_BYTES):
+            st.uss_gap = min(top, max(st.uss_gap, base) * 2)
+        else:
+            st.uss_gap = base
+        # Keep the phase: a late sample does not push every later read.
+        st.uss_due = max(st.uss_due + st.uss_gap, now + st.uss_gap / 2)
+
+    def _uss(self, st: _Tracked, pid: int, note: Callable[[_Failed], None], now: float,
+             force: bool = False) -> int | None:
+        if self._uss_due(st, pid, now) or force or (st.uss is None and st.uss_failure is None):
+            prev = st.uss
             try:
                 st.uss = _call(pid, st.proc.memory_full_info, "smaps").uss
                 st.uss_failure = None
             except _Failed as f:
                 st.uss, st.uss_failure = None, f
+            self._schedule_uss(st, pid, now, prev)
         # Between USS reads the last failure still explains the missing figure.
         if st.uss_failure is not None:
             note(st.uss_failure)
         return st.uss
+
+
+def _phase(pid: int) -> float:
+    """A fixed number in [0, 1) per PID, spread evenly for consecutive PIDs
+    (the golden-ratio sequence): a job's workers usually have neighbouring PIDs."""
+    return (pid * 0.6180339887498949) % 1.0
+
+
+def start_ticks(pid: int, proc_path: str = "/proc") -> int:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22).
+
+    Together with the PID it identifies a process: a recycled PID has a later one.
+    """
+    with open(f"{proc_path}/{pid}/stat", "rb") as f:
+        data = f.read()
+    # The command name (field 2) may hold spaces and parentheses: split after the last ")".
+    return int(data.rsplit(b")", 1)[1].split()[19])
 
 
 def process_age_s(create_time: float, uptime_path: str = "/proc/uptime") -> float:

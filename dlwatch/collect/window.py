@@ -19,11 +19,16 @@ def pick_base(frames: Sequence[dict], window_s: float) -> int:
     if not frames:
         raise ValueError("no frames")
     target = frames[-1]["mono_ns"] - int(window_s * NS)
-    stamps = [f["mono_ns"] for f in frames]
-    i = bisect_left(stamps, target)
-    if i < len(frames) and stamps[i] == target:
+    # O(log n) reads of the stamps, not a list of every stamp on each call.
+    n = len(frames)
+    i = bisect_left(frames, target, key=_stamp)
+    if i < n and frames[i]["mono_ns"] == target:
         return i
     return max(0, i - 1)
+
+
+def _stamp(frame: dict) -> int:
+    return frame["mono_ns"]
 
 
 def _loader_in(frame: dict, loader_id: int) -> dict | None:

@@ -27,6 +27,7 @@ from dlwatch.tui.help import HelpScreen
 from dlwatch.tui.hints import HintsPanel
 from dlwatch.tui.host import HostLine
 from dlwatch.tui.jobs import JobList, JobRow, group_jobs, job_state
+from dlwatch.tui.keyed import set_static
 from dlwatch.tui.loader import LoaderPanel
 from dlwatch.tui.sources import Source
 from dlwatch.tui.status import job_header, status_text
@@ -233,7 +234,7 @@ class DlwatchApp(App):
 
     def _draw_status(self) -> None:
         screen = self._monitor()
-        screen.query_one("#status", Static).update(status_text(
+        set_static(screen.query_one("#status", Static), status_text(
             version=self.version, snapshot=self.snapshot, rows=self.rows, interval=self.interval,
             paused=self.paused, now=self.clock(), time_format=self.time_format, pal=self.palette,
             source_error=self.source_error))
@@ -242,7 +243,8 @@ class DlwatchApp(App):
         if self.errors:
             what, msg = next(iter(self.errors.items()))
             more = f" (+{len(self.errors) - 1} more)" if len(self.errors) > 1 else ""
-            error.update(Text(f"✖ could not draw {what}: {msg}{more}; the rest is live", self.palette.bad))
+            set_static(error, Text(f"✖ could not draw {what}: {msg}{more}; the rest is live",
+                                   self.palette.bad))
 
     def _draw_host(self, screen: Screen, snap: dict | None, pal: fmt.Palette, wide: bool) -> None:
         host = screen.query_one(HostLine)
@@ -260,15 +262,15 @@ class DlwatchApp(App):
             header.display = False
             loaders_box.display = False
             message.display = True
-            message.update(self._empty_message(snap, pal))
+            set_static(message, self._empty_message(snap, pal))
             return
         header.display = True
-        header.update(job_header(job, pal, wide))
+        set_static(header, job_header(job, pal, wide))
         loaders = [ld for ld in fmt.lst(job.get("loaders")) if isinstance(ld, dict)]
         message.display = not loaders
         if not loaders:
-            message.update(Text("this job has no DataLoader iterator yet: figures appear at the "
-                                "first iter(loader)", pal.dim))
+            set_static(message, Text("this job has no DataLoader iterator yet: figures appear "
+                                     "at the first iter(loader)", pal.dim))
         loaders_box.display = bool(loaders)
         panels = list(loaders_box.query_children(LoaderPanel))
         # Panels are reused by position: switching jobs updates them in place.

@@ -11,6 +11,7 @@ from textual.css.query import NoMatches
 from textual.widgets import Static
 
 from dlwatch.tui import fmt
+from dlwatch.tui.keyed import set_static
 from dlwatch.tui.sparkline import FixedSparkline
 
 MEM_BAR = 10
@@ -52,7 +53,7 @@ class GpuRow(Horizontal):
         yield FixedSparkline(top=100.0, classes="gpu-history")
 
     def show(self, g: dict, pal: fmt.Palette, wide: bool) -> None:
-        self.query_one(".gpu-summary", Static).update(gpu_summary(g, pal, wide))
+        set_static(self.query_one(".gpu-summary", Static), gpu_summary(g, pal, wide))
         spark = self.query_one(".gpu-history", FixedSparkline)
         spark.style_for = lambda v: pal.accent
         spark.set_values(g.get("history"))
@@ -87,7 +88,7 @@ class GpuPanel(Vertical):
         if status is not None or not wide:
             line.display = True
             rows.display = False
-            line.update(status if status is not None else self._one_line(gpus, pal))
+            set_static(line, status if status is not None else self._one_line(gpus, pal))
             return
         line.display = False
         rows.display = True

@@ -9,6 +9,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from dlwatch.tui import fmt
+from dlwatch.tui.keyed import set_static
 
 
 def relevant_hints(hints: Any, job_pid: int | None) -> tuple[list[dict], int]:
@@ -53,7 +54,7 @@ def hint_text(h: dict, pal: fmt.Palette, wide: bool) -> Text:
 class HintsPanel(Static):
     def show(self, snapshot: dict | None, job_pid: int | None, pal: fmt.Palette, wide: bool) -> None:
         if snapshot is None:
-            self.update(Text("hints: waiting for data…", pal.dim))
+            set_static(self, Text("hints: waiting for data…", pal.dim))
             return
         hints, others = relevant_hints(snapshot.get("hints"), job_pid)
         out = Text()
@@ -66,4 +67,4 @@ class HintsPanel(Static):
             out.append_text(hint_text(h, pal, wide))
         if others:
             out.append(f"\n+{others} hint{'s' if others > 1 else ''} about other jobs (tab to switch)", pal.dim)
-        self.update(out)
+        set_static(self, out)

@@ -7,6 +7,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from dlwatch.tui import fmt
+from dlwatch.tui.keyed import set_static
 
 
 def cores_source(host: dict) -> str:
@@ -50,4 +51,4 @@ def host_text(snapshot: dict, pal: fmt.Palette, wide: bool) -> Text:
 
 class HostLine(Static):
     def show(self, snapshot: dict, pal: fmt.Palette, wide: bool) -> None:
-        self.update(host_text(snapshot, pal, wide))
+        set_static(self, host_text(snapshot, pal, wide))

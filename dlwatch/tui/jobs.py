@@ -8,11 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.text import Text
-from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey
 
 from dlwatch.tui import fmt
-from dlwatch.tui.keyed import sync_rows
+from dlwatch.tui.keyed import KeyedTable, sync_rows
 
 
 def job_key(job: Any, index: int) -> str:
@@ -108,7 +107,7 @@ def group_jobs(jobs: Any) -> list[JobRow]:
 STATE_STYLE = {"live": "good", "exited": "dim", "unreachable": "warn", "mixed": "warn"}
 
 
-class JobList(DataTable):
+class JobList(KeyedTable):
     """Rows are never focused by the user directly: the app moves the cursor
     (tab/j/k) so that the same keys work whatever has focus."""
 

@@ -12,6 +12,7 @@ from textual.css.query import NoMatches
 from textual.widgets import Digits, Static
 
 from dlwatch.tui import fmt
+from dlwatch.tui.keyed import set_static
 from dlwatch.tui.sparkline import FixedSparkline
 from dlwatch.tui.workers import WorkersTable
 
@@ -88,7 +89,9 @@ class WaitGauge(Horizontal):
         level = fmt.wait_level(frac)
         style = pal.level(level) if level else pal.dim
         digits = self.query_one("#wait-digits", Digits)
-        digits.update("--" if frac is None else f"{frac * 100:.0f}")
+        value = "--" if frac is None else f"{frac * 100:.0f}"
+        if digits.value != value:
+            digits.update(value)
         for lv in (fmt.GOOD, fmt.WARN, fmt.BAD):
             digits.set_class(level == lv, f"-{lv}")
         label = Text()
@@ -101,14 +104,14 @@ class WaitGauge(Horizontal):
             label.append(" ")
         label.append(fmt.LEVEL_LABEL[level] if level else "n/a", f"bold {style}")
         label.append(" ")
-        self.query_one("#wait-label", Static).update(label)
+        set_static(self.query_one("#wait-label", Static), label)
         spark = self.query_one("#wait-history", FixedSparkline)
         history = [None if fmt.num(v) is None else fmt.num(v) * 100
                    for v in fmt.lst(fmt.d(ld.get("history")).get("data_wait_fraction"))]
         spark.style_for = lambda v: pal.level(fmt.wait_level(v / 100)) or ""
         spark.set_values(history)
-        self.query_one("#wait-axis", Static).update(
-            Text(f"history, 1 sample/s, fixed scale 0–100 % (now {fmt.pct(frac)})", pal.dim))
+        set_static(self.query_one("#wait-axis", Static),
+                   Text(f"history, 1 sample/s, fixed scale 0–100 % (now {fmt.pct(frac)})", pal.dim))
 
 
 class LoaderPanel(Vertical):
@@ -151,10 +154,10 @@ class LoaderPanel(Vertical):
             self.show(*self._pending)
 
     def _apply(self, ld: dict, pal: fmt.Palette, wide: bool) -> None:
-        self.query_one("#loader-title", Static).update(loader_title(ld, pal))
+        set_static(self.query_one("#loader-title", Static), loader_title(ld, pal))
         self.query_one("#wait-gauge", WaitGauge).show(ld, pal, wide)
-        self.query_one("#loader-stats", Static).update(loader_stats(ld, pal, wide))
-        self.query_one("#loader-queue", Static).update(queue_line(ld, pal))
+        set_static(self.query_one("#loader-stats", Static), loader_stats(ld, pal, wide))
+        set_static(self.query_one("#loader-queue", Static), queue_line(ld, pal))
         workers = [w for w in fmt.lst(ld.get("workers")) if isinstance(w, dict)]
         table = self.query_one("#workers", WorkersTable)
         table.show(workers, pal)
@@ -163,7 +166,7 @@ class LoaderPanel(Vertical):
         no_workers.display = not workers
         if not workers:
             nw = fmt.intval(ld.get("num_workers"))
-            no_workers.update(Text(
+            set_static(no_workers, Text(
                 "num_workers=0: the training loop loads every batch itself" if nw == 0
                 else "workers: n/a", pal.dim))
         notes = Text()
@@ -174,5 +177,5 @@ class LoaderPanel(Vertical):
                     notes.append("\n")
                 notes.append(f"! worker {fmt.count(w.get('id'))}: {err}", pal.warn)
         note_widget = self.query_one("#worker-notes", Static)
-        note_widget.update(notes)
+        set_static(note_widget, notes)
         note_widget.display = bool(notes)

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from rich.text import Text
-from textual.widgets import DataTable
 
 from dlwatch.tui import fmt
-from dlwatch.tui.keyed import sync_rows
+from dlwatch.tui.keyed import KeyedTable, sync_rows
 
 CPU_BAR = 5
 
@@ -25,7 +24,7 @@ def worker_sort_key(item: tuple[int, dict]) -> tuple:
     return (wid is None, wid if wid is not None else index, index)
 
 
-class WorkersTable(DataTable):
+class WorkersTable(KeyedTable):
     can_focus = False
 
     # Fixed widths: the table fits 80 columns and never jitters as figures change.
