@@ -285,12 +285,6 @@ def test_protocol_99_is_a_state_not_an_exception(rtdir, fakes, how):
         m.stop()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: Monitor.build() (dlwatch/collect/monitor.py, `conns = [c for c in "
-    "self.conns.values() if c.job is not None]`) drops every connection that never got a "
-    "valid hello, so a job speaking another protocol version is invisible: `dlwatch "
-    "snapshot` says 'no jobs found' instead of showing state 'incompatible' with the "
-    "version-mismatch reason that JobConnection computed"))
 def test_incompatible_job_is_shown_with_its_reason(rtdir, fakes):
     def script(conn, fake):
         conn.sendall(hello(fake.pid, protocol=99))
@@ -598,7 +592,7 @@ def test_fuzz_json_values_through_decoder_and_on_message(values):
 
 def _window_dict(loader_extra: dict, worker_extra: dict, ints: list[int]) -> dict:
     a, b, c_, d = (ints + [0, 0, 0, 0])[:4]
-    # mono_ns within about a day: far-future stamps are a separate bug (see the xfail below).
+    # mono_ns within about a day: far-future stamps have their own test below.
     mono = abs(b) % (86_400 * 10**9)
     return {"type": "window", "seq": a, "t": float(b), "mono_ns": mono,
             "loaders": [{"id": 1, "epoch": a, "batches": b, "wait_ns": c_, "step_ns": d,
@@ -644,15 +638,6 @@ print("built")
 """
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: dlwatch/collect/window.py series() walks back from the newest frame in steps of "
-    "step_s (`while t >= stamps[0] ...: t -= step`), so it costs (newest - oldest mono_ns) / "
-    "1 s iterations, not O(frames). One frame whose mono_ns jumps far ahead (any int passes "
-    "the schema; JobConnection only drops frames that go backwards) makes every build() spin "
-    "for minutes (2**62 ns: ~10 min), freezing the TUI and `dlwatch snapshot`. Fix: after "
-    "finding j, jump t below stamps[j] (t -= step * ((t - stamps[j]) // step + 1)), and/or "
-    "have JobConnection reject a frame whose mono_ns runs ahead of the previous one by far more "
-    "than the wall-clock 't' difference"))
 def test_one_far_future_frame_does_not_freeze_the_model():
     import sys
 

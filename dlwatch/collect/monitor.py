@@ -18,10 +18,14 @@ from typing import Any, Callable
 from dlwatch import rundir
 from dlwatch.collect import window as win
 from dlwatch.collect.jobs import JobConnection, discover
+from dlwatch.collect.schedstat import SchedSampler
 
 SCHEMA_VERSION = 1
 DEFAULT_WINDOW_S = 3.0
+DIAGNOSE_WINDOW_S = 3.0
 RESCAN_S = 1.0
+# A connected job that has not said hello after this long is shown as such.
+HELLO_GRACE_S = 2.0
 GPU_EVERY_S = 1.0
 HISTORY_POINTS = 120
 # The live view samples its processes at most this often (the display may
@@ -52,6 +56,10 @@ class Monitor:
                  clock: Callable[[], float] = time.time) -> None:
         self.directory = directory or rundir.runtime_dir()
         self.window_s = window_s
+        # Hints are judged on a steadier window than the live figures: the
+        # view wants a change on screen within a second, a diagnosis wants a
+        # few seconds of evidence (the rules were tuned and tested on 3 s).
+        self.diagnose_window_s = DIAGNOSE_WINDOW_S
         self.interval = interval
         self.only_pid = only_pid
         self.clock = clock
@@ -62,6 +70,8 @@ class Monitor:
         # None: the real sampler; False: none at all (``dlwatch ls`` needs no figures).
         self._gpu = _pick(gpu, _default_gpu)
         self._procs = _pick(procs, _default_procs)
+        # Run-queue wait of workers: CPU-starved vs off-CPU (sleeping on I/O).
+        self._sched = SchedSampler() if self._procs is not None else None
         self._host = _pick(host, _default_host)
         self._diagnoser = _pick(diagnoser, _default_diagnoser)
         self._gpu_state: tuple[str, list] = ("n/a: not sampled yet", [])
@@ -142,7 +152,11 @@ class Monitor:
         live loop's cadence); otherwise sample the processes now."""
         window_s = window_s or self.window_s
         now = self.clock()
-        conns = [c for c in self.conns.values() if c.job is not None]
+        # Jobs that never said hello (incompatible, stopped before answering)
+        # are listed too, with their state and reason: hiding them would
+        # read as "no jobs".
+        conns = [c for c in self.conns.values() if c.job is not None or c.state != "connecting"
+                 or time.time() - c.first_seen > HELLO_GRACE_S]
         mains: set[int] = set()
         workers: set[int] = set()
         for c in conns:
@@ -165,13 +179,19 @@ class Monitor:
                           mem_history=list(self._gpu_mem_hist.get(g["index"], ())))
                      for g in gpus],
             "jobs": [job_dict(c, window_s, procs, now) for c in
-                     sorted(conns, key=lambda c: (c.job.get("run_id") or "", c.job.get("rank") or 0, c.pid))],
+                     sorted(conns, key=lambda c: ((c.job or {}).get("run_id") or "",
+                                                  (c.job or {}).get("rank") or 0, c.pid))],
             "hints": [],
             "runtime_dir": self.directory,
             "runtime_dir_error": self.dir_error,
         }
         if self._diagnoser is not None:
-            snap["hints"] = _safe(lambda: self._diagnoser.update(snap), [])
+            dw = self.diagnose_window_s
+            judged = snap
+            if abs(dw - window_s) > 1e-6:
+                judged = dict(snap, window_s=dw, jobs=[
+                    job_dict(c, dw, procs, now, history=False) for c in conns])
+            snap["hints"] = _safe(lambda: self._diagnoser.update(judged), [])
         return snap
 
     def _sample_procs(self, mains: set[int], workers: set[int], reuse: bool,
@@ -183,6 +203,11 @@ class Monitor:
                 and pids.issubset(self._proc_cache)):
             return {p: self._proc_cache[p] for p in pids}
         procs = _safe(lambda: _sample(self._procs, sorted(pids), mains, workers, force_uss), {})
+        if self._sched is not None:
+            waits = _safe(lambda: self._sched.sample(sorted(workers)), {})
+            for pid, v in waits.items():
+                if pid in procs and isinstance(procs[pid], dict):
+                    procs[pid] = dict(procs[pid], runqueue_percent=v)
         self._proc_cache, self._proc_cache_at = procs, t
         return procs
 
@@ -329,7 +354,14 @@ def _host_dict(h: dict) -> dict:
     return out
 
 
-def job_dict(c: JobConnection, window_s: float, procs: dict, now: float) -> dict:
+def _job_state(c: JobConnection) -> str:
+    if c.state == "connecting":
+        return "live" if c.job is not None else "connecting"
+    return c.state
+
+
+def job_dict(c: JobConnection, window_s: float, procs: dict, now: float,
+             history: bool = True) -> dict:
     job = c.job or {}
     main = procs.get(c.pid, {}) if c.live else {}
     frames = list(c.frames)
@@ -343,8 +375,9 @@ def job_dict(c: JobConnection, window_s: float, procs: dict, now: float) -> dict
         "run_id": job.get("run_id"),
         "torch_version": job.get("torch_version", "unknown"),
         "start_method": job.get("start_method", "unknown"),
-        "state": "live" if c.state in ("live", "connecting") else c.state,
-        "state_reason": c.reason,
+        "state": _job_state(c),
+        "state_reason": c.reason or ("connected, but the job has not answered yet (stopped?)"
+                                     if c.job is None and c.state == "connecting" else ""),
         "age_s": round(max(0.0, now - float(job.get("started") or now)), 1),
         "main_cpu_percent": main.get("cpu_percent"),
         "main_thread_cpu_percent": main.get("main_thread_cpu_percent"),
@@ -358,11 +391,12 @@ def job_dict(c: JobConnection, window_s: float, procs: dict, now: float) -> dict
     if last is None:
         return out
     for ld in last["loaders"]:
-        out["loaders"].append(loader_dict(frames, ld, window_s, procs if c.live else {}))
+        out["loaders"].append(loader_dict(frames, ld, window_s, procs if c.live else {}, history))
     return out
 
 
-def loader_dict(frames: list[dict], ld: dict, window_s: float, procs: dict) -> dict:
+def loader_dict(frames: list[dict], ld: dict, window_s: float, procs: dict,
+                history: bool = True) -> dict:
     w = win.loader_window(frames, ld["id"], window_s) or {}
     esm = ld.get("epoch_start_ms") or []
     em = ld.get("epoch_ms") or []
@@ -376,6 +410,7 @@ def loader_dict(frames: list[dict], ld: dict, window_s: float, procs: dict) -> d
             "batches": wk["batches"],
             "rss_bytes": p.get("rss_bytes"), "uss_bytes": p.get("uss_bytes"),
             "threads": p.get("threads"),
+            "runqueue_percent": p.get("runqueue_percent"),
             "state": p.get("state", "n/a") if p else "n/a",
             "error": p.get("error"),
         })
@@ -407,7 +442,8 @@ def loader_dict(frames: list[dict], ld: dict, window_s: float, procs: dict) -> d
         "worker_ms_per_batch": w.get("worker_ms_per_batch"),
         "window_mono_ns": [w.get("start_mono_ns"), w.get("end_mono_ns")],
         "workers": workers,
-        "history": win.series(frames, ld["id"], 1.0, HISTORY_POINTS),
+        # The diagnosis's own pass skips it, except what warm-up detection reads.
+        "history": win.series(frames, ld["id"], 1.0, HISTORY_POINTS if history else 8),
     }
 
 

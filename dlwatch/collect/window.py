@@ -160,7 +160,9 @@ def series(frames: Sequence[dict], loader_id: int, step_s: float = 1.0,
         j = bisect_right(stamps, t) - 1
         if not marks or j != marks[-1]:
             marks.append(j)
-        t -= step
+        # Jump straight below frame j, staying on the step grid: the loop
+        # costs one pass per frame, however far apart the stamps are.
+        t -= step * ((t - stamps[j]) // step + 1)
     marks.reverse()
     for a, b in zip(marks, marks[1:]):
         fa, fb = frames[a], frames[b]
