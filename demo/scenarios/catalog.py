@@ -64,10 +64,10 @@ _CATALOG = [
     ),
     _s(
         "add-workers",
-        "1 worker needs 40 ms per batch (storage-like waits), the step takes 10 ms: "
-        "about 4 workers would keep up",
+        "1 worker spends 40 ms of CPU per batch, the step takes 10 ms: Little's law "
+        "says 4 workers; the free cores say how many fit",
         "--num-workers", "1", "--batch-size", "32", "--dataset-size", "4096",
-        "--sample-ms", "1.25", "--cost-kind", "sleep", "--step-ms", "10",
+        "--sample-ms", "1.25", "--cost-kind", "cpu", "--step-ms", "10",
         "--persistent-workers",
         hint="add-workers",
     ),

@@ -35,6 +35,11 @@ THREAD_OVERSUB_FACTOR = 2.0
 THREAD_CPU_CORES_PER_WORKER = 1.2
 
 
+# A trainer main process below this CPU share is mostly waiting (on its GPU, or
+# on data) and does not compete with the workers for a core.
+BUSY_MAIN_LOOP_CPU_PERCENT = 50.0
+
+
 def _demand(ctx: Context, loaders) -> tuple[float, int]:
     """Measured cores used by these loaders' workers + all main loops, and how
     many main loops lacked a CPU figure (those count as zero: this sum only
@@ -59,7 +64,14 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict]:
     for lv in steady:
         busy_workers += sum(1 for v in worker_values(lv.workers, "cpu_percent")
                             if v >= IDLE_WORKER_CPU_PERCENT)
-    procs = busy_workers + ctx.main_loops
+    # A main loop that waits on its GPU (or sleeps) leaves its core to the
+    # workers: count it as a competitor only when it uses half a core or more
+    # (unknown: it counts). Otherwise 2 workers next to an idle trainer on 2
+    # cores would read as oversubscribed.
+    busy_mains = sum(1 for j in ctx.live_jobs
+                     if (num(j.get("main_cpu_percent")) is None
+                         or num(j.get("main_cpu_percent")) >= BUSY_MAIN_LOOP_CPU_PERCENT))
+    procs = busy_workers + busy_mains
     if procs <= ctx.usable_cores:
         return []
     demand, _ = _demand(ctx, steady)
