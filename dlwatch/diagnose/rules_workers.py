@@ -156,21 +156,27 @@ def rule_no_workers(ctx: Context) -> list[dict]:
     return out
 
 
-def rule_add_workers(ctx: Context) -> list[dict]:
-    out = []
+def _sizable(ctx: Context, cpu_bound: bool):
+    """Data-bound loaders of one kind (CPU- or I/O-bound) whose worker time and
+    step time are known: (view, why-this-kind, Little's-law worker count)."""
     for lv in ctx.loaders:
         if not _data_bound_workers(lv):
             continue
         kind = _bound_kind(lv)
-        if kind is None or not kind[0]:
+        if kind is None or kind[0] != cpu_bound:
             continue
         if lv.worker_ms is None or lv.step_ms is None or lv.step_ms <= 0:
             continue
+        yield lv, kind[1], little_workers(lv.worker_ms, lv.step_ms)
+
+
+def rule_add_workers(ctx: Context) -> list[dict]:
+    out = []
+    for lv, why, little in _sizable(ctx, cpu_bound=True):
         free = _free_cores_for(ctx, lv)
         if free is None:
             continue
         nw = lv.num_workers
-        little = little_workers(lv.worker_ms, lv.step_ms)
         # Little's law can say "enough" while the loop still waits (the fetch
         # time misses IPC/unpickling): one more worker is then the measured
         # next step.
@@ -200,7 +206,7 @@ def rule_add_workers(ctx: Context) -> list[dict]:
             "main_loops": ctx.main_loops,
             "free_cores": r(free, 2),
             "cpu_bound": True,
-            "cpu_bound_reason": kind[1],
+            "cpu_bound_reason": why,
         }
         out.append(hint("add-workers", "warn", lv.pid, lv.lid, msg, sugg, ev))
     return out
@@ -208,16 +214,8 @@ def rule_add_workers(ctx: Context) -> list[dict]:
 
 def rule_io_bound(ctx: Context) -> list[dict]:
     out = []
-    for lv in ctx.loaders:
-        if not _data_bound_workers(lv):
-            continue
-        kind = _bound_kind(lv)
-        if kind is None or kind[0]:
-            continue
-        if lv.worker_ms is None or lv.step_ms is None or lv.step_ms <= 0:
-            continue
+    for lv, why, little in _sizable(ctx, cpu_bound=False):
         nw = lv.num_workers
-        little = little_workers(lv.worker_ms, lv.step_ms)
         rec = min(max(little, nw + 1), IO_MAX_RECOMMENDED_WORKERS)
         if rec <= nw:
             continue
@@ -233,7 +231,7 @@ def rule_io_bound(ctx: Context) -> list[dict]:
             "little_law_workers": little,
             "usable_cores": ctx.usable_cores,
             "cpu_bound": False,
-            "cpu_bound_reason": kind[1],
+            "cpu_bound_reason": why,
         }
         out.append(hint("io-bound", "warn", lv.pid, lv.lid, msg, sugg, ev))
     return out
