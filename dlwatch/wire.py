@@ -19,7 +19,7 @@ connection is closed; so is a malformed or oversized frame.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from typing import Any
 
 PROTOCOL_VERSION = 1
 # Windows carry a handful of loaders with up to a few dozen workers each:
@@ -210,9 +210,3 @@ def check_protocol(hello: dict[str, Any]) -> None:
             f"{PROTOCOL_VERSION}; use the same dlwatch version in the job and the monitor"
         )
 
-
-def iter_lines(data: bytes) -> Iterator[bytes]:
-    """Split already-complete wire data into lines (for recorded streams)."""
-    for line in data.split(b"\n"):
-        if line.strip():
-            yield line

@@ -330,12 +330,6 @@ def test_client_hello():
     assert wire.validate(h) is h
 
 
-def test_iter_lines():
-    data = wire.encode(ERROR) + b"\n  \n" + wire.encode(CLIENT_HELLO)
-    lines = list(wire.iter_lines(data))
-    assert [json.loads(x) for x in lines] == [ERROR, CLIENT_HELLO]
-
-
 # --- fuzzing -------------------------------------------------------------------------------
 
 _chunks = st.lists(

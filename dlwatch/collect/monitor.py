@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from dlwatch import rundir
 from dlwatch.collect import window as win
-from dlwatch.collect.jobs import JobConnection, discover
+from dlwatch.collect.jobs import JobConnection, discover, pid_alive
 from dlwatch.collect.schedstat import SchedSampler
 
 SCHEMA_VERSION = 1
@@ -110,8 +110,6 @@ class Monitor:
         # Jobs whose socket vanished while we were not connected.
         for pid, c in list(self.conns.items()):
             if c.sock is None and c.state == "unreachable":
-                from dlwatch.collect.jobs import pid_alive
-
                 if not pid_alive(pid):
                     c._set_ended("exited", "the process has exited")
         self._trim_exited()

@@ -102,8 +102,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Client:
-    __slots__ = ("sock", "decoder", "out", "greeted", "t_connect", "closing", "history_frames",
-                 "t_progress")
+    __slots__ = ("sock", "decoder", "out", "greeted", "t_connect", "closing", "t_progress")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -112,7 +111,6 @@ class _Client:
         self.greeted = False
         self.t_connect = time.monotonic()
         self.closing = False
-        self.history_frames = HISTORY_FRAMES
         self.t_progress = self.t_connect  # last time its backlog was empty or shrank
 
 
@@ -261,7 +259,7 @@ class Publisher:
         now = time.perf_counter_ns()
         self._seq += 1
         loaders = []
-        for st in patches.registry.snapshot():
+        for st in patches.registry.snapshot(now):
             try:
                 loaders.append(st.frame(now))
             except Exception:

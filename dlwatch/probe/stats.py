@@ -14,7 +14,6 @@ import multiprocessing
 import threading
 import weakref
 from collections import deque
-from time import perf_counter_ns as _clock
 
 from dlwatch.probe import worker as _worker
 
@@ -22,6 +21,10 @@ from dlwatch.probe import worker as _worker
 EPOCH_HISTORY = 20
 # Loaders remembered per process; the oldest garbage-collected ones go first.
 MAX_LOADERS = 64
+# A loader that was garbage-collected stays in frames this long (the monitor
+# sees its final figures), then leaves them: a job that builds a DataLoader
+# every epoch must not grow every frame by one loader per epoch.
+DEAD_LOADER_KEEP_NS = 10 * 10**9
 
 
 class LoaderStats:
@@ -29,7 +32,7 @@ class LoaderStats:
         "id", "loader_ref", "config", "epoch", "batches", "wait_ns", "step_ns",
         "teardown_ns", "t_enter", "t_last", "epoch_t0", "first_pending",
         "epoch_start_ms", "epoch_ms", "iter_ref", "slots", "slots_view",
-        "num_workers", "alive", "__weakref__",
+        "num_workers", "dead_since", "__weakref__",
     )
 
     def __init__(self, loader_id: int, loader, config: dict) -> None:
@@ -51,7 +54,7 @@ class LoaderStats:
         self.slots = None
         self.slots_view = None
         self.num_workers = int(config.get("num_workers") or 0)
-        self.alive = True
+        self.dead_since = 0  # clock when the publisher first saw the loader gone
 
     # --- called from the patched iterator (trainer main thread) -------------
 
@@ -98,7 +101,8 @@ class LoaderStats:
             pids = _worker_pids(it)
             workers = _worker.read_workers(view, self.num_workers, now_ns, pids)
         loader_alive = self.loader_ref() is not None if self.loader_ref is not None else False
-        self.alive = loader_alive
+        if not loader_alive and it is None and not self.dead_since:
+            self.dead_since = now_ns
         out = dict(self.config)
         out.update({
             "id": self.id,
@@ -238,8 +242,15 @@ class Registry:
         while len(self._by_loader) > MAX_LOADERS:
             del self._by_loader[next(iter(self._by_loader))]
 
-    def snapshot(self) -> list[LoaderStats]:
+    def snapshot(self, now_ns: int | None = None) -> list[LoaderStats]:
+        """Loaders in id order; with ``now_ns``, first forgets those dead for
+        longer than DEAD_LOADER_KEEP_NS."""
         with self._lock:
+            if now_ns is not None:
+                gone = [k for k, s in self._by_loader.items()
+                        if s.dead_since and now_ns - s.dead_since > DEAD_LOADER_KEEP_NS]
+                for k in gone:
+                    del self._by_loader[k]
             return sorted(self._by_loader.values(), key=lambda s: s.id)
 
     def clear(self) -> None:
@@ -247,6 +258,3 @@ class Registry:
         self._next_id = 0
         self._lock = threading.Lock()
 
-
-def now_ns() -> int:
-    return _clock()
