@@ -73,12 +73,12 @@ async def test_headline_figures_and_workers_match_snapshot():
 
         table = app.screen.query_one(WorkersTable)
         assert table.row_count == 4
-        pids = [row_text(table, row.key.value)[1] for row in table.ordered_rows]
+        pids = [row_text(table, key)[1] for key in table.row_keys]
         assert pids == ["4301", "4302", "4303", "4304"]
-        first = row_text(table, table.ordered_rows[0].key.value)
+        first = row_text(table, table.row_keys[0])
         assert first[2].endswith("97%") and first[3] == "98%" and first[4] == "176 ms"
         assert first[5] == "610 MiB" and first[6] == "240 MiB" and first[7] == "3" and first[8] == "running"
-        assert row_text(table, table.ordered_rows[2].key.value)[6] == "n/a"  # uss None
+        assert row_text(table, table.row_keys[2])[6] == "n/a"  # uss None
 
         history = app.screen.query_one("#wait-history", FixedSparkline)
         assert history.values[-1] == pytest.approx(62.0)
@@ -217,7 +217,7 @@ async def test_ranks_of_one_run_are_grouped_under_an_aggregate_row():
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
         jobs = app.screen.query_one(JobList)
-        keys = [r.key.value for r in jobs.ordered_rows]
+        keys = jobs.row_keys
         assert keys == ["run:a1b2c3:2", "job:5001", "job:5002", "job:4242", "job:6001"]
         agg = row_text(jobs, "run:a1b2c3:2")
         assert agg[0].startswith("▾ run ×2")
@@ -234,7 +234,7 @@ async def test_switching_jobs_with_tab_j_k_and_arrows():
         table = app.screen.query_one(WorkersTable)
 
         def pids():
-            return [row_text(table, r.key.value)[1] for r in table.ordered_rows]
+            return [row_text(table, key)[1] for key in table.row_keys]
 
         assert app.selected_key == "job:5001"  # the aggregate row is not selectable
         assert pids()[0] == "5101"
@@ -292,7 +292,7 @@ async def test_dismiss_exited_job_only():
         await settle(pilot)
         assert source.dismissed == {4242}
         jobs = app.screen.query_one(JobList)
-        assert "job:4242" not in [r.key.value for r in jobs.ordered_rows]
+        assert "job:4242" not in jobs.row_keys
         assert app.selected_key == "job:5001"
 
 
@@ -306,7 +306,7 @@ async def test_workers_table_is_updated_in_place_by_key():
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
         table = app.screen.query_one(WorkersTable)
-        keys_before = [r.key for r in table.ordered_rows]
+        keys_before = table.row_keys
 
         def no_clear(*a, **k):
             raise AssertionError("the workers table must not be cleared")
@@ -319,10 +319,10 @@ async def test_workers_table_is_updated_in_place_by_key():
         workers.append(F.worker(4, 4305))
         source.push(snap)
         await wait_until(pilot, lambda: table.row_count == 5)
-        keys_after = [r.key for r in table.ordered_rows]
+        keys_after = table.row_keys
         assert keys_after[:3] == keys_before[:3]
-        assert row_text(table, keys_after[0].value)[2].endswith("12%")
-        assert [row_text(table, k.value)[1] for k in keys_after] == ["4301", "4302", "4303", "4399", "4305"]
+        assert row_text(table, keys_after[0])[2].endswith("12%")
+        assert [row_text(table, k)[1] for k in keys_after] == ["4301", "4302", "4303", "4399", "4305"]
         loaders = app.screen.query(LoaderPanel)
         assert len(loaders) == 1
 
@@ -351,7 +351,7 @@ async def test_tables_updated_in_place_render_like_fresh_ones():
         await settle(pilot)
         source.push(_changed_figures())
         workers = app.screen.query_one(WorkersTable)
-        await wait_until(pilot, lambda: row_text(workers, workers.ordered_rows[0].key.value)[2].endswith("11%"))
+        await wait_until(pilot, lambda: row_text(workers, workers.row_keys[0])[2].endswith("11%"))
         await settle(pilot)
         updated = [list(s) for s in app.screen._compositor.render_strips()]
     fresh_app = make_app(StaticSource([_changed_figures()]), interval=FAST)
@@ -363,55 +363,45 @@ async def test_tables_updated_in_place_render_like_fresh_ones():
 
 
 @sync
-async def test_keyed_table_update_cell_drops_only_stale_renders():
-    """Render (filling the caches), update cells in place, render again: the
-    lines are those of a table built with the new values, and the cells that
-    did not change came from the cache."""
+async def test_line_table_repaints_only_the_rows_that_changed():
+    """Update a table in place: its lines are those of a table built with the
+    new values (text and styles), and only the changed row was rendered again."""
     from rich.text import Text
     from textual.app import App
 
-    from dlwatch.tui.keyed import KeyedTable
+    from dlwatch.tui.linetable import Column, LineTable
 
-    cols = ("a", "b", "c")
-    old = [[Text("1"), Text("x", style="red"), Text("10%")], [Text("2"), Text("y"), Text("20%")]]
-    new = [[Text("1"), Text("x", style="green"), Text("11%")], [Text("2"), Text("y"), Text("20%")]]
+    cols = [Column("a", "a", 5, "right"), Column("b", "b", 5), Column("c", "c", 5)]
+    old = [("r0", [Text("1"), Text("x", style="red"), Text("10%")]),
+           ("r1", [Text("2"), Text("y"), Text("20%")])]
+    new = [("r0", [Text("1"), Text("x", style="green"), Text("11%")]),
+           ("r1", [Text("2"), Text("y"), Text("20%")])]
 
     class TwoTables(App):
         def compose(self):
-            for name in ("patched", "fresh"):
-                table = KeyedTable(id=name, cursor_type="none", show_cursor=False)
-                table.can_focus = False
-                yield table
-
-    def fill(table, rows):
-        for c in cols:
-            table.add_column(c, key=c, width=5)
-        for i, cells in enumerate(rows):
-            table.add_row(*cells, key=f"r{i}")
+            yield LineTable(cols, zebra=True, id="patched")
+            yield LineTable(cols, zebra=True, id="fresh")
 
     def lines(table):
         return [list(table.render_line(y)) for y in range(3)]
 
     app = TwoTables()
     async with app.run_test(size=(40, 10)) as pilot:
-        patched, fresh = app.query_one("#patched", KeyedTable), app.query_one("#fresh", KeyedTable)
-        fill(patched, old)
-        fill(fresh, new)
+        patched, fresh = app.query_one("#patched", LineTable), app.query_one("#fresh", LineTable)
+        patched.set_rows(old)
+        fresh.set_rows(new)
         await pilot.pause()
-        lines(patched)
-        lines(patched)  # cached now
-        renders = []
-        real = patched._render_cell
-        patched._render_cell = lambda *a, **k: (renders.append(a[:2]), real(*a, **k))[1]
-        count = patched._update_count
-        patched.update_cell("r0", "b", new[0][1])
-        patched.update_cell("r0", "c", new[0][2])
-        assert patched._update_count == count  # no table-wide invalidation
+        first = lines(patched)
+        assert plain_segments(first[0]).split() == ["a", "b", "c"]  # the header
+        assert plain_segments(first[1]).startswith("     1  x ")  # fixed widths, justified
+        built = patched.strips_built
+        assert patched.set_rows(new) == [0]
         got = lines(patched)
         assert [plain_segments(s) for s in got] == [plain_segments(s) for s in lines(fresh)]
         assert got == lines(fresh)
-        # Row 0's changed cells were rendered again; row 1 and the header came from the cache.
-        assert {(r, c) for r, c in renders if r != -1 and (r, c) != (0, 0)} == {(0, 1), (0, 2)}
+        assert patched.strips_built == built + 1  # row 1 and the header came from the cache
+        assert patched.set_rows(new) == []  # the same figures: nothing to repaint
+        assert patched.get_row("r0")[2].plain == "11%"
 
 
 @sync
@@ -465,8 +455,14 @@ async def test_unchanged_figures_do_not_touch_the_widgets():
         table = app.screen.query_one(WorkersTable)
         jobs = app.screen.query_one(JobList)
         for t in (table, jobs):
-            real = t.update_cells
-            t.update_cells = lambda changes, _real=real: (calls.extend(changes), _real(changes))[1]
+            real = t.set_rows
+
+            def spy(*a, _real=real, **k):
+                changed = _real(*a, **k)
+                calls.extend(changed)
+                return changed
+
+            t.set_rows = spy
         hints = app.screen.query_one(HintsPanel)
         real_update = hints.update
         hints.update = lambda *a, **k: (calls.append(("hints",)), real_update(*a, **k))[1]
@@ -478,7 +474,8 @@ async def test_unchanged_figures_do_not_touch_the_widgets():
         snap["jobs"][0]["loaders"][0]["workers"][1]["cpu_percent"] = 3.0
         source.push(snap)
         await wait_until(pilot, lambda: len(calls) == 1)
-        assert calls[0][1] == "cpu"
+        assert calls == [1]  # worker 1's row, and only it, is repainted
+        assert row_text(table, table.row_keys[1])[2].endswith("3%")
 
 
 @sync

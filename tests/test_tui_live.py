@@ -79,7 +79,7 @@ def real_worker_pids(pid: int) -> set[int]:
 def job_row(app, pid: int) -> list[str] | None:
     table = app.screen.query_one(JobList)
     key = f"job:{pid}"
-    if key not in {r.key.value for r in table.ordered_rows}:
+    if key not in set(table.row_keys):
         return None
     return row_text(table, key)
 
@@ -89,7 +89,7 @@ def shown_worker_pids(app) -> list[int]:
     if not tables:  # no loader panel yet
         return []
     table = tables[0]
-    return [int(row_text(table, r.key.value)[1]) for r in table.ordered_rows]
+    return [int(row_text(table, key)[1]) for key in table.row_keys]
 
 
 def model_job(snap: dict | None, pid: int) -> dict | None:

@@ -55,8 +55,7 @@ class GpuRow(Horizontal):
     def show(self, g: dict, pal: fmt.Palette, wide: bool) -> None:
         set_static(self.query_one(".gpu-summary", Static), gpu_summary(g, pal, wide))
         spark = self.query_one(".gpu-history", FixedSparkline)
-        spark.style_for = lambda v: pal.accent
-        spark.set_values(g.get("history"))
+        spark.set_values(g.get("history"), lambda v: pal.accent, pal)
 
 
 class GpuPanel(Vertical):

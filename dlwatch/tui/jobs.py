@@ -8,10 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.text import Text
-from textual.widgets.data_table import ColumnKey
 
 from dlwatch.tui import fmt
-from dlwatch.tui.keyed import KeyedTable, sync_rows
+from dlwatch.tui.linetable import Column, LineTable
 
 
 def job_key(job: Any, index: int) -> str:
@@ -107,44 +106,30 @@ def group_jobs(jobs: Any) -> list[JobRow]:
 STATE_STYLE = {"live": "good", "exited": "dim", "unreachable": "warn", "mixed": "warn"}
 
 
-class JobList(KeyedTable):
+class JobList(LineTable):
     """Rows are never focused by the user directly: the app moves the cursor
     (tab/j/k) so that the same keys work whatever has focus."""
 
-    can_focus = False
-
     COLUMNS = ("job", "command", "state", "wait", "batch/s")
+    WIDTHS = {"job": 14, "command": 30, "state": 8, "wait": 9, "batch/s": 7}
 
     def __init__(self, **kwargs) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=False, show_cursor=True, **kwargs)
+        super().__init__([Column(c, c, self.WIDTHS[c], "right" if c == "batch/s" else "left")
+                          for c in self.COLUMNS], cursor=True, **kwargs)
         self.rows_model: list[JobRow] = []
-        self._cmd_width = 30
 
     def on_mount(self) -> None:
-        widths = {"job": 14, "command": self._cmd_width, "state": 8, "wait": 9, "batch/s": 7}
-        for col in self.COLUMNS:
-            self.add_column(col, key=col, width=widths[col])
         self.fit_command_column(self.app.size.width)
 
     def fit_command_column(self, screen_width: int) -> None:
         """Give the command column whatever the fixed columns leave."""
-        fixed = sum(c.width for key, c in self.columns.items() if key.value != "command")
-        padding = 2 * self.cell_padding * len(self.columns)
-        width = max(12, screen_width - fixed - padding - 2)
-        column = self.columns.get(ColumnKey("command"))
-        if column is not None and column.width != width:
-            column.width = width
-            self._require_update_dimensions = True
-            self.refresh(layout=True)
+        fixed = sum(c.width for c in self.columns if c.key != "command")
+        padding = 2 * len(self.columns)
+        self.set_column_width("command", max(12, screen_width - fixed - padding - 2))
 
     def show(self, rows: list[JobRow], selected_key: str | None, pal: fmt.Palette) -> None:
         self.rows_model = rows
-        sync_rows(self, self.COLUMNS, [(r.key, self._cells(r, pal)) for r in rows])
-        keys = [r.key for r in rows]
-        if selected_key in keys:
-            idx = keys.index(selected_key)
-            if self.cursor_row != idx:
-                self.move_cursor(row=idx, animate=False)
+        self.set_rows([(r.key, self._cells(r, pal)) for r in rows], cursor_key=selected_key)
 
     def _cells(self, row: JobRow, pal: fmt.Palette) -> list[Text]:
         job = row.job

@@ -108,8 +108,7 @@ class WaitGauge(Horizontal):
         spark = self.query_one("#wait-history", FixedSparkline)
         history = [None if fmt.num(v) is None else fmt.num(v) * 100
                    for v in fmt.lst(fmt.d(ld.get("history")).get("data_wait_fraction"))]
-        spark.style_for = lambda v: pal.level(fmt.wait_level(v / 100)) or ""
-        spark.set_values(history)
+        spark.set_values(history, lambda v: pal.level(fmt.wait_level(v / 100)) or "", pal)
         set_static(self.query_one("#wait-axis", Static),
                    Text(f"history, 1 sample/s, fixed scale 0–100 % (now {fmt.pct(frac)})", pal.dim))
 

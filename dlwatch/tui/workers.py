@@ -7,7 +7,7 @@ from typing import Any
 from rich.text import Text
 
 from dlwatch.tui import fmt
-from dlwatch.tui.keyed import KeyedTable, sync_rows
+from dlwatch.tui.linetable import Column, LineTable
 
 CPU_BAR = 5
 
@@ -24,26 +24,21 @@ def worker_sort_key(item: tuple[int, dict]) -> tuple:
     return (wid is None, wid if wid is not None else index, index)
 
 
-class WorkersTable(KeyedTable):
-    can_focus = False
-
+class WorkersTable(LineTable):
     # Fixed widths: the table fits 80 columns and never jitters as figures change.
     COLUMNS = (("id", "id", 2), ("pid", "PID", 7), ("cpu", "CPU", CPU_BAR + 5),
                ("busy", "busy", 4), ("fetch", "fetch", 7), ("rss", "RSS", 7),
                ("uss", "USS", 7), ("threads", "thr", 3), ("state", "state", 9))
 
     def __init__(self, **kwargs) -> None:
-        super().__init__(cursor_type="none", show_cursor=False, zebra_stripes=True, **kwargs)
-
-    def on_mount(self) -> None:
-        for key, label, width in self.COLUMNS:
-            self.add_column(label, key=key, width=width)
+        super().__init__([Column(key, label, width, "left" if key in ("cpu", "state") else "right")
+                          for key, label, width in self.COLUMNS],
+                         zebra=True, **kwargs)
 
     def show(self, workers: Any, pal: fmt.Palette) -> None:
         items = sorted(((i, w) for i, w in enumerate(fmt.lst(workers)) if isinstance(w, dict)),
                        key=worker_sort_key)
-        rows = [(worker_key(w, i), self._cells(w, pal)) for i, w in items]
-        sync_rows(self, [c[0] for c in self.COLUMNS], rows)
+        self.set_rows([(worker_key(w, i), self._cells(w, pal)) for i, w in items])
 
     @staticmethod
     def _cells(w: dict, pal: fmt.Palette) -> list[Text]:

@@ -1,0 +1,246 @@
+"""A small table drawn with Textual's line API: one cached line per row.
+
+The display refreshes twice a second and, with a few jobs and a dozen
+workers, most rows change a figure every time. Textual's DataTable renders
+each cell through rich padding and style lookups and keeps its caches
+table-wide; drawing it was most of the TUI's CPU. Here each row is one line:
+built once from its cells when they change (the cells are compared, not
+trusted), kept as a ready ``Strip``, and only the lines of changed rows are
+repainted. Columns have fixed widths so figures never make the table jitter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+from textual.geometry import Size
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from dlwatch.tui.keyed import text_key
+
+PAD = 1  # blank cells either side of every column, as DataTable draws them
+
+
+@dataclass
+class Column:
+    key: str
+    label: str
+    width: int
+    justify: str = "left"  # for cells that do not say
+
+
+@dataclass
+class _Row:
+    key: str
+    cells: list[Text]
+    sig: tuple
+    strip: Strip | None = None
+    strip_key: tuple | None = None
+
+
+def fit(text: Text, width: int, justify: str) -> Text:
+    """``text`` on one line of exactly ``width`` cells: cut with an ellipsis
+    when too long, padded on the side its justification says."""
+    t = text.copy()
+    t.plain = t.plain.replace("\n", " ")
+    if t.cell_len > width:
+        t.truncate(width, overflow="ellipsis")
+    gap = width - t.cell_len
+    if gap > 0:
+        how = text.justify or justify
+        if how == "right":
+            t.pad_left(gap)
+        elif how == "center":
+            t.pad_left(gap // 2)
+            t.pad_right(gap - gap // 2)
+        else:
+            t.pad_right(gap)
+    return t
+
+
+class LineTable(ScrollView, can_focus=False):
+    """Rows of ``Text`` cells under a fixed header.
+
+    ``set_rows`` takes the whole table each refresh and works out what
+    changed; ``cursor_key`` highlights one row (kept in view) and ``zebra``
+    stripes every other row.
+    """
+
+    COMPONENT_CLASSES = {"line-table--header", "line-table--stripe", "line-table--cursor"}
+
+    DEFAULT_CSS = """
+    LineTable {
+        background: $surface;
+        color: $foreground;
+        height: auto;
+        max-height: 100%;
+        overflow-x: hidden;
+        overflow-y: auto;
+        & > .line-table--header {
+            text-style: bold;
+            background: $panel;
+            color: $foreground;
+        }
+        &:ansi > .line-table--header {
+            background: ansi_bright_blue;
+            color: ansi_default;
+        }
+        & > .line-table--stripe {
+            background: $surface-lighten-1 50%;
+        }
+        &:dark > .line-table--stripe {
+            background: $surface-darken-1 40%;
+        }
+        & > .line-table--cursor {
+            background: $block-cursor-blurred-background;
+        }
+    }
+    """
+
+    def __init__(self, columns: Sequence[Column], *, zebra: bool = False, cursor: bool = False,
+                 **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.columns: list[Column] = list(columns)
+        self.zebra = zebra
+        self.show_cursor = cursor
+        self._rows: list[_Row] = []
+        self._index: dict[str, int] = {}
+        self._cursor: int | None = None
+        self._line_style_cache: tuple[Style, Style, Style, Style] | None = None
+        self._header: tuple[tuple, Strip] | None = None
+        self.strips_built = 0  # how many row lines were rendered (tests, benchmarks)
+        self._update_virtual_size()
+
+    # ------------------------------------------------------------ the model
+
+    @property
+    def row_count(self) -> int:
+        return len(self._rows)
+
+    @property
+    def row_keys(self) -> list[str]:
+        return [r.key for r in self._rows]
+
+    @property
+    def cursor_row(self) -> int | None:
+        return self._cursor
+
+    def get_row(self, key: str) -> list[Text]:
+        return list(self._rows[self._index[key]].cells)
+
+    def set_rows(self, rows: Sequence[tuple[str, Sequence[Text]]], cursor_key: str | None = None) -> list[int]:
+        """Show ``rows`` (key, cells) in this order; returns the indexes of
+        the rows that look different from before (those lines are repainted)."""
+        old = self._rows
+        new: list[_Row] = []
+        changed: list[int] = []
+        for i, (key, cells) in enumerate(rows):
+            cells = [c if isinstance(c, Text) else Text(str(c)) for c in cells]
+            sig = tuple(text_key(c) for c in cells)
+            prev = old[i] if i < len(old) else None
+            if prev is not None and prev.key == key and prev.sig == sig:
+                new.append(prev)
+                continue
+            row = _Row(key, cells, sig)
+            if prev is not None and prev.sig == sig:
+                row.strip, row.strip_key = prev.strip, prev.strip_key  # same look, another key
+            else:
+                changed.append(i)
+            new.append(row)
+        self._rows = new
+        self._index = {r.key: i for i, r in enumerate(new)}
+        cursor = self._index.get(cursor_key) if (self.show_cursor and cursor_key is not None) else None
+        if cursor != self._cursor:
+            changed += [i for i in (self._cursor, cursor) if i is not None and i < len(new)]
+            self._cursor = cursor
+        if len(new) != len(old):
+            self._update_virtual_size()
+            self.refresh(layout=True)
+        else:
+            for i in sorted(set(changed)):
+                self.refresh_lines(i + 1)  # line 0 is the header
+        if cursor is not None:
+            self._scroll_into_view(cursor)
+        return sorted(set(changed))
+
+    def set_column_width(self, key: str, width: int) -> None:
+        for column in self.columns:
+            if column.key == key and column.width != width:
+                column.width = width
+                self._forget_lines()
+                self._update_virtual_size()
+                self.refresh(layout=True)
+
+    def _update_virtual_size(self) -> None:
+        width = sum(c.width + 2 * PAD for c in self.columns)
+        self.virtual_size = Size(width, len(self._rows) + 1)
+
+    def _scroll_into_view(self, index: int) -> None:
+        visible = max(1, self.scrollable_content_region.height - 1)
+        top = int(self.scroll_y)
+        if index < top:
+            self.scroll_to(y=index, animate=False, immediate=True)
+        elif index >= top + visible:
+            self.scroll_to(y=index - visible + 1, animate=False, immediate=True)
+
+    # ------------------------------------------------------------ drawing
+
+    def notify_style_update(self) -> None:
+        # Theme or CSS changed: every cached line has stale colours.
+        self._forget_lines()
+        super().notify_style_update()
+
+    def _forget_lines(self) -> None:
+        self._line_style_cache = None
+        self._header = None
+        for row in self._rows:
+            row.strip = row.strip_key = None
+
+    def _line_styles(self) -> tuple[Style, Style, Style, Style]:
+        if self._line_style_cache is None:
+            self._line_style_cache = (
+                self.rich_style,
+                self.get_component_rich_style("line-table--header"),
+                self.get_component_rich_style("line-table--stripe", partial=True),
+                self.get_component_rich_style("line-table--cursor", partial=True),
+            )
+        return self._line_style_cache
+
+    def _line(self, cells: Sequence[Text], pre: Style, post: Style | None, width: int) -> Strip:
+        line = Text(no_wrap=True, end="")
+        blank = " " * PAD
+        for column, cell in zip(self.columns, cells):
+            line.append(blank)
+            line.append_text(fit(cell, column.width, column.justify))
+            line.append(blank)
+        segments = list(Segment.apply_style(line.render(self.app.console), pre, post))
+        return Strip(segments).crop_extend(0, width, pre)
+
+    def render_line(self, y: int) -> Strip:
+        width = self.scrollable_content_region.width
+        base, header, stripe, cursor = self._line_styles()
+        if y == 0:
+            key = (width, tuple((c.label, c.width) for c in self.columns))
+            if self._header is None or self._header[0] != key:
+                labels = [Text(c.label, justify=c.justify) for c in self.columns]
+                self._header = (key, self._line(labels, base + header, None, width))
+            return self._header[1]
+        index = int(self.scroll_y) + y - 1
+        if not 0 <= index < len(self._rows):
+            return Strip.blank(width, base)
+        row = self._rows[index]
+        is_cursor = index == self._cursor
+        striped = self.zebra and index % 2 == 0
+        key = (width, is_cursor, striped)
+        if row.strip is None or row.strip_key != key:
+            pre = base + stripe if striped else base
+            post = Style(bgcolor=cursor.bgcolor, bold=cursor.bold) if is_cursor else None
+            row.strip = self._line(row.cells, pre, post, width)
+            row.strip_key = key
+            self.strips_built += 1
+        return row.strip
