@@ -405,6 +405,43 @@ def test_steady_uss_is_read_less_often_and_a_change_restores_the_pace(spawn, mon
     assert late and all(g == 10.0 for g in late), reads[start:]
 
 
+def test_uss_cpu_budget_caps_repeat_reads_and_shares_them_fairly(spawn, monkeypatch):
+    kids = [spawn(SLEEP) for _ in range(4)]
+    pids = [k.pid for k in kids]
+    clock = FakeClock()
+    cpu = {"t": 0.0}
+    reads: list[tuple[float, int]] = []
+    real = psutil.Process.memory_full_info
+
+    def costly(self):
+        reads.append((clock.t, self.pid))
+        cpu["t"] += 0.05  # each read "costs" 50 ms of CPU
+        return real(self)
+
+    monkeypatch.setattr(psutil.Process, "memory_full_info", costly)
+    # 1 % of a core: a 50 ms read is paid back after 5 s.
+    sampler = ProcSampler(uss_interval_s=2.0, clock=clock, uss_cpu_budget=0.01,
+                          cpu_clock=lambda: cpu["t"])
+    sampler.sample(pids)
+    assert sorted(p for _, p in reads) == sorted(pids)  # first sight: never held back
+    reads.clear()
+    for _ in range(60):
+        clock.t += 1.0
+        out = sampler.sample(pids)
+        assert all(out[p]["uss_bytes"] > 0 for p in pids)  # the last value stays on show
+    # Without the budget: every 2 s each, 120 reads. With it: one per 5 s.
+    assert 10 <= len(reads) <= 13, reads
+    assert all(b - a >= 5.0 for (a, _), (b, _) in zip(reads, reads[1:]))
+    per_pid = [sum(1 for _, p in reads if p == pid) for pid in pids]
+    assert max(per_pid) - min(per_pid) <= 1, per_pid  # the longest overdue goes first
+
+
+def test_uss_cpu_budget_must_be_a_fraction():
+    for bad in (0, -0.1, 1.5):
+        with pytest.raises(ValueError):
+            ProcSampler(uss_interval_s=1.0, uss_cpu_budget=bad)
+
+
 def test_force_uss_reads_every_process(spawn, monkeypatch):
     p = spawn(SLEEP)
     calls = []

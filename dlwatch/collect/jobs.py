@@ -70,6 +70,8 @@ class JobConnection:
         self.decoder = wire.FrameDecoder()
         self.job: dict | None = None
         self.frames: deque[dict] = deque(maxlen=max_frames)
+        # loader id -> (newest frame's mono_ns when computed, 1 s history series)
+        self.history_cache: dict[int, tuple[int, dict]] = {}
         self.state = "connecting"
         self.reason = ""
         self.bad_frames = 0

@@ -28,6 +28,13 @@ RESCAN_S = 1.0
 HELLO_GRACE_S = 2.0
 GPU_EVERY_S = 1.0
 HISTORY_POINTS = 120
+HISTORY_EVERY_NS = 1_000_000_000
+# The diagnosis's own pass carries only what warm-up detection reads.
+WARMUP_POINTS = 8
+# The live loop builds twice a second; the host figures and the diagnosis
+# (whose hold times are seconds) are refreshed once a second.
+HOST_EVERY_S = 1.0
+DIAGNOSE_EVERY_S = 1.0
 # The live view samples its processes at most this often (the display may
 # refresh faster: the figures stay from the last sample). A new PID is sampled
 # at once.
@@ -43,7 +50,11 @@ USS_INTERVAL_S = 10.0
 # reports (32 MiB within its 300 s window, 1.1 MiB per 10 s) always moves
 # that much, so a leak keeps the 10 s cadence; it is noticed at most 30 s late.
 USS_MAX_INTERVAL_S = 30.0
-USS_EVERY = 4  # kept for callers that build a count-based sampler
+# And all of those repeat reads together spend at most 0.2 % of one core:
+# a torch worker's smaps_rollup costs ~3.5 ms here, so 8 workers keep the
+# 10 s pace and 32 are each read about once a minute (the rule still fits a
+# steady leak: a staircase of 5 steps over its 300 s window has R^2 ~0.96).
+USS_CPU_BUDGET = 0.002
 # Exited jobs stay on screen with their last figures until dismissed, but a
 # box that runs thousands of short jobs must not grow the model without bound.
 MAX_EXITED = 32
@@ -81,6 +92,10 @@ class Monitor:
         self._proc_cache: dict[int, dict] = {}
         self._proc_cache_at: float | None = None
         self._latest: dict | None = None
+        self._host_cache: dict = {}
+        self._host_at: float | None = None
+        self._hints: list = []
+        self._hints_at: float | None = None
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -164,7 +179,7 @@ class Monitor:
                     for ld in c.frames[-1]["loaders"]:
                         workers.update(w["pid"] for w in ld["workers"] if w.get("pid"))
         procs = self._sample_procs(mains, workers, reuse_procs) if self._procs else {}
-        host = _safe(self._host.sample, {}) if self._host else {}
+        host = self._sample_host(reuse_procs)
         self._sample_gpu()
         status, gpus = self._gpu_state
         snap: dict[str, Any] = {
@@ -184,13 +199,27 @@ class Monitor:
             "runtime_dir_error": self.dir_error,
         }
         if self._diagnoser is not None:
+            t = time.monotonic()
+            if reuse_procs and self._hints_at is not None and t - self._hints_at < DIAGNOSE_EVERY_S:
+                snap["hints"] = self._hints
+                return snap
             dw = self.diagnose_window_s
             judged = snap
             if abs(dw - window_s) > 1e-6:
                 judged = dict(snap, window_s=dw, jobs=[
                     job_dict(c, dw, procs, now, history=False) for c in conns])
             snap["hints"] = _safe(lambda: self._diagnoser.update(judged), [])
+            self._hints, self._hints_at = snap["hints"], t
         return snap
+
+    def _sample_host(self, reuse: bool) -> dict:
+        if not self._host:
+            return {}
+        t = time.monotonic()
+        if reuse and self._host_at is not None and t - self._host_at < HOST_EVERY_S:
+            return self._host_cache
+        self._host_cache, self._host_at = _safe(self._host.sample, {}), t
+        return self._host_cache
 
     def _sample_procs(self, mains: set[int], workers: set[int], reuse: bool,
                       force_uss: bool = False) -> dict:
@@ -314,7 +343,8 @@ def _default_procs():
     try:
         from dlwatch.collect.procs import ProcSampler
 
-        return ProcSampler(uss_interval_s=USS_INTERVAL_S, uss_max_interval_s=USS_MAX_INTERVAL_S)
+        return ProcSampler(uss_interval_s=USS_INTERVAL_S, uss_max_interval_s=USS_MAX_INTERVAL_S,
+                           uss_cpu_budget=USS_CPU_BUDGET)
     except Exception:
         return None
 
@@ -389,12 +419,30 @@ def job_dict(c: JobConnection, window_s: float, procs: dict, now: float,
     if last is None:
         return out
     for ld in last["loaders"]:
-        out["loaders"].append(loader_dict(frames, ld, window_s, procs if c.live else {}, history))
+        out["loaders"].append(loader_dict(frames, ld, window_s, procs if c.live else {},
+                                          _history(c, frames, ld["id"], history)))
     return out
 
 
+def _history(c: JobConnection, frames: list[dict], loader_id: int, full: bool) -> dict:
+    """The loader's 1 s history, computed at most once per second of the job's
+    clock (its points are a second apart; the live figures are not from it).
+    Without ``full``, only what warm-up detection reads: the last few points."""
+    newest = frames[-1]["mono_ns"]
+    cached = c.history_cache.get(loader_id)
+    if cached is None or newest < cached[0] or newest - cached[0] >= HISTORY_EVERY_NS:
+        cached = (newest, win.series(frames, loader_id, 1.0, HISTORY_POINTS))
+        live = {ld["id"] for ld in frames[-1]["loaders"]}
+        c.history_cache = {k: v for k, v in c.history_cache.items() if k in live}
+        c.history_cache[loader_id] = cached
+    series = cached[1]
+    if full:
+        return {k: list(v) for k, v in series.items()}
+    return {k: v[-WARMUP_POINTS:] for k, v in series.items()}
+
+
 def loader_dict(frames: list[dict], ld: dict, window_s: float, procs: dict,
-                history: bool = True) -> dict:
+                history: dict) -> dict:
     w = win.loader_window(frames, ld["id"], window_s) or {}
     esm = ld.get("epoch_start_ms") or []
     em = ld.get("epoch_ms") or []
@@ -440,8 +488,7 @@ def loader_dict(frames: list[dict], ld: dict, window_s: float, procs: dict,
         "worker_ms_per_batch": w.get("worker_ms_per_batch"),
         "window_mono_ns": [w.get("start_mono_ns"), w.get("end_mono_ns")],
         "workers": workers,
-        # The diagnosis's own pass skips it, except what warm-up detection reads.
-        "history": win.series(frames, ld["id"], 1.0, HISTORY_POINTS if history else 8),
+        "history": history,
     }
 
 

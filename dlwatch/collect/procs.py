@@ -128,6 +128,12 @@ class ProcSampler:
     - ``uss_every`` (count based, when no interval is given): every
       ``uss_every``-th sample of the process.
 
+    - ``uss_cpu_budget`` (with an interval): repeat reads together may use
+      at most this fraction of one core. Each read's CPU time is measured;
+      until the budget has paid it back no repeat read runs, and then only
+      the longest overdue process's. Many large processes are then read
+      less often than the interval; a first read is never held back.
+
     ``sample(..., force_uss=True)`` reads it for every process regardless.
 
     On the first sample of a process, ``cpu_percent`` is its average since it
@@ -137,15 +143,22 @@ class ProcSampler:
 
     def __init__(self, uss_every: int = 1, clock: Callable[[], float] = time.monotonic,
                  uss_interval_s: float | None = None,
-                 uss_max_interval_s: float | None = None) -> None:
+                 uss_max_interval_s: float | None = None,
+                 uss_cpu_budget: float | None = None,
+                 cpu_clock: Callable[[], float] = time.thread_time) -> None:
         if uss_every < 1:
             raise ValueError("uss_every must be >= 1")
         if uss_interval_s is not None and uss_interval_s < 0:
             raise ValueError("uss_interval_s must be >= 0")
+        if uss_cpu_budget is not None and not 0 < uss_cpu_budget <= 1:
+            raise ValueError("uss_cpu_budget must be a fraction of one core in (0, 1]")
         self.uss_every = uss_every
         self.uss_interval_s = uss_interval_s
         self.uss_max_interval_s = uss_max_interval_s
+        self.uss_cpu_budget = uss_cpu_budget
         self._clock = clock
+        self._cpu_clock = cpu_clock
+        self._uss_free_at = float("-inf")  # budget: no repeat read before this time
         self._tracked: dict[int, _Tracked] = {}
 
     def tracked_pids(self) -> set[int]:
@@ -163,8 +176,9 @@ class ProcSampler:
         wanted = list(dict.fromkeys(int(p) for p in pids))
         mains = None if main_pids is None else {int(p) for p in main_pids}
         ussing = None if uss_pids is None else {int(p) for p in uss_pids}
+        granted = self._uss_grant(wanted, ussing)
         out = {pid: self._sample_one(pid, mains is None or pid in mains,
-                                     ussing is None or pid in ussing, force_uss)
+                                     ussing is None or pid in ussing, force_uss, pid == granted)
                for pid in wanted}
         # Bounded memory: keep state only for PIDs asked for this time and still alive.
         self._tracked = {
@@ -173,6 +187,25 @@ class ProcSampler:
             if pid in self._tracked and out[pid]["state"] != "gone"
         }
         return out
+
+    def _budgeted(self) -> bool:
+        return self.uss_cpu_budget is not None and self.uss_interval_s is not None
+
+    def _uss_grant(self, wanted: list[int], ussing: set[int] | None) -> int | None:
+        """With a CPU budget: the one process whose repeat USS read may run
+        in this sample, the longest overdue, once the budget has refilled."""
+        if not self._budgeted():
+            return None
+        now = self._clock()
+        if now < self._uss_free_at:
+            return None
+        due = []
+        for pid in wanted:
+            st = self._tracked.get(pid)
+            if (st is not None and st.uss_due is not None and now >= st.uss_due
+                    and (ussing is None or pid in ussing)):
+                due.append((st.uss_due, pid))
+        return min(due)[1] if due else None
 
     def _track(self, pid: int) -> _Tracked:
         """State for ``pid``, reset when the PID now belongs to another process."""
@@ -194,7 +227,7 @@ class ProcSampler:
         return fresh
 
     def _sample_one(self, pid: int, want_main: bool = True, want_uss: bool = True,
-                    force_uss: bool = False) -> dict[str, Any]:
+                    force_uss: bool = False, uss_granted: bool = False) -> dict[str, Any]:
         if pid <= 0:
             return _empty(pid, "gone", f"invalid pid {pid}")
         try:
@@ -232,7 +265,7 @@ class ProcSampler:
                 mem = read(st.proc.memory_info, "statm")
                 res["threads"] = read(st.proc.num_threads, "status")
             threads = read(st.proc.threads, "task") if want_main else None
-            uss = self._uss(st, pid, note, now, force_uss) if want_uss else None
+            uss = self._uss(st, pid, note, now, force_uss, uss_granted) if want_uss else None
         except _Failed as f:
             self._tracked.pop(pid, None)
             return _empty(pid, f.state or "gone", f.reason)
@@ -296,14 +329,24 @@ class ProcSampler:
         st.uss_due = max(st.uss_due + st.uss_gap, now + st.uss_gap / 2)
 
     def _uss(self, st: _Tracked, pid: int, note: Callable[[_Failed], None], now: float,
-             force: bool = False) -> int | None:
-        if self._uss_due(st, pid, now) or force or (st.uss is None and st.uss_failure is None):
+             force: bool = False, granted: bool = False) -> int | None:
+        first = st.uss is None and st.uss_failure is None
+        due = self._uss_due(st, pid, now)
+        if force or first or (due and (granted or not self._budgeted())):
             prev = st.uss
+            cpu0 = self._cpu_clock()
             try:
                 st.uss = _call(pid, st.proc.memory_full_info, "smaps").uss
                 st.uss_failure = None
             except _Failed as f:
                 st.uss, st.uss_failure = None, f
+            if self._budgeted():
+                # The read's own CPU time, paid back at the budget's rate; a
+                # burst of first reads (a job starting) adds at most one
+                # interval on top.
+                cost = max(0.0, self._cpu_clock() - cpu0) / self.uss_cpu_budget
+                self._uss_free_at = min(max(self._uss_free_at, now) + cost,
+                                        now + max(cost, self.uss_interval_s or 0.0))
             self._schedule_uss(st, pid, now, prev)
         # Between USS reads the last failure still explains the missing figure.
         if st.uss_failure is not None:
