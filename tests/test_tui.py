@@ -20,6 +20,7 @@ from dlwatch.tui.jobs import JobList, group_jobs
 from dlwatch.tui.loader import LoaderPanel
 from dlwatch.tui.sources import ReplaySource, Source, StaticSource
 from dlwatch.tui.sparkline import FixedSparkline
+from dlwatch.tui.textline import TextLine
 from dlwatch.tui.workers import WorkersTable
 from tests import tui_fixtures as F
 from tests.tui_fixtures import make_app, plain, row_text, screen_lines
@@ -52,7 +53,7 @@ async def wait_until(pilot, cond, timeout: float = 3.0) -> None:
 
 
 def status(app) -> str:
-    return plain(app.screen.query_one("#status", Static))
+    return plain(app.screen.query_one("#status", TextLine))
 
 
 # ------------------------------------------------------------------ figures
@@ -63,12 +64,12 @@ async def test_headline_figures_and_workers_match_snapshot():
     app = make_app([F.data_bound()])
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
-        label = plain(app.screen.query_one("#wait-label", Static))
+        label = plain(app.screen.query_one("#wait-label", TextLine))
         assert "DATA WAIT" in label and "62%" in label and "BAD" in label
-        stats = plain(app.screen.query_one("#loader-stats", Static))
+        stats = plain(app.screen.query_one("#loader-stats", TextLine))
         assert "12.3 batch/s" in stats and "wait 50.4 ms" in stats and "step 81.2 ms" in stats
         assert "epoch 3" in stats and "1.84 s" in stats
-        queue = plain(app.screen.query_one("#loader-queue", Static))
+        queue = plain(app.screen.query_one("#loader-queue", TextLine))
         assert "0 ready" in queue and "8 in flight" in queue and "/ 8" in queue
 
         table = app.screen.query_one(WorkersTable)
@@ -107,7 +108,7 @@ async def test_wide_layout_uses_big_digits_and_gpu_history():
         assert app.screen.has_class("-wide")
         digits = app.screen.query_one("#wait-digits", Digits)
         assert digits.value == "62" and digits.display and digits.has_class("-bad")
-        rows = [plain(s) for s in app.screen.query(".gpu-summary").results(Static)]
+        rows = [plain(s) for s in app.screen.query(".gpu-summary").results(TextLine)]
         assert len(rows) == 2
         assert "GPU0" in rows[0] and "util  23%" in rows[0] and "9.0 GiB/80 GiB" in rows[0]
         assert "util  71%" in rows[1]
@@ -120,7 +121,7 @@ async def test_compact_gpu_is_one_line():
     app = make_app([F.data_bound(with_gpu=True)])
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
-        line = plain(app.screen.query_one("#gpu-line", Static))
+        line = plain(app.screen.query_one("#gpu-line", TextLine))
         assert line == "GPU0 util 23% mem 11% · GPU1 util 71% mem 51%"
         assert not app.screen.query_one("#gpu-rows").display
 
@@ -130,7 +131,7 @@ async def test_no_gpu_is_one_line_with_reason_and_host_line():
     app = make_app([F.data_bound()])
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
-        assert plain(app.screen.query_one("#gpu-line", Static)) == "GPU: n/a: NVML not found"
+        assert plain(app.screen.query_one("#gpu-line", TextLine)) == "GPU: n/a: NVML not found"
         host = plain(app.screen.query_one(HostLine))
         assert "4 usable cores (cgroup v2 quota 4 cores)" in host
         assert "load 103% of usable" in host and "/dev/shm free 31 GiB" in host
@@ -206,8 +207,8 @@ async def test_job_appears_then_shows_exited_with_last_figures():
         assert row_text(jobs, "job:4242")[2] == "live"
         source.push(F.with_exited(F.data_bound()))
         await wait_until(pilot, lambda: row_text(jobs, "job:4242")[2] == "exited")
-        assert "EXITED (exit code 0)" in plain(app.screen.query_one("#job-header", Static))
-        assert "62%" in plain(app.screen.query_one("#wait-label", Static))  # last figures kept
+        assert "EXITED (exit code 0)" in plain(app.screen.query_one("#job-header", TextLine))
+        assert "62%" in plain(app.screen.query_one("#wait-label", TextLine))  # last figures kept
         assert "1 exited" in status(app)
 
 
@@ -242,7 +243,7 @@ async def test_switching_jobs_with_tab_j_k_and_arrows():
         assert app.selected_key == "job:5002"
         await settle(pilot)
         assert pids()[0] == "5201"
-        assert "rank 1/2" in plain(app.screen.query_one("#job-header", Static))
+        assert "rank 1/2" in plain(app.screen.query_one("#job-header", TextLine))
         await pilot.press("j")
         assert app.selected_key == "job:4242"
         await pilot.press("down")
@@ -490,9 +491,9 @@ async def test_loader_panels_follow_the_number_of_loaders():
         await wait_until(pilot, lambda: len(app.screen.query(LoaderPanel)) == 2)
         await settle(pilot)
         second = list(app.screen.query(LoaderPanel))[1]
-        assert "loader 1" in plain(second.query_one("#loader-title", Static))
-        assert "num_workers=0" in plain(second.query_one("#no-workers", Static))
-        assert "n/a" in plain(second.query_one("#loader-queue", Static))
+        assert "loader 1" in plain(second.query_one("#loader-title", TextLine))
+        assert "num_workers=0" in plain(second.query_one("#no-workers", TextLine))
+        assert "n/a" in plain(second.query_one("#loader-queue", TextLine))
         source.push(F.data_bound())
         await wait_until(pilot, lambda: len(app.screen.query(LoaderPanel)) == 1)
 
@@ -514,12 +515,12 @@ async def test_pause_stops_display_updates_and_resume_catches_up():
         calls = source.calls
         await pilot.pause(0.3)
         assert source.calls == calls  # the app stopped asking
-        assert "62%" in plain(app.screen.query_one("#wait-label", Static))
+        assert "62%" in plain(app.screen.query_one("#wait-label", TextLine))
         await pilot.press("j")  # switching jobs still works while paused
         await pilot.press("p")
         await settle(pilot)
         assert not app.paused and "PAUSED" not in status(app)
-        assert "5%" in plain(app.screen.query_one("#wait-label", Static))
+        assert "5%" in plain(app.screen.query_one("#wait-label", TextLine))
 
 
 @sync
@@ -607,7 +608,7 @@ async def test_malformed_snapshot_renders_na_and_never_raises():
             await settle(pilot, 1)
         assert app.errors == {}
         assert "updated n/a" in status(app)
-        assert "GPU: n/a" in plain(app.screen.query_one("#gpu-line", Static))
+        assert "GPU: n/a" in plain(app.screen.query_one("#gpu-line", TextLine))
         assert "host n/a cores" in plain(app.screen.query_one(HostLine))
     async with make_app([F.malformed()]).run_test(size=(120, 40)) as pilot:
         await settle(pilot)
@@ -641,7 +642,7 @@ async def test_formatting_error_becomes_a_status_line_not_a_traceback(monkeypatc
         await settle(pilot)
         error = plain(app.screen.query_one("#error", Static))
         assert "could not draw hints: ValueError: bad figure" in error
-        assert "62%" in plain(app.screen.query_one("#wait-label", Static))  # the rest still drawn
+        assert "62%" in plain(app.screen.query_one("#wait-label", TextLine))  # the rest still drawn
         assert app.is_running
 
 

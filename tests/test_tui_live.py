@@ -22,13 +22,13 @@ from pathlib import Path
 
 import psutil
 import pytest
-from textual.widgets import Static
 
 from dlwatch.collect.monitor import Monitor
 from dlwatch.tui import fmt
 from dlwatch.tui.app import DlwatchApp
 from dlwatch.tui.hints import HintsPanel
 from dlwatch.tui.jobs import JobList
+from dlwatch.tui.textline import TextLine
 from dlwatch.tui.workers import WorkersTable
 from tests.e2e_util import Job
 from tests.tui_fixtures import plain, row_text, screen_lines
@@ -105,7 +105,7 @@ def model_loader(snap: dict | None, pid: int) -> dict | None:
 
 
 def wait_label(app) -> str:
-    return plain(app.screen.query_one("#wait-label", Static))
+    return plain(app.screen.query_one("#wait-label", TextLine))
 
 
 async def select(pilot, app, pid: int) -> None:
@@ -181,7 +181,7 @@ async def test_real_job_workers_and_data_wait_reach_the_screen(job):
         # constant 0 % or 100 % that would match by accident.
         assert 0.05 < ld["data_wait_fraction"] < 0.95, ld["data_wait_fraction"]
         # And the header names the real process.
-        assert str(pid) in plain(app.screen.query_one("#job-header", Static))
+        assert str(pid) in plain(app.screen.query_one("#job-header", TextLine))
 
 
 @sync
@@ -217,7 +217,7 @@ async def test_second_job_appears_live_and_a_killed_job_shows_exited_with_last_f
         assert row_b[2] == "exited"
         assert row_b[3].strip() != fmt.NA and "%" in row_b[3], row_b
         assert app.selected_key == f"job:{pid_b}", "selection stays on the exited job"
-        assert "EXITED" in plain(app.screen.query_one("#job-header", Static)).upper()
+        assert "EXITED" in plain(app.screen.query_one("#job-header", TextLine)).upper()
         label = wait_label(app)
         assert "%" in label and fmt.NA not in label, label
         ld = model_loader(app.snapshot, pid_b)
@@ -234,7 +234,7 @@ async def test_second_job_appears_live_and_a_killed_job_shows_exited_with_last_f
         assert job_row(app, pid_b)[2] == "exited"
         # The other job is untouched.
         assert job_row(app, pid_a)[2] == "live"
-        assert "1 exited" in plain(app.screen.query_one("#status", Static))
+        assert "1 exited" in plain(app.screen.query_one("#status", TextLine))
 
 
 @sync

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, TypeVar
 
 from rich.style import Style
 from rich.text import Text
@@ -31,6 +31,9 @@ from dlwatch.tui.keyed import set_static
 from dlwatch.tui.loader import LoaderPanel
 from dlwatch.tui.sources import Source
 from dlwatch.tui.status import job_header, status_text
+from dlwatch.tui.textline import TextLine
+
+W = TypeVar("W")
 
 # Below this size everything collapses to one line per section (80×24 is the
 # design's floor); from here up the gauge gets big digits and GPUs a graph.
@@ -55,11 +58,11 @@ class MonitorScreen(Screen):
     ]
 
     def compose(self) -> ComposeResult:
-        yield Static(id="status")
+        yield TextLine(id="status")
         yield Static(id="error")
         yield JobList(id="jobs")
         with VerticalScroll(id="main", can_focus=False):
-            yield Static(id="job-header")
+            yield TextLine(id="job-header")
             yield Static(id="message")
             yield Vertical(id="loaders")
         yield GpuPanel(id="gpu")
@@ -75,7 +78,21 @@ class MonitorScreen(Screen):
         else:
             main.scroll_page_up(animate=False)
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.ready = False
+        self._refs: dict[str, object] = {}
+
+    def ref(self, selector: str, kind: type[W]) -> W:
+        """``query_one``, remembered: this screen's widgets stay for its life,
+        and a DOM query on every refresh is a measurable share of the TUI's CPU."""
+        widget = self._refs.get(selector)
+        if widget is None:
+            widget = self._refs[selector] = self.query_one(selector, kind)
+        return widget  # type: ignore[return-value]
+
     def on_mount(self) -> None:
+        self.ready = True
         # The app's first tick may come before this screen exists.
         app = self.app
         if isinstance(app, DlwatchApp):
@@ -205,7 +222,7 @@ class DlwatchApp(App):
             screen = self._monitor()
         except RuntimeError:
             return
-        if not screen.query(JobList):
+        if not screen.ready:
             return  # not composed yet; its on_mount redraws
         self._drawn = self.snapshot
         snap = self.visible_snapshot()
@@ -215,13 +232,13 @@ class DlwatchApp(App):
         wide = screen.has_class("-wide")
         pal = self.palette
         job = self.selected_job()
-        self._guard("job list", screen.query_one(JobList).show, self.rows, self.selected_key, pal)
+        self._guard("job list", screen.ref("#jobs", JobList).show, self.rows, self.selected_key, pal)
         self._guard("job", self._draw_job, screen, snap, job, pal, wide)
-        screen.query_one(GpuPanel).display = snap is not None
-        self._guard("gpu", screen.query_one(GpuPanel).show, snap or {}, pal, wide)
+        screen.ref("#gpu", GpuPanel).display = snap is not None
+        self._guard("gpu", screen.ref("#gpu", GpuPanel).show, snap or {}, pal, wide)
         self._guard("host", self._draw_host, screen, snap, pal, wide)
         pid = fmt.intval(job.get("pid")) if job else None
-        self._guard("hints", screen.query_one(HintsPanel).show, snap, pid, pal, wide)
+        self._guard("hints", screen.ref("#hints", HintsPanel).show, snap, pid, pal, wide)
         self._guard("status", self._draw_status)
 
     def _guard(self, what: str, fn: Callable, *args):
@@ -234,11 +251,11 @@ class DlwatchApp(App):
 
     def _draw_status(self) -> None:
         screen = self._monitor()
-        set_static(screen.query_one("#status", Static), status_text(
+        set_static(screen.ref("#status", TextLine), status_text(
             version=self.version, snapshot=self.snapshot, rows=self.rows, interval=self.interval,
             paused=self.paused, now=self.clock(), time_format=self.time_format, pal=self.palette,
             source_error=self.source_error))
-        error = screen.query_one("#error", Static)
+        error = screen.ref("#error", Static)
         error.display = bool(self.errors)
         if self.errors:
             what, msg = next(iter(self.errors.items()))
@@ -247,17 +264,17 @@ class DlwatchApp(App):
                                    self.palette.bad))
 
     def _draw_host(self, screen: Screen, snap: dict | None, pal: fmt.Palette, wide: bool) -> None:
-        host = screen.query_one(HostLine)
+        host = screen.ref("#host", HostLine)
         host.display = snap is not None
         if snap is not None:
             host.show(snap, pal, wide)
 
     def _draw_job(self, screen: Screen, snap: dict | None, job: dict | None,
                   pal: fmt.Palette, wide: bool) -> None:
-        header = screen.query_one("#job-header", Static)
-        message = screen.query_one("#message", Static)
-        loaders_box = screen.query_one("#loaders", Vertical)
-        screen.query_one(JobList).display = bool(self.rows)
+        header = screen.ref("#job-header", TextLine)
+        message = screen.ref("#message", Static)
+        loaders_box = screen.ref("#loaders", Vertical)
+        screen.ref("#jobs", JobList).display = bool(self.rows)
         if snap is None or job is None:
             header.display = False
             loaders_box.display = False
@@ -307,7 +324,7 @@ class DlwatchApp(App):
 
     def resize_columns(self, width: int) -> None:
         try:
-            table = self._monitor().query_one(JobList)
+            table = self._monitor().ref("#jobs", JobList)
         except Exception:
             return
         table.fit_command_column(width)

@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
-from textual.widgets import Static
+from dlwatch.tui.textline import TextLine
 
 from dlwatch.tui import fmt
 from dlwatch.tui.keyed import set_static
@@ -49,11 +49,11 @@ def gpu_summary(g: dict, pal: fmt.Palette, wide: bool) -> Text:
 
 class GpuRow(Horizontal):
     def compose(self) -> ComposeResult:
-        yield Static(classes="gpu-summary")
+        yield TextLine(classes="gpu-summary")
         yield FixedSparkline(top=100.0, classes="gpu-history")
 
     def show(self, g: dict, pal: fmt.Palette, wide: bool) -> None:
-        set_static(self.query_one(".gpu-summary", Static), gpu_summary(g, pal, wide))
+        set_static(self.query_one(".gpu-summary", TextLine), gpu_summary(g, pal, wide))
         spark = self.query_one(".gpu-history", FixedSparkline)
         spark.set_values(g.get("history"), lambda v: pal.accent, pal)
 
@@ -68,7 +68,7 @@ class GpuPanel(Vertical):
         self._composed = False
 
     def compose(self) -> ComposeResult:
-        yield Static(id="gpu-line", classes="line")
+        yield TextLine(id="gpu-line", classes="line")
         yield Vertical(id="gpu-rows")
 
     def on_mount(self) -> None:
@@ -80,7 +80,7 @@ class GpuPanel(Vertical):
         self._pending = (snapshot, pal, wide)
         if not self._composed:
             return
-        line = self.query_one("#gpu-line", Static)
+        line = self.query_one("#gpu-line", TextLine)
         rows = self.query_one("#gpu-rows", Vertical)
         status = gpu_status_line(snapshot, pal)
         gpus = [g for g in fmt.lst(snapshot.get("gpus")) if isinstance(g, dict)]

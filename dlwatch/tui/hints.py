@@ -52,7 +52,17 @@ def hint_text(h: dict, pal: fmt.Palette, wide: bool) -> Text:
 
 
 class HintsPanel(Static):
+    _shown_for: tuple | None = None
+
     def show(self, snapshot: dict | None, job_pid: int | None, pal: fmt.Palette, wide: bool) -> None:
+        # The collector re-judges once a second and hands the same list over
+        # in between: nothing to format again.
+        hints_obj = snapshot.get("hints") if isinstance(snapshot, dict) else None
+        key = (hints_obj, job_pid, pal, wide)
+        if hints_obj is not None and self._shown_for is not None and self._shown_for[0] is hints_obj \
+                and self._shown_for[1:] == key[1:]:
+            return
+        self._shown_for = key
         if snapshot is None:
             set_static(self, Text("hints: waiting for data…", pal.dim))
             return

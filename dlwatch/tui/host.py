@@ -4,10 +4,10 @@ free /dev/shm."""
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
 
 from dlwatch.tui import fmt
 from dlwatch.tui.keyed import set_static
+from dlwatch.tui.textline import TextLine
 
 
 def cores_source(host: dict) -> str:
@@ -49,6 +49,6 @@ def host_text(snapshot: dict, pal: fmt.Palette, wide: bool) -> Text:
     return t
 
 
-class HostLine(Static):
+class HostLine(TextLine):
     def show(self, snapshot: dict, pal: fmt.Palette, wide: bool) -> None:
         set_static(self, host_text(snapshot, pal, wide))

@@ -24,6 +24,7 @@ from textual.strip import Strip
 from dlwatch.tui.keyed import text_key
 
 PAD = 1  # blank cells either side of every column, as DataTable draws them
+CELL_CACHE_MAX = 4096  # rendered cells kept (a few screens' worth); then start afresh
 
 
 @dataclass
@@ -41,6 +42,17 @@ class _Row:
     sig: tuple
     strip: Strip | None = None
     strip_key: tuple | None = None
+
+
+def _runs(indexes: list[int]) -> list[tuple[int, int]]:
+    """Sorted indexes as (start, count) runs of consecutive values."""
+    runs: list[tuple[int, int]] = []
+    for i in indexes:
+        if runs and runs[-1][0] + runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs
 
 
 def fit(text: Text, width: int, justify: str) -> Text:
@@ -113,6 +125,7 @@ class LineTable(ScrollView, can_focus=False):
         self._cursor: int | None = None
         self._line_style_cache: tuple[Style, Style, Style, Style] | None = None
         self._header: tuple[tuple, Strip] | None = None
+        self._cell_cache: dict[tuple, list[Segment]] = {}
         self.strips_built = 0  # how many row lines were rendered (tests, benchmarks)
         self._update_virtual_size()
 
@@ -162,8 +175,8 @@ class LineTable(ScrollView, can_focus=False):
             self._update_virtual_size()
             self.refresh(layout=True)
         else:
-            for i in sorted(set(changed)):
-                self.refresh_lines(i + 1)  # line 0 is the header
+            for start, count in _runs(sorted(set(changed))):
+                self.refresh_lines(start + 1, count)  # line 0 is the header
         if cursor is not None:
             self._scroll_into_view(cursor)
         return sorted(set(changed))
@@ -197,6 +210,7 @@ class LineTable(ScrollView, can_focus=False):
 
     def _forget_lines(self) -> None:
         self._line_style_cache = None
+        self._cell_cache.clear()
         self._header = None
         for row in self._rows:
             row.strip = row.strip_key = None
@@ -211,15 +225,24 @@ class LineTable(ScrollView, can_focus=False):
             )
         return self._line_style_cache
 
-    def _line(self, cells: Sequence[Text], pre: Style, post: Style | None, width: int) -> Strip:
-        line = Text(no_wrap=True, end="")
-        blank = " " * PAD
-        for column, cell in zip(self.columns, cells):
-            line.append(blank)
-            line.append_text(fit(cell, column.width, column.justify))
-            line.append(blank)
-        segments = list(Segment.apply_style(line.render(self.app.console), pre, post))
-        return Strip(segments).crop_extend(0, width, pre)
+    def _line(self, cells: Sequence[Text], pre: Style, post: Style | None, width: int,
+              sig: tuple | None = None) -> Strip:
+        # Cells are rendered once per look and column: in a row that changed,
+        # most cells (PID, RSS, state...) did not.
+        cache = self._cell_cache
+        if len(cache) > CELL_CACHE_MAX:
+            cache.clear()
+        segments: list[Segment] = []
+        for i, (column, cell) in enumerate(zip(self.columns, cells)):
+            key = (i, column.width, column.justify, sig[i] if sig is not None else text_key(cell))
+            rendered = cache.get(key)
+            if rendered is None:
+                line = Text(" " * PAD, no_wrap=True, end="")
+                line.append_text(fit(cell, column.width, column.justify))
+                line.append(" " * PAD)
+                rendered = cache[key] = list(line.render(self.app.console))
+            segments += rendered
+        return Strip(list(Segment.apply_style(segments, pre, post))).crop_extend(0, width, pre)
 
     def render_line(self, y: int) -> Strip:
         width = self.scrollable_content_region.width
@@ -240,7 +263,7 @@ class LineTable(ScrollView, can_focus=False):
         if row.strip is None or row.strip_key != key:
             pre = base + stripe if striped else base
             post = Style(bgcolor=cursor.bgcolor, bold=cursor.bold) if is_cursor else None
-            row.strip = self._line(row.cells, pre, post, width)
+            row.strip = self._line(row.cells, pre, post, width, row.sig)
             row.strip_key = key
             self.strips_built += 1
         return row.strip

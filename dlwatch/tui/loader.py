@@ -14,6 +14,7 @@ from textual.widgets import Digits, Static
 from dlwatch.tui import fmt
 from dlwatch.tui.keyed import set_static
 from dlwatch.tui.sparkline import FixedSparkline
+from dlwatch.tui.textline import TextLine
 from dlwatch.tui.workers import WorkersTable
 
 QUEUE_BAR = 12
@@ -77,18 +78,29 @@ def queue_line(ld: dict, pal: fmt.Palette) -> Text:
 class WaitGauge(Horizontal):
     """Headline: share of the loop's time spent waiting for data."""
 
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._digits = Digits("", id="wait-digits")
+        self._label = TextLine(id="wait-label")
+        self._spark = FixedSparkline(top=100.0, id="wait-history")
+        self._axis = TextLine(id="wait-axis")
+
+    @property
+    def ready(self) -> bool:
+        return self._axis.is_mounted
+
     def compose(self) -> ComposeResult:
-        yield Digits("", id="wait-digits")
-        yield Static(id="wait-label")
+        yield self._digits
+        yield self._label
         with Vertical(id="wait-graph"):
-            yield FixedSparkline(top=100.0, id="wait-history")
-            yield Static(id="wait-axis")
+            yield self._spark
+            yield self._axis
 
     def show(self, ld: dict, pal: fmt.Palette, wide: bool) -> None:
         frac = fmt.num(ld.get("data_wait_fraction"))
         level = fmt.wait_level(frac)
         style = pal.level(level) if level else pal.dim
-        digits = self.query_one("#wait-digits", Digits)
+        digits = self._digits
         value = "--" if frac is None else f"{frac * 100:.0f}"
         if digits.value != value:
             digits.update(value)
@@ -104,13 +116,12 @@ class WaitGauge(Horizontal):
             label.append(" ")
         label.append(fmt.LEVEL_LABEL[level] if level else "n/a", f"bold {style}")
         label.append(" ")
-        set_static(self.query_one("#wait-label", Static), label)
-        spark = self.query_one("#wait-history", FixedSparkline)
+        set_static(self._label, label)
+        spark = self._spark
         history = [None if fmt.num(v) is None else fmt.num(v) * 100
                    for v in fmt.lst(fmt.d(ld.get("history")).get("data_wait_fraction"))]
         spark.set_values(history, lambda v: pal.level(fmt.wait_level(v / 100)) or "", pal)
-        set_static(self.query_one("#wait-axis", Static),
-                   Text(f"history, 1 sample/s, fixed scale 0–100 % (now {fmt.pct(frac)})", pal.dim))
+        set_static(self._axis, Text("history, 1 sample/s, fixed scale 0–100 %", pal.dim))
 
 
 class LoaderPanel(Vertical):
@@ -121,15 +132,18 @@ class LoaderPanel(Vertical):
         super().__init__(**kwargs)
         self._pending: tuple[dict, fmt.Palette, bool] | None = None
         self._composed = False
+        # Kept as attributes: looking them up on every refresh costs more than drawing them.
+        self._title = TextLine(id="loader-title", classes="line")
+        self._gauge = WaitGauge(id="wait-gauge")
+        self._stats = TextLine(id="loader-stats", classes="line")
+        self._queue = TextLine(id="loader-queue", classes="line")
+        self._table = WorkersTable(id="workers")
+        self._no_workers = TextLine(id="no-workers", classes="line")
+        self._notes = Static(id="worker-notes")
 
     def compose(self) -> ComposeResult:
-        yield Static(id="loader-title", classes="line")
-        yield WaitGauge(id="wait-gauge")
-        yield Static(id="loader-stats", classes="line")
-        yield Static(id="loader-queue", classes="line")
-        yield WorkersTable(id="workers")
-        yield Static(id="no-workers", classes="line")
-        yield Static(id="worker-notes")
+        yield from (self._title, self._gauge, self._stats, self._queue, self._table,
+                    self._no_workers, self._notes)
 
     def on_mount(self) -> None:
         self._composed = True
@@ -153,15 +167,17 @@ class LoaderPanel(Vertical):
             self.show(*self._pending)
 
     def _apply(self, ld: dict, pal: fmt.Palette, wide: bool) -> None:
-        set_static(self.query_one("#loader-title", Static), loader_title(ld, pal))
-        self.query_one("#wait-gauge", WaitGauge).show(ld, pal, wide)
-        set_static(self.query_one("#loader-stats", Static), loader_stats(ld, pal, wide))
-        set_static(self.query_one("#loader-queue", Static), queue_line(ld, pal))
+        if not self._gauge.ready:
+            raise NoMatches("the gauge is still mounting")
+        set_static(self._title, loader_title(ld, pal))
+        self._gauge.show(ld, pal, wide)
+        set_static(self._stats, loader_stats(ld, pal, wide))
+        set_static(self._queue, queue_line(ld, pal))
         workers = [w for w in fmt.lst(ld.get("workers")) if isinstance(w, dict)]
-        table = self.query_one("#workers", WorkersTable)
+        table = self._table
         table.show(workers, pal)
         table.display = bool(workers)
-        no_workers = self.query_one("#no-workers", Static)
+        no_workers = self._no_workers
         no_workers.display = not workers
         if not workers:
             nw = fmt.intval(ld.get("num_workers"))
@@ -175,6 +191,5 @@ class LoaderPanel(Vertical):
                 if notes:
                     notes.append("\n")
                 notes.append(f"! worker {fmt.count(w.get('id'))}: {err}", pal.warn)
-        note_widget = self.query_one("#worker-notes", Static)
-        set_static(note_widget, notes)
-        note_widget.display = bool(notes)
+        set_static(self._notes, notes)
+        self._notes.display = bool(notes)
