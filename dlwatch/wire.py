@@ -19,7 +19,7 @@ connection is closed; so is a malformed or oversized frame.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
 
 PROTOCOL_VERSION = 1
 # Windows carry a handful of loaders with up to a few dozen workers each:
@@ -152,20 +152,32 @@ WORKER_OPTIONAL = {"started_ns": _INT}
 ERROR = {"message": _STR}
 
 
-def _check(obj: Any, required: dict, optional: dict | None, what: str) -> None:
+def _check(obj: Any, required: dict, optional: dict | None, what: str | Callable[[], str]) -> None:
+    """Raise WireError unless ``obj`` is a dict with these fields. ``what``
+    names it in the message; a callable is only called for a message (a
+    frame holds dozens of objects, and good frames need no names)."""
     if not isinstance(obj, dict):
-        raise WireError(f"{what} must be a JSON object, got {type(obj).__name__}")
+        raise WireError(f"{_name(what)} must be a JSON object, got {type(obj).__name__}")
     for key, types in required.items():
         if key not in obj:
-            raise WireError(f"{what} lacks required field '{key}'")
-        _check_type(obj[key], types, f"{what}.{key}")
-    for key, types in (optional or {}).items():
-        if obj.get(key) is not None:
-            _check_type(obj[key], types, f"{what}.{key}")
+            raise WireError(f"{_name(what)} lacks required field '{key}'")
+        value = obj[key]
+        # bool is an int subclass: never accept it where a number is meant.
+        if not isinstance(value, types) or (value is True or value is False) and bool not in types:
+            _check_type(value, types, f"{_name(what)}.{key}")
+    if optional:
+        for key, types in optional.items():
+            value = obj.get(key)
+            if value is not None and (not isinstance(value, types)
+                                      or (value is True or value is False) and bool not in types):
+                _check_type(value, types, f"{_name(what)}.{key}")
+
+
+def _name(what: str | Callable[[], str]) -> str:
+    return what if isinstance(what, str) else what()
 
 
 def _check_type(value: Any, types: tuple, where: str) -> None:
-    # bool is an int subclass: never accept it where a number is meant.
     if isinstance(value, bool) and bool not in types:
         raise WireError(f"{where} has the wrong type (bool)")
     if not isinstance(value, types):
@@ -186,10 +198,10 @@ def validate(msg: Any) -> dict[str, Any]:
     elif kind == "window":
         _check(msg, WINDOW, WINDOW_OPTIONAL, "window")
         for i, ld in enumerate(msg["loaders"]):
-            _check(ld, LOADER, LOADER_OPTIONAL, f"window.loaders[{i}]")
-            _check(ld["queue"], {}, QUEUE_OPTIONAL, f"window.loaders[{i}].queue")
+            _check(ld, LOADER, LOADER_OPTIONAL, lambda i=i: f"window.loaders[{i}]")
+            _check(ld["queue"], {}, QUEUE_OPTIONAL, lambda i=i: f"window.loaders[{i}].queue")
             for j, w in enumerate(ld["workers"]):
-                _check(w, WORKER, WORKER_OPTIONAL, f"window.loaders[{i}].workers[{j}]")
+                _check(w, WORKER, WORKER_OPTIONAL, lambda i=i, j=j: f"window.loaders[{i}].workers[{j}]")
     elif kind == "error":
         _check(msg, ERROR, None, "error")
     else:

@@ -5,15 +5,17 @@ keeps state per PID; that state belongs to one process (PID and start time)
 so a recycled PID starts afresh instead of producing a nonsense delta against
 a dead process. PIDs no longer asked for are forgotten, which bounds memory.
 
-Costs, for a monitor that samples tens of processes every second: a
-process's ``psutil.Process`` is kept between samples and PID reuse is caught
-by comparing the start time in /proc/PID/stat (one small read) instead of
-building a new ``Process`` (which re-reads the create and boot time); the
-thread list (/proc/PID/task) is read only for the processes whose main-thread
-CPU is wanted (``main_pids``); and USS, whose /proc/PID/smaps_rollup walks
-the whole address space (milliseconds of kernel time for a torch process),
-is read per process at most every ``uss_interval_s``, each process at its
-own phase so that the reads spread out instead of bunching.
+Costs, for a monitor that samples tens of processes every second: the
+figures sampled every second (state, CPU times, threads, RSS and the start
+time that tells a recycled PID) all come from one read of /proc/PID/stat,
+parsed here (``read_stat``): psutil reads stat, status and statm for them,
+four times the CPU for the same numbers. psutil still builds the process
+once (create time) and reads USS. The main thread's CPU is its own
+/proc/PID/task/PID/stat, read only for the processes that want it
+(``main_pids``); and USS, whose /proc/PID/smaps_rollup walks the whole
+address space (milliseconds of kernel time for a torch process), is read per
+process at most every ``uss_interval_s``, each process at its own phase so
+that the reads spread out instead of bunching, and within a CPU budget.
 
 Every psutil/OS failure becomes a ``state`` and a readable ``error``; a
 vanished or unreadable process must never take the monitor down.
@@ -21,9 +23,10 @@ vanished or unreadable process must never take the monitor down.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, NamedTuple, TypeVar
 
 import psutil
 
@@ -207,22 +210,15 @@ class ProcSampler:
                 due.append((st.uss_due, pid))
         return min(due)[1] if due else None
 
-    def _track(self, pid: int) -> _Tracked:
-        """State for ``pid``, reset when the PID now belongs to another process."""
+    def _track(self, pid: int, stat: ProcStat) -> _Tracked:
+        """State for ``pid``, reset when the PID now belongs to another process
+        (its start time in /proc/PID/stat, in clock ticks since boot, differs)."""
         old = self._tracked.get(pid)
-        if old is not None:
-            # Cheap identity check: the start time in /proc/PID/stat (in clock
-            # ticks since boot) differs when the PID was recycled.
-            ticks = _call(pid, lambda: start_ticks(pid), "stat")
-            if ticks == old.start_ticks:
-                return old
+        if old is not None and old.start_ticks == stat.start_ticks:
+            return old
         proc = _call(pid, lambda: psutil.Process(pid))
         ct = _call(pid, proc.create_time, "stat")
-        try:
-            ticks = start_ticks(pid)
-        except (OSError, ValueError, IndexError):
-            ticks = None  # checked (and reported) again on the next sample
-        fresh = _Tracked(proc=proc, create_time=ct, start_ticks=ticks)
+        fresh = _Tracked(proc=proc, create_time=ct, start_ticks=stat.start_ticks)
         self._tracked[pid] = fresh
         return fresh
 
@@ -231,7 +227,8 @@ class ProcSampler:
         if pid <= 0:
             return _empty(pid, "gone", f"invalid pid {pid}")
         try:
-            st = self._track(pid)
+            stat = _call(pid, lambda: read_stat(pid), "stat")
+            st = self._track(pid, stat)
         except _Failed as f:
             self._tracked.pop(pid, None)
             return _empty(pid, f.state or "unknown", f.reason)
@@ -257,29 +254,21 @@ class ProcSampler:
                 return None
 
         try:
-            # oneshot: status, cpu_times, memory_info and num_threads share one
-            # read of /proc/PID/stat and /proc/PID/status.
-            with st.proc.oneshot():
-                status = read(st.proc.status, "status")
-                times = read(st.proc.cpu_times, "stat")
-                mem = read(st.proc.memory_info, "statm")
-                res["threads"] = read(st.proc.num_threads, "status")
-            threads = read(st.proc.threads, "task") if want_main else None
+            main_s = read(lambda: read_stat(pid, pid).cpu_s, "task") if want_main else None
             uss = self._uss(st, pid, note, now, force_uss, uss_granted) if want_uss else None
         except _Failed as f:
             self._tracked.pop(pid, None)
             return _empty(pid, f.state or "gone", f.reason)
 
-        if status is not None and res["state"] != "zombie":
-            res["state"] = status
+        if res["state"] != "zombie":
+            res["state"] = stat.state
         if res["state"] == "zombie" and not any("zombie" in e for e in errors):
             errors.insert(0, f"process {pid} is a zombie (exited, not yet reaped by its parent)")
 
-        if mem is not None:
-            res["rss_bytes"] = mem.rss
+        res["threads"] = stat.threads
+        res["rss_bytes"] = stat.rss_bytes
         res["uss_bytes"] = uss
-        cpu_s = times.user + times.system if times is not None else None
-        main_s = _main_thread_seconds(pid, threads)
+        cpu_s = stat.cpu_s
         if st.calls == 0:
             # First sight: average since the process started, from a zero baseline.
             interval = process_age_s(st.create_time)
@@ -360,15 +349,46 @@ def _phase(pid: int) -> float:
     return (pid * 0.6180339887498949) % 1.0
 
 
-def start_ticks(pid: int, proc_path: str = "/proc") -> int:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22).
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+# /proc/PID/stat state letters, named as psutil names them.
+_STATES = {
+    "R": psutil.STATUS_RUNNING, "S": psutil.STATUS_SLEEPING, "D": psutil.STATUS_DISK_SLEEP,
+    "T": psutil.STATUS_STOPPED, "t": psutil.STATUS_TRACING_STOP, "Z": psutil.STATUS_ZOMBIE,
+    "X": psutil.STATUS_DEAD, "x": psutil.STATUS_DEAD, "K": "wake-kill",
+    "W": psutil.STATUS_WAKING, "I": psutil.STATUS_IDLE, "P": psutil.STATUS_PARKED,
+}
 
-    Together with the PID it identifies a process: a recycled PID has a later one.
+
+class ProcStat(NamedTuple):
+    state: str
+    cpu_s: float  # user + system
+    threads: int
+    start_ticks: int  # clock ticks since boot: with the PID, the process's identity
+    rss_bytes: int
+
+
+def read_stat(pid: int, tid: int | None = None, proc_path: str = "/proc") -> ProcStat:
+    """/proc/PID/stat (or one thread's /proc/PID/task/TID/stat), parsed.
+
+    Raises OSError when it cannot be read or does not look like a stat line.
     """
-    with open(f"{proc_path}/{pid}/stat", "rb") as f:
+    path = f"{proc_path}/{pid}/task/{tid}/stat" if tid is not None else f"{proc_path}/{pid}/stat"
+    with open(path, "rb") as f:
         data = f.read()
-    # The command name (field 2) may hold spaces and parentheses: split after the last ")".
-    return int(data.rsplit(b")", 1)[1].split()[19])
+    try:
+        # The command name (field 2) may hold spaces and parentheses: split
+        # after the last ")"; what follows starts at field 3.
+        fields = data.rsplit(b")", 1)[1].split()
+        return ProcStat(
+            state=_STATES.get(fields[0].decode("ascii", "replace"), "unknown"),
+            cpu_s=(int(fields[11]) + int(fields[12])) / _CLK_TCK,
+            threads=int(fields[17]),
+            start_ticks=int(fields[19]),
+            rss_bytes=int(fields[21]) * _PAGE_SIZE,
+        )
+    except (IndexError, ValueError):
+        raise OSError(f"unexpected contents of {path}") from None
 
 
 def process_age_s(create_time: float, uptime_path: str = "/proc/uptime") -> float:
@@ -385,13 +405,3 @@ def process_age_s(create_time: float, uptime_path: str = "/proc/uptime") -> floa
         return uptime - (create_time - psutil.boot_time())
     except (OSError, ValueError, IndexError):
         return time.time() - create_time
-
-
-def _main_thread_seconds(pid: int, threads: list[Any] | None) -> float | None:
-    """CPU seconds of the thread whose tid == pid (the process's main thread)."""
-    if threads is None:
-        return None
-    for t in threads:
-        if t.id == pid:
-            return t.user_time + t.system_time
-    return None

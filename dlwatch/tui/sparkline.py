@@ -36,6 +36,7 @@ class FixedSparkline(Widget):
         self._values: list[Any] = []
         self._style_key: Any = None
         self._lines: tuple[tuple, list[Strip]] | None = None
+        self._base: Style | None = None
 
     @property
     def values(self) -> list[Any]:
@@ -57,6 +58,7 @@ class FixedSparkline(Widget):
 
     def notify_style_update(self) -> None:
         self._lines = None
+        self._base = None
         super().notify_style_update()
 
     def render_line(self, y: int) -> Strip:
@@ -68,7 +70,9 @@ class FixedSparkline(Widget):
         return lines[y] if 0 <= y < len(lines) else Strip.blank(width, self.rich_style)
 
     def _build(self, width: int, height: int) -> list[Strip]:
-        base = self.rich_style
+        if self._base is None:
+            self._base = self.rich_style
+        base = self._base
         styles: dict[str, Style] = {}
         out = []
         for row in fmt.sparkline_rows(self._values, width, height, self.top):

@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.cells import cell_len
 from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 from textual.geometry import Size
 from textual.strip import Strip
@@ -30,6 +31,7 @@ class TextLine(Widget):
         super().__init__(**kwargs)
         self._content = self._as_text(content)
         self._strips: tuple[int, list[Strip]] | None = None
+        self._base: Style | None = None  # the widget's own style: a walk up the DOM to compute
 
     @staticmethod
     def _as_text(content: Any) -> Text:
@@ -56,6 +58,7 @@ class TextLine(Widget):
 
     def notify_style_update(self) -> None:
         self._strips = None
+        self._base = None
         super().notify_style_update()
 
     def render_line(self, y: int) -> Strip:
@@ -65,10 +68,15 @@ class TextLine(Widget):
         strips = self._strips[1]
         if 0 <= y < len(strips):
             return strips[y]
-        return Strip.blank(width, self.rich_style)
+        return Strip.blank(width, self._base_style())
+
+    def _base_style(self) -> Style:
+        if self._base is None:
+            self._base = self.rich_style
+        return self._base
 
     def _render(self, width: int) -> list[Strip]:
-        base = self.rich_style
+        base = self._base_style()
         console = self.app.console
         strips = []
         for line in self._content.split("\n", allow_blank=True):
