@@ -209,8 +209,13 @@ def validate(msg: Any) -> dict[str, Any]:
     return msg
 
 
-def client_hello(client: str) -> dict[str, Any]:
-    return {"type": "hello", "protocol": PROTOCOL_VERSION, "client": client}
+def client_hello(client: str, every: int | None = None) -> dict[str, Any]:
+    """A monitor's hello; ``every``: send only every Nth frame (the job
+    publishes ten a second)."""
+    hello: dict[str, Any] = {"type": "hello", "protocol": PROTOCOL_VERSION, "client": client}
+    if every is not None:
+        hello["every"] = every
+    return hello
 
 
 def check_protocol(hello: dict[str, Any]) -> None:

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from dlwatch.collect import schedstat
 from dlwatch.collect.schedstat import SchedSampler, parse_schedstat, read_process
 
 SPIN = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
@@ -49,3 +50,30 @@ def test_oversubscribed_spinners_wait_in_the_run_queue_and_a_sleeper_does_not():
     # Three on one core: about 2/3 of each one's time is spent waiting.
     assert all(w is not None and w > 30 for w in waits), (waits, cores)
     assert out[sleeper.pid] is not None and out[sleeper.pid] < 5
+
+
+def test_thread_list_is_reused_and_a_changed_list_starts_a_new_baseline(tmp_path):
+    clock = [100.0]
+    task = tmp_path / "7" / "task"
+
+    def thread(tid: str, run: int, wait: int) -> None:
+        (task / tid).mkdir(parents=True, exist_ok=True)
+        (task / tid / "schedstat").write_text(f"{run} {wait} 5\n")
+
+    thread("7", 10, 1_000_000_000)
+    s = SchedSampler(clock=lambda: clock[0], proc=str(tmp_path))
+    assert s.sample([7]) == {7: None}  # first sight
+    clock[0] += 1.0
+    thread("7", 10, 1_500_000_000)
+    assert s.sample([7]) == {7: 50.0}  # half a second of waiting in one second
+    # A new thread with a long past: not listed until the list is due again,
+    # and then its wait does not land in one interval.
+    thread("8", 10, 9_000_000_000)
+    clock[0] += 1.0
+    thread("7", 10, 2_000_000_000)
+    assert s.sample([7]) == {7: 50.0}
+    clock[0] += schedstat.TIDS_EVERY_S
+    assert s.sample([7]) == {7: None}
+    clock[0] += 1.0
+    thread("8", 10, 9_250_000_000)
+    assert s.sample([7]) == {7: 25.0}

@@ -226,6 +226,38 @@ def test_history_frames_in_the_hello_limits_the_replay(pub, monkeypatch, want):
         c.close()
 
 
+def test_a_client_may_ask_for_every_nth_frame(pub, monkeypatch):
+    """Replay and live frames alike are those whose seq is a multiple of N,
+    so a client's stream has no hole and no double at the seam."""
+    time.sleep(1.0)
+    c = Client(pub.path, hello=wire.encode(wire.client_hello("t", every=3)))
+    plain = Client(pub.path)
+    try:
+        expect_server_hello(c)
+        expect_server_hello(plain)
+        frames = [m for m in c.collect(1.0) if m["type"] == "window"]
+        seqs = [f["seq"] for f in frames]
+        assert len(seqs) >= 6 and all(q % 3 == 0 for q in seqs), seqs
+        assert seqs == list(range(seqs[0], seqs[-1] + 1, 3)), seqs
+        every = [m["seq"] for m in plain.collect(0.5) if m["type"] == "window"]
+        assert every == list(range(every[0], every[-1] + 1))  # others still get them all
+    finally:
+        c.close()
+        plain.close()
+
+
+@pytest.mark.parametrize("every", [0, -2, True, "2", 2.0, pubmod.MAX_EVERY + 1])
+def test_a_nonsense_frame_pace_is_ignored(pub, every):
+    time.sleep(0.4)
+    c = Client(pub.path, hello=wire.encode({**wire.client_hello("t"), "every": every}))
+    try:
+        expect_server_hello(c)
+        seqs = [m["seq"] for m in c.collect(0.6) if m["type"] == "window"]
+        assert seqs == list(range(seqs[0], seqs[-1] + 1)) and len(seqs) >= 5
+    finally:
+        c.close()
+
+
 def test_server_hello_announces_history_count(pub):
     time.sleep(0.5)
     c = Client(pub.path)

@@ -25,13 +25,15 @@ def parse_schedstat(text: str) -> tuple[int, int] | None:
         return None
 
 
-def read_process(pid: int, proc: str = "/proc") -> tuple[int, int] | None:
-    """Summed over the process's threads; None when /proc cannot tell."""
+def read_process(pid: int, proc: str = "/proc", tids: list[str] | None = None) -> tuple[int, int] | None:
+    """Summed over the process's threads (``tids``, else its whole task
+    list); None when /proc cannot tell."""
     base = f"{proc}/{pid}/task"
-    try:
-        tids = os.listdir(base)
-    except OSError:
-        return None
+    if tids is None:
+        try:
+            tids = os.listdir(base)
+        except OSError:
+            return None
     run = wait = 0
     seen = False
     for tid in tids:
@@ -47,6 +49,11 @@ def read_process(pid: int, proc: str = "/proc") -> tuple[int, int] | None:
     return (run, wait) if seen else None
 
 
+# A worker's threads rarely change: list them again after this long (or when
+# one has gone), not on every sample.
+TIDS_EVERY_S = 5.0
+
+
 class SchedSampler:
     """``sample(pids)`` -> {pid: run-queue wait in % of one core since the last
     sample of that pid} (None on the first sample or when unreadable)."""
@@ -55,21 +62,42 @@ class SchedSampler:
         self._clock = clock
         self._proc = proc
         self._last: dict[int, tuple[float, int]] = {}
+        self._tids: dict[int, tuple[float, list[str]]] = {}
+
+    def _threads(self, pid: int, now: float) -> tuple[list[str] | None, bool]:
+        """The thread ids to sum, and whether they changed since the last list."""
+        cached = self._tids.get(pid)
+        if cached is not None and now - cached[0] < TIDS_EVERY_S:
+            return cached[1], False
+        try:
+            tids = sorted(os.listdir(f"{self._proc}/{pid}/task"))
+        except OSError:
+            return None, True
+        self._tids[pid] = (now, tids)
+        return tids, cached is not None and cached[1] != tids
 
     def sample(self, pids: Iterable[int]) -> dict[int, float | None]:
         now = self._clock()
         out: dict[int, float | None] = {}
         last: dict[int, tuple[float, int]] = {}
         for pid in pids:
-            v = read_process(pid, self._proc)
+            tids, changed = self._threads(pid, now)
+            v = read_process(pid, self._proc, tids) if tids is not None else None
             if v is None:
+                self._tids.pop(pid, None)
                 out[pid] = None
                 continue
             prev = self._last.get(pid)
             last[pid] = (now, v[1])
-            if prev is None or now <= prev[0] or v[1] < prev[1]:
-                out[pid] = None  # first sight, or a new process behind a reused pid
+            if prev is None or changed or now <= prev[0] or v[1] < prev[1]:
+                # First sight, a new process behind a reused pid, or other
+                # threads in the sum (a new one would bring its whole past
+                # wait into one interval): start a new baseline.
+                if prev is not None and v[1] < prev[1]:
+                    self._tids.pop(pid, None)  # a thread has gone: list them again
+                out[pid] = None
                 continue
             out[pid] = round((v[1] - prev[1]) / 1e9 / (now - prev[0]) * 100.0, 1)
         self._last = last  # forget pids no longer asked about
+        self._tids = {p: t for p, t in self._tids.items() if p in last}
         return out

@@ -101,8 +101,13 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+# A client may ask for every Nth frame only ("every" in its hello): the live
+# monitor reads five a second, enough for its windows, at half the cost.
+MAX_EVERY = 100
+
+
 class _Client:
-    __slots__ = ("sock", "decoder", "out", "greeted", "t_connect", "closing", "t_progress")
+    __slots__ = ("sock", "decoder", "out", "greeted", "t_connect", "closing", "t_progress", "every")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -112,6 +117,7 @@ class _Client:
         self.t_connect = time.monotonic()
         self.closing = False
         self.t_progress = self.t_connect  # last time its backlog was empty or shrank
+        self.every = 1
 
 
 class Publisher:
@@ -252,7 +258,7 @@ class Publisher:
         self._history.append(data)
         self.frames_built += 1
         for c in list(self._clients.values()):
-            if c.greeted and not c.closing:
+            if c.greeted and not c.closing and self._seq % c.every == 0:
                 self._queue(c, data)
 
     def build_frame(self) -> dict:
@@ -337,8 +343,16 @@ class Publisher:
             self._fail(c, str(e))
             return
         c.greeted = True
+        every = msg.get("every")
+        if isinstance(every, int) and not isinstance(every, bool) and 1 <= every <= MAX_EVERY:
+            c.every = every
         want = msg.get("history_frames")
         history = list(self._history)
+        if c.every > 1:
+            # The same frames a live client of this pace would have had
+            # (the history holds frames up to self._seq, newest last).
+            first = (len(history) - 1 - self._seq % c.every) % c.every if history else 0
+            history = history[first::c.every]
         if isinstance(want, int) and not isinstance(want, bool) and want >= 0:
             history = history[len(history) - min(len(history), want):]
         # Replay only the newest frames that fit in half the backlog: a big
