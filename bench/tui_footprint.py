@@ -254,7 +254,8 @@ def child_headless(a) -> int:
         return {t.id: t.user_time + t.system_time for t in proc.threads()}
 
     async def run() -> dict:
-        monitor = ProfiledMonitor(directory=a.dir)
+        # As the CLI builds it (cmd_tui): the live window and the refresh as the build period.
+        monitor = ProfiledMonitor(directory=a.dir, window_s=1.0, interval=a.refresh)
         app = DlwatchApp(monitor, interval=a.refresh, runtime_dir=a.dir)
         draw = app.redraw
 

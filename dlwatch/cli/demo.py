@@ -78,8 +78,7 @@ def cmd_demo(args) -> int:
     from dlwatch.tui.app import run_tui
 
     try:
-        rc = run_tui(Monitor(window_s=args.window, interval=min(args.interval, 0.5)),
-                     interval=args.interval)
+        rc = run_tui(Monitor(window_s=args.window, interval=args.interval), interval=args.interval)
     finally:
         stop_demo(proc)
     if proc.returncode not in (0, None, -signal.SIGINT, -signal.SIGTERM, -signal.SIGKILL, 130):

@@ -193,5 +193,6 @@ def cmd_tui(args) -> int:
     from dlwatch.collect.monitor import Monitor
     from dlwatch.tui.app import run_tui
 
-    return run_tui(Monitor(window_s=args.window, interval=min(args.interval, 0.5)),
-                   interval=args.interval)
+    # The collector builds a snapshot every interval and the view draws each
+    # one as it comes: one period from the job to the screen, not two.
+    return run_tui(Monitor(window_s=args.window, interval=args.interval), interval=args.interval)

@@ -39,6 +39,9 @@ DIAGNOSE_EVERY_S = 1.0
 # refresh faster: the figures stay from the last sample). A new PID is sampled
 # at once.
 PROC_EVERY_S = 1.0
+# Run-queue wait (/proc/PID/task/*/schedstat, a file per thread) only feeds
+# the diagnosis, which judges 3 s windows: sampled every 2 s.
+SCHED_EVERY_S = 2.0
 # USS reads /proc/PID/smaps_rollup: milliseconds of kernel time per torch
 # process, so each worker's is read every 10 s, the workers at phases spread
 # over the interval. The worker-memory-growth rule takes a USS sample every
@@ -50,11 +53,12 @@ USS_INTERVAL_S = 10.0
 # reports (32 MiB within its 300 s window, 1.1 MiB per 10 s) always moves
 # that much, so a leak keeps the 10 s cadence; it is noticed at most 30 s late.
 USS_MAX_INTERVAL_S = 30.0
-# And all of those repeat reads together spend at most 0.2 % of one core:
-# a torch worker's smaps_rollup costs ~3.5 ms here, so 8 workers keep the
-# 10 s pace and 32 are each read about once a minute (the rule still fits a
-# steady leak: a staircase of 5 steps over its 300 s window has R^2 ~0.96).
-USS_CPU_BUDGET = 0.002
+# And all of those repeat reads together spend at most 0.1 % of one core:
+# a torch worker's smaps_rollup costs ~3.5 ms here, so 8 workers are each
+# read every ~30 s and 32 about every two minutes. The rule still fits a
+# steady leak (a staircase of 3 steps over its 300 s window has R^2 ~0.9,
+# its bar is 0.8); with many workers it speaks a minute or two later.
+USS_CPU_BUDGET = 0.001
 # Exited jobs stay on screen with their last figures until dismissed, but a
 # box that runs thousands of short jobs must not grow the model without bound.
 MAX_EXITED = 32
@@ -96,9 +100,12 @@ class Monitor:
         self._host_at: float | None = None
         self._hints: list = []
         self._hints_at: float | None = None
+        self._sched_cache: dict[int, float | None] = {}
+        self._sched_at: float | None = None
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._listeners: list[Callable[[], None]] = []
         self.errors: deque[str] = deque(maxlen=20)
 
     # --- discovery and reading ----------------------------------------------------
@@ -231,7 +238,11 @@ class Monitor:
             return {p: self._proc_cache[p] for p in pids}
         procs = _safe(lambda: _sample(self._procs, sorted(pids), mains, workers, force_uss), {})
         if self._sched is not None:
-            waits = _safe(lambda: self._sched.sample(sorted(workers)), {})
+            if (not reuse or self._sched_at is None or t - self._sched_at >= SCHED_EVERY_S
+                    or not workers.issubset(self._sched_cache)):
+                self._sched_cache = _safe(lambda: self._sched.sample(sorted(workers)), {})
+                self._sched_at = t
+            waits = {p: v for p, v in self._sched_cache.items() if p in workers}
             for pid, v in waits.items():
                 if pid in procs and isinstance(procs[pid], dict):
                     procs[pid] = dict(procs[pid], runqueue_percent=v)
@@ -262,6 +273,19 @@ class Monitor:
         self._thread = threading.Thread(target=self._run, name="dlwatch-monitor", daemon=True)
         self._thread.start()
 
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` (from the collector thread) after each new
+        snapshot, so a view can redraw at once instead of polling on a timer
+        of its own (which would add up to one more period of delay)."""
+        self._listeners.append(callback)
+
+    def _notify(self) -> None:
+        for callback in list(self._listeners):
+            try:
+                callback()
+            except Exception as e:  # a view's problem must not stop the sampling
+                self.errors.append(f"listener: {type(e).__name__}: {e}")
+
     def _run(self) -> None:
         while not self._stop.is_set():
             deadline = time.monotonic() + self.interval
@@ -280,6 +304,7 @@ class Monitor:
                 snap = self.build(reuse_procs=True)
                 with self._lock:
                     self._latest = snap
+                self._notify()
             except Exception as e:  # keep sampling; the view shows the error
                 self.errors.append(f"{type(e).__name__}: {e}")
                 self._stop.wait(self.interval)

@@ -17,6 +17,7 @@ from rich.text import Text
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
+from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
@@ -42,6 +43,10 @@ WIDE_MIN = (120, 35)
 
 def local_time(ts: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(ts))
+
+
+class SnapshotReady(Message):
+    """The source has a new snapshot (posted from the source's own thread)."""
 
 
 class MonitorScreen(Screen):
@@ -161,7 +166,27 @@ class DlwatchApp(App):
             self.source.start()
         except Exception as e:  # the screen still explains what is wrong
             self.source_error = f"could not start: {type(e).__name__}: {e}"
+        # A source that announces its snapshots (the collector) is drawn as
+        # soon as each one is built; the timer then only keeps the status
+        # line honest (staleness). Polling alone would add up to one more
+        # period between the job and the screen.
+        subscribe = getattr(self.source, "subscribe", None)
+        if callable(subscribe):
+            try:
+                subscribe(self._snapshot_ready)
+            except Exception:
+                pass  # the timer still polls
         self.set_interval(self.interval, self.tick, name="dlwatch-refresh")
+        self.tick()
+
+    def _snapshot_ready(self) -> None:
+        # Called from the source's thread: post_message is thread-safe.
+        try:
+            self.post_message(SnapshotReady())
+        except Exception:
+            pass
+
+    def on_snapshot_ready(self, _message: SnapshotReady) -> None:
         self.tick()
 
     def on_unmount(self) -> None:

@@ -200,23 +200,25 @@ def wait_level(frac: Any) -> str | None:
 # ---------------------------------------------------------------- bars
 
 
-def bar(frac: Any, width: int, style: str = "", pal: Palette = DEFAULT_PALETTE) -> Text:
-    """A horizontal bar ``█████░░░`` for a 0..1 fraction; over 1 is drawn full.
-
-    The filled part is solid and the empty part shaded so that the value
-    reads without colour.
-    """
+def bar_runs(frac: Any, width: int, style: str = "", pal: Palette = DEFAULT_PALETTE) -> tuple[tuple[str, str], ...]:
+    """A horizontal bar ``█████░░░`` for a 0..1 fraction, as (text, style)
+    runs; over 1 is drawn full. The filled part is solid and the empty part
+    shaded so that the value reads without colour."""
     v = num(frac)
-    t = Text()
     if v is None:
-        t.append("·" * width, pal.dim)
-        return t
+        return (("·" * width, pal.dim),)
     # Eighth-blocks give 8 steps per cell, so 80 % and 85 % look different.
     eighths = round(max(0.0, min(1.0, v)) * width * 8)
     full, rest = divmod(eighths, 8)
     partial = "▏▎▍▌▋▊▉"[rest - 1] if rest else ""
-    t.append("█" * full + partial, style)
-    t.append("░" * (width - full - len(partial)), pal.dim)
+    return (("█" * full + partial, style), ("░" * (width - full - len(partial)), pal.dim))
+
+
+def bar(frac: Any, width: int, style: str = "", pal: Palette = DEFAULT_PALETTE) -> Text:
+    """``bar_runs`` as a Text."""
+    t = Text()
+    for text, st in bar_runs(frac, width, style, pal):
+        t.append(text, st)
     return t
 
 

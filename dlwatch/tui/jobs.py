@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rich.text import Text
 
 from dlwatch.tui import fmt
 from dlwatch.tui.linetable import Column, LineTable
@@ -131,34 +130,36 @@ class JobList(LineTable):
         self.rows_model = rows
         self.set_rows([(r.key, self._cells(r, pal)) for r in rows], cursor_key=selected_key)
 
-    def _cells(self, row: JobRow, pal: fmt.Palette) -> list[Text]:
+    def _cells(self, row: JobRow, pal: fmt.Palette) -> list:
+        # Plain strings and (text, style) runs: see linetable.Cell.
         job = row.job
         if row.kind == "run":
             n = len(row.jobs)
-            label = Text(f"▾ run ×{n}", style="bold")
+            label = f"▾ run ×{n}"
             if row.world_size and n != row.world_size:
-                label.append(f"/{row.world_size}", "bold")
-            cmd = Text(fmt.truncate(f"{row.run_id} · " + fmt.s(job.get("cmdline")), 200))
+                label += f"/{row.world_size}"
+            label_cell: tuple | str = ((label, "bold"),)
+            cmd = fmt.truncate(f"{row.run_id} · " + fmt.s(job.get("cmdline")), 200)
             wait_prefix = "⌀ "
         else:
             pid = fmt.intval(job.get("pid"))
             rank = fmt.intval(job.get("rank"))
             if row.run_id:
-                label = Text(f"  r{rank if rank is not None else '?'} {pid if pid is not None else '?'}")
+                label_cell = f"  r{rank if rank is not None else '?'} {pid if pid is not None else '?'}"
             else:
-                label = Text(str(pid) if pid is not None else fmt.NA)
-            cmd = Text(fmt.s(job.get("cmdline"), fmt.NA))
+                label_cell = str(pid) if pid is not None else fmt.NA
+            cmd = fmt.s(job.get("cmdline"), fmt.NA)
             wait_prefix = ""
         state = row.state
         wait = row.data_wait
         level = fmt.wait_level(wait)
-        wait_text = Text(wait_prefix + fmt.pct(wait), style=pal.level(level) if level else pal.dim)
+        wait_text = wait_prefix + fmt.pct(wait)
         if level in (fmt.WARN, fmt.BAD):
-            wait_text.append(" " + fmt.LEVEL_LABEL[level][0])  # ▲/✖ so severity survives NO_COLOR
+            wait_text += " " + fmt.LEVEL_LABEL[level][0]  # ▲/✖ so severity survives NO_COLOR
         return [
-            label,
+            label_cell,
             cmd,
-            Text(state, style=pal.level(STATE_STYLE.get(state, "dim")) or pal.dim),
-            wait_text,
-            Text(fmt.rate(row.batches_per_s), justify="right"),
+            ((state, pal.level(STATE_STYLE.get(state, "dim")) or pal.dim),),
+            ((wait_text, pal.level(level) if level else pal.dim),),
+            fmt.rate(row.batches_per_s),
         ]

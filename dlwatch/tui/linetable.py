@@ -12,12 +12,13 @@ repainted. Columns have fixed widths so figures never make the table jitter.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, Union
 
+from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
@@ -25,6 +26,26 @@ from dlwatch.tui.keyed import text_key
 
 PAD = 1  # blank cells either side of every column, as DataTable draws them
 CELL_CACHE_MAX = 4096  # rendered cells kept (a few screens' worth); then start afresh
+
+
+# A cell is a rich Text, a plain string, or "runs": a tuple of (text, style)
+# pieces. Strings and runs are what the live tables use: they compare and
+# hash as they are and render straight to segments, with none of the cost of
+# building, comparing and rendering a Text for every figure twice a second.
+Runs = tuple[tuple[str, str], ...]
+Cell = Union[Text, str, Runs]
+
+
+def cell_sig(cell: Cell) -> object:
+    return text_key(cell) if isinstance(cell, Text) else cell
+
+
+def as_text(cell: Cell) -> Text:
+    if isinstance(cell, Text):
+        return cell
+    if isinstance(cell, str):
+        return Text(cell)
+    return Text.assemble(*cell)
 
 
 @dataclass
@@ -38,21 +59,10 @@ class Column:
 @dataclass
 class _Row:
     key: str
-    cells: list[Text]
+    cells: list[Cell]
     sig: tuple
     strip: Strip | None = None
     strip_key: tuple | None = None
-
-
-def _runs(indexes: list[int]) -> list[tuple[int, int]]:
-    """Sorted indexes as (start, count) runs of consecutive values."""
-    runs: list[tuple[int, int]] = []
-    for i in indexes:
-        if runs and runs[-1][0] + runs[-1][1] == i:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((i, 1))
-    return runs
 
 
 def fit(text: Text, width: int, justify: str) -> Text:
@@ -144,17 +154,18 @@ class LineTable(ScrollView, can_focus=False):
         return self._cursor
 
     def get_row(self, key: str) -> list[Text]:
-        return list(self._rows[self._index[key]].cells)
+        return [as_text(c) for c in self._rows[self._index[key]].cells]
 
-    def set_rows(self, rows: Sequence[tuple[str, Sequence[Text]]], cursor_key: str | None = None) -> list[int]:
+    def set_rows(self, rows: Sequence[tuple[str, Sequence[Cell]]], cursor_key: str | None = None) -> list[int]:
         """Show ``rows`` (key, cells) in this order; returns the indexes of
-        the rows that look different from before (those lines are repainted)."""
+        the rows that look different from before. Only the cells that
+        changed are repainted (and sent to the terminal)."""
         old = self._rows
         new: list[_Row] = []
-        changed: list[int] = []
+        changed: dict[int, list[int] | None] = {}  # row -> changed columns (None: all)
         for i, (key, cells) in enumerate(rows):
-            cells = [c if isinstance(c, Text) else Text(str(c)) for c in cells]
-            sig = tuple(text_key(c) for c in cells)
+            cells = [c if isinstance(c, (Text, str, tuple)) else str(c) for c in cells]
+            sig = tuple(cell_sig(c) for c in cells)
             prev = old[i] if i < len(old) else None
             if prev is not None and prev.key == key and prev.sig == sig:
                 new.append(prev)
@@ -162,24 +173,43 @@ class LineTable(ScrollView, can_focus=False):
             row = _Row(key, cells, sig)
             if prev is not None and prev.sig == sig:
                 row.strip, row.strip_key = prev.strip, prev.strip_key  # same look, another key
+            elif prev is not None and len(prev.sig) == len(sig):
+                changed[i] = [c for c, (a, b) in enumerate(zip(prev.sig, sig)) if a != b]
             else:
-                changed.append(i)
+                changed[i] = None
             new.append(row)
         self._rows = new
         self._index = {r.key: i for i, r in enumerate(new)}
         cursor = self._index.get(cursor_key) if (self.show_cursor and cursor_key is not None) else None
         if cursor != self._cursor:
-            changed += [i for i in (self._cursor, cursor) if i is not None and i < len(new)]
+            for i in (self._cursor, cursor):
+                if i is not None and i < len(new):
+                    changed[i] = None
             self._cursor = cursor
         if len(new) != len(old):
             self._update_virtual_size()
             self.refresh(layout=True)
         else:
-            for start, count in _runs(sorted(set(changed))):
-                self.refresh_lines(start + 1, count)  # line 0 is the header
+            self._refresh_cells(changed)
         if cursor is not None:
             self._scroll_into_view(cursor)
-        return sorted(set(changed))
+        return sorted(changed)
+
+    def _refresh_cells(self, changed: dict[int, list[int] | None]) -> None:
+        top = int(self.scroll_y)
+        width = max(self.virtual_size.width, self.size.width)
+        edges = [0]
+        for column in self.columns:
+            edges.append(edges[-1] + column.width + 2 * PAD)
+        regions = []
+        for i, columns in changed.items():
+            y = i + 1 - top  # line 0 is the header
+            if columns is None:
+                regions.append(Region(0, y, width, 1))
+            else:
+                regions += [Region(edges[c], y, edges[c + 1] - edges[c], 1) for c in columns]
+        if regions:
+            self.refresh(*regions)
 
     def set_column_width(self, key: str, width: int) -> None:
         for column in self.columns:
@@ -225,7 +255,7 @@ class LineTable(ScrollView, can_focus=False):
             )
         return self._line_style_cache
 
-    def _line(self, cells: Sequence[Text], pre: Style, post: Style | None, width: int,
+    def _line(self, cells: Sequence[Cell], pre: Style, post: Style | None, width: int,
               sig: tuple | None = None) -> Strip:
         # Cells are rendered once per look and column: in a row that changed,
         # most cells (PID, RSS, state...) did not.
@@ -234,15 +264,31 @@ class LineTable(ScrollView, can_focus=False):
             cache.clear()
         segments: list[Segment] = []
         for i, (column, cell) in enumerate(zip(self.columns, cells)):
-            key = (i, column.width, column.justify, sig[i] if sig is not None else text_key(cell))
+            key = (i, column.width, column.justify, sig[i] if sig is not None else cell_sig(cell))
             rendered = cache.get(key)
             if rendered is None:
-                line = Text(" " * PAD, no_wrap=True, end="")
-                line.append_text(fit(cell, column.width, column.justify))
-                line.append(" " * PAD)
-                rendered = cache[key] = list(line.render(self.app.console))
+                rendered = cache[key] = self._render_cell(cell, column)
             segments += rendered
         return Strip(list(Segment.apply_style(segments, pre, post))).crop_extend(0, width, pre)
+
+    def _render_cell(self, cell: Cell, column: Column) -> list[Segment]:
+        console = self.app.console
+        blank = Segment(" " * PAD)
+        if not isinstance(cell, Text):
+            runs: Runs = ((cell, ""),) if isinstance(cell, str) else cell
+            used = sum(cell_len(text) for text, _ in runs)
+            if used <= column.width and "\n" not in "".join(text for text, _ in runs):
+                gap = Segment(" " * (column.width - used))
+                body = [Segment(text, console.get_style(style) if style else None)
+                        for text, style in runs if text]
+                if column.justify == "right":
+                    return [blank, gap, *body, blank]
+                return [blank, *body, gap, blank]
+            cell = as_text(cell)  # too wide: cut with an ellipsis like any Text
+        line = Text(" " * PAD, no_wrap=True, end="")
+        line.append_text(fit(cell, column.width, column.justify))
+        line.append(" " * PAD)
+        return list(line.render(console))
 
     def render_line(self, y: int) -> Strip:
         width = self.scrollable_content_region.width

@@ -15,6 +15,10 @@ from typing import Protocol, runtime_checkable
 
 @runtime_checkable
 class Source(Protocol):
+    """What the app needs. A source may also have ``subscribe(callback)``:
+    the app then redraws when the callback (from any thread) says a new
+    snapshot is ready, instead of waiting for its next timer tick."""
+
     def start(self) -> None: ...
     def stop(self) -> None: ...
     def latest(self) -> dict | None: ...

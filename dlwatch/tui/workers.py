@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.text import Text
-
 from dlwatch.tui import fmt
 from dlwatch.tui.linetable import Column, LineTable
 
@@ -41,21 +39,22 @@ class WorkersTable(LineTable):
         self.set_rows([(worker_key(w, i), self._cells(w, pal)) for i, w in items])
 
     @staticmethod
-    def _cells(w: dict, pal: fmt.Palette) -> list[Text]:
+    def _cells(w: dict, pal: fmt.Palette) -> list:
+        # Plain strings and (text, style) runs: see linetable.Cell.
         cpu = fmt.num(w.get("cpu_percent"))
-        cpu_cell = fmt.bar(None if cpu is None else cpu / 100, CPU_BAR, pal.accent, pal)
-        cpu_cell.append(f"{fmt.pct100(cpu):>5}")
+        cpu_cell = fmt.bar_runs(None if cpu is None else cpu / 100, CPU_BAR, pal.accent, pal) + (
+            (f"{fmt.pct100(cpu):>5}", ""),)
         state = fmt.s(w.get("state"), fmt.NA)
         error = fmt.s(w.get("error"))
         state_style = pal.dim if state == "gone" else (pal.warn if error else "")
         return [
-            Text(fmt.count(w.get("id")), justify="right"),
-            Text(fmt.count(w.get("pid")), justify="right"),
+            fmt.count(w.get("id")),
+            fmt.count(w.get("pid")),
             cpu_cell,
-            Text(fmt.pct(w.get("busy_fraction")), justify="right"),
-            Text(fmt.ms(w.get("fetch_ms_mean")), justify="right"),
-            Text(fmt.size(w.get("rss_bytes")), justify="right"),
-            Text(fmt.size(w.get("uss_bytes")), justify="right"),
-            Text(fmt.count(w.get("threads")), justify="right"),
-            Text(("! " if error else "") + state, style=state_style),
+            fmt.pct(w.get("busy_fraction")),
+            fmt.ms(w.get("fetch_ms_mean")),
+            fmt.size(w.get("rss_bytes")),
+            fmt.size(w.get("uss_bytes")),
+            fmt.count(w.get("threads")),
+            ((("! " if error else "") + state, state_style),),
         ]
