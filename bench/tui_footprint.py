@@ -259,9 +259,9 @@ def child_headless(a) -> int:
         app = DlwatchApp(monitor, interval=a.refresh, runtime_dir=a.dir)
         draw = app.redraw
 
-        def counting_redraw() -> None:  # an instance attribute: the class (and its CSS) as is
+        def counting_redraw(full: bool = False) -> None:  # an instance attribute: the class as is
             redraws[0] += 1
-            draw()
+            draw(full)
 
         app.redraw = counting_redraw
         proc = psutil.Process()

@@ -36,6 +36,12 @@ from dlwatch.tui.textline import TextLine
 
 W = TypeVar("W")
 
+# The headline (data wait, rates, prefetch queue) and the job list are drawn
+# from every snapshot; the panels fed by once-a-second samples (workers' CPU
+# and memory, host, GPU, hints) and the status line at most this often. Half
+# of the TUI's refreshes then redraw a few lines instead of the screen.
+FULL_REDRAW_S = 0.95
+
 # Below this size everything collapses to one line per section (80×24 is the
 # design's floor); from here up the gauge gets big digits and GPUs a graph.
 WIDE_MIN = (120, 35)
@@ -147,6 +153,9 @@ class DlwatchApp(App):
         self.source_error: str | None = None
         self._dismissed: set[int] = set()
         self._drawn: dict | None = None
+        self._full_at: float | None = None  # monotonic time of the last full redraw
+        self._full_shape: tuple | None = None  # what the screen was laid out for then
+        self._partial = False  # the last redraw left the once-a-second panels as they were
 
     # ------------------------------------------------------------ lifecycle
 
@@ -197,7 +206,7 @@ class DlwatchApp(App):
 
     def _on_theme_changed(self, _theme) -> None:
         self.palette = self._theme_palette()
-        self.redraw()
+        self.redraw(full=True)
 
     def _theme_palette(self) -> fmt.Palette:
         variables = self.get_css_variables()
@@ -231,6 +240,11 @@ class DlwatchApp(App):
             self.snapshot = snap
         if self.snapshot is not self._drawn:
             self.redraw()
+        elif self._partial and self._full_at is not None \
+                and time.monotonic() - self._full_at >= FULL_REDRAW_S + self.interval:
+            # The source went quiet after a partial redraw (paused, stalled,
+            # a job that ended): finish it rather than leave panels behind.
+            self.redraw(full=True)
         else:
             self._guard("status", self._draw_status)
 
@@ -242,7 +256,7 @@ class DlwatchApp(App):
                 if not (isinstance(j, dict) and j.get("pid") in self._dismissed and job_state(j) != "live")]
         return {**snap, "jobs": jobs}
 
-    def redraw(self) -> None:
+    def redraw(self, full: bool = False) -> None:
         try:
             screen = self._monitor()
         except RuntimeError:
@@ -251,12 +265,24 @@ class DlwatchApp(App):
             return  # not composed yet; its on_mount redraws
         self._drawn = self.snapshot
         snap = self.visible_snapshot()
-        self.errors.clear()
-        self.rows = self._guard("jobs", group_jobs, (snap or {}).get("jobs")) or []
+        rows = self._guard("jobs", group_jobs, (snap or {}).get("jobs")) or []
+        self.rows = rows
         self._fix_selection()
         wide = screen.has_class("-wide")
         pal = self.palette
         job = self.selected_job()
+        now = time.monotonic()
+        # A change of jobs, states, selection or layout is drawn in full at once.
+        shape = (tuple((r.key, r.state) for r in rows), self.selected_key, wide, pal, snap is None,
+                 len(fmt.lst(job.get("loaders"))) if job else -1)
+        if not (full or self._full_at is None or now - self._full_at >= FULL_REDRAW_S
+                or shape != self._full_shape):
+            self._guard("job list", screen.ref("#jobs", JobList).show, rows, self.selected_key, pal)
+            self._guard("job", self._draw_headline, screen, job, pal, wide)
+            self._partial = True
+            return
+        self._full_at, self._full_shape, self._partial = now, shape, False
+        self.errors.clear()
         self._guard("job list", screen.ref("#jobs", JobList).show, self.rows, self.selected_key, pal)
         self._guard("job", self._draw_job, screen, snap, job, pal, wide)
         screen.ref("#gpu", GpuPanel).display = snap is not None
@@ -293,6 +319,12 @@ class DlwatchApp(App):
         host.display = snap is not None
         if snap is not None:
             host.show(snap, pal, wide)
+
+    def _draw_headline(self, screen: Screen, job: dict | None, pal: fmt.Palette, wide: bool) -> None:
+        loaders = [ld for ld in fmt.lst((job or {}).get("loaders")) if isinstance(ld, dict)]
+        panels = list(screen.ref("#loaders", Vertical).query_children(LoaderPanel))
+        for panel, ld in zip(panels, loaders):
+            panel.show_headline(ld, pal, wide)
 
     def _draw_job(self, screen: Screen, snap: dict | None, job: dict | None,
                   pal: fmt.Palette, wide: bool) -> None:
@@ -378,7 +410,7 @@ class DlwatchApp(App):
         i = keys.index(self.selected_key) if self.selected_key in keys else -step
         self.selected_key = keys[(i + step) % len(keys)]
         self._drawn = None  # force a redraw even when paused
-        self.redraw()
+        self.redraw(full=True)
 
     # ------------------------------------------------------------ actions
 
@@ -427,7 +459,7 @@ class DlwatchApp(App):
         self._dismissed.add(pid)
         self.notify(f"dismissed job {pid}")
         self._drawn = None
-        self.redraw()
+        self.redraw(full=True)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         # Ours replace Textual's "Keys" and "Screenshot", which do the same

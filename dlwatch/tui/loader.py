@@ -96,7 +96,7 @@ class WaitGauge(Horizontal):
             yield self._spark
             yield self._axis
 
-    def show(self, ld: dict, pal: fmt.Palette, wide: bool) -> None:
+    def show(self, ld: dict, pal: fmt.Palette, wide: bool, history: bool = True) -> None:
         frac = fmt.num(ld.get("data_wait_fraction"))
         level = fmt.wait_level(frac)
         style = pal.level(level) if level else pal.dim
@@ -117,6 +117,8 @@ class WaitGauge(Horizontal):
         label.append(fmt.LEVEL_LABEL[level] if level else "n/a", f"bold {style}")
         label.append(" ")
         set_static(self._label, label)
+        if not history:
+            return  # the history moves once a second: drawn with the rest of the screen
         spark = self._spark
         history = [None if fmt.num(v) is None else fmt.num(v) * 100
                    for v in fmt.lst(fmt.d(ld.get("history")).get("data_wait_fraction"))]
@@ -161,6 +163,15 @@ class LoaderPanel(Vertical):
             # A grandchild (the gauge's parts) can still be mounting right
             # after this panel was mounted; draw again once it is there.
             self.call_after_refresh(self._retry)
+
+    def show_headline(self, ld: Any, pal: fmt.Palette, wide: bool) -> None:
+        """Only what moves with every snapshot: data wait, rates, queue."""
+        ld = fmt.d(ld)
+        if not self._composed or not self._gauge.ready:
+            return
+        self._gauge.show(ld, pal, wide, history=False)
+        set_static(self._stats, loader_stats(ld, pal, wide))
+        set_static(self._queue, queue_line(ld, pal))
 
     def _retry(self) -> None:
         if self._pending and self.is_attached:
