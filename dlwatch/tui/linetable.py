@@ -250,8 +250,9 @@ class LineTable(ScrollView, can_focus=False):
             self._line_style_cache = (
                 self.rich_style,
                 self.get_component_rich_style("line-table--header"),
-                self.get_component_rich_style("line-table--stripe", partial=True),
-                self.get_component_rich_style("line-table--cursor", partial=True),
+                # Only the background of these is used, blended over the table's as CSS says.
+                Style(bgcolor=self.get_component_rich_style("line-table--stripe").bgcolor),
+                Style(bgcolor=self.get_component_rich_style("line-table--cursor").bgcolor),
             )
         return self._line_style_cache
 
@@ -308,7 +309,7 @@ class LineTable(ScrollView, can_focus=False):
         key = (width, is_cursor, striped)
         if row.strip is None or row.strip_key != key:
             pre = base + stripe if striped else base
-            post = Style(bgcolor=cursor.bgcolor, bold=cursor.bold) if is_cursor else None
+            post = cursor if is_cursor else None
             row.strip = self._line(row.cells, pre, post, width, row.sig)
             row.strip_key = key
             self.strips_built += 1
