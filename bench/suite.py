@@ -127,7 +127,7 @@ def rows_freshness(d: dict) -> list[dict]:
     out = []
     for s in d["settings"]:
         label = f"interval {s['interval_s']:g} s, window {s['window_s']:g} s"
-        default = s["interval_s"] == 0.5 and s["window_s"] == 3.0
+        default = s.get("default", False)
         v = "n/a" if s["screen_median_s"] is None else (
             f"{s['up_median_s']:.2f} s model, ~{s['screen_median_s']:.2f} s on screen "
             f"(worst {s['screen_worst_s']:.2f})")

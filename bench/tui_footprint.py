@@ -234,19 +234,29 @@ def child_headless(a) -> int:
 
     profiles: dict = {}
 
+    measuring = threading.Event()
+
     class ProfiledMonitor(Monitor):
-        def _run(self) -> None:  # the collector thread, profiled on request
-            if not a.profile:
-                return super()._run()
+        """The collector thread's work (reading sockets, building snapshots)
+        profiled while the measurement runs, on request."""
+
+        def _profiled(self, fn, *args, **kwargs):
+            if not (a.profile and measuring.is_set()):
+                return fn(*args, **kwargs)
             import cProfile
 
-            self.profiler = cProfile.Profile()
-            self.profiler.enable()
+            prof = profiles.setdefault("collector thread", cProfile.Profile())
+            prof.enable()
             try:
-                super()._run()
+                return fn(*args, **kwargs)
             finally:
-                self.profiler.disable()
-                profiles["collector thread"] = self.profiler
+                prof.disable()
+
+        def poll(self, timeout: float) -> None:
+            return self._profiled(super().poll, timeout)
+
+        def build(self, *args, **kwargs) -> dict:
+            return self._profiled(super().build, *args, **kwargs)
 
     redraws = [0]
 
@@ -281,11 +291,13 @@ def child_headless(a) -> int:
 
                 prof = cProfile.Profile()
                 prof.enable()
+            measuring.set()
             ru0, th0, w0, r0 = resource.getrusage(resource.RUSAGE_SELF), thread_times(proc), \
                 time.monotonic(), redraws[0]
             await asyncio.sleep(a.seconds)
             ru1, th1, w1, r1 = resource.getrusage(resource.RUSAGE_SELF), thread_times(proc), \
                 time.monotonic(), redraws[0]
+            measuring.clear()
             if prof is not None:
                 prof.disable()
                 profiles["UI thread (event loop)"] = prof

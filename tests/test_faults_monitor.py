@@ -647,3 +647,24 @@ def test_one_far_future_frame_does_not_freeze_the_model():
     except subprocess.TimeoutExpired:
         pytest.fail("job_dict() still running after 5 s on 3 frames")
     assert r.returncode == 0 and "built" in r.stdout, r.stderr
+
+
+def test_listeners_hear_of_every_snapshot_and_a_failing_one_stops_nothing(rtdir):
+    m = Monitor(directory=rtdir, interval=0.05, gpu=False, procs=False, host=False, diagnoser=False)
+    heard = []
+
+    def broken() -> None:
+        raise RuntimeError("a view that cannot draw")
+
+    m.subscribe(broken)
+    m.subscribe(lambda: heard.append(m.latest()))
+    m.start()
+    try:
+        deadline = time.monotonic() + 5
+        while len(heard) < 5 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        m.stop()
+    assert len(heard) >= 5 and all(isinstance(s, dict) for s in heard)
+    assert len({id(s) for s in heard}) == len(heard)  # a new snapshot each time
+    assert any("a view that cannot draw" in e for e in m.errors)

@@ -769,3 +769,62 @@ def test_fixtures_are_fresh_copies():
     a["jobs"].clear()
     assert F.data_bound()["jobs"]
     assert copy.deepcopy(F.several_jobs()) == F.several_jobs()
+
+
+# ------------------------------------------------------------------ drawing cadence
+
+
+class PushSource(StaticSource):
+    """A StaticSource that announces new snapshots, as the collector does."""
+
+    def __init__(self, snapshots) -> None:
+        super().__init__(snapshots)
+        self.listeners = []
+
+    def subscribe(self, callback) -> None:
+        self.listeners.append(callback)
+
+    def push_from_thread(self, snapshot) -> None:
+        import threading
+
+        def announce():
+            self.push(snapshot)
+            for cb in self.listeners:
+                cb()
+
+        t = threading.Thread(target=announce)
+        t.start()
+        t.join()
+
+
+@sync
+async def test_a_snapshot_announced_from_another_thread_is_drawn_without_waiting_for_the_timer():
+    source = PushSource([F.empty()])
+    app = make_app(source, interval=60.0)  # the timer would not fire during the test
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        jobs = app.screen.query_one(JobList)
+        assert jobs.row_count == 0 and len(source.listeners) == 1
+        source.push_from_thread(F.data_bound())
+        await wait_until(pilot, lambda: jobs.row_count == 1, timeout=1.0)
+        assert "62%" in plain(app.screen.query_one("#wait-label", TextLine))
+
+
+@sync
+async def test_between_full_redraws_only_the_headline_moves_and_the_rest_follows_within_a_second():
+    source = PushSource([F.data_bound()])
+    app = make_app(source, interval=0.2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        app._full_at = __import__("time").monotonic()  # a full redraw just happened
+        snap = F.data_bound()
+        ld = snap["jobs"][0]["loaders"][0]
+        ld["batches_per_s"] = 99.9
+        ld["workers"][0]["cpu_percent"] = 11.0
+        source.push_from_thread(snap)
+        stats = app.screen.query_one("#loader-stats", TextLine)
+        table = app.screen.query_one(WorkersTable)
+        await wait_until(pilot, lambda: "99.9 batch/s" in plain(stats), timeout=0.5)
+        assert not row_text(table, table.row_keys[0])[2].endswith("11%")  # a once-a-second panel
+        # No newer snapshot comes: the partial redraw is finished by the timer.
+        await wait_until(pilot, lambda: row_text(table, table.row_keys[0])[2].endswith("11%"), timeout=2.0)

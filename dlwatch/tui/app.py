@@ -1,9 +1,9 @@
 """The live TUI: `DlwatchApp(source)` and the `run_tui` entry point.
 
-The event loop never does I/O: a timer asks the source for its prebuilt
-latest snapshot and redraws from it. Every panel is drawn inside its own
-guard, so a snapshot the code did not expect costs a status line, not the
-screen.
+The event loop never does I/O: it asks the source for its prebuilt latest
+snapshot when the source says one is ready (or on its timer, for sources that
+do not) and redraws from it. Every panel is drawn inside its own guard, so a
+snapshot the code did not expect costs a status line, not the screen.
 """
 
 from __future__ import annotations

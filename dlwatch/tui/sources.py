@@ -1,7 +1,7 @@
 """Where the TUI gets snapshots from.
 
-The app only ever calls ``latest()`` from its timer, so a source must answer
-from memory; the real one (``dlwatch.collect``) samples in its own thread.
+The app only ever calls ``latest()`` from its event loop, so a source must
+answer from memory; the real one (``dlwatch.collect``) samples in its own thread.
 The sources here serve tests and recorded streams.
 """
 
