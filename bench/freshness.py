@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import signal
 import statistics
@@ -147,7 +148,12 @@ def main(argv: list[str] | None = None) -> int:
             monitors[(interval, window)] = m
         # Steady loop-bound state in every window.
         time.sleep(hold + 0.5)
+        phase = random.Random(1234)
         for i in range(trials):
+            # A random moment within the slowest build period: otherwise every
+            # trial would hit the collectors at the same phase of their builds
+            # and the median would be one sample of that phase repeated.
+            time.sleep(phase.uniform(0.0, max(i for i, _ in SETTINGS)))
             open(trigger, "w").close()
             on_ns = wait_for_switch(log, "on", i + 1)
             up = watch(monitors, job.pid, on_ns, True, timeout=hold + 5)
