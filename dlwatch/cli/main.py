@@ -32,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"dlwatch {__version__}")
     p.add_argument("--interval", type=float, default=0.5, metavar="S",
-                   help="refresh period of the live view in seconds (default 0.5)")
+                   help="seconds between the live view's updates: the collector builds a model "
+                        "and the screen draws it at once (default 0.5)")
     p.add_argument("--window", type=float, default=1.0, metavar="S",
                    help="seconds the live figures cover (default 1, so a change in the job "
                         "shows within a second; hints are judged over 3 s)")

@@ -53,12 +53,14 @@ USS_INTERVAL_S = 10.0
 # reports (32 MiB within its 300 s window, 1.1 MiB per 10 s) always moves
 # that much, so a leak keeps the 10 s cadence; it is noticed at most 30 s late.
 USS_MAX_INTERVAL_S = 30.0
-# And all of those repeat reads together spend at most 0.1 % of one core:
-# a torch worker's smaps_rollup costs ~3.5 ms here, so 8 workers are each
-# read every ~30 s and 32 about every two minutes. The rule still fits a
-# steady leak (a staircase of 3 steps over its 300 s window has R^2 ~0.9,
-# its bar is 0.8); with many workers it speaks a minute or two later.
-USS_CPU_BUDGET = 0.001
+# And all of those repeat reads together spend at most 0.2 % of one core:
+# a small torch worker's smaps_rollup costs ~3.5 ms here (a worker holding a
+# few hundred MiB, ~10 ms), so 8 small workers keep the 10-20 s pace and 32
+# are each read about once a minute. The rule still fits a steady leak (a
+# staircase of 5 steps over its 300 s window has R^2 ~0.96, its bar is 0.8);
+# with many large workers it speaks later. (At 0.1 % the memory-growth
+# scenario's two 450 MiB workers were read too rarely to be judged in time.)
+USS_CPU_BUDGET = 0.002
 # Exited jobs stay on screen with their last figures until dismissed, but a
 # box that runs thousands of short jobs must not grow the model without bound.
 MAX_EXITED = 32

@@ -25,15 +25,6 @@ def text_key(value: Any) -> Any:
     return value
 
 
-def same(a: Any, b: Any) -> bool:
-    if a is b:
-        return True
-    try:
-        return bool(text_key(a) == text_key(b))
-    except Exception:
-        return False
-
-
 _SHOWN = "_dlwatch_shown"
 _ANY = Size(0, 0)
 
