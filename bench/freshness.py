@@ -37,7 +37,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from tests.e2e_util import stop_sessions  # noqa: E402
+
 JOB = os.path.join(ROOT, "tests", "jobs", "scale_job.py")
 
 TARGET_S = 1.0
@@ -179,18 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for m in monitors.values():
             m.stop()
-        if job.poll() is None:
-            job.send_signal(signal.SIGTERM)
-            try:
-                job.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(job.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        if job.poll() is None:
-            job.wait()
+        stop_sessions([job])
         shutil.rmtree(runtime_dir, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
 

@@ -44,6 +44,9 @@ from collections import deque
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from tests.e2e_util import stop_sessions  # noqa: E402
+
 JOB = os.path.join(ROOT, "tests", "jobs", "scale_job.py")
 
 TARGET_MONITOR_CPU = 2.0  # % of one core: the TUI footprint bar (bench/tui_footprint.py)
@@ -62,27 +65,6 @@ def _env(runtime_dir: str, disable: bool = False) -> dict:
     if disable:
         env["DLWATCH_DISABLE"] = "1"
     return env
-
-
-def _stop(procs: list) -> None:
-    for p in procs:
-        if p.poll() is None:
-            try:
-                p.send_signal(signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    end = time.monotonic() + 10
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.1, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(p.pid, signal.SIGKILL)  # workers left in the job's session
-        except (ProcessLookupError, PermissionError):
-            pass
-        if p.poll() is None:
-            p.wait()
 
 
 def _cpu_times_all(pids: list[int]) -> float:
@@ -398,7 +380,7 @@ def part_many(n_jobs: int, workers: int, seconds: float, warmup: float, n_snap: 
         res["cli_import_s"] = time.monotonic() - t
         res["monitor"] = run_monitor_child(rd, n_jobs, n_jobs * workers, seconds, warmup)
     finally:
-        _stop(procs)
+        stop_sessions(procs)
         shutil.rmtree(rd, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
     return res
@@ -486,7 +468,7 @@ def part_fake(n: int, rate: float, seconds: float, warmup: float) -> dict:
             pass
         return m
     finally:
-        _stop([p])
+        stop_sessions([p])
         shutil.rmtree(rd, ignore_errors=True)
 
 

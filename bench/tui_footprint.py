@@ -38,7 +38,6 @@ import os
 import platform
 import resource
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,9 @@ import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from tests.e2e_util import stop_sessions  # noqa: E402
+
 JOB = os.path.join(ROOT, "tests", "jobs", "many_workers_job.py")
 
 TARGET_CPU_PERCENT = 2.0
@@ -83,27 +85,6 @@ def wait_jobs_ready(procs: list, workdir: str, timeout: float = 120.0) -> None:
             if time.monotonic() > end:
                 raise SystemExit("jobs did not start in time")
             time.sleep(0.1)
-
-
-def stop_jobs(procs: list) -> None:
-    for p in procs:
-        if p.poll() is None:
-            try:
-                p.send_signal(signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    end = time.monotonic() + 10
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.1, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-        try:  # workers left behind in the job's session
-            os.killpg(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        if p.poll() is None:
-            p.wait()
 
 
 def wait_all_visible(runtime_dir: str, n: int, workers: int, timeout: float = 60.0) -> dict:
@@ -422,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
                                              a.profile))
         host_cpu = snap["host"].get("cpu_percent")
     finally:
-        stop_jobs(procs)
+        stop_sessions(procs)
         shutil.rmtree(runtime_dir, ignore_errors=True)
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -92,6 +93,30 @@ class Job:
         self.kill()
         shutil.rmtree(self.workdir, ignore_errors=True)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def stop_sessions(procs: list, grace: float = 10.0) -> None:
+    """SIGTERM each job (started with ``start_new_session=True``), wait up to
+    ``grace`` seconds for all of them, then SIGKILL whatever is left in their
+    sessions (DataLoader workers included)."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                p.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    end = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if p.poll() is None:
+            p.wait()
 
 
 def dlwatch(*args: str, runtime_dir: str, timeout: float = 30.0) -> subprocess.CompletedProcess:

@@ -94,6 +94,17 @@ def assert_spinning(value: float, oracle: float) -> None:
         assert value == pytest.approx(100, abs=25)
 
 
+def spy_uss(monkeypatch, on_read) -> None:
+    """Call ``on_read(pid)`` before every real USS read (smaps_rollup)."""
+    real = psutil.Process.memory_full_info
+
+    def spy(self):
+        on_read(self.pid)
+        return real(self)
+
+    monkeypatch.setattr(psutil.Process, "memory_full_info", spy)
+
+
 def wait_status(pid: int, status: str, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -227,13 +238,7 @@ def test_pids_not_asked_for_are_forgotten(spawn):
 def test_uss_is_read_every_nth_sample_and_kept_between(spawn, monkeypatch):
     p = spawn(SLEEP)
     calls = []
-    real = psutil.Process.memory_full_info
-
-    def spy(self):
-        calls.append(self.pid)
-        return real(self)
-
-    monkeypatch.setattr(psutil.Process, "memory_full_info", spy)
+    spy_uss(monkeypatch, calls.append)
     sampler = ProcSampler(uss_every=3)
     values = [sampler.sample([p.pid])[p.pid]["uss_bytes"] for _ in range(7)]
     assert len(calls) == 3  # samples 1, 4 and 7
@@ -341,13 +346,7 @@ def test_main_thread_only_for_main_pids(spawn, monkeypatch):
 def test_uss_only_for_uss_pids(spawn, monkeypatch):
     a, b = spawn(SLEEP), spawn(SLEEP)
     calls = []
-    real = psutil.Process.memory_full_info
-
-    def spy(self):
-        calls.append(self.pid)
-        return real(self)
-
-    monkeypatch.setattr(psutil.Process, "memory_full_info", spy)
+    spy_uss(monkeypatch, calls.append)
     for child in (a, b):  # past exec: a process being born has next to no RSS yet
         wait_status(child.pid, psutil.STATUS_SLEEPING)
     out = ProcSampler(uss_interval_s=10).sample([a.pid, b.pid], uss_pids=[b.pid])
@@ -368,14 +367,8 @@ def test_uss_is_time_based_and_staggered(spawn, monkeypatch):
     kids = [spawn(SLEEP) for _ in range(4)]
     pids = [k.pid for k in kids]
     calls: list[tuple[float, int]] = []
-    real = psutil.Process.memory_full_info
     clock = FakeClock()
-
-    def spy(self):
-        calls.append((clock.t, self.pid))
-        return real(self)
-
-    monkeypatch.setattr(psutil.Process, "memory_full_info", spy)
+    spy_uss(monkeypatch, lambda pid: calls.append((clock.t, pid)))
     sampler = ProcSampler(uss_interval_s=10.0, clock=clock)
     first = sampler.sample(pids)
     assert sorted(p for _, p in calls) == sorted(pids)  # first sight: read at once
@@ -440,14 +433,12 @@ def test_uss_cpu_budget_caps_repeat_reads_and_shares_them_fairly(spawn, monkeypa
     clock = FakeClock()
     cpu = {"t": 0.0}
     reads: list[tuple[float, int]] = []
-    real = psutil.Process.memory_full_info
 
-    def costly(self):
-        reads.append((clock.t, self.pid))
+    def costly(pid: int) -> None:
+        reads.append((clock.t, pid))
         cpu["t"] += 0.05  # each read "costs" 50 ms of CPU
-        return real(self)
 
-    monkeypatch.setattr(psutil.Process, "memory_full_info", costly)
+    spy_uss(monkeypatch, costly)
     # 1 % of a core: a 50 ms read is paid back after 5 s.
     sampler = ProcSampler(uss_interval_s=2.0, clock=clock, uss_cpu_budget=0.01,
                           cpu_clock=lambda: cpu["t"])
@@ -474,13 +465,7 @@ def test_uss_cpu_budget_must_be_a_fraction():
 def test_force_uss_reads_every_process(spawn, monkeypatch):
     p = spawn(SLEEP)
     calls = []
-    real = psutil.Process.memory_full_info
-
-    def spy(self):
-        calls.append(self.pid)
-        return real(self)
-
-    monkeypatch.setattr(psutil.Process, "memory_full_info", spy)
+    spy_uss(monkeypatch, calls.append)
     clock = FakeClock()
     sampler = ProcSampler(uss_interval_s=10.0, clock=clock)
     sampler.sample([p.pid])

@@ -7,6 +7,7 @@ import asyncio
 import copy
 import functools
 import json
+import time
 
 import pytest
 from textual.widgets import Digits, Static
@@ -727,7 +728,6 @@ def test_replay_source_plays_jsonl_and_skips_bad_lines(tmp_path):
     src.start()
     try:
         assert src.latest() is not None
-        import time
         deadline = time.monotonic() + 2
         while src.latest()["jobs"][0]["state"] != "exited" and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -816,7 +816,7 @@ async def test_between_full_redraws_only_the_headline_moves_and_the_rest_follows
     app = make_app(source, interval=0.2)
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
-        app._full_at = __import__("time").monotonic()  # a full redraw just happened
+        app._full_at = time.monotonic()  # a full redraw just happened
         snap = F.data_bound()
         ld = snap["jobs"][0]["loaders"][0]
         ld["batches_per_s"] = 99.9

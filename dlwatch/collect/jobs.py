@@ -92,8 +92,7 @@ class JobConnection:
         s.settimeout(CONNECT_TIMEOUT_S)
         try:
             s.connect(self.path)
-            every = FRAME_EVERY if FRAME_EVERY > 1 else None
-            s.sendall(wire.encode(wire.client_hello(f"dlwatch {__version__}", every=every)))
+            s.sendall(wire.encode(wire.client_hello(f"dlwatch {__version__}", every=FRAME_EVERY)))
         except OSError as e:
             s.close()
             self._connect_failed(e)

@@ -169,7 +169,10 @@ class LoaderPanel(Vertical):
         ld = fmt.d(ld)
         if not self._composed or not self._gauge.ready:
             return
-        self._gauge.show(ld, pal, wide, history=False)
+        self._headline(ld, pal, wide, history=False)
+
+    def _headline(self, ld: dict, pal: fmt.Palette, wide: bool, history: bool) -> None:
+        self._gauge.show(ld, pal, wide, history)
         set_static(self._stats, loader_stats(ld, pal, wide))
         set_static(self._queue, queue_line(ld, pal))
 
@@ -181,9 +184,7 @@ class LoaderPanel(Vertical):
         if not self._gauge.ready:
             raise NoMatches("the gauge is still mounting")
         set_static(self._title, loader_title(ld, pal))
-        self._gauge.show(ld, pal, wide)
-        set_static(self._stats, loader_stats(ld, pal, wide))
-        set_static(self._queue, queue_line(ld, pal))
+        self._headline(ld, pal, wide, history=True)
         workers = [w for w in fmt.lst(ld.get("workers")) if isinstance(w, dict)]
         table = self._table
         table.show(workers, pal)
