@@ -17,8 +17,9 @@ any call fail; by default the real ``pynvml`` is imported on first use.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 NOT_FOUND = "n/a: NVML not found (no NVIDIA driver)"
 NOT_INSTALLED = "n/a: NVML not found (python package nvidia-ml-py not installed)"
@@ -125,9 +126,16 @@ class GpuSampler:
         n = self._nvml
         failed: list[str] = []
         dev: dict[str, Any] = {
-            "index": index, "name": None, "uuid": None, "util_percent": None,
-            "mem_used_bytes": None, "mem_total_bytes": None,
-            "temperature_c": None, "power_w": None, "processes": None, "error": None,
+            "index": index,
+            "name": None,
+            "uuid": None,
+            "util_percent": None,
+            "mem_used_bytes": None,
+            "mem_total_bytes": None,
+            "temperature_c": None,
+            "power_w": None,
+            "processes": None,
+            "error": None,
         }
         handle = self._field(lambda: n.nvmlDeviceGetHandleByIndex(index), failed, "handle")
         if handle is None:

@@ -17,9 +17,10 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import psutil
 
@@ -209,9 +210,7 @@ def _rebase(root: Path, absolute: PurePosixPath) -> Path:
     return root / str(absolute).lstrip("/")
 
 
-def find_cpu_quota(
-    proc_cgroup: str | None, mountinfo: str | None, root: Path = Path("/")
-) -> Quota | None:
+def find_cpu_quota(proc_cgroup: str | None, mountinfo: str | None, root: Path = Path("/")) -> Quota | None:
     """The effective CPU quota of a process, from its /proc files' contents.
 
     ``root`` prefixes every mount point, so a test can lay out a fake
@@ -305,6 +304,7 @@ def busy_fraction(prev: CpuTimes, cur: CpuTimes) -> float | None:
     ``interval=None`` keeps one hidden global baseline per process, which any
     other caller in the monitor would silently reset.
     """
+
     def idle(t: CpuTimes) -> float:
         return t.idle + getattr(t, "iowait", 0.0)
 

@@ -190,8 +190,10 @@ class JobConnection:
             self.reason = ""
             return 0
         if kind == "error":
-            self._set_ended("incompatible" if "protocol" in msg["message"] else "unreachable",
-                            f"job refused the connection: {msg['message']}")
+            self._set_ended(
+                "incompatible" if "protocol" in msg["message"] else "unreachable",
+                f"job refused the connection: {msg['message']}",
+            )
             return 0
         if kind == "window":
             if self.job is None:

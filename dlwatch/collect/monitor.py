@@ -1,36 +1,48 @@
-"""The monitor's model of the box: jobs' streams + process, host and GPU samples.
+"""The collector's scheduler: when to read jobs' sockets and sample processes,
+host and GPUs, and when to build the snapshot.
 
-``Monitor`` owns all I/O (sockets, psutil, NVML). Views never call into it
-from their event loop except ``latest()``, which returns a prebuilt dict
-(the snapshot schema of DESIGN §4 plus the extras in
-docs/CONTRACTS-internal.md). ``take_snapshot`` is the one-shot path used by
-``dlwatch snapshot``.
+``Monitor`` owns all I/O (sockets, /proc, psutil, NVML); ``model.py`` turns
+what it holds into the snapshot document (``dlwatch.snapshot``). Views never
+call into it from their event loop except ``latest()``, which returns a
+prebuilt snapshot. Its public API:
+
+- ``start()`` / ``stop()`` / ``subscribe(callback)`` / ``latest()``: the
+  background collector a live consumer (the TUI, ``record``, ``export``) runs;
+- ``sample_now(window_s)``: one settled measurement (``dlwatch snapshot``,
+  ``ls``), also what ``take_snapshot`` does;
+- ``dismiss(pid)``: forget an exited job.
+
+A sampler that raises never stops the collector: the fault is counted per
+sampler (``error_counts``), kept in ``errors`` (the newest 20) and shown in the
+snapshot's ``errors`` list, and logged on the ``dlwatch.collect`` logger.
 """
 
 from __future__ import annotations
 
+import logging
 import selectors
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from dlwatch import rundir
-from dlwatch.collect import window as win
+from dlwatch.collect import model
 from dlwatch.collect.jobs import JobConnection, discover, pid_alive
 from dlwatch.collect.schedstat import SchedSampler
+from dlwatch.snapshot import SCHEMA_VERSION, Snapshot
 
-SCHEMA_VERSION = 1
+__all__ = ["Monitor", "take_snapshot", "SCHEMA_VERSION", "DEFAULT_WINDOW_S"]
+
+log = logging.getLogger("dlwatch.collect")
 DEFAULT_WINDOW_S = 3.0
 DIAGNOSE_WINDOW_S = 3.0
 RESCAN_S = 1.0
 # A connected job that has not said hello after this long is shown as such.
 HELLO_GRACE_S = 2.0
 GPU_EVERY_S = 1.0
-HISTORY_POINTS = 120
-HISTORY_EVERY_NS = 1_000_000_000
-# The diagnosis's own pass carries only what warm-up detection reads.
-WARMUP_POINTS = 8
+HISTORY_POINTS = model.HISTORY_POINTS
 # The live loop builds twice a second; the host figures and the diagnosis
 # (whose hold times are seconds) are refreshed once a second.
 HOST_EVERY_S = 1.0
@@ -67,10 +79,18 @@ MAX_EXITED = 32
 
 
 class Monitor:
-    def __init__(self, directory: str | None = None, window_s: float = DEFAULT_WINDOW_S,
-                 interval: float = 0.5, gpu: Any = None, procs: Any = None, host: Any = None,
-                 diagnoser: Any = None, only_pid: int | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        directory: str | None = None,
+        window_s: float = DEFAULT_WINDOW_S,
+        interval: float = 0.5,
+        gpu: Any = None,
+        procs: Any = None,
+        host: Any = None,
+        diagnoser: Any = None,
+        only_pid: int | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.directory = directory or rundir.runtime_dir()
         self.window_s = window_s
         # Hints are judged on a steadier window than the live figures: the
@@ -109,6 +129,21 @@ class Monitor:
         self._stop = threading.Event()
         self._listeners: list[Callable[[], None]] = []
         self.errors: deque[str] = deque(maxlen=20)
+        self.error_counts: dict[str, int] = {}
+
+    def _safe(self, what: str, fn: Callable[[], Any], default: Any) -> Any:
+        """``fn()``, or ``default`` when it raises: a sampler's fault costs its
+        figures (n/a), never the collector; the fault is counted and kept."""
+        try:
+            return fn()
+        except Exception as e:
+            self._fault(what, e)
+            return default
+
+    def _fault(self, what: str, e: BaseException) -> None:
+        self.error_counts[what] = self.error_counts.get(what, 0) + 1
+        self.errors.append(f"{what}: {type(e).__name__}: {e}")
+        log.debug("%s failed", what, exc_info=e)
 
     # --- discovery and reading ----------------------------------------------------
 
@@ -139,8 +174,9 @@ class Monitor:
         self._trim_exited()
 
     def _trim_exited(self) -> None:
-        ended = sorted((c.ended_at or 0, pid) for pid, c in self.conns.items() if not c.live
-                       and c.state == "exited")
+        ended = sorted(
+            (c.ended_at or 0, pid) for pid, c in self.conns.items() if not c.live and c.state == "exited"
+        )
         for _, pid in ended[: max(0, len(ended) - MAX_EXITED)]:
             self.conns.pop(pid, None)
 
@@ -168,7 +204,7 @@ class Monitor:
 
     # --- the model ---------------------------------------------------------------------
 
-    def build(self, window_s: float | None = None, reuse_procs: bool = False) -> dict:
+    def build(self, window_s: float | None = None, reuse_procs: bool = False) -> Snapshot:
         """The snapshot now. ``reuse_procs``: keep the process figures of a
         sample less than ``PROC_EVERY_S`` old if it covers every PID (the
         live loop's cadence); otherwise sample the processes now."""
@@ -177,36 +213,35 @@ class Monitor:
         # Jobs that never said hello (incompatible, stopped before answering)
         # are listed too, with their state and reason: hiding them would
         # read as "no jobs".
-        conns = [c for c in self.conns.values() if c.job is not None or c.state != "connecting"
-                 or time.time() - c.first_seen > HELLO_GRACE_S]
-        mains: set[int] = set()
-        workers: set[int] = set()
-        for c in conns:
-            if c.live:
-                mains.add(c.pid)
-                if c.frames:
-                    for ld in c.frames[-1]["loaders"]:
-                        workers.update(w["pid"] for w in ld["workers"] if w.get("pid"))
+        conns = [
+            c
+            for c in self.conns.values()
+            if c.job is not None or c.state != "connecting" or time.time() - c.first_seen > HELLO_GRACE_S
+        ]
+        mains, workers = self._pids(conns)
         procs = self._sample_procs(mains, workers, reuse_procs) if self._procs else {}
         host = self._sample_host(reuse_procs)
         self._sample_gpu()
         status, gpus = self._gpu_state
-        snap: dict[str, Any] = {
-            "schema_version": SCHEMA_VERSION,
-            "time": now,
-            "window_s": window_s,
-            "host": _host_dict(host),
-            "gpu_status": status,
-            "gpus": [dict(g, history=list(self._gpu_hist.get(g["index"], ())),
-                          mem_history=list(self._gpu_mem_hist.get(g["index"], ())))
-                     for g in gpus],
-            "jobs": [job_dict(c, window_s, procs, now) for c in
-                     sorted(conns, key=lambda c: ((c.job or {}).get("run_id") or "",
-                                                  (c.job or {}).get("rank") or 0, c.pid))],
-            "hints": [],
-            "runtime_dir": self.directory,
-            "runtime_dir_error": self.dir_error,
-        }
+        snap = model.snapshot_dict(
+            now=now,
+            window_s=window_s,
+            host=host,
+            gpu_status=status,
+            gpus=[
+                dict(
+                    g,
+                    history=list(self._gpu_hist.get(g["index"], ())),
+                    mem_history=list(self._gpu_mem_hist.get(g["index"], ())),
+                )
+                for g in gpus
+            ],
+            conns=conns,
+            procs=procs,
+            runtime_dir=self.directory,
+            runtime_dir_error=self.dir_error,
+            errors=list(self.errors),
+        )
         if self._diagnoser is not None:
             t = time.monotonic()
             if reuse_procs and self._hints_at is not None and t - self._hints_at < DIAGNOSE_EVERY_S:
@@ -215,11 +250,49 @@ class Monitor:
             dw = self.diagnose_window_s
             judged = snap
             if abs(dw - window_s) > 1e-6:
-                judged = dict(snap, window_s=dw, jobs=[
-                    job_dict(c, dw, procs, now, history=False) for c in conns])
-            snap["hints"] = _safe(lambda: self._diagnoser.update(judged), [])
+                judged = dict(
+                    snap,
+                    window_s=dw,
+                    jobs=[  # type: ignore[assignment]
+                        model.job_dict(c, dw, procs, now, history=False) for c in conns
+                    ],
+                )
+            snap["hints"] = self._safe("diagnosis", lambda: self._diagnoser.update(judged), [])
             self._hints, self._hints_at = snap["hints"], t
         return snap
+
+    @staticmethod
+    def _pids(conns) -> tuple[set[int], set[int]]:
+        """Trainer PIDs and worker PIDs of the live jobs, from their last frames."""
+        mains: set[int] = set()
+        workers: set[int] = set()
+        for c in conns:
+            if c.live:
+                mains.add(c.pid)
+                if c.frames:
+                    for ld in c.frames[-1]["loaders"]:
+                        workers.update(w["pid"] for w in ld["workers"] if w.get("pid"))
+        return mains, workers
+
+    def sample_now(self, window_s: float | None = None, settle_s: float = 0.6) -> Snapshot:
+        """One settled measurement, about ``settle_s`` and a little after the call.
+
+        Jobs send their recent frames on attach, so the window is there at
+        once; the settle time is for CPU percentages (two samples of each
+        process) and for frames still in flight. Every process's USS is read
+        now (the live collector spreads those reads over seconds)."""
+        self.scan()
+        deadline = time.monotonic() + settle_s
+        self.poll(0.15)  # the hello and the history replay
+        if self._procs is not None:
+            mains, workers = self._pids(self.conns.values())
+            self._sample_procs(mains, workers, reuse=False, force_uss=True)
+        if self._host is not None:
+            self._safe("host", self._host.sample, {})  # primes the CPU counters
+        while (left := deadline - time.monotonic()) > 0:
+            self.poll(min(left, 0.1))
+        self._last_gpu = 0.0
+        return self.build(window_s)
 
     def _sample_host(self, reuse: bool) -> dict:
         if not self._host:
@@ -227,22 +300,26 @@ class Monitor:
         t = time.monotonic()
         if reuse and self._host_at is not None and t - self._host_at < HOST_EVERY_S:
             return self._host_cache
-        self._host_cache, self._host_at = _safe(self._host.sample, {}), t
+        self._host_cache, self._host_at = self._safe("host", self._host.sample, {}), t
         return self._host_cache
 
-    def _sample_procs(self, mains: set[int], workers: set[int], reuse: bool,
-                      force_uss: bool = False) -> dict:
+    def _sample_procs(self, mains: set[int], workers: set[int], reuse: bool, force_uss: bool = False) -> dict:
         pids = mains | workers
         t = time.monotonic()
         at = self._proc_cache_at
-        if (reuse and at is not None and t - at < PROC_EVERY_S
-                and pids.issubset(self._proc_cache)):
+        if reuse and at is not None and t - at < PROC_EVERY_S and pids.issubset(self._proc_cache):
             return {p: self._proc_cache[p] for p in pids}
-        procs = _safe(lambda: _sample(self._procs, sorted(pids), mains, workers, force_uss), {})
+        procs = self._safe(
+            "processes", lambda: _sample(self._procs, sorted(pids), mains, workers, force_uss), {}
+        )
         if self._sched is not None:
-            if (not reuse or self._sched_at is None or t - self._sched_at >= SCHED_EVERY_S
-                    or not workers.issubset(self._sched_cache)):
-                self._sched_cache = _safe(lambda: self._sched.sample(sorted(workers)), {})
+            if (
+                not reuse
+                or self._sched_at is None
+                or t - self._sched_at >= SCHED_EVERY_S
+                or not workers.issubset(self._sched_cache)
+            ):
+                self._sched_cache = self._safe("run-queue", lambda: self._sched.sample(sorted(workers)), {})
                 self._sched_at = t
             waits = {p: v for p, v in self._sched_cache.items() if p in workers}
             for pid, v in waits.items():
@@ -256,7 +333,7 @@ class Monitor:
         if self._gpu is None or t - self._last_gpu < GPU_EVERY_S:
             return
         self._last_gpu = t
-        status, gpus = _safe(self._gpu.sample, ("n/a: GPU sampling failed", []))
+        status, gpus = self._safe("gpu", self._gpu.sample, ("n/a: GPU sampling failed", []))
         self._gpu_state = (status, gpus)
         for g in gpus:
             i = g.get("index")
@@ -264,7 +341,8 @@ class Monitor:
             total = g.get("mem_total_bytes") or 0
             used = g.get("mem_used_bytes")
             self._gpu_mem_hist.setdefault(i, deque(maxlen=HISTORY_POINTS)).append(
-                round(used / total, 4) if total and used is not None else None)
+                round(used / total, 4) if total and used is not None else None
+            )
 
     # --- background thread for the TUI -------------------------------------------------
 
@@ -286,7 +364,7 @@ class Monitor:
             try:
                 callback()
             except Exception as e:  # a view's problem must not stop the sampling
-                self.errors.append(f"listener: {type(e).__name__}: {e}")
+                self._fault("listener", e)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -308,7 +386,7 @@ class Monitor:
                     self._latest = snap
                 self._notify()
             except Exception as e:  # keep sampling; the view shows the error
-                self.errors.append(f"{type(e).__name__}: {e}")
+                self._fault("collector", e)
                 self._stop.wait(self.interval)
 
     def stop(self) -> None:
@@ -344,13 +422,6 @@ def _sample(sampler, pids: list[int], mains: set[int], workers: set[int], force_
     return sampler.sample(pids)
 
 
-def _safe(fn, default):
-    try:
-        return fn()
-    except Exception:
-        return default
-
-
 def _pick(given, default):
     if given is False:
         return None
@@ -370,8 +441,11 @@ def _default_procs():
     try:
         from dlwatch.collect.procs import ProcSampler
 
-        return ProcSampler(uss_interval_s=USS_INTERVAL_S, uss_max_interval_s=USS_MAX_INTERVAL_S,
-                           uss_cpu_budget=USS_CPU_BUDGET)
+        return ProcSampler(
+            uss_interval_s=USS_INTERVAL_S,
+            uss_max_interval_s=USS_MAX_INTERVAL_S,
+            uss_cpu_budget=USS_CPU_BUDGET,
+        )
     except Exception:
         return None
 
@@ -401,157 +475,21 @@ def _default_diagnoser():
         return None
 
 
-def _host_dict(h: dict) -> dict:
-    out = {"logical_cpus": h.get("logical_cpus"), "usable_cores": h.get("usable_cores"),
-           "cpu_percent": h.get("cpu_percent"), "shm_free_bytes": h.get("shm_free_bytes")}
-    for k, v in h.items():
-        out.setdefault(k, v)
-    return out
-
-
-def _job_state(c: JobConnection) -> str:
-    if c.state == "connecting":
-        return "live" if c.job is not None else "connecting"
-    return c.state
-
-
-def job_dict(c: JobConnection, window_s: float, procs: dict, now: float,
-             history: bool = True) -> dict:
-    job = c.job or {}
-    main = procs.get(c.pid, {}) if c.live else {}
-    frames = list(c.frames)
-    last = frames[-1] if frames else None
-    out = {
-        "pid": c.pid,
-        "cmdline": job.get("cmdline", ""),
-        "rank": job.get("rank"),
-        "local_rank": job.get("local_rank"),
-        "world_size": job.get("world_size"),
-        "run_id": job.get("run_id"),
-        "torch_version": job.get("torch_version", "unknown"),
-        "start_method": job.get("start_method", "unknown"),
-        "state": _job_state(c),
-        "state_reason": c.reason or ("connected, but the job has not answered yet (stopped?)"
-                                     if c.job is None and c.state == "connecting" else ""),
-        "age_s": round(max(0.0, now - float(job.get("started") or now)), 1),
-        "main_cpu_percent": main.get("cpu_percent"),
-        "main_thread_cpu_percent": main.get("main_thread_cpu_percent"),
-        "threads": main.get("threads"),
-        "rss_bytes": main.get("rss_bytes"),
-        "cuda_initialized": (last or {}).get("main", {}).get("cuda_initialized"),
-        "bad_frames": c.bad_frames,
-        "last_wire_error": c.last_error or None,
-        "loaders": [],
-    }
-    if last is None:
-        return out
-    for ld in last["loaders"]:
-        out["loaders"].append(loader_dict(frames, ld, window_s, procs if c.live else {},
-                                          _history(c, frames, ld["id"], history)))
-    return out
-
-
-def _history(c: JobConnection, frames: list[dict], loader_id: int, full: bool) -> dict:
-    """The loader's 1 s history, computed at most once per second of the job's
-    clock (its points are a second apart; the live figures are not from it).
-    Without ``full``, only what warm-up detection reads: the last few points."""
-    newest = frames[-1]["mono_ns"]
-    cached = c.history_cache.get(loader_id)
-    if cached is None or newest < cached[0] or newest - cached[0] >= HISTORY_EVERY_NS:
-        cached = (newest, win.series(frames, loader_id, 1.0, HISTORY_POINTS))
-        live = {ld["id"] for ld in frames[-1]["loaders"]}
-        c.history_cache = {k: v for k, v in c.history_cache.items() if k in live}
-        c.history_cache[loader_id] = cached
-    series = cached[1]
-    if full:
-        return {k: list(v) for k, v in series.items()}
-    return {k: v[-WARMUP_POINTS:] for k, v in series.items()}
-
-
-def loader_dict(frames: list[dict], ld: dict, window_s: float, procs: dict,
-                history: dict) -> dict:
-    w = win.loader_window(frames, ld["id"], window_s) or {}
-    esm = ld.get("epoch_start_ms") or []
-    em = ld.get("epoch_ms") or []
-    workers = []
-    for wk in w.get("workers", []):
-        p = procs.get(wk["pid"], {})
-        workers.append({
-            "id": wk["id"], "pid": wk["pid"],
-            "cpu_percent": p.get("cpu_percent"),
-            "busy_fraction": wk["busy_fraction"], "fetch_ms_mean": wk["fetch_ms_mean"],
-            "batches": wk["batches"],
-            "rss_bytes": p.get("rss_bytes"), "uss_bytes": p.get("uss_bytes"),
-            "threads": p.get("threads"),
-            "runqueue_percent": p.get("runqueue_percent"),
-            "state": p.get("state", "n/a") if p else "n/a",
-            "error": p.get("error"),
-        })
-    q = ld.get("queue") or {}
-    return {
-        "id": ld["id"],
-        "num_workers": ld.get("num_workers", 0),
-        "batch_size": ld.get("batch_size"),
-        "pin_memory": bool(ld.get("pin_memory", False)),
-        "persistent_workers": bool(ld.get("persistent_workers", False)),
-        "prefetch_factor": ld.get("prefetch_factor"),
-        "start_method": ld.get("start_method"),
-        "kind": ld.get("kind", "map"),
-        "dataset": ld.get("dataset"),
-        "active": bool(ld.get("active", False)),
-        "epoch": ld["epoch"],
-        "batches_total": ld["batches"],
-        "batches_per_s": w.get("batches_per_s", 0.0),
-        "data_wait_fraction": w.get("data_wait_fraction"),
-        "wait_ms_mean": w.get("wait_ms_mean"),
-        "step_ms_mean": w.get("step_ms_mean"),
-        "epoch_start_ms_last": esm[-1] if esm else None,
-        "epoch_start_ms": esm,
-        "epoch_ms": em,
-        "epoch_ms_last": em[-1] if em else None,
-        "queue": {"ready": q.get("ready"), "in_flight": q.get("in_flight"),
-                  "capacity": q.get("capacity")},
-        "queue_mean": w.get("queue_mean", {"ready": None, "in_flight": None}),
-        "worker_ms_per_batch": w.get("worker_ms_per_batch"),
-        "window_mono_ns": [w.get("start_mono_ns"), w.get("end_mono_ns")],
-        "workers": workers,
-        "history": history,
-    }
-
-
-def take_snapshot(window_s: float = DEFAULT_WINDOW_S, directory: str | None = None,
-                  only_pid: int | None = None, settle_s: float = 0.6,
-                  monitor: Monitor | None = None) -> dict:
-    """One measurement, about ``settle_s`` + a little after the call.
-
-    Jobs send their last minute of frames on attach, so the window is
-    available at once; the settle time is for CPU percentages (two psutil
-    samples) and for frames still in flight.
-    """
-    # Hysteresis needs a stream of updates; a single measurement is judged on
-    # its own window (warm-up from the loaders' history) by ``evaluate``.
-    m = monitor or Monitor(directory=directory, window_s=window_s, only_pid=only_pid,
-                           diagnoser=_OneShotDiagnoser())
+def take_snapshot(
+    window_s: float = DEFAULT_WINDOW_S,
+    directory: str | None = None,
+    only_pid: int | None = None,
+    settle_s: float = 0.6,
+    monitor: Monitor | None = None,
+) -> Snapshot:
+    """One measurement (``Monitor.sample_now``) by a monitor of its own unless
+    one is given. Hysteresis needs a stream of updates; a single measurement
+    is judged on its own window (warm-up from the loaders' history)."""
+    m = monitor or Monitor(
+        directory=directory, window_s=window_s, only_pid=only_pid, diagnoser=_OneShotDiagnoser()
+    )
     try:
-        m.scan()
-        deadline = time.monotonic() + settle_s
-        # First read (history), then prime CPU counters, then settle.
-        m.poll(0.15)
-        if m._procs is not None:
-            mains, workers = set(), set()
-            for c in m.conns.values():
-                mains.add(c.pid)
-                if c.frames:
-                    for ld in c.frames[-1]["loaders"]:
-                        workers.update(w["pid"] for w in ld["workers"] if w.get("pid"))
-            # Every process's USS now (the live view reads it every few seconds).
-            m._sample_procs(mains, workers, reuse=False, force_uss=True)
-        if m._host is not None:
-            _safe(m._host.sample, {})
-        while (left := deadline - time.monotonic()) > 0:
-            m.poll(min(left, 0.1))
-        m._last_gpu = 0.0
-        return m.build(window_s)
+        return m.sample_now(window_s, settle_s)
     finally:
         if monitor is None:
             m.stop()

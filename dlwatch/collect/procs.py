@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import psutil
 
@@ -144,11 +145,15 @@ class ProcSampler:
     ``cpu_interval_s`` says what span each figure covers.
     """
 
-    def __init__(self, uss_every: int = 1, clock: Callable[[], float] = time.monotonic,
-                 uss_interval_s: float | None = None,
-                 uss_max_interval_s: float | None = None,
-                 uss_cpu_budget: float | None = None,
-                 cpu_clock: Callable[[], float] = time.thread_time) -> None:
+    def __init__(
+        self,
+        uss_every: int = 1,
+        clock: Callable[[], float] = time.monotonic,
+        uss_interval_s: float | None = None,
+        uss_max_interval_s: float | None = None,
+        uss_cpu_budget: float | None = None,
+        cpu_clock: Callable[[], float] = time.thread_time,
+    ) -> None:
         if uss_every < 1:
             raise ValueError("uss_every must be >= 1")
         if uss_interval_s is not None and uss_interval_s < 0:
@@ -167,8 +172,13 @@ class ProcSampler:
     def tracked_pids(self) -> set[int]:
         return set(self._tracked)
 
-    def sample(self, pids: Iterable[int], main_pids: Iterable[int] | None = None,
-               uss_pids: Iterable[int] | None = None, force_uss: bool = False) -> dict[int, dict[str, Any]]:
+    def sample(
+        self,
+        pids: Iterable[int],
+        main_pids: Iterable[int] | None = None,
+        uss_pids: Iterable[int] | None = None,
+        force_uss: bool = False,
+    ) -> dict[int, dict[str, Any]]:
         """Figures for ``pids``.
 
         ``main_pids``: the processes whose main-thread CPU is wanted (reading
@@ -180,14 +190,15 @@ class ProcSampler:
         mains = None if main_pids is None else {int(p) for p in main_pids}
         ussing = None if uss_pids is None else {int(p) for p in uss_pids}
         granted = self._uss_grant(wanted, ussing)
-        out = {pid: self._sample_one(pid, mains is None or pid in mains,
-                                     ussing is None or pid in ussing, force_uss, pid == granted)
-               for pid in wanted}
+        out = {
+            pid: self._sample_one(
+                pid, mains is None or pid in mains, ussing is None or pid in ussing, force_uss, pid == granted
+            )
+            for pid in wanted
+        }
         # Bounded memory: keep state only for PIDs asked for this time and still alive.
         self._tracked = {
-            pid: self._tracked[pid]
-            for pid in wanted
-            if pid in self._tracked and out[pid]["state"] != "gone"
+            pid: self._tracked[pid] for pid in wanted if pid in self._tracked and out[pid]["state"] != "gone"
         }
         return out
 
@@ -205,8 +216,12 @@ class ProcSampler:
         due = []
         for pid in wanted:
             st = self._tracked.get(pid)
-            if (st is not None and st.uss_due is not None and now >= st.uss_due
-                    and (ussing is None or pid in ussing)):
+            if (
+                st is not None
+                and st.uss_due is not None
+                and now >= st.uss_due
+                and (ussing is None or pid in ussing)
+            ):
                 due.append((st.uss_due, pid))
         return min(due)[1] if due else None
 
@@ -222,8 +237,14 @@ class ProcSampler:
         self._tracked[pid] = fresh
         return fresh
 
-    def _sample_one(self, pid: int, want_main: bool = True, want_uss: bool = True,
-                    force_uss: bool = False, uss_granted: bool = False) -> dict[str, Any]:
+    def _sample_one(
+        self,
+        pid: int,
+        want_main: bool = True,
+        want_uss: bool = True,
+        force_uss: bool = False,
+        uss_granted: bool = False,
+    ) -> dict[str, Any]:
         if pid <= 0:
             return _empty(pid, "gone", f"invalid pid {pid}")
         try:
@@ -309,16 +330,28 @@ class ProcSampler:
             st.uss_due = now + base * (0.5 + 0.5 * _phase(pid))
             return
         top = self.uss_max_interval_s
-        if (top is not None and top > base and prev is not None and st.uss is not None
-                and abs(st.uss - prev) < USS_STEADY_BYTES):
+        if (
+            top is not None
+            and top > base
+            and prev is not None
+            and st.uss is not None
+            and abs(st.uss - prev) < USS_STEADY_BYTES
+        ):
             st.uss_gap = min(top, max(st.uss_gap, base) * 2)
         else:
             st.uss_gap = base
         # Keep the phase: a late sample does not push every later read.
         st.uss_due = max(st.uss_due + st.uss_gap, now + st.uss_gap / 2)
 
-    def _uss(self, st: _Tracked, pid: int, note: Callable[[_Failed], None], now: float,
-             force: bool = False, granted: bool = False) -> int | None:
+    def _uss(
+        self,
+        st: _Tracked,
+        pid: int,
+        note: Callable[[_Failed], None],
+        now: float,
+        force: bool = False,
+        granted: bool = False,
+    ) -> int | None:
         first = st.uss is None and st.uss_failure is None
         due = self._uss_due(st, pid, now)
         if force or first or (due and (granted or not self._budgeted())):
@@ -334,8 +367,9 @@ class ProcSampler:
                 # burst of first reads (a job starting) adds at most one
                 # interval on top.
                 cost = max(0.0, self._cpu_clock() - cpu0) / self.uss_cpu_budget
-                self._uss_free_at = min(max(self._uss_free_at, now) + cost,
-                                        now + max(cost, self.uss_interval_s or 0.0))
+                self._uss_free_at = min(
+                    max(self._uss_free_at, now) + cost, now + max(cost, self.uss_interval_s or 0.0)
+                )
             self._schedule_uss(st, pid, now, prev)
         # Between USS reads the last failure still explains the missing figure.
         if st.uss_failure is not None:
@@ -353,10 +387,18 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 # /proc/PID/stat state letters, named as psutil names them.
 _STATES = {
-    "R": psutil.STATUS_RUNNING, "S": psutil.STATUS_SLEEPING, "D": psutil.STATUS_DISK_SLEEP,
-    "T": psutil.STATUS_STOPPED, "t": psutil.STATUS_TRACING_STOP, "Z": psutil.STATUS_ZOMBIE,
-    "X": psutil.STATUS_DEAD, "x": psutil.STATUS_DEAD, "K": "wake-kill",
-    "W": psutil.STATUS_WAKING, "I": psutil.STATUS_IDLE, "P": psutil.STATUS_PARKED,
+    "R": psutil.STATUS_RUNNING,
+    "S": psutil.STATUS_SLEEPING,
+    "D": psutil.STATUS_DISK_SLEEP,
+    "T": psutil.STATUS_STOPPED,
+    "t": psutil.STATUS_TRACING_STOP,
+    "Z": psutil.STATUS_ZOMBIE,
+    "X": psutil.STATUS_DEAD,
+    "x": psutil.STATUS_DEAD,
+    "K": "wake-kill",
+    "W": psutil.STATUS_WAKING,
+    "I": psutil.STATUS_IDLE,
+    "P": psutil.STATUS_PARKED,
 }
 
 

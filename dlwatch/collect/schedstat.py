@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 
 def parse_schedstat(text: str) -> tuple[int, int] | None:

@@ -8,7 +8,8 @@ clock: the caller passes the frames and the samples.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 NS = 1e9
 
@@ -80,11 +81,12 @@ def loader_window(frames: Sequence[dict], loader_id: int, window_s: float) -> di
         "wait_ms_mean": _round(_ratio(d_wait / 1e6, d_b), 3),
         "step_ms_mean": _round(_ratio(d_step / 1e6, d_b), 3),
     }
-    out["workers"] = [
-        worker_window(frames, i, loader_id, w) for w in new.get("workers", ())
+    out["workers"] = [worker_window(frames, i, loader_id, w) for w in new.get("workers", ())]
+    fetch = [
+        (w["fetch_ms_mean"], w["window_batches"])
+        for w in out["workers"]
+        if w["fetch_ms_mean"] is not None and w["window_batches"] > 0
     ]
-    fetch = [(w["fetch_ms_mean"], w["window_batches"]) for w in out["workers"]
-             if w["fetch_ms_mean"] is not None and w["window_batches"] > 0]
     n = sum(b for _, b in fetch)
     out["worker_ms_per_batch"] = round(sum(m * b for m, b in fetch) / n, 3) if n else None
     out["queue_mean"] = queue_means(frames[i:], loader_id)
@@ -108,8 +110,14 @@ def worker_window(frames: Sequence[dict], base: int, loader_id: int, w_new: dict
         if w_old is not None:
             break
     t_new = frames[-1]["mono_ns"]
-    out = {"id": w_new["id"], "pid": pid, "batches": w_new["batches"],
-           "busy_fraction": None, "fetch_ms_mean": None, "window_batches": 0}
+    out = {
+        "id": w_new["id"],
+        "pid": pid,
+        "batches": w_new["batches"],
+        "busy_fraction": None,
+        "fetch_ms_mean": None,
+        "window_batches": 0,
+    }
     if w_old is None or t_old is None or t_new <= t_old:
         # Only one sighting: fall back to lifetime means since the worker started.
         started = w_new.get("started_ns") or 0
@@ -145,8 +153,9 @@ def queue_means(frames: Sequence[dict], loader_id: int) -> dict[str, float | Non
     return {k: (round(s / n, 3) if n else None) for k, (s, n) in sums.items()}
 
 
-def series(frames: Sequence[dict], loader_id: int, step_s: float = 1.0,
-           max_points: int = 120) -> dict[str, list]:
+def series(
+    frames: Sequence[dict], loader_id: int, step_s: float = 1.0, max_points: int = 120
+) -> dict[str, list]:
     """Per-``step_s`` history of data-wait fraction and batch rate, oldest first."""
     out: dict[str, list] = {"t": [], "data_wait_fraction": [], "batches_per_s": []}
     if len(frames) < 2:

@@ -12,11 +12,23 @@ The rule catalog, thresholds and their origins: ``RULES.md`` next to this file.
 """
 
 from .engine import (
-    HOLD_OFF_S, HOLD_ON_S, RULES, DiagnoseState, Diagnoser, diagnose, evaluate,
+    HOLD_OFF_S,
+    HOLD_ON_S,
+    RULES,
+    Diagnoser,
+    DiagnoseState,
+    diagnose,
+    evaluate,
 )
 from .render import format_hints
 
 __all__ = [
-    "Diagnoser", "DiagnoseState", "diagnose", "evaluate", "format_hints",
-    "HOLD_ON_S", "HOLD_OFF_S", "RULES",
+    "Diagnoser",
+    "DiagnoseState",
+    "diagnose",
+    "evaluate",
+    "format_hints",
+    "HOLD_ON_S",
+    "HOLD_OFF_S",
+    "RULES",
 ]

@@ -23,12 +23,23 @@ same hints as watching them live.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any
+
+from dlwatch.snapshot import severity_rank
 
 from . import rules_cores, rules_epochs, rules_gpu, rules_memory, rules_workers
 from .facts import (
-    INACTIVE, STEADY, WARMUP, Context, as_dict, as_int, as_list, build_context, num,
+    INACTIVE,
+    STEADY,
+    WARMUP,
+    Context,
+    as_dict,
+    as_int,
+    as_list,
+    build_context,
+    num,
 )
 
 # A condition must hold this long before its hint shows (brief: ≈ 3 s): longer
@@ -55,17 +66,23 @@ RULES: dict[str, Callable[[Context], list[dict]]] = {
 }
 
 # Loader-level rules that judge window rates: frozen while their loader warms up.
-LOADER_RATE_RULES = frozenset({
-    "no-workers", "add-workers", "io-bound", "cpu-bound-preprocessing",
-    "pipeline-has-headroom", "worker-thread-oversubscription", "enable-pin-memory",
-})
+LOADER_RATE_RULES = frozenset(
+    {
+        "no-workers",
+        "add-workers",
+        "io-bound",
+        "cpu-bound-preprocessing",
+        "pipeline-has-headroom",
+        "worker-thread-oversubscription",
+        "enable-pin-memory",
+    }
+)
 # Job-level rate rules: frozen while the job has no steady loader but one warming.
 JOB_RATE_RULES = frozenset({"main-loop-cpu-bound"})
 # Host-level rate rules: frozen while a loader that was steady re-warms (a
 # non-persistent loader re-spawning its workers at an epoch start).
 HOST_RATE_RULES = frozenset({"workers-oversubscribe-cores"})
 
-SEVERITY_ORDER = {"critical": 0, "warn": 1, "info": 2}
 
 HintKey = tuple  # (id, job_pid | None, loader_id | None)
 
@@ -74,14 +91,14 @@ HintKey = tuple  # (id, job_pid | None, loader_id | None)
 class LoaderTrack:
     epoch: int | None
     batches: int | None
-    first_batch_at: float | None   # steady clock start: first batch seen this epoch
+    first_batch_at: float | None  # steady clock start: first batch seen this epoch
     was_steady: bool = False
 
 
 @dataclass(frozen=True)
 class HintTrack:
-    on_since: float | None         # condition continuously true since
-    off_since: float | None        # shown, condition continuously false since
+    on_since: float | None  # condition continuously true since
+    off_since: float | None  # shown, condition continuously false since
     shown: bool
     hint: dict
 
@@ -168,12 +185,15 @@ def _track_loaders(
             tr = LoaderTrack(epoch, batches, None, tr.was_steady)
         else:
             start = tr.first_batch_at
-            if (start is None and batches is not None and tr.batches is not None
-                    and batches > tr.batches):
+            if start is None and batches is not None and tr.batches is not None and batches > tr.batches:
                 start = t
             tr = LoaderTrack(epoch, batches, start, tr.was_steady)
-        steady = (batches is not None and batches >= WARMUP_MIN_BATCHES
-                  and tr.first_batch_at is not None and t - tr.first_batch_at >= grace)
+        steady = (
+            batches is not None
+            and batches >= WARMUP_MIN_BATCHES
+            and tr.first_batch_at is not None
+            and t - tr.first_batch_at >= grace
+        )
         if steady and not tr.was_steady:
             tr = replace(tr, was_steady=True)
         tracks[key] = tr
@@ -227,16 +247,22 @@ def _precedence(fired: dict) -> dict:
     threaded = {(k[1], k[2]) for k in fired if k[0] == OVERSUBSCRIPTION[1]}
     if not host_wide and not threaded:
         return fired
-    return {k: h for k, h in fired.items()
-            if not (k[0] in SUPERSEDED_BY_OVERSUBSCRIPTION and (host_wide or (k[1], k[2]) in threaded))}
+    return {
+        k: h
+        for k, h in fired.items()
+        if not (k[0] in SUPERSEDED_BY_OVERSUBSCRIPTION and (host_wide or (k[1], k[2]) in threaded))
+    }
 
 
 def _sorted(hints: list[dict]) -> list[dict]:
     def key(h):
-        return (SEVERITY_ORDER.get(h["severity"], 9),
-                h["job_pid"] if h["job_pid"] is not None else -1,
-                h["loader_id"] if h["loader_id"] is not None else -1,
-                h["id"])
+        return (
+            severity_rank(h["severity"]),
+            h["job_pid"] if h["job_pid"] is not None else -1,
+            h["loader_id"] if h["loader_id"] is not None else -1,
+            h["id"],
+        )
+
     return sorted(hints, key=key)
 
 
@@ -258,7 +284,11 @@ def evaluate(snapshot: Mapping) -> list[dict]:
 
 
 def _step_hysteresis(
-    old: Mapping[HintKey, HintTrack], fired: Mapping, frozen: set, t: float, restart: bool,
+    old: Mapping[HintKey, HintTrack],
+    fired: Mapping,
+    frozen: set,
+    t: float,
+    restart: bool,
 ) -> dict:
     new: dict = {}
     for key in set(old) | set(fired):

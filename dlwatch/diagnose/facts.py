@@ -10,44 +10,25 @@ returns ``None`` when a number is missing or malformed, and the rules treat
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
 
-# A worker whose process is gone still appears in the snapshot for a moment
-# (psutil reports "gone" until the loader's next window drops it): its figures
-# are stale and must not count towards anything.
-GONE_STATES = frozenset({"gone", "zombie", "dead"})
-
-# ``main_cpu_percent`` / ``cpu_percent`` use 100 = one core (psutil convention).
-PERCENT_PER_CORE = 100.0
+# The contract's accessors and constants, re-exported for the rules: one
+# definition of "a number", "gone" and "100 = one core" for every consumer.
+from dlwatch.snapshot import (  # noqa: F401
+    GONE_STATES,
+    PERCENT_PER_CORE,
+    as_dict,
+    as_int,
+    as_list,
+    live_workers,
+    num,
+)
 
 # Phases a loader can be in, as far as the rate-based rules are concerned.
-STEADY = "steady"      # window figures are trustworthy
-WARMUP = "warmup"      # epoch start / first batches: figures are suspect, decide nothing
+STEADY = "steady"  # window figures are trustworthy
+WARMUP = "warmup"  # epoch start / first batches: figures are suspect, decide nothing
 INACTIVE = "inactive"  # no iterator alive: the loader is not being consumed
-
-
-def num(v: Any) -> float | None:
-    """A finite number as float, else None (bool is not a number here)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    f = float(v)
-    return f if math.isfinite(f) else None
-
-
-def as_int(v: Any) -> int | None:
-    if isinstance(v, bool) or not isinstance(v, int):
-        f = num(v)
-        return int(f) if f is not None and f == int(f) else None
-    return v
-
-
-def as_dict(v: Any) -> dict:
-    return v if isinstance(v, dict) else {}
-
-
-def as_list(v: Any) -> list:
-    return v if isinstance(v, list) else []
 
 
 def mean(values: Iterable[float]) -> float | None:
@@ -92,15 +73,6 @@ def cores(v: float) -> str:
     return f"{v:.0f}" if v == int(v) else f"{v:.1f}"
 
 
-def live_workers(loader: Mapping) -> list[dict]:
-    """Workers whose process still exists (figures may still be None)."""
-    out = []
-    for w in as_list(loader.get("workers")):
-        if isinstance(w, dict) and w.get("state") not in GONE_STATES:
-            out.append(w)
-    return out
-
-
 def worker_values(workers: Iterable[Mapping], key: str) -> list[float]:
     return [v for v in (num(w.get(key)) for w in workers) if v is not None]
 
@@ -129,15 +101,15 @@ class LoaderView:
     phase: str
     workers: list[dict]
     num_workers: int | None
-    wait: float | None            # data_wait_fraction 0..1
-    busy_mean: float | None       # mean worker busy fraction 0..1
-    cpu_mean: float | None        # mean worker CPU in cores (1.0 = one core)
-    cpu_missing: int              # live workers without a CPU figure
-    cpu_sum: float                # cores the workers use now (missing count 0)
-    rq_sum: float                 # cores' worth of time the workers spent runnable but not
-                                  # running (run-queue wait: starved of CPU), 0 when unknown
-    worker_ms: float | None       # fetch time per batch in one worker
-    step_ms: float | None         # loop compute time per batch
+    wait: float | None  # data_wait_fraction 0..1
+    busy_mean: float | None  # mean worker busy fraction 0..1
+    cpu_mean: float | None  # mean worker CPU in cores (1.0 = one core)
+    cpu_missing: int  # live workers without a CPU figure
+    cpu_sum: float  # cores the workers use now (missing count 0)
+    rq_sum: float  # cores' worth of time the workers spent runnable but not
+    # running (run-queue wait: starved of CPU), 0 when unknown
+    worker_ms: float | None  # fetch time per batch in one worker
+    step_ms: float | None  # loop compute time per batch
 
     @property
     def steady(self) -> bool:
@@ -181,9 +153,7 @@ class Context:
     gpus: list[dict]
     # (job_pid, worker_pid) -> (first_t, samples, growth): rules_memory; only the
     # stateful path fills it, so slope rules are silent in one-shot use.
-    mem_series: Mapping[tuple[int, int], tuple] = field(
-        default_factory=dict
-    )
+    mem_series: Mapping[tuple[int, int], tuple] = field(default_factory=dict)
 
     @property
     def main_loops(self) -> int:
@@ -262,7 +232,8 @@ def build_context(
     if usable is not None and usable <= 0:
         usable = None
     live_jobs = [
-        j for j in as_list(snapshot.get("jobs"))
+        j
+        for j in as_list(snapshot.get("jobs"))
         if isinstance(j, dict) and j.get("state", "live") == "live" and as_int(j.get("pid")) is not None
     ]
     views: list[LoaderView] = []
@@ -276,20 +247,25 @@ def build_context(
             busy = mean(worker_values(workers, "busy_fraction"))
             cpu_vals = worker_values(workers, "cpu_percent")
             rq_vals = worker_values(workers, "runqueue_percent")
-            views.append(LoaderView(
-                job=job, loader=ld, pid=pid, lid=lid,
-                phase=phase_of.get((pid, lid), WARMUP),
-                workers=workers,
-                num_workers=as_int(ld.get("num_workers")),
-                wait=num(ld.get("data_wait_fraction")),
-                busy_mean=busy,
-                cpu_mean=(mean(cpu_vals) / PERCENT_PER_CORE) if cpu_vals else None,
-                cpu_missing=len(workers) - len(cpu_vals),
-                cpu_sum=sum(cpu_vals) / PERCENT_PER_CORE,
-                rq_sum=sum(rq_vals) / PERCENT_PER_CORE,
-                worker_ms=worker_ms_per_batch(ld, workers),
-                step_ms=num(ld.get("step_ms_mean")),
-            ))
+            views.append(
+                LoaderView(
+                    job=job,
+                    loader=ld,
+                    pid=pid,
+                    lid=lid,
+                    phase=phase_of.get((pid, lid), WARMUP),
+                    workers=workers,
+                    num_workers=as_int(ld.get("num_workers")),
+                    wait=num(ld.get("data_wait_fraction")),
+                    busy_mean=busy,
+                    cpu_mean=(mean(cpu_vals) / PERCENT_PER_CORE) if cpu_vals else None,
+                    cpu_missing=len(workers) - len(cpu_vals),
+                    cpu_sum=sum(cpu_vals) / PERCENT_PER_CORE,
+                    rq_sum=sum(rq_vals) / PERCENT_PER_CORE,
+                    worker_ms=worker_ms_per_batch(ld, workers),
+                    step_ms=num(ld.get("step_ms_mean")),
+                )
+            )
     return Context(
         snapshot=dict(snapshot),
         time=num(snapshot.get("time")),
@@ -305,12 +281,22 @@ def build_context(
 
 
 def hint(
-    id: str, severity: str, job_pid: int | None, loader_id: int | None,
-    message: str, suggestion: str, evidence: dict,
+    id: str,
+    severity: str,
+    job_pid: int | None,
+    loader_id: int | None,
+    message: str,
+    suggestion: str,
+    evidence: dict,
 ) -> dict:
     return {
-        "id": id, "severity": severity, "job_pid": job_pid, "loader_id": loader_id,
-        "message": message, "suggestion": suggestion, "evidence": evidence,
+        "id": id,
+        "severity": severity,
+        "job_pid": job_pid,
+        "loader_id": loader_id,
+        "message": message,
+        "suggestion": suggestion,
+        "evidence": evidence,
     }
 
 

@@ -3,16 +3,28 @@ assumptions beyond a readable indent)."""
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 # Evidence keys worth a line in text output, most telling first; the rest are
 # in the JSON output. Keeps a hint to three or four lines on an 80-column screen.
 KEY_EVIDENCE = (
-    "recommended_num_workers", "worker_ms_per_batch", "step_ms_mean", "data_wait_fraction",
-    "usable_cores", "cpu_bound_reason", "busy_workers", "main_loops", "threads_per_worker",
-    "total_worker_threads", "epoch_start_ms_median", "epoch_ms_median",
-    "slope_mib_per_min_per_worker", "shm_free_bytes", "shm_needed_bytes",
-    "main_thread_cpu_percent", "gpu_util_percent",
+    "recommended_num_workers",
+    "worker_ms_per_batch",
+    "step_ms_mean",
+    "data_wait_fraction",
+    "usable_cores",
+    "cpu_bound_reason",
+    "busy_workers",
+    "main_loops",
+    "threads_per_worker",
+    "total_worker_threads",
+    "epoch_start_ms_median",
+    "epoch_ms_median",
+    "slope_mib_per_min_per_worker",
+    "shm_free_bytes",
+    "shm_needed_bytes",
+    "main_thread_cpu_percent",
+    "gpu_util_percent",
 )
 MAX_EVIDENCE_ITEMS = 5
 
@@ -42,8 +54,10 @@ def format_hints(hints: Iterable[Mapping]) -> str:
     blocks = []
     for h in hints:
         tag = TAGS.get(h.get("severity"), str(h.get("severity", "?")).upper())
-        lines = [f"[{tag}] {h.get('id')}{_where(h)}: {h.get('message', '')}",
-                 f"    → {h.get('suggestion', '')}"]
+        lines = [
+            f"[{tag}] {h.get('id')}{_where(h)}: {h.get('message', '')}",
+            f"    → {h.get('suggestion', '')}",
+        ]
         ev = h.get("evidence") or {}
         items = [f"{k}={_fmt(k, ev[k])}" for k in KEY_EVIDENCE if ev.get(k) is not None]
         if items:

@@ -62,15 +62,21 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict]:
     steady = [lv for lv in ctx.loaders if lv.steady]
     busy_workers = 0
     for lv in steady:
-        busy_workers += sum(1 for v in worker_values(lv.workers, "cpu_percent")
-                            if v >= IDLE_WORKER_CPU_PERCENT)
+        busy_workers += sum(
+            1 for v in worker_values(lv.workers, "cpu_percent") if v >= IDLE_WORKER_CPU_PERCENT
+        )
     # A main loop that waits on its GPU (or sleeps) leaves its core to the
     # workers: count it as a competitor only when it uses half a core or more
     # (unknown: it counts). Otherwise 2 workers next to an idle trainer on 2
     # cores would read as oversubscribed.
-    busy_mains = sum(1 for j in ctx.live_jobs
-                     if (num(j.get("main_cpu_percent")) is None
-                         or num(j.get("main_cpu_percent")) >= BUSY_MAIN_LOOP_CPU_PERCENT))
+    busy_mains = sum(
+        1
+        for j in ctx.live_jobs
+        if (
+            num(j.get("main_cpu_percent")) is None
+            or num(j.get("main_cpu_percent")) >= BUSY_MAIN_LOOP_CPU_PERCENT
+        )
+    )
     procs = busy_workers + busy_mains
     if procs <= ctx.usable_cores:
         return []
@@ -82,16 +88,19 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict]:
     with_workers = [lv for lv in steady if lv.workers]
     per_loader = max(1, math.floor((ctx.usable_cores - ctx.main_loops) / max(1, len(with_workers))))
     usable = cores(ctx.usable_cores)
-    msg = (f"{busy_workers} busy DataLoader workers plus {ctx.main_loops} training main "
-           f"loop{'s' if ctx.main_loops != 1 else ''} ({len(jobs)} job{'s' if len(jobs) != 1 else ''}) "
-           f"compete for {usable} usable cores; they use {cores(round(demand, 1))} cores between "
-           f"them, so every extra worker only adds context switches.")
+    msg = (
+        f"{busy_workers} busy DataLoader workers plus {ctx.main_loops} training main "
+        f"loop{'s' if ctx.main_loops != 1 else ''} ({len(jobs)} job{'s' if len(jobs) != 1 else ''}) "
+        f"compete for {usable} usable cores; they use {cores(round(demand, 1))} cores between "
+        f"them, so every extra worker only adds context switches."
+    )
     if len(with_workers) == 1:
-        sugg = (f"lower num_workers so workers + main loops ≤ {usable}: "
-                f"num_workers={per_loader}")
+        sugg = f"lower num_workers so workers + main loops ≤ {usable}: num_workers={per_loader}"
     elif with_workers:
-        sugg = (f"lower num_workers so workers + main loops ≤ {usable}: about num_workers="
-                f"{per_loader} for each of the {len(with_workers)} loaders with workers")
+        sugg = (
+            f"lower num_workers so workers + main loops ≤ {usable}: about num_workers="
+            f"{per_loader} for each of the {len(with_workers)} loaders with workers"
+        )
     else:
         sugg = f"lower num_workers so workers + main loops ≤ {usable}"
     logical = num(ctx.host.get("logical_cpus"))
@@ -135,13 +144,19 @@ def rule_worker_thread_oversubscription(ctx: Context) -> list[dict]:
         if multi:
             why = f"each worker uses {lv.cpu_mean:.1f} cores on average"
         else:
-            why = (f"workers and main loops use {cores(round(demand, 1))} of "
-                   f"{cores(ctx.usable_cores)} usable cores")
-        msg = (f"{lv.title}'s {len(lv.workers)} workers run {tpw:.0f} threads each; "
-               f"all workers on the box run {total_threads} threads on {cores(ctx.usable_cores)} "
-               f"usable cores and {why}: OpenMP/BLAS/OpenCV pools are fighting over the cores.")
-        sugg = ("pass worker_init_fn that calls torch.set_num_threads(1) and cv2.setNumThreads(0), "
-                "or start the job with OMP_NUM_THREADS=1 MKL_NUM_THREADS=1")
+            why = (
+                f"workers and main loops use {cores(round(demand, 1))} of "
+                f"{cores(ctx.usable_cores)} usable cores"
+            )
+        msg = (
+            f"{lv.title}'s {len(lv.workers)} workers run {tpw:.0f} threads each; "
+            f"all workers on the box run {total_threads} threads on {cores(ctx.usable_cores)} "
+            f"usable cores and {why}: OpenMP/BLAS/OpenCV pools are fighting over the cores."
+        )
+        sugg = (
+            "pass worker_init_fn that calls torch.set_num_threads(1) and cv2.setNumThreads(0), "
+            "or start the job with OMP_NUM_THREADS=1 MKL_NUM_THREADS=1"
+        )
         ev = {
             "threads_per_worker": r(tpw, 1),
             "num_workers": lv.num_workers,

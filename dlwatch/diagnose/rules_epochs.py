@@ -44,10 +44,12 @@ def rule_enable_persistent_workers(ctx: Context) -> list[dict]:
         if stall < PERSIST_MIN_STALL_MS or frac < PERSIST_MIN_FRACTION:
             continue
         method = ld.get("start_method") or lv.job.get("start_method")
-        msg = (f"{lv.title} re-creates its {lv.num_workers} workers at every epoch: "
-               f"the first batch of an epoch arrives after {ms(stall)} (median of "
-               f"{len(later)} epoch{'s' if len(later) != 1 else ''} after the first), "
-               f"{pct(frac)} of a {ms(epoch)} epoch.")
+        msg = (
+            f"{lv.title} re-creates its {lv.num_workers} workers at every epoch: "
+            f"the first batch of an epoch arrives after {ms(stall)} (median of "
+            f"{len(later)} epoch{'s' if len(later) != 1 else ''} after the first), "
+            f"{pct(frac)} of a {ms(epoch)} epoch."
+        )
         if method in ("spawn", "forkserver"):
             msg += f" The '{method}' start method makes every re-spawn re-import the script."
         sugg = "set persistent_workers=True in DataLoader(...) so workers survive between epochs"

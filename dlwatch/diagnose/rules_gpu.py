@@ -42,11 +42,12 @@ def rule_enable_pin_memory(ctx: Context) -> list[dict]:
             reasons.append(f"the loop waits for data {pct(lv.wait)} of the time")
         if idle:
             reasons.append(f"{gpu_name} is only {util:.0f} % busy")
-        msg = (f"{lv.title} hands batches to CUDA from pageable memory "
-               f"(pin_memory=False) while {' and '.join(reasons)}: every .to('cuda') makes an "
-               f"extra CPU copy and cannot overlap with compute.")
-        sugg = ("set pin_memory=True in DataLoader(...) and copy with "
-                ".to(device, non_blocking=True)")
+        msg = (
+            f"{lv.title} hands batches to CUDA from pageable memory "
+            f"(pin_memory=False) while {' and '.join(reasons)}: every .to('cuda') makes an "
+            f"extra CPU copy and cannot overlap with compute."
+        )
+        sugg = "set pin_memory=True in DataLoader(...) and copy with .to(device, non_blocking=True)"
         ev = {
             "pin_memory": False,
             "cuda_initialized": True,
@@ -78,11 +79,15 @@ def rule_main_loop_cpu_bound(ctx: Context) -> list[dict]:
         util, gpu_name = ctx.gpu_util_for(job)
         if util is None or util >= GPU_UNDERUSED_UTIL:
             continue
-        msg = (f"PID {pid}: the loop waits for data only {pct(wait)} of the time, yet {gpu_name} "
-               f"is {util:.0f} % busy while the trainer's main thread uses {main_cpu:.0f} % of a "
-               f"core: the Python side cannot launch kernels fast enough.")
-        sugg = ("profile one step with torch.profiler; then use larger batches, torch.compile, "
-                "or CUDA graphs to cut per-kernel launch overhead")
+        msg = (
+            f"PID {pid}: the loop waits for data only {pct(wait)} of the time, yet {gpu_name} "
+            f"is {util:.0f} % busy while the trainer's main thread uses {main_cpu:.0f} % of a "
+            f"core: the Python side cannot launch kernels fast enough."
+        )
+        sugg = (
+            "profile one step with torch.profiler; then use larger batches, torch.compile, "
+            "or CUDA graphs to cut per-kernel launch overhead"
+        )
         ev = {
             "data_wait_fraction_max": r(wait),
             "main_thread_cpu_percent": r(main_cpu, 1),

@@ -12,7 +12,15 @@ from __future__ import annotations
 import math
 
 from .facts import (
-    Context, as_int, as_list, hint, median, mib, num, r, live_workers,
+    Context,
+    as_int,
+    as_list,
+    hint,
+    live_workers,
+    median,
+    mib,
+    num,
+    r,
 )
 
 MIB = float(1 << 20)
@@ -75,8 +83,11 @@ def update_mem_series(old: dict, snapshot: dict, t: float) -> dict:
                 key = (pid, wpid)
                 first, samples, growth = old.get(key, (t, (), None))
                 uss = num(w.get("uss_bytes"))
-                if (uss is not None and t - first >= MEM_SKIP_START_S
-                        and (not samples or t - samples[-1][0] >= MEM_SAMPLE_INTERVAL_S)):
+                if (
+                    uss is not None
+                    and t - first >= MEM_SKIP_START_S
+                    and (not samples or t - samples[-1][0] >= MEM_SAMPLE_INTERVAL_S)
+                ):
                     samples = samples + ((t, uss, num(w.get("rss_bytes"))),)
                     while samples and t - samples[0][0] > MEM_WINDOW_S:
                         samples = samples[1:]
@@ -152,14 +163,18 @@ def rule_worker_memory_growth(ctx: Context) -> list[dict]:
         nw = lv.num_workers or len(lv.workers)
         rss_slopes = [g["rss_slope_mib_per_min"] for g in growing if g["rss_slope_mib_per_min"] is not None]
         rss_slope = median(rss_slopes) if rss_slopes else None
-        msg = (f"{lv.title}: {len(growing)} of {len(measured)} workers grow steadily "
-               f"by {slope:.1f} MiB/min each in private memory (USS), {growth:.0f} MiB over "
-               f"{span:.0f} s; at this rate the {nw} workers add {slope * 60 * nw / 1024:.1f} GiB "
-               f"per hour.")
+        msg = (
+            f"{lv.title}: {len(growing)} of {len(measured)} workers grow steadily "
+            f"by {slope:.1f} MiB/min each in private memory (USS), {growth:.0f} MiB over "
+            f"{span:.0f} s; at this rate the {nw} workers add {slope * 60 * nw / 1024:.1f} GiB "
+            f"per hour."
+        )
         if rss_slope is not None and rss_slope < slope / 2:
             msg += f" RSS hides it (it grows {rss_slope:.1f} MiB/min): shared pages are being copied."
-        sugg = ("avoid copy-on-read: store the dataset as numpy arrays or torch tensors (or "
-                "pyarrow/np.memmap) instead of Python lists/dicts of objects")
+        sugg = (
+            "avoid copy-on-read: store the dataset as numpy arrays or torch tensors (or "
+            "pyarrow/np.memmap) instead of Python lists/dicts of objects"
+        )
         ev = {
             "slope_mib_per_min_per_worker": r(slope, 2),
             "growth_mib_per_worker": r(growth, 1),
@@ -181,8 +196,11 @@ def rule_shm_low(ctx: Context) -> list[dict]:
     free = num(ctx.host.get("shm_free_bytes"))
     if free is None or free < 0:
         return []
-    users = [lv for lv in ctx.loaders
-             if lv.num_workers and lv.num_workers > 0 and lv.loader.get("active") is not False]
+    users = [
+        lv
+        for lv in ctx.loaders
+        if lv.num_workers and lv.num_workers > 0 and lv.loader.get("active") is not False
+    ]
     if not users:
         return []
     rows = []
@@ -192,8 +210,15 @@ def rule_shm_low(ctx: Context) -> list[dict]:
         pf = num(lv.loader.get("prefetch_factor"))
         pf = DEFAULT_PREFETCH_FACTOR if pf is None else pf
         bb = num(lv.loader.get("batch_bytes"))
-        rows.append({"job_pid": lv.pid, "loader_id": lv.lid, "num_workers": lv.num_workers,
-                     "prefetch_factor": int(pf), "batch_bytes": None if bb is None else int(bb)})
+        rows.append(
+            {
+                "job_pid": lv.pid,
+                "loader_id": lv.lid,
+                "num_workers": lv.num_workers,
+                "prefetch_factor": int(pf),
+                "batch_bytes": None if bb is None else int(bb),
+            }
+        )
         if bb is None or bb <= 0:
             known = False
         else:
@@ -204,19 +229,26 @@ def rule_shm_low(ctx: Context) -> list[dict]:
             return []
         severity = "critical" if free < need else "warn"
         basis = "workers × prefetch_factor × batch bytes"
-        msg = (f"/dev/shm has {mib(free)} free, but the {workers} workers' prefetched batches "
-               f"need {mib(need)} ({basis}).")
+        msg = (
+            f"/dev/shm has {mib(free)} free, but the {workers} workers' prefetched batches "
+            f"need {mib(need)} ({basis})."
+        )
     else:
         if free >= SHM_FLOOR_WARN_BYTES:
             return []
         severity = "critical" if free < SHM_FLOOR_CRITICAL_BYTES else "warn"
-        basis = (f"absolute floor: batch size in bytes unknown, free below "
-                 f"{mib(SHM_FLOOR_CRITICAL_BYTES if severity == 'critical' else SHM_FLOOR_WARN_BYTES)}")
-        msg = (f"/dev/shm has only {mib(free)} free while {workers} DataLoader workers pass "
-               f"batches through it.")
+        basis = (
+            f"absolute floor: batch size in bytes unknown, free below "
+            f"{mib(SHM_FLOOR_CRITICAL_BYTES if severity == 'critical' else SHM_FLOOR_WARN_BYTES)}"
+        )
+        msg = (
+            f"/dev/shm has only {mib(free)} free while {workers} DataLoader workers pass batches through it."
+        )
     msg += " Workers that run out of shared memory die with 'bus error'."
-    sugg = ("enlarge /dev/shm (docker run --shm-size=8g, or mount -o remount,size=8G /dev/shm), "
-            "or lower num_workers / prefetch_factor")
+    sugg = (
+        "enlarge /dev/shm (docker run --shm-size=8g, or mount -o remount,size=8G /dev/shm), "
+        "or lower num_workers / prefetch_factor"
+    )
     ev = {
         "shm_free_bytes": int(free),
         "shm_needed_bytes": int(need) if known else None,

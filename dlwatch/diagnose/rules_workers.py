@@ -15,10 +15,18 @@ limit and the same arithmetic holds past the core count.
 
 from __future__ import annotations
 
-import math
-
 from .facts import (
-    Context, LoaderView, ceil_ratio, cores, hint, ms, num, pct, r, whole_cores, worker_values,
+    Context,
+    LoaderView,
+    ceil_ratio,
+    cores,
+    hint,
+    ms,
+    num,
+    pct,
+    r,
+    whole_cores,
+    worker_values,
 )
 
 # Loop time spent waiting for data above which the job is "data-bound". DESIGN §4
@@ -81,8 +89,10 @@ def _bound_kind(lv: LoaderView) -> tuple[bool, str] | None:
     if share is None:
         return None
     cpu_bound = share >= CPU_BOUND_MIN_SHARE
-    why = (f"worker CPU {pct(min(share, 9.99))} of busy time "
-           f"({'≥' if cpu_bound else '<'} {pct(CPU_BOUND_MIN_SHARE)})")
+    why = (
+        f"worker CPU {pct(min(share, 9.99))} of busy time "
+        f"({'≥' if cpu_bound else '<'} {pct(CPU_BOUND_MIN_SHARE)})"
+    )
     return cpu_bound, why
 
 
@@ -90,9 +100,12 @@ def _data_bound_workers(lv: LoaderView) -> bool:
     """The shared premise of add-workers / io-bound / cpu-bound-preprocessing."""
     return (
         lv.steady
-        and lv.num_workers is not None and lv.num_workers >= 1
-        and lv.wait is not None and lv.wait >= DATA_BOUND_WAIT
-        and lv.busy_mean is not None and lv.busy_mean >= WORKERS_SATURATED_BUSY
+        and lv.num_workers is not None
+        and lv.num_workers >= 1
+        and lv.wait is not None
+        and lv.wait >= DATA_BOUND_WAIT
+        and lv.busy_mean is not None
+        and lv.busy_mean >= WORKERS_SATURATED_BUSY
     )
 
 
@@ -132,17 +145,23 @@ def rule_no_workers(ctx: Context) -> list[dict]:
             if free is not None:
                 cap = max(1, whole_cores(free))
                 rec = min(rec, cap)
-        msg = (f"{lv.title} spends {pct(lv.wait)} of the loop waiting for data "
-               f"with num_workers=0: the training loop loads every batch itself")
+        msg = (
+            f"{lv.title} spends {pct(lv.wait)} of the loop waiting for data "
+            f"with num_workers=0: the training loop loads every batch itself"
+        )
         if wait_ms is not None and lv.step_ms is not None:
             msg += f" ({ms(wait_ms)} loading vs {ms(lv.step_ms)} computing per batch)"
         msg += "."
         if rec is not None:
-            sugg = (f"set num_workers={rec} in DataLoader(...) so batches load in the "
-                    f"background while the loop computes")
+            sugg = (
+                f"set num_workers={rec} in DataLoader(...) so batches load in the "
+                f"background while the loop computes"
+            )
         else:
-            sugg = ("set num_workers=2 in DataLoader(...) to load in the background, "
-                    "then re-measure the data wait")
+            sugg = (
+                "set num_workers=2 in DataLoader(...) to load in the background, "
+                "then re-measure the data wait"
+            )
         ev = {
             "data_wait_fraction": r(lv.wait),
             "num_workers": 0,
@@ -185,17 +204,21 @@ def rule_add_workers(ctx: Context) -> list[dict]:
         rec = min(needed, cap)
         if rec <= nw:
             continue  # no whole core free: cpu-bound-preprocessing's case
-        msg = (f"{lv.title} waits for data {pct(lv.wait)} of the time; its "
-               f"{nw} worker{'s are' if nw != 1 else ' is'} busy {pct(lv.busy_mean)} of the time "
-               f"and one batch costs a worker {ms(lv.worker_ms)} while the loop uses one every "
-               f"{ms(lv.step_ms)}")
+        msg = (
+            f"{lv.title} waits for data {pct(lv.wait)} of the time; its "
+            f"{nw} worker{'s are' if nw != 1 else ' is'} busy {pct(lv.busy_mean)} of the time "
+            f"and one batch costs a worker {ms(lv.worker_ms)} while the loop uses one every "
+            f"{ms(lv.step_ms)}"
+        )
         if little > nw:
             msg += f": keeping up needs {little} workers"
             if rec < little:
                 msg += f", and the free cores allow {rec}"
         else:
-            msg += (f": by fetch time alone {nw} should keep up, yet the loop waits, so "
-                    f"per-batch overhead outside the fetch (IPC, collate) is the rest")
+            msg += (
+                f": by fetch time alone {nw} should keep up, yet the loop waits, so "
+                f"per-batch overhead outside the fetch (IPC, collate) is the rest"
+            )
         msg += "."
         sugg = f"set num_workers={rec} in DataLoader(...)"
         ev = _common_evidence(lv) | {
@@ -219,13 +242,17 @@ def rule_io_bound(ctx: Context) -> list[dict]:
         rec = min(max(little, nw + 1), IO_MAX_RECOMMENDED_WORKERS)
         if rec <= nw:
             continue
-        msg = (f"{lv.title} waits for data {pct(lv.wait)} of the time; its {nw} "
-               f"worker{'s are' if nw != 1 else ' is'} busy {pct(lv.busy_mean)} of the time but on a "
-               f"CPU only {pct(lv.cpu_share_of_busy)} of it: loading waits on storage or network. "
-               f"One batch takes a worker {ms(lv.worker_ms)} and the loop uses one every "
-               f"{ms(lv.step_ms)}.")
-        sugg = (f"set num_workers={rec} in DataLoader(...) (I/O waits overlap, so this may exceed "
-                f"the core count), or cache the dataset on local SSD / in RAM")
+        msg = (
+            f"{lv.title} waits for data {pct(lv.wait)} of the time; its {nw} "
+            f"worker{'s are' if nw != 1 else ' is'} busy {pct(lv.busy_mean)} of the time but on a "
+            f"CPU only {pct(lv.cpu_share_of_busy)} of it: loading waits on storage or network. "
+            f"One batch takes a worker {ms(lv.worker_ms)} and the loop uses one every "
+            f"{ms(lv.step_ms)}."
+        )
+        sugg = (
+            f"set num_workers={rec} in DataLoader(...) (I/O waits overlap, so this may exceed "
+            f"the core count), or cache the dataset on local SSD / in RAM"
+        )
         ev = _common_evidence(lv) | {
             "recommended_num_workers": rec,
             "little_law_workers": little,
@@ -253,13 +280,17 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict]:
         demand = _workers_cpu_demand(ctx)
         if demand < CORES_SATURATED_FRACTION * ctx.usable_cores:
             continue
-        msg = (f"{lv.title} waits for data {pct(lv.wait)} of the time while its "
-               f"{lv.num_workers} CPU-bound workers are busy {pct(lv.busy_mean)} of the time, and "
-               f"workers plus main loops already use {cores(round(demand, 1))} of "
-               f"{cores(ctx.usable_cores)} usable cores: more workers cannot help.")
-        sugg = ("make each batch cheaper: decode/resize once and cache the result, use lighter "
-                "transforms, or move augmentation to the GPU (e.g. torchvision.transforms.v2 on "
-                "CUDA tensors, DALI)")
+        msg = (
+            f"{lv.title} waits for data {pct(lv.wait)} of the time while its "
+            f"{lv.num_workers} CPU-bound workers are busy {pct(lv.busy_mean)} of the time, and "
+            f"workers plus main loops already use {cores(round(demand, 1))} of "
+            f"{cores(ctx.usable_cores)} usable cores: more workers cannot help."
+        )
+        sugg = (
+            "make each batch cheaper: decode/resize once and cache the result, use lighter "
+            "transforms, or move augmentation to the GPU (e.g. torchvision.transforms.v2 on "
+            "CUDA tensors, DALI)"
+        )
         ev = _common_evidence(lv) | {
             "usable_cores": ctx.usable_cores,
             "usable_cores_source": ctx.usable_cores_source(),
@@ -288,17 +319,21 @@ def rule_pipeline_has_headroom(ctx: Context) -> list[dict]:
             continue
         if lv.worker_ms is not None and lv.step_ms is not None and lv.step_ms > 0:
             rec = max(1, ceil_ratio(lv.worker_ms * HEADROOM_SAFETY, lv.step_ms))
-            method = (f"Little's law ({ms(lv.worker_ms)} per batch per worker vs "
-                      f"{ms(lv.step_ms)} per step) with {HEADROOM_SAFETY:g}x margin")
+            method = (
+                f"Little's law ({ms(lv.worker_ms)} per batch per worker vs "
+                f"{ms(lv.step_ms)} per step) with {HEADROOM_SAFETY:g}x margin"
+            )
         else:
             rec = max(1, ceil_ratio(nw * lv.busy_mean, HEADROOM_TARGET_BUSY))
             method = f"busy time of {nw} workers spread at {pct(HEADROOM_TARGET_BUSY)} busy each"
         if rec >= nw:
             continue
         idle_cpu = sum(worker_values(lv.workers, "cpu_percent")) / 100.0
-        msg = (f"{lv.title} has its prefetch queue full ({int(ready)}/{int(cap)} "
-               f"batches ready), the loop waits {pct(lv.wait)} of the time and its {nw} workers are "
-               f"busy only {pct(lv.busy_mean)} of the time.")
+        msg = (
+            f"{lv.title} has its prefetch queue full ({int(ready)}/{int(cap)} "
+            f"batches ready), the loop waits {pct(lv.wait)} of the time and its {nw} workers are "
+            f"busy only {pct(lv.busy_mean)} of the time."
+        )
         sugg = f"num_workers={rec} would keep up and free CPU and memory for other work"
         ev = _common_evidence(lv) | {
             "recommended_num_workers": rec,

@@ -8,11 +8,13 @@ guarding each field, and a malformed snapshot renders instead of raising.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from rich.text import Text
+
+from dlwatch.snapshot import as_dict, as_list, num, severity_rank  # noqa: F401
 
 NA = "n/a"
 
@@ -22,9 +24,8 @@ GOOD, WARN, BAD, INFO = "good", "warn", "bad", "info"
 LEVEL_LABEL = {GOOD: "✓ OK", WARN: "▲ WARN", BAD: "✖ BAD", INFO: "ℹ INFO"}
 HINT_LEVEL = {"critical": BAD, "warn": WARN, "info": INFO}
 HINT_LABEL = {"critical": "✖ CRITICAL", "warn": "▲ WARN", "info": "ℹ INFO"}
-HINT_ORDER = {"critical": 0, "warn": 1, "info": 2}
 
-# Thresholds of DESIGN §4 / the brief: < 10 % good, 10–30 % warn, > 30 % bad.
+# Data-wait levels (README "The live view"): < 10 % good, 10–30 % warn, > 30 % bad.
 WAIT_WARN = 0.10
 WAIT_BAD = 0.30
 
@@ -50,24 +51,12 @@ DEFAULT_PALETTE = Palette()
 
 
 # ---------------------------------------------------------------- accessors
+#
+# The snapshot's own accessors (dlwatch.snapshot), under the short names the
+# widgets use.
 
-
-def d(x: Any) -> Mapping:
-    """``x`` if it is a mapping, else an empty one."""
-    return x if isinstance(x, Mapping) else {}
-
-
-def lst(x: Any) -> list:
-    """``x`` as a list of its items if it is a list/tuple, else empty."""
-    return list(x) if isinstance(x, (list, tuple)) else []
-
-
-def num(x: Any) -> float | None:
-    """A finite float, or None for anything else (bool counts as not a number)."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None
+d = as_dict
+lst = as_list
 
 
 def intval(x: Any) -> int | None:
@@ -200,7 +189,9 @@ def wait_level(frac: Any) -> str | None:
 # ---------------------------------------------------------------- bars
 
 
-def bar_runs(frac: Any, width: int, style: str = "", pal: Palette = DEFAULT_PALETTE) -> tuple[tuple[str, str], ...]:
+def bar_runs(
+    frac: Any, width: int, style: str = "", pal: Palette = DEFAULT_PALETTE
+) -> tuple[tuple[str, str], ...]:
     """A horizontal bar ``█████░░░`` for a 0..1 fraction, as (text, style)
     runs; over 1 is drawn full. The filled part is solid and the empty part
     shaded so that the value reads without colour."""
@@ -240,7 +231,9 @@ def queue_bar(ready: Any, in_flight: Any, capacity: Any, width: int, pal: Palett
     return t
 
 
-def sparkline_rows(values: Sequence[Any], width: int, height: int = 1, top: float = 100.0) -> list[list[tuple[str, float | None]]]:
+def sparkline_rows(
+    values: Sequence[Any], width: int, height: int = 1, top: float = 100.0
+) -> list[list[tuple[str, float | None]]]:
     """Block characters for the newest ``width`` values on a FIXED 0..top scale.
 
     Returns ``height`` rows (top row first) of ``(char, value)`` per column so

@@ -23,7 +23,7 @@ def relevant_hints(hints: Any, job_pid: int | None) -> tuple[list[dict], int]:
             mine.append(h)
         else:
             others += 1
-    mine.sort(key=lambda h: fmt.HINT_ORDER.get(h.get("severity"), 3))
+    mine.sort(key=lambda h: fmt.severity_rank(h.get("severity")))
     return mine, others
 
 
@@ -59,8 +59,12 @@ class HintsPanel(Static):
         # in between: nothing to format again.
         hints_obj = snapshot.get("hints") if isinstance(snapshot, dict) else None
         key = (hints_obj, job_pid, pal, wide)
-        if hints_obj is not None and self._shown_for is not None and self._shown_for[0] is hints_obj \
-                and self._shown_for[1:] == key[1:]:
+        if (
+            hints_obj is not None
+            and self._shown_for is not None
+            and self._shown_for[0] is hints_obj
+            and self._shown_for[1:] == key[1:]
+        ):
             return
         self._shown_for = key
         if snapshot is None:
@@ -76,5 +80,7 @@ class HintsPanel(Static):
                 out.append("\n")
             out.append_text(hint_text(h, pal, wide))
         if others:
-            out.append(f"\n+{others} hint{'s' if others > 1 else ''} about other jobs (tab to switch)", pal.dim)
+            out.append(
+                f"\n+{others} hint{'s' if others > 1 else ''} about other jobs (tab to switch)", pal.dim
+            )
         set_static(self, out)

@@ -1,0 +1,191 @@
+"""The snapshot, built from what the collector holds.
+
+``Monitor`` (``monitor.py``) decides *when* to read sockets and sample
+processes, host and GPUs; this module turns what it has into the snapshot
+document of ``dlwatch.snapshot`` (README "Snapshot JSON"). Nothing here does
+I/O: the same connections and samples always give the same document, which
+is what the golden test in ``tests/unit/test_snapshot_contract.py`` pins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from dlwatch.collect import window as win
+from dlwatch.collect.jobs import JobConnection
+from dlwatch.snapshot import SCHEMA_VERSION, Gpu, Host, Job, Snapshot
+
+HISTORY_POINTS = 120
+HISTORY_EVERY_NS = 1_000_000_000
+# The diagnosis's own pass carries only what warm-up detection reads.
+WARMUP_POINTS = 8
+
+
+def snapshot_dict(
+    *,
+    now: float,
+    window_s: float,
+    host: dict,
+    gpu_status: str,
+    gpus: list[Gpu],
+    conns: Iterable[JobConnection],
+    procs: dict,
+    runtime_dir: str,
+    runtime_dir_error: str | None,
+    errors: list[str],
+) -> Snapshot:
+    """The whole document. Jobs are ordered by run, rank and PID so that the
+    ranks of one torchrun run sit together. ``hints`` is left empty: the
+    diagnosis fills it. ``errors`` appears only when the collector had faults,
+    so the document of a healthy collector is the schema's and nothing more."""
+    snap: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "time": now,
+        "window_s": window_s,
+        "host": host_dict(host),
+        "gpu_status": gpu_status,
+        "gpus": gpus,
+        "jobs": [job_dict(c, window_s, procs, now) for c in ordered(conns)],
+        "hints": [],
+        "runtime_dir": runtime_dir,
+        "runtime_dir_error": runtime_dir_error,
+    }
+    if errors:
+        snap["errors"] = list(errors)
+    return snap  # type: ignore[return-value]
+
+
+def ordered(conns: Iterable[JobConnection]) -> list[JobConnection]:
+    return sorted(
+        conns, key=lambda c: ((c.job or {}).get("run_id") or "", (c.job or {}).get("rank") or 0, c.pid)
+    )
+
+
+def host_dict(h: dict) -> Host:
+    out = {
+        "logical_cpus": h.get("logical_cpus"),
+        "usable_cores": h.get("usable_cores"),
+        "cpu_percent": h.get("cpu_percent"),
+        "shm_free_bytes": h.get("shm_free_bytes"),
+    }
+    for k, v in h.items():
+        out.setdefault(k, v)
+    return out
+
+
+def job_state(c: JobConnection) -> str:
+    if c.state == "connecting":
+        return "live" if c.job is not None else "connecting"
+    return c.state
+
+
+def job_dict(c: JobConnection, window_s: float, procs: dict, now: float, history: bool = True) -> Job:
+    job = c.job or {}
+    main = procs.get(c.pid, {}) if c.live else {}
+    frames = list(c.frames)
+    last = frames[-1] if frames else None
+    out = {
+        "pid": c.pid,
+        "cmdline": job.get("cmdline", ""),
+        "rank": job.get("rank"),
+        "local_rank": job.get("local_rank"),
+        "world_size": job.get("world_size"),
+        "run_id": job.get("run_id"),
+        "torch_version": job.get("torch_version", "unknown"),
+        "start_method": job.get("start_method", "unknown"),
+        "state": job_state(c),
+        "state_reason": c.reason
+        or (
+            "connected, but the job has not answered yet (stopped?)"
+            if c.job is None and c.state == "connecting"
+            else ""
+        ),
+        "age_s": round(max(0.0, now - float(job.get("started") or now)), 1),
+        "main_cpu_percent": main.get("cpu_percent"),
+        "main_thread_cpu_percent": main.get("main_thread_cpu_percent"),
+        "threads": main.get("threads"),
+        "rss_bytes": main.get("rss_bytes"),
+        "cuda_initialized": (last or {}).get("main", {}).get("cuda_initialized"),
+        "bad_frames": c.bad_frames,
+        "last_wire_error": c.last_error or None,
+        "loaders": [],
+    }
+    if last is None:
+        return out
+    for ld in last["loaders"]:
+        out["loaders"].append(
+            loader_dict(frames, ld, window_s, procs if c.live else {}, _history(c, frames, ld["id"], history))
+        )
+    return out
+
+
+def _history(c: JobConnection, frames: list[dict], loader_id: int, full: bool) -> dict:
+    """The loader's 1 s history, computed at most once per second of the job's
+    clock (its points are a second apart; the live figures are not from it).
+    Without ``full``, only what warm-up detection reads: the last few points."""
+    newest = frames[-1]["mono_ns"]
+    cached = c.history_cache.get(loader_id)
+    if cached is None or newest < cached[0] or newest - cached[0] >= HISTORY_EVERY_NS:
+        cached = (newest, win.series(frames, loader_id, 1.0, HISTORY_POINTS))
+        live = {ld["id"] for ld in frames[-1]["loaders"]}
+        c.history_cache = {k: v for k, v in c.history_cache.items() if k in live}
+        c.history_cache[loader_id] = cached
+    series = cached[1]
+    if full:
+        return {k: list(v) for k, v in series.items()}
+    return {k: v[-WARMUP_POINTS:] for k, v in series.items()}
+
+
+def loader_dict(frames: list[dict], ld: dict, window_s: float, procs: dict, history: dict) -> dict:
+    w = win.loader_window(frames, ld["id"], window_s) or {}
+    esm = ld.get("epoch_start_ms") or []
+    em = ld.get("epoch_ms") or []
+    workers = []
+    for wk in w.get("workers", []):
+        p = procs.get(wk["pid"], {})
+        workers.append(
+            {
+                "id": wk["id"],
+                "pid": wk["pid"],
+                "cpu_percent": p.get("cpu_percent"),
+                "busy_fraction": wk["busy_fraction"],
+                "fetch_ms_mean": wk["fetch_ms_mean"],
+                "batches": wk["batches"],
+                "rss_bytes": p.get("rss_bytes"),
+                "uss_bytes": p.get("uss_bytes"),
+                "threads": p.get("threads"),
+                "runqueue_percent": p.get("runqueue_percent"),
+                "state": p.get("state", "n/a") if p else "n/a",
+                "error": p.get("error"),
+            }
+        )
+    q = ld.get("queue") or {}
+    return {
+        "id": ld["id"],
+        "num_workers": ld.get("num_workers", 0),
+        "batch_size": ld.get("batch_size"),
+        "pin_memory": bool(ld.get("pin_memory", False)),
+        "persistent_workers": bool(ld.get("persistent_workers", False)),
+        "prefetch_factor": ld.get("prefetch_factor"),
+        "start_method": ld.get("start_method"),
+        "kind": ld.get("kind", "map"),
+        "dataset": ld.get("dataset"),
+        "active": bool(ld.get("active", False)),
+        "epoch": ld["epoch"],
+        "batches_total": ld["batches"],
+        "batches_per_s": w.get("batches_per_s", 0.0),
+        "data_wait_fraction": w.get("data_wait_fraction"),
+        "wait_ms_mean": w.get("wait_ms_mean"),
+        "step_ms_mean": w.get("step_ms_mean"),
+        "epoch_start_ms_last": esm[-1] if esm else None,
+        "epoch_start_ms": esm,
+        "epoch_ms": em,
+        "epoch_ms_last": em[-1] if em else None,
+        "queue": {"ready": q.get("ready"), "in_flight": q.get("in_flight"), "capacity": q.get("capacity")},
+        "queue_mean": w.get("queue_mean", {"ready": None, "in_flight": None}),
+        "worker_ms_per_batch": w.get("worker_ms_per_batch"),
+        "window_mono_ns": [w.get("start_mono_ns"), w.get("end_mono_ns")],
+        "workers": workers,
+        "history": history,
+    }

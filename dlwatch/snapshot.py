@@ -1,0 +1,320 @@
+"""The snapshot: the one document every consumer of dlwatch reads.
+
+The collector (``dlwatch.collect.model``) builds it; the diagnosis, the live
+view, ``dlwatch snapshot``/``ls`` and every later consumer (record, export,
+tune) read it, through the types and the None-tolerant accessors here and
+nowhere else. Its JSON form is ``dlwatch snapshot --json`` (schema_version 1,
+documented in README "Snapshot JSON"): keys are only ever added, never renamed.
+
+stdlib only: the probe side's tests and any script may import it without the
+monitor's dependencies.
+
+Missing values are ``None`` (``null`` in JSON) with, where it helps, a reason
+string beside them (``gpu_status``, a worker's ``error``, a job's
+``state_reason``); a view writes "n/a". Nothing here ever raises for "not
+available": every accessor returns ``None`` or an empty container for a
+missing, malformed or non-finite value, so a consumer stays silent rather than
+guess, and a snapshot from an older collector still reads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any, TypedDict, get_type_hints
+
+SCHEMA_VERSION = 1
+
+# Hint severities, most severe first: the one order every view sorts by.
+SEVERITIES = ("critical", "warn", "info")
+SEVERITY_ORDER = {s: i for i, s in enumerate(SEVERITIES)}
+
+# A worker whose process is gone still appears for a moment (the sampler
+# reports "gone" until the loader's next window drops it): its figures are
+# stale and count towards nothing.
+GONE_STATES = frozenset({"gone", "zombie", "dead"})
+
+# ``cpu_percent`` figures use 100 = one core (psutil's convention).
+PERCENT_PER_CORE = 100.0
+
+
+# ----------------------------------------------------------------- the types
+#
+# Each record is a required part (README's minimum schema) and an optional part
+# (extras the collector adds; a consumer may rely on them but must accept their
+# absence in a file written by an older dlwatch). Python 3.10 has no
+# ``NotRequired``, hence the two-class pattern.
+
+
+class Queue(TypedDict):
+    ready: int | None
+    in_flight: int | None
+    capacity: int | None
+
+
+class _WorkerRequired(TypedDict):
+    id: int
+    pid: int
+    cpu_percent: float | None  # 100 = one core, over the sampling interval
+    busy_fraction: float | None  # 0..1 of the window inside the dataset fetch
+    fetch_ms_mean: float | None
+    batches: int
+    rss_bytes: int | None
+    uss_bytes: int | None  # None when /proc/PID/smaps_rollup is unreadable
+    threads: int | None
+
+
+class Worker(_WorkerRequired, total=False):
+    runqueue_percent: float | None  # runnable but not running (CPU-starved), 100 = one core
+    state: str  # process state, "gone" once it exited, "n/a" unsampled
+    error: str | None  # why figures are missing ("no permission to read ...")
+
+
+class History(TypedDict, total=False):
+    data_wait_fraction: list[float | None]  # oldest first, about 1 point/s
+    batches_per_s: list[float | None]
+
+
+class _LoaderRequired(TypedDict):
+    id: int
+    num_workers: int
+    batch_size: int | None
+    pin_memory: bool
+    persistent_workers: bool
+    prefetch_factor: int | None
+    epoch: int
+    batches_total: int
+    batches_per_s: float
+    data_wait_fraction: float | None  # 0..1 over the window; None: no batch in it
+    wait_ms_mean: float | None
+    step_ms_mean: float | None
+    epoch_start_ms_last: float | None  # iter() to first batch, last epoch
+    queue: Queue
+    workers: list[Worker]
+
+
+class Loader(_LoaderRequired, total=False):
+    start_method: str | None
+    kind: str  # "map" | "iterable"
+    dataset: str | None
+    active: bool  # an iterator is alive
+    epoch_start_ms: list[float]  # recent epochs, oldest first
+    epoch_ms: list[float]  # recent completed epoch durations
+    epoch_ms_last: float | None
+    queue_mean: dict[str, float | None]
+    worker_ms_per_batch: float | None  # dataset fetch time one batch costs one worker
+    window_mono_ns: list[int | None]  # the job's monotonic clock span of the window
+    history: History
+
+
+class _JobRequired(TypedDict):
+    pid: int
+    cmdline: str
+    rank: int | None
+    local_rank: int | None
+    world_size: int | None
+    torch_version: str
+    start_method: str
+    main_cpu_percent: float | None
+    loaders: list[Loader]
+
+
+class Job(_JobRequired, total=False):
+    run_id: str | None  # torchrun's run id: ranks of one run share it
+    state: str  # "live" | "connecting" | "exited" | "unreachable" | "incompatible"
+    state_reason: str
+    age_s: float
+    main_thread_cpu_percent: float | None
+    threads: int | None
+    rss_bytes: int | None
+    cuda_initialized: bool | None
+    bad_frames: int
+    last_wire_error: str | None
+
+
+class _HostRequired(TypedDict):
+    logical_cpus: int | None
+    usable_cores: float | None  # affinity and cgroup quota, not os.cpu_count()
+    cpu_percent: float | None
+    shm_free_bytes: int | None
+
+
+class Host(_HostRequired, total=False):
+    cores_reason: str
+    load_percent_of_usable: float | None
+
+
+class _GpuRequired(TypedDict):
+    index: int
+    name: str
+    util_percent: float | None
+    mem_used_bytes: int | None
+    mem_total_bytes: int | None
+
+
+class Gpu(_GpuRequired, total=False):
+    history: list[float | None]
+    mem_history: list[float | None]
+
+
+class Hint(TypedDict):
+    id: str
+    severity: str  # one of SEVERITIES
+    job_pid: int | None
+    loader_id: int | None
+    message: str
+    suggestion: str
+    evidence: dict[str, Any]
+
+
+class _SnapshotRequired(TypedDict):
+    schema_version: int
+    time: float  # unix seconds
+    window_s: float  # seconds the rates cover
+    host: Host
+    gpu_status: str  # "ok" or why there are no GPU figures
+    gpus: list[Gpu]
+    jobs: list[Job]
+    hints: list[Hint]
+
+
+class Snapshot(_SnapshotRequired, total=False):
+    runtime_dir: str
+    runtime_dir_error: str | None
+    errors: list[str]  # collector faults (a sampler that raised), newest last
+
+
+# ------------------------------------------------------------- the accessors
+
+
+def num(v: Any) -> float | None:
+    """A finite number as float, else None (a bool is not a number here)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    f = float(v)
+    return f if math.isfinite(f) else None
+
+
+def as_int(v: Any) -> int | None:
+    """An integral number as int, else None (2.0 -> 2, 2.5 -> None)."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    f = num(v)
+    return int(f) if f is not None and f == int(f) else None
+
+
+def as_dict(v: Any) -> dict:
+    return v if isinstance(v, dict) else {}
+
+
+def as_list(v: Any) -> list:
+    """A list as it is, a tuple as a list, anything else as []."""
+    if isinstance(v, list):
+        return v
+    return list(v) if isinstance(v, tuple) else []
+
+
+def as_str(v: Any, default: str = "") -> str:
+    return v if isinstance(v, str) else default
+
+
+def records(v: Any) -> list[dict]:
+    """The dicts of a list (jobs, loaders, workers, hints); anything else skipped."""
+    return [x for x in as_list(v) if isinstance(x, dict)]
+
+
+def severity_rank(severity: Any) -> int:
+    """Sort key: critical < warn < info < anything unknown."""
+    return SEVERITY_ORDER.get(severity, len(SEVERITIES))
+
+
+def is_live(job: Mapping) -> bool:
+    return job.get("state", "live") in ("live", "connecting")
+
+
+def live_workers(loader: Mapping) -> list[dict]:
+    """Workers whose process still exists (their figures may still be None)."""
+    return [w for w in records(loader.get("workers")) if w.get("state") not in GONE_STATES]
+
+
+def numbers(values: Iterable[Any]) -> list[float]:
+    """The finite numbers among ``values`` (None and garbage dropped)."""
+    return [f for f in (num(v) for v in values) if f is not None]
+
+
+def find_job(snapshot: Mapping, pid: int) -> dict | None:
+    return next((j for j in records(snapshot.get("jobs")) if as_int(j.get("pid")) == pid), None)
+
+
+# ---------------------------------------------------------------- the check
+
+
+def _required(td: type) -> dict[str, Any]:
+    hints = get_type_hints(td)
+    required = td.__required_keys__  # type: ignore[attr-defined]
+    return {k: t for k, t in hints.items() if k in required}
+
+
+def problems(snapshot: Any) -> list[str]:
+    """Where ``snapshot`` breaks the contract: a missing required key or a
+    value of the wrong kind (the consumers' accessors tolerate both; this is
+    for tests and for a recorder that wants to refuse garbage). Empty: fine."""
+    out: list[str] = []
+    _check(snapshot, Snapshot, "snapshot", out)
+    if not isinstance(snapshot, dict):
+        return out
+    for i, job in enumerate(as_list(as_dict(snapshot).get("jobs"))):
+        _check(job, Job, f"jobs[{i}]", out)
+        for k, ld in enumerate(as_list(as_dict(job).get("loaders"))):
+            where = f"jobs[{i}].loaders[{k}]"
+            _check(ld, Loader, where, out)
+            _check(as_dict(ld).get("queue"), Queue, where + ".queue", out)
+            for n, w in enumerate(as_list(as_dict(ld).get("workers"))):
+                _check(w, Worker, f"{where}.workers[{n}]", out)
+    _check(as_dict(snapshot).get("host"), Host, "host", out)
+    for i, g in enumerate(as_list(as_dict(snapshot).get("gpus"))):
+        _check(g, Gpu, f"gpus[{i}]", out)
+    for i, h in enumerate(as_list(as_dict(snapshot).get("hints"))):
+        _check(h, Hint, f"hints[{i}]", out)
+        if isinstance(h, dict) and h.get("severity") not in SEVERITIES:
+            out.append(f"hints[{i}].severity: {h.get('severity')!r} is not one of {SEVERITIES}")
+    return out
+
+
+def _check(obj: Any, td: type, where: str, out: list[str]) -> None:
+    if not isinstance(obj, dict):
+        out.append(f"{where}: expected an object, got {type(obj).__name__}")
+        return
+    for key, typ in _required(td).items():
+        if key not in obj:
+            out.append(f"{where}: missing {key!r}")
+        elif not _kind_ok(obj[key], typ):
+            out.append(f"{where}.{key}: {obj[key]!r} is not {typ}")
+
+
+def _kind_ok(value: Any, typ: Any) -> bool:
+    """A shallow check of a value against an annotation: the outer kind only
+    (nested records are checked by ``problems`` itself)."""
+    args = getattr(typ, "__args__", None)
+    origin = getattr(typ, "__origin__", None)
+    if origin is None and args and type(None) in args:  # X | None (types.UnionType)
+        return value is None or any(_kind_ok(value, a) for a in args if a is not type(None))
+    if origin is not None and str(origin) == "typing.Union":
+        return any(_kind_ok(value, a) for a in args)
+    if typ is type(None):
+        return value is None
+    if origin in (list, dict):
+        return isinstance(value, origin)
+    if typ is float:
+        return num(value) is not None
+    if typ is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if typ is bool:
+        return isinstance(value, bool)
+    if typ is Any:
+        return True
+    if isinstance(typ, type) and issubclass(typ, dict):  # a TypedDict
+        return isinstance(value, dict)
+    return isinstance(value, typ) if isinstance(typ, type) else True
