@@ -21,7 +21,8 @@ def _dlwatch_bootstrap():
                 import importlib.util
 
                 spec = importlib.util.spec_from_file_location(
-                    "dlwatch", _os.path.join(pkg, "__init__.py"), submodule_search_locations=[pkg])
+                    "dlwatch", _os.path.join(pkg, "__init__.py"), submodule_search_locations=[pkg]
+                )
                 mod = importlib.util.module_from_spec(spec)
                 _sys.modules["dlwatch"] = mod
                 spec.loader.exec_module(mod)

@@ -11,9 +11,23 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 
-from dlwatch.cli.main import EXIT_OK, EXIT_USAGE, bootstrap_env
+from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, bootstrap_env, fail, open_live_view
+
+NAME = "demo"
+HELP = "start the bundled demo training job and watch it"
+ORDER = 40
+
+
+def add_arguments(p) -> None:
+    p.add_argument(
+        "scenario",
+        nargs="?",
+        default="data-bound",
+        help="which pathology to show (default data-bound); `dlwatch demo --list`",
+    )
+    p.add_argument("--list", action="store_true", help="list the scenarios")
+    p.add_argument("--no-tui", action="store_true", help="start the demo job only (in the foreground)")
 
 
 def scenario_table(scenarios) -> str:
@@ -28,8 +42,14 @@ def demo_command(name: str) -> list[str]:
 def start_demo(name: str, log_path: str) -> subprocess.Popen:
     log = open(log_path, "ab")
     try:
-        return subprocess.Popen(demo_command(name), env=bootstrap_env(), stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            demo_command(name),
+            env=bootstrap_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     finally:
         log.close()
 
@@ -54,36 +74,39 @@ def stop_demo(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
         pass
 
 
-def cmd_demo(args) -> int:
+def run(args) -> int:
     import importlib.util
 
     if importlib.util.find_spec("torch") is None:
-        print("dlwatch demo: the demo trains with PyTorch, which is not installed here: "
-              "pip install torch", file=sys.stderr)
-        return 1
+        return fail(
+            "the demo trains with PyTorch, which is not installed here: pip install torch",
+            EXIT_ERROR,
+            "dlwatch demo",
+        )
     from dlwatch.demo.scenarios.catalog import SCENARIOS
 
     if args.list:
         print(scenario_table(SCENARIOS))
         return EXIT_OK
     if args.scenario not in SCENARIOS:
-        print(f"dlwatch demo: unknown scenario {args.scenario!r}; choose one of:\n"
-              + scenario_table(SCENARIOS), file=sys.stderr)
+        print(
+            f"dlwatch demo: unknown scenario {args.scenario!r}; choose one of:\n" + scenario_table(SCENARIOS),
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     if args.no_tui:
         os.execvpe(sys.executable, demo_command(args.scenario), bootstrap_env())
     log_path = os.path.join(tempfile.gettempdir(), f"dlwatch-demo-{os.getpid()}.log")
     proc = start_demo(args.scenario, log_path)
-    from dlwatch.collect.monitor import Monitor
-    from dlwatch.tui.app import run_tui
-
     try:
-        rc = run_tui(Monitor(window_s=args.window, interval=args.interval), interval=args.interval)
+        rc = open_live_view(args)
     finally:
         stop_demo(proc)
     if proc.returncode not in (0, None, -signal.SIGINT, -signal.SIGTERM, -signal.SIGKILL, 130):
-        print(f"dlwatch demo: the demo job exited with status {proc.returncode}; its log: {log_path}",
-              file=sys.stderr)
+        print(
+            f"dlwatch demo: the demo job exited with status {proc.returncode}; its log: {log_path}",
+            file=sys.stderr,
+        )
     else:
         try:
             os.unlink(log_path)

@@ -1,0 +1,94 @@
+"""What every ``dlwatch`` subcommand shares: exit codes, the runtime-directory
+guard, the "no jobs" message, the bootstrap environment of ``dlwatch run`` and
+opening the live view on a source.
+
+Subcommands import from here, never from ``main`` or from each other, so the
+CLI has no import cycles and a new subcommand is one module in
+``dlwatch/cli/commands/``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from dlwatch import rundir
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+# As shells report them: 126 not executable, 127 not found, 130 interrupted.
+EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_INTERRUPTED = 126, 127, 130
+
+
+def fail(message: str, code: int = EXIT_ERROR, prog: str = "dlwatch") -> int:
+    """One readable line on stderr; the exit code to return."""
+    print(f"{prog}: {message}", file=sys.stderr)
+    return code
+
+
+def dir_problem(directory: str | None = None) -> str | None:
+    """Why the runtime directory cannot be used, or None. A directory that
+    does not exist yet is fine (no job has run) unless it cannot be created
+    either: then no job could ever publish there, and that is the answer."""
+    d = directory or rundir.runtime_dir()
+    try:
+        rundir.check_dir(d)
+    except rundir.RuntimeDirError as e:
+        if "does not exist" in str(e):
+            return creatable_problem(d)
+        return str(e)
+    return None
+
+
+def creatable_problem(path: str) -> str | None:
+    """Why a job could not create ``path`` as its runtime directory, or None."""
+    parent = os.path.dirname(os.path.abspath(path)) or "/"
+    if not os.path.isdir(parent):
+        return (
+            f"runtime directory {path} does not exist and cannot be created: "
+            f"{parent} is not a directory (check DLWATCH_DIR)"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return (
+            f"runtime directory {path} does not exist and cannot be created: "
+            f"no permission to write in {parent} (check DLWATCH_DIR)"
+        )
+    return None
+
+
+def no_jobs_message() -> str:
+    return (
+        f"no dlwatch jobs found in {rundir.runtime_dir()}\n"
+        "Start one with `import dlwatch.hook` in the training script, or "
+        "`dlwatch run -- python train.py`."
+    )
+
+
+def bootstrap_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment under which every Python process imports dlwatch.hook
+    (``dlwatch run``, ``dlwatch demo`` and any command that starts a job)."""
+    import dlwatch
+
+    env = dict(os.environ if env is None else env)
+    boot = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
+    old = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = boot + (os.pathsep + old if old else "")
+    env["DLWATCH_PKG_DIR"] = os.path.dirname(os.path.abspath(dlwatch.__file__))
+    return env
+
+
+def open_live_view(args, source=None) -> int:
+    """The live view on ``source`` (default: a live collector of this
+    user's jobs, built every ``--interval`` over ``--window`` seconds)."""
+    if args.interval <= 0:
+        return fail("--interval must be positive", EXIT_USAGE)
+    if args.window <= 0:
+        return fail("--window must be positive", EXIT_USAGE)
+    from dlwatch.tui.app import run_tui
+
+    if source is None:
+        from dlwatch.collect.monitor import Monitor
+
+        # The collector builds a snapshot every interval and the view draws
+        # each one as it comes: one period from the job to the screen, not two.
+        source = Monitor(window_s=args.window, interval=args.interval)
+    return run_tui(source, interval=args.interval)
