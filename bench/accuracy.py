@@ -45,17 +45,32 @@ WINDOW_S = 2.0
 
 # name, job args, batch size, what the scenario is
 SCENARIOS = [
-    ("fork data-bound", ["--start-method", "fork"], 4,
-     "2 fork workers, 4 x 5 ms samples, 5 ms step: ~50 % wait"),
+    (
+        "fork data-bound",
+        ["--start-method", "fork"],
+        4,
+        "2 fork workers, 4 x 5 ms samples, 5 ms step: ~50 % wait",
+    ),
     ("spawn", ["--start-method", "spawn"], 4, "as above, spawn workers"),
-    ("loop-bound", ["--start-method", "fork", "--step-ms", "20"], 4,
-     "20 ms step: loop-bound, ~10 % wait (the queue hand-off itself), workers ~50 % busy"),
-    ("num_workers=0", ["--workers", "0", "--sample-ms", "2", "--step-ms", "8"], 4,
-     "the loop loads 4 x 2 ms itself, 8 ms step: ~50 % wait"),
+    (
+        "loop-bound",
+        ["--start-method", "fork", "--step-ms", "20"],
+        4,
+        "20 ms step: loop-bound, ~10 % wait (the queue hand-off itself), workers ~50 % busy",
+    ),
+    (
+        "num_workers=0",
+        ["--workers", "0", "--sample-ms", "2", "--step-ms", "8"],
+        4,
+        "the loop loads 4 x 2 ms itself, 8 ms step: ~50 % wait",
+    ),
     ("iterable", ["--iterable", "--start-method", "fork"], 4, "IterableDataset, 2 fork workers"),
-    ("persistent multi-epoch", ["--persistent", "--epochs", "100000", "--batches-per-epoch", "30",
-                                "--step-ms", "10"], 4,
-     "persistent workers, epochs of 30 batches (~0.4 s)"),
+    (
+        "persistent multi-epoch",
+        ["--persistent", "--epochs", "100000", "--batches-per-epoch", "30", "--step-ms", "10"],
+        4,
+        "persistent workers, epochs of 30 batches (~0.4 s)",
+    ),
 ]
 
 
@@ -68,8 +83,7 @@ def _loader(snap: dict, pid: int) -> dict | None:
     return None
 
 
-def run_scenario(name: str, args: list[str], bs: int, n_snaps: int, settle: float,
-                 gap: float) -> dict:
+def run_scenario(name: str, args: list[str], bs: int, n_snaps: int, settle: float, gap: float) -> dict:
     # Long enough for every snapshot (each ~1 s of CLI) plus a margin.
     duration = settle + n_snaps * (gap + 1.4) + 1.5
     job = Job(*args, "--duration", f"{duration:.0f}")
@@ -92,9 +106,15 @@ def run_scenario(name: str, args: list[str], bs: int, n_snaps: int, settle: floa
             continue
         start, end = ld["window_mono_ns"]
         truth = truth_in_window(result["recs"]["train"]["batches"], start, end)
-        row = {"cli_s": took, "window_s": (end - start) / 1e9,
-               "wait": ld["data_wait_fraction"], "wait_truth": truth["data_wait_fraction"],
-               "rate": ld["batches_per_s"], "rate_truth": truth["batches_per_s"], "workers": []}
+        row = {
+            "cli_s": took,
+            "window_s": (end - start) / 1e9,
+            "wait": ld["data_wait_fraction"],
+            "wait_truth": truth["data_wait_fraction"],
+            "rate": ld["batches_per_s"],
+            "rate_truth": truth["batches_per_s"],
+            "workers": [],
+        }
         if row["wait"] is not None and row["wait_truth"] is not None:
             row["wait_err_pp"] = abs(row["wait"] - row["wait_truth"]) * 100
         if row["rate_truth"]:
@@ -104,8 +124,11 @@ def run_scenario(name: str, args: list[str], bs: int, n_snaps: int, settle: floa
             wr = {"pid": w["pid"], "busy": w["busy_fraction"], "fetch_ms": w["fetch_ms_mean"]}
             if spans and w["busy_fraction"] is not None:
                 wt = worker_truth(spans, start, end, bs)
-                wr.update(busy_truth=wt["busy_fraction"], fetch_ms_truth=wt["fetch_ms"],
-                          busy_err_pp=abs(w["busy_fraction"] - wt["busy_fraction"]) * 100)
+                wr.update(
+                    busy_truth=wt["busy_fraction"],
+                    fetch_ms_truth=wt["fetch_ms"],
+                    busy_err_pp=abs(w["busy_fraction"] - wt["busy_fraction"]) * 100,
+                )
             row["workers"].append(wr)
         rows.append(row)
 
@@ -116,7 +139,9 @@ def run_scenario(name: str, args: list[str], bs: int, n_snaps: int, settle: floa
         return {"median": statistics.median(vals), "max": max(vals), "n": len(vals)}
 
     return {
-        "name": name, "args": args, "snapshots": rows,
+        "name": name,
+        "args": args,
+        "snapshots": rows,
         "wait_err_pp": agg([r.get("wait_err_pp") for r in rows]),
         "busy_err_pp": agg([w.get("busy_err_pp") for r in rows for w in r.get("workers", [])]),
         "rate_rel_err": agg([r.get("rate_rel_err") for r in rows]),
@@ -133,18 +158,28 @@ def _fmt(a: dict | None, key: str, scale: float = 1.0, digits: int = 2) -> str:
 
 
 def table(results: list[dict]) -> str:
-    head = ("scenario", "snaps", "wait", "wait err med/max pp", "busy", "busy err med/max pp",
-            "rate err med/max %")
+    head = (
+        "scenario",
+        "snaps",
+        "wait",
+        "wait err med/max pp",
+        "busy",
+        "busy err med/max pp",
+        "rate err med/max %",
+    )
     lines = [head]
     for r in results:
-        lines.append((
-            r["name"], str(len(r["snapshots"])),
-            f"{_fmt(r['wait_mean'], 'median', 100, 1)} %",
-            f"{_fmt(r['wait_err_pp'], 'median')} / {_fmt(r['wait_err_pp'], 'max')}",
-            f"{_fmt(r['busy_mean'], 'median', 100, 1)} %" if r["busy_mean"] else "n/a",
-            f"{_fmt(r['busy_err_pp'], 'median')} / {_fmt(r['busy_err_pp'], 'max')}",
-            f"{_fmt(r['rate_rel_err'], 'median', 100, 1)} / {_fmt(r['rate_rel_err'], 'max', 100, 1)}",
-        ))
+        lines.append(
+            (
+                r["name"],
+                str(len(r["snapshots"])),
+                f"{_fmt(r['wait_mean'], 'median', 100, 1)} %",
+                f"{_fmt(r['wait_err_pp'], 'median')} / {_fmt(r['wait_err_pp'], 'max')}",
+                f"{_fmt(r['busy_mean'], 'median', 100, 1)} %" if r["busy_mean"] else "n/a",
+                f"{_fmt(r['busy_err_pp'], 'median')} / {_fmt(r['busy_err_pp'], 'max')}",
+                f"{_fmt(r['rate_rel_err'], 'median', 100, 1)} / {_fmt(r['rate_rel_err'], 'max', 100, 1)}",
+            )
+        )
     widths = [max(len(x[i]) for x in lines) for i in range(len(head))]
     out = ["  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in lines]
     out.insert(1, "  ".join("-" * w for w in widths))
@@ -164,7 +199,8 @@ def summarize(results: list[dict]) -> dict:
         "busy_err_pp_median_of_medians": statistics.median(bmed) if bmed else None,
         "rate_rel_err_max": max(rates) if rates else None,
         "checks": {
-            "data_wait_within_2pp": bool(waits) and max(waits) <= TARGET_WAIT_PP
+            "data_wait_within_2pp": bool(waits)
+            and max(waits) <= TARGET_WAIT_PP
             and len(waits) == len(results),
             "worker_busy_within_5pp": bool(busys) and max(busys) <= TARGET_BUSY_PP,
         },
@@ -175,9 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="2 snapshots per scenario instead of 5")
     p.add_argument("--snapshots", type=int, help="snapshots per scenario")
-    p.add_argument("--parallel", type=int,
-                   help="scenarios run at once (default 1, --quick 3: sleep-based costs keep the"
-                        " truth independent of the load, the errors stay comparable)")
+    p.add_argument(
+        "--parallel",
+        type=int,
+        help="scenarios run at once (default 1, --quick 3: sleep-based costs keep the"
+        " truth independent of the load, the errors stay comparable)",
+    )
     p.add_argument("--only", action="append", help="run only scenarios whose name contains this")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
@@ -206,29 +245,46 @@ def main(argv: list[str] | None = None) -> int:
         load = os.getloadavg()
     except OSError:
         load = None
-    print(f"dlwatch accuracy ({'quick' if a.quick else 'full'}): {n} snapshots per scenario, "
-          f"{parallel} scenario(s) at a time, "
-          f"`dlwatch snapshot --json --window {WINDOW_S:g}` vs the loop's own log over the same window; "
-          f"load average {', '.join(f'{x:.1f}' for x in load) if load else 'n/a'}\n")
+    print(
+        f"dlwatch accuracy ({'quick' if a.quick else 'full'}): {n} snapshots per scenario, "
+        f"{parallel} scenario(s) at a time, "
+        f"`dlwatch snapshot --json --window {WINDOW_S:g}` vs the loop's own log over the same window; "
+        f"load average {', '.join(f'{x:.1f}' for x in load) if load else 'n/a'}\n"
+    )
     print(table(results))
     print()
     for r in results:
         print(f"- {r['name']}: {r['what']}")
-    print(f"\nworst data-wait error {summary['wait_err_pp_max']:.2f} pp (target <= {TARGET_WAIT_PP:g}),"
-          f" worst worker-busy error {summary['busy_err_pp_max']:.2f} pp (target <= {TARGET_BUSY_PP:g}),"
-          f" worst batch-rate error {summary['rate_rel_err_max'] * 100:.1f} %")
+    print(
+        f"\nworst data-wait error {summary['wait_err_pp_max']:.2f} pp (target <= {TARGET_WAIT_PP:g}),"
+        f" worst worker-busy error {summary['busy_err_pp_max']:.2f} pp (target <= {TARGET_BUSY_PP:g}),"
+        f" worst batch-rate error {summary['rate_rel_err_max'] * 100:.1f} %"
+    )
     for k, v in summary["checks"].items():
         print(f"  {'PASS' if v else 'MISS'}  {k}")
     print(f"\ntotal {time.monotonic() - t_start:.1f} s")
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as f:
-            json.dump({"mode": "quick" if a.quick else "full", "snapshots_per_scenario": n,
-                       "parallel": parallel, "seconds": time.monotonic() - t_start,
-                       "window_s": WINDOW_S, "loadavg": load,
-                       "targets": {"wait_pp": TARGET_WAIT_PP, "busy_pp": TARGET_BUSY_PP,
-                                   "rate_rel": TARGET_RATE_REL},
-                       "summary": summary, "scenarios": results}, f, indent=2)
+            json.dump(
+                {
+                    "mode": "quick" if a.quick else "full",
+                    "snapshots_per_scenario": n,
+                    "parallel": parallel,
+                    "seconds": time.monotonic() - t_start,
+                    "window_s": WINDOW_S,
+                    "loadavg": load,
+                    "targets": {
+                        "wait_pp": TARGET_WAIT_PP,
+                        "busy_pp": TARGET_BUSY_PP,
+                        "rate_rel": TARGET_RATE_REL,
+                    },
+                    "summary": summary,
+                    "scenarios": results,
+                },
+                f,
+                indent=2,
+            )
             f.write("\n")
     return 1 if a.strict and not all(summary["checks"].values()) else 0
 

@@ -125,10 +125,27 @@ def main(argv: list[str] | None = None) -> int:
     env.pop("DLWATCH_DISABLE", None)
     hold = max(w for _, w in SETTINGS) + 1.0
     duration = 30 + trials * (2 * (hold + 6))
-    job = subprocess.Popen([sys.executable, JOB, "--mode", "switch", "--trigger", trigger,
-                            "--log", log, "--ready", ready, "--duration", str(duration)],
-                           env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, start_new_session=True)
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            JOB,
+            "--mode",
+            "switch",
+            "--trigger",
+            trigger,
+            "--log",
+            log,
+            "--ready",
+            ready,
+            "--duration",
+            str(duration),
+        ],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     monitors: dict = {}
     rows: list[dict] = []
     # The data wait each setting shows at the end of each hold (the regimes are the intended ones).
@@ -144,8 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         for interval, window in SETTINGS:
             # No diagnoser, no GPU: the figure under test does not need them,
             # and four collectors on a 2-core box should cost as little as can be.
-            m = Monitor(directory=runtime_dir, window_s=window, interval=interval, gpu=False,
-                        diagnoser=False)
+            m = Monitor(directory=runtime_dir, window_s=window, interval=interval, gpu=False, diagnoser=False)
             m.start()
             monitors[(interval, window)] = m
         # Steady loop-bound state in every window.
@@ -173,11 +189,19 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(left)
             for k, m in monitors.items():
                 levels["loop_bound"].setdefault(f"{k[0]}/{k[1]}", []).append(_wait(m.latest(), job.pid)[0])
-            rows.append({"trial": i, "up": {f"{k[0]}/{k[1]}": v for k, v in up.items()},
-                         "down": {f"{k[0]}/{k[1]}": v for k, v in down.items()}})
-            print(f"  trial {i + 1}/{trials}: " + ", ".join(
-                f"{k[0]:g}s/{k[1]:g}s up {_s(v)} down {_s(down[k])}" for k, v in up.items()),
-                file=sys.stderr, flush=True)
+            rows.append(
+                {
+                    "trial": i,
+                    "up": {f"{k[0]}/{k[1]}": v for k, v in up.items()},
+                    "down": {f"{k[0]}/{k[1]}": v for k, v in down.items()},
+                }
+            )
+            print(
+                f"  trial {i + 1}/{trials}: "
+                + ", ".join(f"{k[0]:g}s/{k[1]:g}s up {_s(v)} down {_s(down[k])}" for k, v in up.items()),
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         for m in monitors.values():
             m.stop()
@@ -192,62 +216,107 @@ def main(argv: list[str] | None = None) -> int:
         downs = [r["down"][key] for r in rows if r["down"][key] is not None]
         med_up = statistics.median(ups) if ups else None
         med_down = statistics.median(downs) if downs else None
-        settings.append({
-            "interval_s": interval, "window_s": window,
-            "up_s": ups, "down_s": downs, "missed": 2 * len(rows) - len(ups) - len(downs),
-            "up_median_s": med_up, "up_max_s": max(ups) if ups else None,
-            "down_median_s": med_down, "down_max_s": max(downs) if downs else None,
-            # On screen: the TUI draws each snapshot when it is built.
-            "screen_median_s": med_up + REDRAW_S if med_up is not None else None,
-            "screen_worst_s": max(ups) + REDRAW_S if ups else None,
-            "meets_1s": med_up is not None and max(ups) + REDRAW_S <= TARGET_S,
-            "meets_1s_median": med_up is not None and med_up + REDRAW_S <= TARGET_S,
-            "level_data_bound": _med(levels["data_bound"].get(key)),
-            "level_loop_bound": _med(levels["loop_bound"].get(key)),
-            "default": (interval, window) == DEFAULT,
-        })
+        settings.append(
+            {
+                "interval_s": interval,
+                "window_s": window,
+                "up_s": ups,
+                "down_s": downs,
+                "missed": 2 * len(rows) - len(ups) - len(downs),
+                "up_median_s": med_up,
+                "up_max_s": max(ups) if ups else None,
+                "down_median_s": med_down,
+                "down_max_s": max(downs) if downs else None,
+                # On screen: the TUI draws each snapshot when it is built.
+                "screen_median_s": med_up + REDRAW_S if med_up is not None else None,
+                "screen_worst_s": max(ups) + REDRAW_S if ups else None,
+                "meets_1s": med_up is not None and max(ups) + REDRAW_S <= TARGET_S,
+                "meets_1s_median": med_up is not None and med_up + REDRAW_S <= TARGET_S,
+                "level_data_bound": _med(levels["data_bound"].get(key)),
+                "level_loop_bound": _med(levels["loop_bound"].get(key)),
+                "default": (interval, window) == DEFAULT,
+            }
+        )
 
-    print(f"dlwatch freshness ({'quick' if a.quick else 'full'}): {trials} trials; the job steps from"
-          f" ~0 % to ~50 % data wait (and back); latency = first Monitor.latest() past 25 % minus the"
-          f" loop's own switch time, polled every {POLL_S * 1000:.0f} ms\n")
-    head = ("interval", "window", "up median", "up max", "down median", "down max",
-            "on screen (med / worst)", "levels on/off", "<= 1 s med / worst")
+    print(
+        f"dlwatch freshness ({'quick' if a.quick else 'full'}): {trials} trials; the job steps from"
+        f" ~0 % to ~50 % data wait (and back); latency = first Monitor.latest() past 25 % minus the"
+        f" loop's own switch time, polled every {POLL_S * 1000:.0f} ms\n"
+    )
+    head = (
+        "interval",
+        "window",
+        "up median",
+        "up max",
+        "down median",
+        "down max",
+        "on screen (med / worst)",
+        "levels on/off",
+        "<= 1 s med / worst",
+    )
     lines = [head]
     for s in settings:
-        lines.append((f"{s['interval_s']:g} s", f"{s['window_s']:g} s", _s(s["up_median_s"]),
-                      _s(s["up_max_s"]), _s(s["down_median_s"]), _s(s["down_max_s"]),
-                      f"{_s(s['screen_median_s'])} / {_s(s['screen_worst_s'])}",
-                      f"{_pct(s['level_data_bound'])} / {_pct(s['level_loop_bound'])}",
-                      f"{'yes' if s['meets_1s_median'] else 'no'} / {'yes' if s['meets_1s'] else 'no'}"))
+        lines.append(
+            (
+                f"{s['interval_s']:g} s",
+                f"{s['window_s']:g} s",
+                _s(s["up_median_s"]),
+                _s(s["up_max_s"]),
+                _s(s["down_median_s"]),
+                _s(s["down_max_s"]),
+                f"{_s(s['screen_median_s'])} / {_s(s['screen_worst_s'])}",
+                f"{_pct(s['level_data_bound'])} / {_pct(s['level_loop_bound'])}",
+                f"{'yes' if s['meets_1s_median'] else 'no'} / {'yes' if s['meets_1s'] else 'no'}",
+            )
+        )
     widths = [max(len(x[i]) for x in lines) for i in range(len(head))]
     out = ["  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in lines]
     out.insert(1, "  ".join("-" * w for w in widths))
     print("\n".join(out))
-    print("\nnotes:\n- interval: the collector's build period (Monitor(interval=...); the TUI's"
-          " --interval, default 0.5 s); window: the rate window (live view: --window, default 1 s;"
-          " snapshot: 3 s).\n"
-          f"- up/down: model latency (Monitor.latest()). The TUI draws each snapshot as it is built:"
-          f" on screen = latency + a redraw ({REDRAW_S * 1000:.0f} ms counted).\n"
-          "- a 0 -> 50 % step crosses 25 % once half the window holds the new regime: ~window/2,"
-          " so a 3 s window cannot meet 1 s for a figure averaged over it.")
+    print(
+        "\nnotes:\n- interval: the collector's build period (Monitor(interval=...); the TUI's"
+        " --interval, default 0.5 s); window: the rate window (live view: --window, default 1 s;"
+        " snapshot: 3 s).\n"
+        f"- up/down: model latency (Monitor.latest()). The TUI draws each snapshot as it is built:"
+        f" on screen = latency + a redraw ({REDRAW_S * 1000:.0f} ms counted).\n"
+        "- a 0 -> 50 % step crosses 25 % once half the window holds the new regime: ~window/2,"
+        " so a 3 s window cannot meet 1 s for a figure averaged over it."
+    )
     default = next(s for s in settings if (s["interval_s"], s["window_s"]) == DEFAULT)
     best = [f"{s['interval_s']:g}/{s['window_s']:g}" for s in settings if s["meets_1s"]]
     best_med = [f"{s['interval_s']:g}/{s['window_s']:g}" for s in settings if s["meets_1s_median"]]
-    print("- 'levels on/off': the model's data wait in each regime; 'off' is not 0 % because each"
-          " batch still waits ~1-2 ms for the\n  inter-process queue (the loop's own log agrees, see"
-          " bench/accuracy.py 'loop-bound').")
-    print(f"- within 1 s on screen, median: {', '.join(best_med) if best_med else 'none'};"
-          f" worst case: {', '.join(best) if best else 'none'} (interval/window)")
+    print(
+        "- 'levels on/off': the model's data wait in each regime; 'off' is not 0 % because each"
+        " batch still waits ~1-2 ms for the\n  inter-process queue (the loop's own log agrees, see"
+        " bench/accuracy.py 'loop-bound')."
+    )
+    print(
+        f"- within 1 s on screen, median: {', '.join(best_med) if best_med else 'none'};"
+        f" worst case: {', '.join(best) if best else 'none'} (interval/window)"
+    )
     print(f"\ntotal {time.monotonic() - t_start:.1f} s")
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as f:
-            json.dump({"mode": "quick" if a.quick else "full", "trials": trials,
-                       "threshold": THRESHOLD, "poll_s": POLL_S, "target_s": TARGET_S,
-                       "settings": settings, "rows": rows, "levels": levels,
-                       "checks": {"default_settings_within_1s": default["meets_1s_median"],
-                                  "some_setting_within_1s_worst_case": bool(best)},
-                       "seconds": time.monotonic() - t_start}, f, indent=2)
+            json.dump(
+                {
+                    "mode": "quick" if a.quick else "full",
+                    "trials": trials,
+                    "threshold": THRESHOLD,
+                    "poll_s": POLL_S,
+                    "target_s": TARGET_S,
+                    "settings": settings,
+                    "rows": rows,
+                    "levels": levels,
+                    "checks": {
+                        "default_settings_within_1s": default["meets_1s_median"],
+                        "some_setting_within_1s_worst_case": bool(best),
+                    },
+                    "seconds": time.monotonic() - t_start,
+                },
+                f,
+                indent=2,
+            )
             f.write("\n")
     return 1 if a.strict and not default["meets_1s_median"] else 0
 

@@ -17,7 +17,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
 fi
 # The demo scenarios that only mean something with CUDA, watched by `dlwatch snapshot`.
 for sc in data-bound enable-pin-memory main-loop-cpu-bound healthy; do
-  python3 demo/train.py --scenario "$sc" --device cuda --hook --quiet --duration 30 > "$OUT/demo.log" 2>&1 &
+  python3 dlwatch/demo/train.py --scenario "$sc" --device cuda --hook --quiet --duration 30 > "$OUT/demo.log" 2>&1 &
   pid=$!
   sleep 24  # CUDA start-up, then past the diagnosis warm-up
   { echo "=== scenario $sc"; python3 -m dlwatch snapshot --pid "$pid"; } >> "$OUT/snapshots.txt" 2>&1

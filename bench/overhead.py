@@ -37,19 +37,35 @@ TARGET_WORKER_ADDED_NS = 1000
 
 # rounds: A/B pairs; blocks x block: timed blocks of calls per arm and round.
 FULL = dict(
-    trainer_rounds=30, trainer_batches=2000,
-    next_rounds=30, next_blocks=20, next_block=200,
-    wrap_rounds=30, wrap_blocks=20, wrap_block=1000,
-    fetch_rounds=30, fetch_blocks=40, fetch_block=50,
-    e2e_rounds=24, e2e_batches=1000,
+    trainer_rounds=30,
+    trainer_batches=2000,
+    next_rounds=30,
+    next_blocks=20,
+    next_block=200,
+    wrap_rounds=30,
+    wrap_blocks=20,
+    wrap_block=1000,
+    fetch_rounds=30,
+    fetch_blocks=40,
+    fetch_block=50,
+    e2e_rounds=24,
+    e2e_batches=1000,
     pub_ticks=200,
 )
 QUICK = dict(
-    trainer_rounds=10, trainer_batches=1000,
-    next_rounds=8, next_blocks=10, next_block=200,
-    wrap_rounds=8, wrap_blocks=10, wrap_block=1000,
-    fetch_rounds=8, fetch_blocks=20, fetch_block=50,
-    e2e_rounds=4, e2e_batches=300,
+    trainer_rounds=10,
+    trainer_batches=1000,
+    next_rounds=8,
+    next_blocks=10,
+    next_block=200,
+    wrap_rounds=8,
+    wrap_blocks=10,
+    wrap_block=1000,
+    fetch_rounds=8,
+    fetch_blocks=20,
+    fetch_block=50,
+    e2e_rounds=4,
+    e2e_batches=300,
     pub_ticks=50,
 )
 
@@ -136,8 +152,7 @@ def _blocks(call_block, nblocks: int, per_block: int) -> dict:
     finally:
         gc.enable()
     d = [ts[0] - t0] + [ts[i] - ts[i - 1] for i in range(1, nblocks)]
-    return {"median": statistics.median(d) / per_block,
-            "mean": (ts[-1] - t0) / (nblocks * per_block)}
+    return {"median": statistics.median(d) / per_block, "mean": (ts[-1] - t0) / (nblocks * per_block)}
 
 
 # --- trainer side ------------------------------------------------------------------
@@ -167,8 +182,11 @@ def check_restore(dl_mod, patches) -> dict:
     patches.uninstall()
     after2 = _snapshot_class(cls, _PATCHED_NAMES)
     not_restored += [n for n in _PATCHED_NAMES if after2[n] is not before[n] and n not in not_restored]
-    return {"patched": changed, "not_restored": not_restored,
-            "ok": not not_restored and set(changed) == set(_PATCHED_NAMES)}
+    return {
+        "patched": changed,
+        "not_restored": not_restored,
+        "ok": not not_restored and set(changed) == set(_PATCHED_NAMES),
+    }
 
 
 def _children_cpu_ns() -> int:
@@ -213,8 +231,12 @@ def _epoch_runner(loader, n: int):
             raise RuntimeError(f"epoch yielded {i} batches, expected {n}")
         # ts[1] - ts[0] also holds iter(): leave the first interval out.
         d = sorted(ts[k] - ts[k - 1] for k in range(2, n + 1))
-        return {"median": d[len(d) // 2], "mean": (end - ts[0]) / n,
-                "cpu": (c1 - c0) / n, "workers_cpu": (ch1 - ch0) / n}
+        return {
+            "median": d[len(d) // 2],
+            "mean": (end - ts[0]) / n,
+            "cpu": (c1 - c0) / n,
+            "workers_cpu": (ch1 - ch0) / n,
+        }
 
     return run
 
@@ -267,6 +289,7 @@ def bench_next(cfg, torch, dl_mod, patches):
         def block():
             for _ in rng:
                 f(it)
+
         return _blocks(block, nb, per)
 
     res = ab(lambda: run(orig), lambda: run(patched), cfg["next_rounds"], warmup=2)
@@ -278,8 +301,7 @@ def _rebind(fn, inner):
     code = fn.__code__
     if len(code.co_freevars) != 1:
         return None
-    g = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__,
-                           (types.CellType(inner),))
+    g = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, (types.CellType(inner),))
     g.__kwdefaults__ = fn.__kwdefaults__
     return g
 
@@ -301,6 +323,7 @@ def bench_next_wrapper(cfg, dl_mod, it) -> dict | None:
         def block():
             for _ in rng:
                 f(it)
+
         return _blocks(block, nb, per)
 
     return ab(lambda: run(noop), lambda: run(wrapped), cfg["wrap_rounds"], warmup=2)
@@ -336,11 +359,14 @@ def bench_publisher(cfg, publisher, wire) -> dict | None:
         samples.append(perf_counter_ns() - t0)
         gc.enable()
     tick = statistics.median(samples)
-    return {"tick_ns": tick, "interval_s": pub.interval,
-            "cpu_fraction": tick / (pub.interval * 1e9),
-            "loaders_in_frame": len(publisher.patches.registry.snapshot()),
-            "frames_built": pub.frames_built,
-            "thread_alive": bool(pub._thread is not None and pub._thread.is_alive())}
+    return {
+        "tick_ns": tick,
+        "interval_s": pub.interval,
+        "cpu_fraction": tick / (pub.interval * 1e9),
+        "loaders_in_frame": len(publisher.patches.registry.snapshot()),
+        "frames_built": pub.frames_built,
+        "thread_alive": bool(pub._thread is not None and pub._thread.is_alive()),
+    }
 
 
 # --- worker side --------------------------------------------------------------------
@@ -381,8 +407,9 @@ def bench_fetch(cfg, torch, worker):
             def block():
                 k = next(pos)
                 fetch = fetcher.fetch
-                for b in idx[k:k + per]:
+                for b in idx[k : k + per]:
                     fetch(b)
+
             return _blocks(block, nb, per)
 
         res = ab(lambda: run(orig), lambda: run(patched), cfg["fetch_rounds"], warmup=2)
@@ -404,6 +431,7 @@ def bench_fetch(cfg, torch, worker):
             def block():
                 for _ in rng:
                     f(fetcher, one)
+
             return _blocks(block, wnb, wper)
 
         wres = ab(lambda: run_w(noop), lambda: run_w(wrapped), cfg["wrap_rounds"], warmup=2)
@@ -435,8 +463,9 @@ def bench_worker_e2e(cfg, torch, patches, worker) -> dict:
     ctx = multiprocessing.get_context("fork")
     # A list of ints and no collation: per-batch work is tiny, so the hook's
     # share is as large as it gets with 2 workers.
-    loader = DataLoader(list(range(n)), batch_size=1, num_workers=2,
-                        multiprocessing_context=ctx, collate_fn=_identity)
+    loader = DataLoader(
+        list(range(n)), batch_size=1, num_workers=2, multiprocessing_context=ctx, collate_fn=_identity
+    )
     epoch = _epoch_runner(loader, n)
 
     def without():
@@ -452,12 +481,13 @@ def bench_worker_e2e(cfg, torch, patches, worker) -> dict:
     finally:
         patches.install()
     # Did the workers really time their fetches in the 'with' arm?
-    st = next((s for s in patches.registry.snapshot()
-               if s.loader_ref is not None and s.loader_ref() is loader), None)
+    st = next(
+        (s for s in patches.registry.snapshot() if s.loader_ref is not None and s.loader_ref() is loader),
+        None,
+    )
     counted = None
     if st is not None and st.slots_view is not None:
-        counted = sum(int(st.slots_view[i * worker.NFIELDS + worker.BATCHES])
-                      for i in range(st.num_workers))
+        counted = sum(int(st.slots_view[i * worker.NFIELDS + worker.BATCHES]) for i in range(st.num_workers))
     for r in res.values():
         r["batches_per_round"] = n
         r["worker_batches_counted_last_epoch"] = counted
@@ -471,16 +501,19 @@ def _row(name, r, note=""):
     if r is None:
         return f"{name:<44} {'n/a':>9}"
     lo, hi = r["added_iqr_ns"]
-    return (f"{name:<44} {r['without_ns']:>9.0f} {r['with_ns']:>9.0f} {r['added_ns']:>+8.0f}"
-            f" {r['ratio']:>7.3f}   [{lo:+.0f}, {hi:+.0f}]{note}")
+    return (
+        f"{name:<44} {r['without_ns']:>9.0f} {r['with_ns']:>9.0f} {r['added_ns']:>+8.0f}"
+        f" {r['ratio']:>7.3f}   [{lo:+.0f}, {hi:+.0f}]{note}"
+    )
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke-test sizes (< 20 s)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-    ap.add_argument("--strict", action="store_true",
-                    help="exit with status 1 when a DESIGN §5 target is missed")
+    ap.add_argument(
+        "--strict", action="store_true", help="exit with status 1 when a DESIGN §5 target is missed"
+    )
     args = ap.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     t_start = time.monotonic()
@@ -567,12 +600,18 @@ def main(argv=None) -> int:
         "worker_fetch_median_added_ns_le_1000": fe["added_ns"] <= TARGET_WORKER_ADDED_NS,
     }
 
-    print(f"dlwatch overhead benchmark ({env['mode']}): torch {env['torch']}, Python {env['python']}, "
-          f"{env['cpu_count']} CPUs ({usable} usable), torch threads {env['torch_threads']}")
-    print(f"{env['platform']}; load average {', '.join(f'{x:.1f}' for x in load) if load else 'n/a'}; "
-          f"perf_counter_ns() ~{results['clock_ns']:.0f} ns")
-    print("ns per batch (or per call): median over A/B-alternated rounds of each arm; added and ratio:"
-          " medians of the per-round paired differences and ratios\n")
+    print(
+        f"dlwatch overhead benchmark ({env['mode']}): torch {env['torch']}, Python {env['python']}, "
+        f"{env['cpu_count']} CPUs ({usable} usable), torch threads {env['torch_threads']}"
+    )
+    print(
+        f"{env['platform']}; load average {', '.join(f'{x:.1f}' for x in load) if load else 'n/a'}; "
+        f"perf_counter_ns() ~{results['clock_ns']:.0f} ns"
+    )
+    print(
+        "ns per batch (or per call): median over A/B-alternated rounds of each arm; added and ratio:"
+        " medians of the per-round paired differences and ratios\n"
+    )
     hdr = f"{'metric':<44} {'without':>9} {'with':>9} {'added':>8} {'ratio':>7}   added IQR"
     print(hdr)
     print("-" * len(hdr))
@@ -590,41 +629,65 @@ def main(argv=None) -> int:
     print(_row("end to end (nw=2 fork), trainer CPU", e2e["cpu"]))
     print(_row("end to end (nw=2 fork), workers CPU", e2e["workers_cpu"], "  (both workers)"))
     if pubr is not None:
-        print(f"{'publisher tick (build + encode a frame)':<44} {'':>9} {pubr['tick_ns']:>9.0f}"
-              f"   = {pubr['cpu_fraction'] * 100:.3f}% of a core at {1 / pubr['interval_s']:.0f} Hz"
-              f", ~{pubr['ns_per_batch_at_trainer_rate']:.0f} ns/batch at the trainer's rate")
+        print(
+            f"{'publisher tick (build + encode a frame)':<44} {'':>9} {pubr['tick_ns']:>9.0f}"
+            f"   = {pubr['cpu_fraction'] * 100:.3f}% of a core at {1 / pubr['interval_s']:.0f} Hz"
+            f", ~{pubr['ns_per_batch_at_trainer_rate']:.0f} ns/batch at the trainer's rate"
+        )
     print()
     print("notes:")
-    print(f"- rounds: trainer {tr['rounds']} x {cfg['trainer_batches']} batches per arm; "
-          f"end to end {e2e['mean']['rounds']} x {cfg['e2e_batches']}; micro rows "
-          f"{cfg['next_rounds']} x {cfg['next_blocks']} blocks. ABBA order, GC off while timing.")
+    print(
+        f"- rounds: trainer {tr['rounds']} x {cfg['trainer_batches']} batches per arm; "
+        f"end to end {e2e['mean']['rounds']} x {cfg['e2e_batches']}; micro rows "
+        f"{cfg['next_rounds']} x {cfg['next_blocks']} blocks. ABBA order, GC off while timing."
+    )
     alive = bool(pubr and pubr["thread_alive"])
-    print(f"- publisher thread: {'running' if alive else 'NOT running'} "
-          f"({pubr['frames_built'] if pubr else 0} frames built). It started on the first"
-          " instrumented iterator and kept running")
-    print("  through both arms of every round, so its share lands in both arms (and cancels in"
-          " 'added'); its own cost is the 'publisher tick' row.")
-    print("- the trainer arms switch with patches.install()/uninstall() between epochs; restore check: "
-          + ("ok" if restore["ok"] else f"FAILED {restore}"))
-    print(f"- end to end: the 'with' arm has the trainer hook and the workers' timed fetch; workers"
-          f" counted {e2e['mean']['worker_batches_counted_last_epoch']} of {cfg['e2e_batches']}"
-          " batches in the last 'with' epoch.")
-    print("  Its wall rows are dominated by scheduling (2 workers + trainer): read their IQR;"
-          " the CPU rows are steadier.")
-    print("- wall mean >> median batch means other processes took the CPU during the epochs"
-          " (preemption inflates the mean, not the median or the CPU rows).")
-    print("- DESIGN §5: trainer <= 1000 ns median added per batch, ratio <= 1.03 (both checked on the"
-          " median batch row); worker <= 1000 ns (median fetch row).")
+    print(
+        f"- publisher thread: {'running' if alive else 'NOT running'} "
+        f"({pubr['frames_built'] if pubr else 0} frames built). It started on the first"
+        " instrumented iterator and kept running"
+    )
+    print(
+        "  through both arms of every round, so its share lands in both arms (and cancels in"
+        " 'added'); its own cost is the 'publisher tick' row."
+    )
+    print(
+        "- the trainer arms switch with patches.install()/uninstall() between epochs; restore check: "
+        + ("ok" if restore["ok"] else f"FAILED {restore}")
+    )
+    print(
+        f"- end to end: the 'with' arm has the trainer hook and the workers' timed fetch; workers"
+        f" counted {e2e['mean']['worker_batches_counted_last_epoch']} of {cfg['e2e_batches']}"
+        " batches in the last 'with' epoch."
+    )
+    print(
+        "  Its wall rows are dominated by scheduling (2 workers + trainer): read their IQR;"
+        " the CPU rows are steadier."
+    )
+    print(
+        "- wall mean >> median batch means other processes took the CPU during the epochs"
+        " (preemption inflates the mean, not the median or the CPU rows)."
+    )
+    print(
+        "- DESIGN §5: trainer <= 1000 ns median added per batch, ratio <= 1.03 (both checked on the"
+        " median batch row); worker <= 1000 ns (median fetch row)."
+    )
     for k, v in checks.items():
         print(f"  {'PASS' if v else 'MISS'}  {k}")
     print(f"\ntotal {time.monotonic() - t_start:.1f} s")
 
     if args.json:
-        out = {"env": env, "checks": checks, "restore": restore,
-               "targets": {"trainer_added_ns": TARGET_TRAINER_ADDED_NS,
-                           "trainer_ratio": TARGET_TRAINER_RATIO,
-                           "worker_added_ns": TARGET_WORKER_ADDED_NS},
-               "results": results}
+        out = {
+            "env": env,
+            "checks": checks,
+            "restore": restore,
+            "targets": {
+                "trainer_added_ns": TARGET_TRAINER_ADDED_NS,
+                "trainer_ratio": TARGET_TRAINER_RATIO,
+                "worker_added_ns": TARGET_WORKER_ADDED_NS,
+            },
+            "results": results,
+        }
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
             f.write("\n")

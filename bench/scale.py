@@ -50,7 +50,7 @@ from tests.e2e_util import stop_sessions  # noqa: E402
 JOB = os.path.join(ROOT, "tests", "jobs", "scale_job.py")
 
 TARGET_MONITOR_CPU = 2.0  # % of one core: the TUI footprint bar (bench/tui_footprint.py)
-TARGET_SNAPSHOT_S = 1.5   # "within about a second" (DESIGN §4), the CLI's start-up included
+TARGET_SNAPSHOT_S = 1.5  # "within about a second" (DESIGN §4), the CLI's start-up included
 
 
 def _rundir(prefix: str) -> str:
@@ -119,8 +119,7 @@ def child_monitor(a) -> int:
                 break
         time.sleep(0.1)
     else:
-        print(f"monitor saw {len((snap or {}).get('jobs', []))} jobs, not {a.expect_jobs}",
-              file=sys.stderr)
+        print(f"monitor saw {len((snap or {}).get('jobs', []))} jobs, not {a.expect_jobs}", file=sys.stderr)
         m.stop()
         return 1
     time.sleep(a.warmup)
@@ -137,8 +136,11 @@ def child_monitor(a) -> int:
     rates = [ld["batches_per_s"] for j in jobs for ld in j["loaders"]]
     frames = sum(len(c.frames) for c in m.conns.values())
     out = {
-        "seconds": wall, "cpu_s": cpu, "cpu_percent_of_core": 100 * cpu / wall,
-        "cpu_user_s": ru1.ru_utime - ru0.ru_utime, "cpu_system_s": ru1.ru_stime - ru0.ru_stime,
+        "seconds": wall,
+        "cpu_s": cpu,
+        "cpu_percent_of_core": 100 * cpu / wall,
+        "cpu_user_s": ru1.ru_utime - ru0.ru_utime,
+        "cpu_system_s": ru1.ru_stime - ru0.ru_stime,
         "rss_mib": int(status["VmRSS"].split()[0]) / 1024,
         "peak_rss_mib": int(status["VmHWM"].split()[0]) / 1024,
         "builds": b1[0] - b0[0],
@@ -154,14 +156,32 @@ def child_monitor(a) -> int:
     return 0
 
 
-def run_monitor_child(runtime_dir: str, jobs: int, workers: int, seconds: float, warmup: float,
-                      interval: float = 0.5) -> dict:
+def run_monitor_child(
+    runtime_dir: str, jobs: int, workers: int, seconds: float, warmup: float, interval: float = 0.5
+) -> dict:
     out = tempfile.mktemp(prefix="dlwscale", suffix=".json")
-    cmd = [sys.executable, os.path.abspath(__file__), "--child-monitor", "--dir", runtime_dir,
-           "--expect-jobs", str(jobs), "--expect-workers", str(workers), "--seconds", str(seconds),
-           "--warmup", str(warmup), "--interval", str(interval), "--child-out", out]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + warmup + 150,
-                       env=_env(runtime_dir))
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child-monitor",
+        "--dir",
+        runtime_dir,
+        "--expect-jobs",
+        str(jobs),
+        "--expect-workers",
+        str(workers),
+        "--seconds",
+        str(seconds),
+        "--warmup",
+        str(warmup),
+        "--interval",
+        str(interval),
+        "--child-out",
+        out,
+    ]
+    r = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=seconds + warmup + 150, env=_env(runtime_dir)
+    )
     if r.returncode != 0:
         raise SystemExit(f"monitor child failed ({r.returncode}):\n{r.stderr[-3000:]}")
     try:
@@ -199,11 +219,27 @@ def child_fake(a) -> int:
         os.chmod(path, 0o600)
         ls.listen(8)
         ls.setblocking(False)
-        job = {"pid": s.pid, "path": path, "sock": ls, "clients": {}, "history": deque(maxlen=600),
-               "seq": 0, "batches": 0, "wait_ns": 0, "step_ns": 0, "last_ns": t0,
-               "info": {"pid": s.pid, "cmdline": f"fake job {i} ({a.rate:g} batches/s)",
-                        "torch_version": "fake", "start_method": "fork", "started": time.time(),
-                        "rank": None, "python": "fake"}}
+        job = {
+            "pid": s.pid,
+            "path": path,
+            "sock": ls,
+            "clients": {},
+            "history": deque(maxlen=600),
+            "seq": 0,
+            "batches": 0,
+            "wait_ns": 0,
+            "step_ns": 0,
+            "last_ns": t0,
+            "info": {
+                "pid": s.pid,
+                "cmdline": f"fake job {i} ({a.rate:g} batches/s)",
+                "torch_version": "fake",
+                "start_method": "fork",
+                "started": time.time(),
+                "rank": None,
+                "python": "fake",
+            },
+        }
         sel.register(ls, selectors.EVENT_READ, ("listen", job))
         jobs.append(job)
     open(a.ready, "w").close()
@@ -250,9 +286,19 @@ def child_fake(a) -> int:
                 if not job["clients"].get(c) and b"\n" in data:
                     job["clients"][c] = True
                     hist = list(job["history"])
-                    send(job, c, wire.encode({"type": "hello", "protocol": wire.PROTOCOL_VERSION,
-                                              "job": job["info"], "history": len(hist)})
-                         + b"".join(hist))
+                    send(
+                        job,
+                        c,
+                        wire.encode(
+                            {
+                                "type": "hello",
+                                "protocol": wire.PROTOCOL_VERSION,
+                                "job": job["info"],
+                                "history": len(hist),
+                            }
+                        )
+                        + b"".join(hist),
+                    )
         if time.monotonic() < next_tick:
             continue
         next_tick += 0.1
@@ -264,16 +310,35 @@ def child_fake(a) -> int:
             job["batches"] += round(a.rate * dt / 1e9)
             job["wait_ns"] += int(dt * 0.3)
             job["step_ns"] += dt - int(dt * 0.3)
-            frame = {"type": "window", "seq": job["seq"], "t": time.time(), "mono_ns": now,
-                     "loaders": [{"id": 0, "epoch": 0, "batches": job["batches"],
-                                  "wait_ns": job["wait_ns"], "step_ns": job["step_ns"],
-                                  "teardown_ns": 0, "num_workers": 0, "workers": [],
-                                  "queue": {"ready": None, "in_flight": None, "capacity": None},
-                                  "batch_size": 1, "pin_memory": False,
-                                  "persistent_workers": False, "kind": "map", "active": True,
-                                  "start_method": "fork", "epoch_start_ms": [], "epoch_ms": [],
-                                  "dataset": "TensorDataset"}],
-                     "main": {"cuda_initialized": False, "py_threads": 2}}
+            frame = {
+                "type": "window",
+                "seq": job["seq"],
+                "t": time.time(),
+                "mono_ns": now,
+                "loaders": [
+                    {
+                        "id": 0,
+                        "epoch": 0,
+                        "batches": job["batches"],
+                        "wait_ns": job["wait_ns"],
+                        "step_ns": job["step_ns"],
+                        "teardown_ns": 0,
+                        "num_workers": 0,
+                        "workers": [],
+                        "queue": {"ready": None, "in_flight": None, "capacity": None},
+                        "batch_size": 1,
+                        "pin_memory": False,
+                        "persistent_workers": False,
+                        "kind": "map",
+                        "active": True,
+                        "start_method": "fork",
+                        "epoch_start_ms": [],
+                        "epoch_ms": [],
+                        "dataset": "TensorDataset",
+                    }
+                ],
+                "main": {"cuda_initialized": False, "py_threads": 2},
+            }
             data = wire.encode(frame)
             job["history"].append(data)
             for c, greeted in list(job["clients"].items()):
@@ -309,11 +374,31 @@ def part_many(n_jobs: int, workers: int, seconds: float, warmup: float, n_snap: 
         for i in range(n_jobs):
             ready = os.path.join(work, f"{i}.ready")
             log = open(os.path.join(work, f"{i}.log"), "wb")
-            p = subprocess.Popen([sys.executable, JOB, "--mode", "sleepy", "--workers", str(workers),
-                                  "--batch-size", "2", "--sample-ms", "40", "--step-ms", "100",
-                                  "--duration", "600", "--ready", ready],
-                                 env=_env(rd), stdin=subprocess.DEVNULL, stdout=log,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
+            p = subprocess.Popen(
+                [
+                    sys.executable,
+                    JOB,
+                    "--mode",
+                    "sleepy",
+                    "--workers",
+                    str(workers),
+                    "--batch-size",
+                    "2",
+                    "--sample-ms",
+                    "40",
+                    "--step-ms",
+                    "100",
+                    "--duration",
+                    "600",
+                    "--ready",
+                    ready,
+                ],
+                env=_env(rd),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             log.close()
             p.ready = ready  # type: ignore[attr-defined]
             procs.append(p)
@@ -333,8 +418,11 @@ def part_many(n_jobs: int, workers: int, seconds: float, warmup: float, n_snap: 
         else:
             raise SystemExit("the collector never saw every job and worker")
         res["start_s"] = time.monotonic() - t
-        print(f"  (a) {n_jobs} jobs x {workers} workers visible after {res['start_s']:.1f} s",
-              file=sys.stderr, flush=True)
+        print(
+            f"  (a) {n_jobs} jobs x {workers} workers visible after {res['start_s']:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
         time.sleep(2.0)
         # The jobs' own load, to show the box is not saturated.
         import psutil
@@ -355,8 +443,13 @@ def part_many(n_jobs: int, workers: int, seconds: float, warmup: float, n_snap: 
         sizes = []
         for _ in range(n_snap):
             t = time.monotonic()
-            r = subprocess.run([sys.executable, "-m", "dlwatch", "snapshot", "--json"],
-                               capture_output=True, text=True, timeout=60, env=_env(rd))
+            r = subprocess.run(
+                [sys.executable, "-m", "dlwatch", "snapshot", "--json"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=_env(rd),
+            )
             cli.append(time.monotonic() - t)
             if r.returncode != 0:
                 raise SystemExit(f"dlwatch snapshot failed: {r.stderr[-2000:]}")
@@ -375,8 +468,16 @@ def part_many(n_jobs: int, workers: int, seconds: float, warmup: float, n_snap: 
             inproc.append(time.monotonic() - t)
         res["inprocess_snapshot_s_median"] = statistics.median(inproc)
         t = time.monotonic()
-        r = subprocess.run([sys.executable, "-c", "import dlwatch.cli.main, dlwatch.collect.monitor,"
-                            " dlwatch.diagnose, psutil"], capture_output=True, timeout=60, env=_env(rd))
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import dlwatch.cli.main, dlwatch.collect.monitor, dlwatch.diagnose, psutil",
+            ],
+            capture_output=True,
+            timeout=60,
+            env=_env(rd),
+        )
         res["cli_import_s"] = time.monotonic() - t
         res["monitor"] = run_monitor_child(rd, n_jobs, n_jobs * workers, seconds, warmup)
     finally:
@@ -395,16 +496,32 @@ def part_fast(rounds: int, seconds: float) -> dict:
     try:
         order = []
         for i in range(rounds):
-            order += (["without", "with"] if i % 2 == 0 else ["with", "without"])
+            order += ["without", "with"] if i % 2 == 0 else ["with", "without"]
         order.append("with+monitor")
         for k, arm in enumerate(order):
             result = os.path.join(work, f"{k}.json")
             ready = os.path.join(work, f"{k}.ready")
-            p = subprocess.Popen([sys.executable, JOB, "--mode", "fast", "--duration", str(seconds),
-                                  "--result", result, "--ready", ready, "--size", "2000000"],
-                                 env=_env(rd, disable=arm == "without"), stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                 start_new_session=True)
+            p = subprocess.Popen(
+                [
+                    sys.executable,
+                    JOB,
+                    "--mode",
+                    "fast",
+                    "--duration",
+                    str(seconds),
+                    "--result",
+                    result,
+                    "--ready",
+                    ready,
+                    "--size",
+                    "2000000",
+                ],
+                env=_env(rd, disable=arm == "without"),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
             if arm == "with+monitor":
                 # One more hook round with the collector attached: does it see the rate?
                 from dlwatch.collect.monitor import take_snapshot
@@ -431,12 +548,17 @@ def part_fast(rounds: int, seconds: float) -> dict:
     added = [1e9 / b - 1e9 / a for a, b in pairs]
     cpu_added = [b - a for a, b in zip(cpu["without"], cpu["with"])]
     return {
-        "rounds": rounds, "seconds_per_round": seconds,
-        "batches_per_s_without": arms["without"], "batches_per_s_with": arms["with"],
-        "batches_per_s_without_median": wo, "batches_per_s_with_median": w,
-        "ratio_time_per_batch": wo / w, "added_ns_per_batch_median": statistics.median(added),
+        "rounds": rounds,
+        "seconds_per_round": seconds,
+        "batches_per_s_without": arms["without"],
+        "batches_per_s_with": arms["with"],
+        "batches_per_s_without_median": wo,
+        "batches_per_s_with_median": w,
+        "ratio_time_per_batch": wo / w,
+        "added_ns_per_batch_median": statistics.median(added),
         "added_ns_per_batch": added,
-        "cpu_ns_per_batch_without": cpu["without"], "cpu_ns_per_batch_with": cpu["with"],
+        "cpu_ns_per_batch_without": cpu["without"],
+        "cpu_ns_per_batch_with": cpu["with"],
         "cpu_ns_per_batch_without_median": statistics.median(cpu["without"]),
         "cpu_ns_per_batch_with_median": statistics.median(cpu["with"]),
         "cpu_added_ns_per_batch_median": statistics.median(cpu_added),
@@ -448,10 +570,25 @@ def part_fast(rounds: int, seconds: float) -> dict:
 def part_fake(n: int, rate: float, seconds: float, warmup: float) -> dict:
     rd = _rundir("dlwsk")
     ready = os.path.join(rd, ".ready")
-    p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child-fake", "--dir", rd,
-                          "--fake-jobs", str(n), "--rate", str(rate), "--ready", ready],
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, start_new_session=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--child-fake",
+            "--dir",
+            rd,
+            "--fake-jobs",
+            str(n),
+            "--rate",
+            str(rate),
+            "--ready",
+            ready,
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         end = time.monotonic() + 30
         while not os.path.exists(ready):
@@ -529,65 +666,118 @@ def main(argv: list[str] | None = None) -> int:
             out["fake"].append(part_fake(n, rate, fs, 1.0 if a.quick else 2.0))
 
     checks = {}
-    print(f"dlwatch scale ({out['mode']}); load average at start "
-          f"{', '.join(f'{x:.1f}' for x in out['loadavg_start'])}\n")
+    print(
+        f"dlwatch scale ({out['mode']}); load average at start "
+        f"{', '.join(f'{x:.1f}' for x in out['loadavg_start'])}\n"
+    )
     if "many" in out:
         r = out["many"]
         m = r["monitor"]
-        print(f"(a) {r['jobs']} jobs x {r['workers_per_job']} workers "
-              f"({r['jobs'] * (r['workers_per_job'] + 1)} processes; the jobs use "
-              f"{r['jobs_cpu_percent_of_core']:.0f} % of a core, host {r['host_busy_percent']:.0f} % busy)")
-        print(_table(("metric", "value", "target"), [
-            ("dlwatch snapshot --json (CLI, median)", f"{r['cli_snapshot_s_median']:.2f} s",
-             f"<= {TARGET_SNAPSHOT_S:g} s"),
-            ("  of which interpreter + imports", f"{r['cli_import_s']:.2f} s", ""),
-            ("take_snapshot in process (median)", f"{r['inprocess_snapshot_s_median']:.2f} s", ""),
-            ("snapshot JSON size", f"{r['cli_json_bytes'] / 1024:.0f} KiB", ""),
-            ("jobs / workers in the snapshot", f"{r['cli_jobs_seen']} / {r['cli_workers_seen']}", ""),
-            (f"Monitor CPU ({m['seconds']:.0f} s, interval {m['interval_s']:g} s)",
-             f"{m['cpu_percent_of_core']:.2f} % of a core", f"<= {TARGET_MONITOR_CPU:g} %"),
-            ("Monitor build (mean)", f"{m['build_ms_mean']:.1f} ms x {m['builds']}", ""),
-            ("Monitor RSS (now / peak)", f"{m['rss_mib']:.0f} / {m['peak_rss_mib']:.0f} MiB", ""),
-        ]))
+        print(
+            f"(a) {r['jobs']} jobs x {r['workers_per_job']} workers "
+            f"({r['jobs'] * (r['workers_per_job'] + 1)} processes; the jobs use "
+            f"{r['jobs_cpu_percent_of_core']:.0f} % of a core, host {r['host_busy_percent']:.0f} % busy)"
+        )
+        print(
+            _table(
+                ("metric", "value", "target"),
+                [
+                    (
+                        "dlwatch snapshot --json (CLI, median)",
+                        f"{r['cli_snapshot_s_median']:.2f} s",
+                        f"<= {TARGET_SNAPSHOT_S:g} s",
+                    ),
+                    ("  of which interpreter + imports", f"{r['cli_import_s']:.2f} s", ""),
+                    ("take_snapshot in process (median)", f"{r['inprocess_snapshot_s_median']:.2f} s", ""),
+                    ("snapshot JSON size", f"{r['cli_json_bytes'] / 1024:.0f} KiB", ""),
+                    ("jobs / workers in the snapshot", f"{r['cli_jobs_seen']} / {r['cli_workers_seen']}", ""),
+                    (
+                        f"Monitor CPU ({m['seconds']:.0f} s, interval {m['interval_s']:g} s)",
+                        f"{m['cpu_percent_of_core']:.2f} % of a core",
+                        f"<= {TARGET_MONITOR_CPU:g} %",
+                    ),
+                    ("Monitor build (mean)", f"{m['build_ms_mean']:.1f} ms x {m['builds']}", ""),
+                    ("Monitor RSS (now / peak)", f"{m['rss_mib']:.0f} / {m['peak_rss_mib']:.0f} MiB", ""),
+                ],
+            )
+        )
         checks["many_snapshot_cli_within_1_5s"] = r["cli_snapshot_s_median"] <= TARGET_SNAPSHOT_S
         checks["many_monitor_cpu_le_2pct"] = m["cpu_percent_of_core"] <= TARGET_MONITOR_CPU
         print()
     if "fast" in out:
         r = out["fast"]
-        print(f"(b) one real job, DataLoader(TensorDataset, batch_size=1, num_workers=0) as fast as it"
-              f" goes, {r['rounds']} x {r['seconds_per_round']:g} s rounds per arm (separate processes)")
-        print(_table(("metric", "value"), [
-            ("batches/s without the hook (median)", f"{r['batches_per_s_without_median']:,.0f}"),
-            ("batches/s with the hook (median)", f"{r['batches_per_s_with_median']:,.0f}"),
-            ("time per batch with / without", f"{r['ratio_time_per_batch']:.3f}"),
-            ("added wall per batch (median of paired rounds)", f"{r['added_ns_per_batch_median']:+.0f} ns"),
-            ("loop thread CPU per batch without / with (median)",
-             f"{r['cpu_ns_per_batch_without_median']:,.0f} / {r['cpu_ns_per_batch_with_median']:,.0f} ns"),
-            ("added loop CPU per batch (median of paired rounds)",
-             f"{r['cpu_added_ns_per_batch_median']:+.0f} ns"),
-            ("monitor attached: job's run average / monitor's 1 s window",
-             f"{r['monitor_round_batches_per_s_job'] or 0:,.0f} / "
-             f"{r['monitor_round_batches_per_s_seen'] or 0:,.0f}"),
-        ]))
-        print("  whole-process rates from separate runs: noisier than bench/overhead.py's"
-              " paired in-process rows")
+        print(
+            f"(b) one real job, DataLoader(TensorDataset, batch_size=1, num_workers=0) as fast as it"
+            f" goes, {r['rounds']} x {r['seconds_per_round']:g} s rounds per arm (separate processes)"
+        )
+        print(
+            _table(
+                ("metric", "value"),
+                [
+                    ("batches/s without the hook (median)", f"{r['batches_per_s_without_median']:,.0f}"),
+                    ("batches/s with the hook (median)", f"{r['batches_per_s_with_median']:,.0f}"),
+                    ("time per batch with / without", f"{r['ratio_time_per_batch']:.3f}"),
+                    (
+                        "added wall per batch (median of paired rounds)",
+                        f"{r['added_ns_per_batch_median']:+.0f} ns",
+                    ),
+                    (
+                        "loop thread CPU per batch without / with (median)",
+                        f"{r['cpu_ns_per_batch_without_median']:,.0f} / "
+                        f"{r['cpu_ns_per_batch_with_median']:,.0f} ns",
+                    ),
+                    (
+                        "added loop CPU per batch (median of paired rounds)",
+                        f"{r['cpu_added_ns_per_batch_median']:+.0f} ns",
+                    ),
+                    (
+                        "monitor attached: job's run average / monitor's 1 s window",
+                        f"{r['monitor_round_batches_per_s_job'] or 0:,.0f} / "
+                        f"{r['monitor_round_batches_per_s_seen'] or 0:,.0f}",
+                    ),
+                ],
+            )
+        )
+        print(
+            "  whole-process rates from separate runs: noisier than bench/overhead.py's"
+            " paired in-process rows"
+        )
         print()
     if "fake" in out:
         print("(b) fake jobs (wire protocol, 10 frames/s each), the live view's Monitor following them")
         rows = []
         for r in out["fake"]:
-            rows.append((str(r["fake_jobs"]), f"{r['rate']:,.0f}",
-                         f"{r['batches_per_s_seen_median'] or 0:,.0f}",
-                         f"{r['cpu_percent_of_core']:.2f}", f"{r['build_ms_mean']:.1f}",
-                         f"{r['rss_mib']:.0f} / {r['peak_rss_mib']:.0f}"))
-        print(_table(("jobs", "batches/s each", "monitor sees", "monitor CPU % core",
-                      "build ms", "RSS MiB now/peak"), rows))
+            rows.append(
+                (
+                    str(r["fake_jobs"]),
+                    f"{r['rate']:,.0f}",
+                    f"{r['batches_per_s_seen_median'] or 0:,.0f}",
+                    f"{r['cpu_percent_of_core']:.2f}",
+                    f"{r['build_ms_mean']:.1f}",
+                    f"{r['rss_mib']:.0f} / {r['peak_rss_mib']:.0f}",
+                )
+            )
+        print(
+            _table(
+                (
+                    "jobs",
+                    "batches/s each",
+                    "monitor sees",
+                    "monitor CPU % core",
+                    "build ms",
+                    "RSS MiB now/peak",
+                ),
+                rows,
+            )
+        )
         f8 = {r["rate"]: r for r in out["fake"] if r["fake_jobs"] == 8}
         if 10 in f8 and 50_000 in f8:
             ratio = f8[50_000]["cpu_percent_of_core"] / max(1e-9, f8[10]["cpu_percent_of_core"])
             out["fake_rate_cpu_ratio_8_jobs"] = ratio
-            print(f"  8 jobs: monitor CPU at 50k batches/s / at 10 batches/s = {ratio:.2f}"
-                  " (the batch rate does not reach the monitor: only frames do)")
+            print(
+                f"  8 jobs: monitor CPU at 50k batches/s / at 10 batches/s = {ratio:.2f}"
+                " (the batch rate does not reach the monitor: only frames do)"
+            )
         for r in out["fake"]:
             if r["fake_jobs"] == 8 and r["rate"] == 50_000:
                 checks["fake_8_jobs_monitor_cpu_le_2pct"] = r["cpu_percent_of_core"] <= TARGET_MONITOR_CPU

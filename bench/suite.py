@@ -62,8 +62,12 @@ def run_step(name: str, script: str, quick: bool, timeout: float, out_dir: str) 
         rc, stdout, stderr = r.returncode, r.stdout, r.stderr
     except subprocess.TimeoutExpired as e:
         rc = None
-        stdout = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        stderr = (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        stdout = (
+            (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        )
+        stderr = (
+            (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        )
         stderr += f"\n[suite] timed out after {timeout:g} s"
     secs = time.monotonic() - t
     with open(txt_path, "w") as f:
@@ -77,16 +81,26 @@ def run_step(name: str, script: str, quick: bool, timeout: float, out_dir: str) 
                 data = json.load(f)
         except (OSError, ValueError):
             data = None
-    return {"cmd": cmd[1:], "rc": rc, "seconds": secs, "result": data, "table": txt_path,
-            "stderr_tail": stderr[-2000:] if rc != 0 else ""}
+    return {
+        "cmd": cmd[1:],
+        "rc": rc,
+        "seconds": secs,
+        "result": data,
+        "table": txt_path,
+        "stderr_tail": stderr[-2000:] if rc != 0 else "",
+    }
 
 
 # ------------------------------------------------------------ summary rows
 
 
 def _row(metric: str, value: str, target: str, ok: bool | None) -> dict:
-    return {"metric": metric, "value": value,
-            "target": target, "status": "INFO" if ok is None else ("PASS" if ok else "MISS")}
+    return {
+        "metric": metric,
+        "value": value,
+        "target": target,
+        "status": "INFO" if ok is None else ("PASS" if ok else "MISS"),
+    }
 
 
 def rows_overhead(d: dict) -> list[dict]:
@@ -94,17 +108,32 @@ def rows_overhead(d: dict) -> list[dict]:
     tr, fe = r["trainer"]["median"], r["fetch"]["median"]
     t = d["targets"]
     out = [
-        _row("overhead: trainer added per batch (median batch)", f"{tr['added_ns']:+.0f} ns",
-             f"<= {t['trainer_added_ns']:g} ns", tr["added_ns"] <= t["trainer_added_ns"]),
-        _row("overhead: trainer time ratio with/without", f"{tr['ratio']:.3f}",
-             f"<= {t['trainer_ratio']:g}", tr["ratio"] <= t["trainer_ratio"]),
-        _row("overhead: worker fetch added per batch (median)", f"{fe['added_ns']:+.0f} ns",
-             f"<= {t['worker_added_ns']:g} ns", fe["added_ns"] <= t["worker_added_ns"]),
+        _row(
+            "overhead: trainer added per batch (median batch)",
+            f"{tr['added_ns']:+.0f} ns",
+            f"<= {t['trainer_added_ns']:g} ns",
+            tr["added_ns"] <= t["trainer_added_ns"],
+        ),
+        _row(
+            "overhead: trainer time ratio with/without",
+            f"{tr['ratio']:.3f}",
+            f"<= {t['trainer_ratio']:g}",
+            tr["ratio"] <= t["trainer_ratio"],
+        ),
+        _row(
+            "overhead: worker fetch added per batch (median)",
+            f"{fe['added_ns']:+.0f} ns",
+            f"<= {t['worker_added_ns']:g} ns",
+            fe["added_ns"] <= t["worker_added_ns"],
+        ),
     ]
     pub = r.get("publisher")
     if pub:
-        out.append(_row("overhead: publisher thread (10 Hz)", f"{pub['cpu_fraction'] * 100:.3f} % of a core",
-                        "", None))
+        out.append(
+            _row(
+                "overhead: publisher thread (10 Hz)", f"{pub['cpu_fraction'] * 100:.3f} % of a core", "", None
+            )
+        )
     return out
 
 
@@ -112,14 +141,26 @@ def rows_accuracy(d: dict) -> list[dict]:
     s, t = d["summary"], d["targets"]
     n = len(d["scenarios"])
     return [
-        _row(f"truth: data wait |error|, worst of {n} scenarios", f"{s['wait_err_pp_max']:.2f} pp",
-             f"<= {t['wait_pp']:g} pp", s["checks"]["data_wait_within_2pp"]),
+        _row(
+            f"truth: data wait |error|, worst of {n} scenarios",
+            f"{s['wait_err_pp_max']:.2f} pp",
+            f"<= {t['wait_pp']:g} pp",
+            s["checks"]["data_wait_within_2pp"],
+        ),
         _row("truth: data wait |error|, median", f"{s['wait_err_pp_median_of_medians']:.2f} pp", "", None),
-        _row("truth: worker busy |error|, worst", f"{s['busy_err_pp_max']:.2f} pp",
-             f"<= {t['busy_pp']:g} pp", s["checks"]["worker_busy_within_5pp"]),
+        _row(
+            "truth: worker busy |error|, worst",
+            f"{s['busy_err_pp_max']:.2f} pp",
+            f"<= {t['busy_pp']:g} pp",
+            s["checks"]["worker_busy_within_5pp"],
+        ),
         _row("truth: worker busy |error|, median", f"{s['busy_err_pp_median_of_medians']:.2f} pp", "", None),
-        _row("truth: batch rate |error|, worst", f"{s['rate_rel_err_max'] * 100:.1f} %",
-             f"<= {t['rate_rel'] * 100:g} % (tests)", s["rate_rel_err_max"] <= t["rate_rel"]),
+        _row(
+            "truth: batch rate |error|, worst",
+            f"{s['rate_rel_err_max'] * 100:.1f} %",
+            f"<= {t['rate_rel'] * 100:g} % (tests)",
+            s["rate_rel_err_max"] <= t["rate_rel"],
+        ),
     ]
 
 
@@ -128,11 +169,22 @@ def rows_freshness(d: dict) -> list[dict]:
     for s in d["settings"]:
         label = f"interval {s['interval_s']:g} s, window {s['window_s']:g} s"
         default = s.get("default", False)
-        v = "n/a" if s["screen_median_s"] is None else (
-            f"{s['up_median_s']:.2f} s model, ~{s['screen_median_s']:.2f} s on screen "
-            f"(worst {s['screen_worst_s']:.2f})")
-        out.append(_row(f"freshness{' (defaults)' if default else ''}: {label}", v,
-                        "<= 1 s on screen (median)", s["meets_1s_median"]))
+        v = (
+            "n/a"
+            if s["screen_median_s"] is None
+            else (
+                f"{s['up_median_s']:.2f} s model, ~{s['screen_median_s']:.2f} s on screen "
+                f"(worst {s['screen_worst_s']:.2f})"
+            )
+        )
+        out.append(
+            _row(
+                f"freshness{' (defaults)' if default else ''}: {label}",
+                v,
+                "<= 1 s on screen (median)",
+                s["meets_1s_median"],
+            )
+        )
     return out
 
 
@@ -141,29 +193,62 @@ def rows_scale(d: dict) -> list[dict]:
     m = d.get("many")
     if m:
         tag = f"{m['jobs']} jobs x {m['workers_per_job']} workers"
-        out.append(_row(f"scale: dlwatch snapshot --json, {tag}", f"{m['cli_snapshot_s_median']:.2f} s",
-                        "<= 1.5 s ('about a second')", m["cli_snapshot_s_median"] <= 1.5))
+        out.append(
+            _row(
+                f"scale: dlwatch snapshot --json, {tag}",
+                f"{m['cli_snapshot_s_median']:.2f} s",
+                "<= 1.5 s ('about a second')",
+                m["cli_snapshot_s_median"] <= 1.5,
+            )
+        )
         mon = m["monitor"]
-        out.append(_row(f"scale: Monitor CPU, {tag}", f"{mon['cpu_percent_of_core']:.1f} % of a core",
-                        "<= 2 % ('a few %')", mon["cpu_percent_of_core"] <= 2.0))
+        out.append(
+            _row(
+                f"scale: Monitor CPU, {tag}",
+                f"{mon['cpu_percent_of_core']:.1f} % of a core",
+                "<= 2 % ('a few %')",
+                mon["cpu_percent_of_core"] <= 2.0,
+            )
+        )
         out.append(_row(f"scale: Monitor RSS, {tag}", f"{mon['rss_mib']:.0f} MiB", "", None))
     f = d.get("fast")
     if f:
-        out.append(_row("scale: real job bs=1 nw=0, batches/s without / with hook",
-                        f"{f['batches_per_s_without_median']:,.0f} / {f['batches_per_s_with_median']:,.0f}",
-                        "", None))
-        out.append(_row("scale: same, added loop CPU per batch (paired rounds)",
-                        f"{f['cpu_added_ns_per_batch_median']:+.0f} ns", "INFO (noisy; see overhead)", None))
+        out.append(
+            _row(
+                "scale: real job bs=1 nw=0, batches/s without / with hook",
+                f"{f['batches_per_s_without_median']:,.0f} / {f['batches_per_s_with_median']:,.0f}",
+                "",
+                None,
+            )
+        )
+        out.append(
+            _row(
+                "scale: same, added loop CPU per batch (paired rounds)",
+                f"{f['cpu_added_ns_per_batch_median']:+.0f} ns",
+                "INFO (noisy; see overhead)",
+                None,
+            )
+        )
     for r in d.get("fake", []):
         if r["rate"] >= 1000:
-            out.append(_row(f"scale: Monitor CPU, {r['fake_jobs']} fake jobs x {r['rate']:,.0f} batches/s",
-                            f"{r['cpu_percent_of_core']:.1f} % of a core, {r['rss_mib']:.0f} MiB",
-                            "<= 2 %" if r["fake_jobs"] <= 8 else "",
-                            r["cpu_percent_of_core"] <= 2.0 if r["fake_jobs"] <= 8 else None))
+            out.append(
+                _row(
+                    f"scale: Monitor CPU, {r['fake_jobs']} fake jobs x {r['rate']:,.0f} batches/s",
+                    f"{r['cpu_percent_of_core']:.1f} % of a core, {r['rss_mib']:.0f} MiB",
+                    "<= 2 %" if r["fake_jobs"] <= 8 else "",
+                    r["cpu_percent_of_core"] <= 2.0 if r["fake_jobs"] <= 8 else None,
+                )
+            )
     if "fake_rate_cpu_ratio_8_jobs" in d:
         x = d["fake_rate_cpu_ratio_8_jobs"]
-        out.append(_row("scale: Monitor CPU at 50k vs 10 batches/s (8 jobs)", f"{x:.2f}x",
-                        "~1 (rate-independent)", 0.5 <= x <= 1.5))
+        out.append(
+            _row(
+                "scale: Monitor CPU at 50k vs 10 batches/s (8 jobs)",
+                f"{x:.2f}x",
+                "~1 (rate-independent)",
+                0.5 <= x <= 1.5,
+            )
+        )
     return out
 
 
@@ -171,15 +256,25 @@ def rows_tui(d: dict) -> list[dict]:
     out = []
     t = d["target_cpu_percent_of_core"]
     for r in d["results"]:
-        out.append(_row(f"footprint: TUI ({r['mode']}), {d['jobs']} jobs x {d['workers_per_job']} workers, "
-                        f"refresh {d['refresh_s']:g} s",
-                        f"{r['cpu_percent_of_core']:.2f} % of a core, {r['peak_rss_mib']:.0f} MiB peak",
-                        f"<= {t:g} %", r["cpu_percent_of_core"] <= t))
+        out.append(
+            _row(
+                f"footprint: TUI ({r['mode']}), {d['jobs']} jobs x {d['workers_per_job']} workers, "
+                f"refresh {d['refresh_s']:g} s",
+                f"{r['cpu_percent_of_core']:.2f} % of a core, {r['peak_rss_mib']:.0f} MiB peak",
+                f"<= {t:g} %",
+                r["cpu_percent_of_core"] <= t,
+            )
+        )
     return out
 
 
-SUMMARIZERS = {"overhead": rows_overhead, "accuracy": rows_accuracy, "freshness": rows_freshness,
-               "scale": rows_scale, "tui_footprint": rows_tui}
+SUMMARIZERS = {
+    "overhead": rows_overhead,
+    "accuracy": rows_accuracy,
+    "freshness": rows_freshness,
+    "scale": rows_scale,
+    "tui_footprint": rows_tui,
+}
 
 
 def _table(rows: list[dict]) -> str:
@@ -205,10 +300,16 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(out_dir, exist_ok=True)
     t0 = time.monotonic()
     doc: dict = {
-        "mode": "quick" if a.quick else "full", "time": time.time(),
-        "env": {"python": platform.python_version(), "platform": platform.platform(),
-                "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()},
-        "steps": {}, "summary": [],
+        "mode": "quick" if a.quick else "full",
+        "time": time.time(),
+        "env": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "loadavg_start": os.getloadavg(),
+        },
+        "steps": {},
+        "summary": [],
     }
     failed = []
     for name, script, t_full, t_quick in STEPS:
@@ -218,8 +319,11 @@ def main(argv: list[str] | None = None) -> int:
         r = run_step(name, script, a.quick, t_quick if a.quick else t_full, out_dir)
         doc["steps"][name] = r
         ok = r["rc"] == 0 and r["result"] is not None
-        print(f"{'ok' if ok else 'FAILED (rc ' + str(r['rc']) + ')'} in {r['seconds']:.0f} s "
-              f"(table: {os.path.relpath(r['table'], ROOT)})", flush=True)
+        print(
+            f"{'ok' if ok else 'FAILED (rc ' + str(r['rc']) + ')'} in {r['seconds']:.0f} s "
+            f"(table: {os.path.relpath(r['table'], ROOT)})",
+            flush=True,
+        )
         if ok:
             try:
                 doc["summary"] += SUMMARIZERS[name](r["result"])
@@ -237,12 +341,16 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(doc, f, indent=2)
         f.write("\n")
     la = doc["env"]
-    print(f"\ndlwatch benchmark suite ({doc['mode']}), {doc['seconds']:.0f} s; {la['cpus']} CPUs, load "
-          f"average {la['loadavg_start'][0]:.1f} at start, {la['loadavg_end'][0]:.1f} at end\n")
+    print(
+        f"\ndlwatch benchmark suite ({doc['mode']}), {doc['seconds']:.0f} s; {la['cpus']} CPUs, load "
+        f"average {la['loadavg_start'][0]:.1f} at start, {la['loadavg_end'][0]:.1f} at end\n"
+    )
     print(_table(doc["summary"]))
     n_pass = sum(r["status"] == "PASS" for r in doc["summary"])
-    print(f"\n{n_pass} PASS, {len(doc['misses'])} MISS; tables in {os.path.relpath(out_dir, ROOT)}/,"
-          f" everything in {os.path.relpath(a.json, ROOT)}")
+    print(
+        f"\n{n_pass} PASS, {len(doc['misses'])} MISS; tables in {os.path.relpath(out_dir, ROOT)}/,"
+        f" everything in {os.path.relpath(a.json, ROOT)}"
+    )
     if failed:
         return 1
     return 1 if a.strict and doc["misses"] else 0

@@ -66,9 +66,14 @@ def start_jobs(n: int, workers: int, runtime_dir: str, duration: float, workdir:
     for i in range(n):
         ready = os.path.join(workdir, f"job{i}.ready")
         log = open(os.path.join(workdir, f"job{i}.log"), "wb")
-        p = subprocess.Popen([sys.executable, JOB, "--workers", str(workers), "--duration",
-                              str(duration), "--ready", ready], env=env, stdin=subprocess.DEVNULL,
-                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        p = subprocess.Popen(
+            [sys.executable, JOB, "--workers", str(workers), "--duration", str(duration), "--ready", ready],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         log.close()
         p.ready = ready  # type: ignore[attr-defined]
         procs.append(p)
@@ -99,8 +104,10 @@ def wait_all_visible(runtime_dir: str, n: int, workers: int, timeout: float = 60
         if len(jobs) == n and all(len(j["loaders"][0]["workers"]) == workers for j in jobs):
             return snap
         time.sleep(0.5)
-    raise SystemExit(f"the collector never saw {n} jobs x {workers} workers: "
-                     f"{[(j['pid'], len(j['loaders'])) for j in snap.get('jobs', [])]}")
+    raise SystemExit(
+        f"the collector never saw {n} jobs x {workers} workers: "
+        f"{[(j['pid'], len(j['loaders'])) for j in snap.get('jobs', [])]}"
+    )
 
 
 # --------------------------------------------------------------------- tmux mode
@@ -117,21 +124,45 @@ def _vm_hwm_kib(pid: int) -> int | None:
     return None
 
 
-def measure_tmux(runtime_dir: str, job_pids: list[int], seconds: float, warmup: float,
-                 refresh: float) -> dict:
+def measure_tmux(
+    runtime_dir: str, job_pids: list[int], seconds: float, warmup: float, refresh: float
+) -> dict:
     import psutil
 
     name = f"dlwfoot-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     env = {k: v for k, v in os.environ.items() if k not in ("TMUX", "TMUX_PANE", "NO_COLOR")}
 
     def tmux(*a: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run(["tmux", "-L", name, "-f", "/dev/null", *a], env=env,
-                              capture_output=True, text=True, timeout=20, check=check)
+        return subprocess.run(
+            ["tmux", "-L", name, "-f", "/dev/null", *a],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=check,
+        )
 
-    tmux("new-session", "-d", "-s", "main", "-x", str(SIZE[0]), "-y", str(SIZE[1]),
-         "-e", f"DLWATCH_DIR={runtime_dir}", "-e", f"PYTHONPATH={ROOT}",
-         "-e", "COLORTERM=truecolor",
-         sys.executable, "-m", "dlwatch", "--interval", str(refresh))
+    tmux(
+        "new-session",
+        "-d",
+        "-s",
+        "main",
+        "-x",
+        str(SIZE[0]),
+        "-y",
+        str(SIZE[1]),
+        "-e",
+        f"DLWATCH_DIR={runtime_dir}",
+        "-e",
+        f"PYTHONPATH={ROOT}",
+        "-e",
+        "COLORTERM=truecolor",
+        sys.executable,
+        "-m",
+        "dlwatch",
+        "--interval",
+        str(refresh),
+    )
     try:
         pane_pid = int(tmux("display-message", "-p", "-t", "main", "#{pane_pid}").stdout)
         server_pid = int(tmux("display-message", "-p", "-t", "main", "#{pid}").stdout)
@@ -166,11 +197,16 @@ def measure_tmux(runtime_dir: str, job_pids: list[int], seconds: float, warmup: 
         except psutil.TimeoutExpired:
             quit_ok = False
         return {
-            "mode": "tmux", "pid": proc.pid, "seconds": wall, "cpu_s": cpu,
-            "cpu_user_s": c1.user - c0.user, "cpu_system_s": c1.system - c0.system,
+            "mode": "tmux",
+            "pid": proc.pid,
+            "seconds": wall,
+            "cpu_s": cpu,
+            "cpu_user_s": c1.user - c0.user,
+            "cpu_system_s": c1.system - c0.system,
             "cpu_percent_of_core": 100 * cpu / wall,
             "peak_rss_mib": hwm / 1024 if hwm else rss_now / 2**20,
-            "rss_end_mib": rss_now / 2**20, "threads": threads,
+            "rss_end_mib": rss_now / 2**20,
+            "threads": threads,
             "tmux_server_cpu_percent_of_core": 100 * srv / wall,
             "jobs_on_screen": sum(str(p) in screen for p in job_pids),
             "quit_on_q": quit_ok,
@@ -182,12 +218,27 @@ def measure_tmux(runtime_dir: str, job_pids: list[int], seconds: float, warmup: 
 # --------------------------------------------------------------------- headless mode
 
 
-def measure_headless(runtime_dir: str, n_jobs: int, seconds: float, warmup: float,
-                     refresh: float, profile: bool) -> dict:
+def measure_headless(
+    runtime_dir: str, n_jobs: int, seconds: float, warmup: float, refresh: float, profile: bool
+) -> dict:
     out = tempfile.mktemp(prefix="dlwfoot", suffix=".json")
-    cmd = [sys.executable, os.path.abspath(__file__), "--child-headless", "--dir", runtime_dir,
-           "--jobs", str(n_jobs), "--seconds", str(seconds), "--warmup", str(warmup),
-           "--refresh", str(refresh), "--child-out", out]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child-headless",
+        "--dir",
+        runtime_dir,
+        "--jobs",
+        str(n_jobs),
+        "--seconds",
+        str(seconds),
+        "--warmup",
+        str(warmup),
+        "--refresh",
+        str(refresh),
+        "--child-out",
+        out,
+    ]
     if profile:
         cmd.append("--profile")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + warmup + 180)
@@ -273,18 +324,27 @@ def child_headless(a) -> int:
                 prof = cProfile.Profile()
                 prof.enable()
             measuring.set()
-            ru0, th0, w0, r0 = resource.getrusage(resource.RUSAGE_SELF), thread_times(proc), \
-                time.monotonic(), redraws[0]
+            ru0, th0, w0, r0 = (
+                resource.getrusage(resource.RUSAGE_SELF),
+                thread_times(proc),
+                time.monotonic(),
+                redraws[0],
+            )
             await asyncio.sleep(a.seconds)
-            ru1, th1, w1, r1 = resource.getrusage(resource.RUSAGE_SELF), thread_times(proc), \
-                time.monotonic(), redraws[0]
+            ru1, th1, w1, r1 = (
+                resource.getrusage(resource.RUSAGE_SELF),
+                thread_times(proc),
+                time.monotonic(),
+                redraws[0],
+            )
             measuring.clear()
             if prof is not None:
                 prof.disable()
                 profiles["UI thread (event loop)"] = prof
             rows = table.row_count
-            workers_seen = sum(len(j["loaders"][0]["workers"]) for j in app.snapshot["jobs"]
-                               if j.get("loaders"))
+            workers_seen = sum(
+                len(j["loaders"][0]["workers"]) for j in app.snapshot["jobs"] if j.get("loaders")
+            )
             await pilot.press("q")
         wall = w1 - w0
         cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
@@ -294,18 +354,23 @@ def child_headless(a) -> int:
 
         other = cpu - tcpu(ui_tid) - tcpu(mon_tid)
         return {
-            "mode": "headless", "pid": os.getpid(), "seconds": wall, "cpu_s": cpu,
-            "cpu_user_s": ru1.ru_utime - ru0.ru_utime, "cpu_system_s": ru1.ru_stime - ru0.ru_stime,
+            "mode": "headless",
+            "pid": os.getpid(),
+            "seconds": wall,
+            "cpu_s": cpu,
+            "cpu_user_s": ru1.ru_utime - ru0.ru_utime,
+            "cpu_system_s": ru1.ru_stime - ru0.ru_stime,
             "cpu_percent_of_core": 100 * cpu / wall,
             "ui_thread_cpu_percent_of_core": 100 * tcpu(ui_tid) / wall,
             "collector_thread_cpu_percent_of_core": 100 * tcpu(mon_tid) / wall,
             "other_threads_cpu_percent_of_core": 100 * max(0.0, other) / wall,
             # ru_maxrss is in KiB on Linux
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "redraws": r1 - r0, "jobs_on_screen": rows, "workers_in_model": workers_seen,
+            "redraws": r1 - r0,
+            "jobs_on_screen": rows,
+            "workers_in_model": workers_seen,
             "threads": proc.num_threads(),
         }
-
 
     result = asyncio.run(run())
     with open(a.child_out, "w") as f:
@@ -327,29 +392,41 @@ def child_headless(a) -> int:
 
 
 def table(rows: list[dict], n_jobs: int, workers: int, refresh: float) -> str:
-    head = ("mode", "jobs", "workers", "refresh", "seconds", "cpu % of one core", "RSS MiB (peak)",
-            "target")
+    head = ("mode", "jobs", "workers", "refresh", "seconds", "cpu % of one core", "RSS MiB (peak)", "target")
     lines = [head]
     for r in rows:
         ok = "ok" if r["cpu_percent_of_core"] <= TARGET_CPU_PERCENT else "OVER"
-        lines.append((r["mode"], str(n_jobs), f"{n_jobs}x{workers}", f"{refresh:g} s",
-                      f"{r['seconds']:.1f}", f"{r['cpu_percent_of_core']:.2f}",
-                      f"{r['peak_rss_mib']:.0f}", f"<= {TARGET_CPU_PERCENT:g} % {ok}"))
+        lines.append(
+            (
+                r["mode"],
+                str(n_jobs),
+                f"{n_jobs}x{workers}",
+                f"{refresh:g} s",
+                f"{r['seconds']:.1f}",
+                f"{r['cpu_percent_of_core']:.2f}",
+                f"{r['peak_rss_mib']:.0f}",
+                f"<= {TARGET_CPU_PERCENT:g} % {ok}",
+            )
+        )
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     out = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
     out.insert(1, "  ".join("-" * w for w in widths))
     extra = []
     for r in rows:
         if r["mode"] == "headless":
-            extra.append(f"headless split: UI thread {r['ui_thread_cpu_percent_of_core']:.2f} %, "
-                         f"collector thread {r['collector_thread_cpu_percent_of_core']:.2f} %, "
-                         f"other {r['other_threads_cpu_percent_of_core']:.2f} % "
-                         f"({r['redraws']} redraws, {r['workers_in_model']} workers in the model)")
+            extra.append(
+                f"headless split: UI thread {r['ui_thread_cpu_percent_of_core']:.2f} %, "
+                f"collector thread {r['collector_thread_cpu_percent_of_core']:.2f} %, "
+                f"other {r['other_threads_cpu_percent_of_core']:.2f} % "
+                f"({r['redraws']} redraws, {r['workers_in_model']} workers in the model)"
+            )
         if r["mode"] == "tmux":
-            extra.append(f"tmux: user {r['cpu_user_s']:.2f} s + system {r['cpu_system_s']:.2f} s "
-                         f"of CPU; the tmux server itself used "
-                         f"{r['tmux_server_cpu_percent_of_core']:.2f} % of a core; "
-                         f"{r['jobs_on_screen']}/{n_jobs} jobs on screen; quit on q: {r['quit_on_q']}")
+            extra.append(
+                f"tmux: user {r['cpu_user_s']:.2f} s + system {r['cpu_system_s']:.2f} s "
+                f"of CPU; the tmux server itself used "
+                f"{r['tmux_server_cpu_percent_of_core']:.2f} % of a core; "
+                f"{r['jobs_on_screen']}/{n_jobs} jobs on screen; quit on q: {r['quit_on_q']}"
+            )
     return "\n".join(out + [""] + extra)
 
 
@@ -391,16 +468,17 @@ def main(argv: list[str] | None = None) -> int:
         t = time.monotonic()
         wait_jobs_ready(procs, workdir)
         snap = wait_all_visible(runtime_dir, a.jobs, a.workers)
-        print(f"{a.jobs} jobs x {a.workers} workers visible after {time.monotonic() - t:.1f} s; "
-              f"measuring {seconds:g} s per mode ({', '.join(modes)}) after {warmup:g} s warm-up",
-              file=sys.stderr)
+        print(
+            f"{a.jobs} jobs x {a.workers} workers visible after {time.monotonic() - t:.1f} s; "
+            f"measuring {seconds:g} s per mode ({', '.join(modes)}) after {warmup:g} s warm-up",
+            file=sys.stderr,
+        )
         job_pids = [j["pid"] for j in snap["jobs"]]
         for mode in modes:
             if mode == "tmux":
                 rows.append(measure_tmux(runtime_dir, job_pids, seconds, warmup, a.refresh))
             else:
-                rows.append(measure_headless(runtime_dir, a.jobs, seconds, warmup, a.refresh,
-                                             a.profile))
+                rows.append(measure_headless(runtime_dir, a.jobs, seconds, warmup, a.refresh, a.profile))
         host_cpu = snap["host"].get("cpu_percent")
     finally:
         stop_sessions(procs)
@@ -408,20 +486,30 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
     print(table(rows, a.jobs, a.workers, a.refresh))
-    print(f"machine: {os.cpu_count()} CPUs, load average {load_before[0]:.1f} before / "
-          f"{os.getloadavg()[0]:.1f} after; host CPU busy {host_cpu}% when the jobs were up")
+    print(
+        f"machine: {os.cpu_count()} CPUs, load average {load_before[0]:.1f} before / "
+        f"{os.getloadavg()[0]:.1f} after; host CPU busy {host_cpu}% when the jobs were up"
+    )
     for r in rows:
         if r.get("profile_text"):
             print(r["profile_text"])
     if a.json:
         import textual
 
-        doc = {"target_cpu_percent_of_core": TARGET_CPU_PERCENT, "jobs": a.jobs,
-               "workers_per_job": a.workers, "refresh_s": a.refresh, "size": list(SIZE),
-               "python": platform.python_version(), "textual": textual.__version__,
-               "cpus": os.cpu_count(), "loadavg_before": load_before,
-               "loadavg_after": os.getloadavg(), "host_cpu_percent_with_jobs": host_cpu,
-               "results": [{k: v for k, v in r.items() if k != "profile_text"} for r in rows]}
+        doc = {
+            "target_cpu_percent_of_core": TARGET_CPU_PERCENT,
+            "jobs": a.jobs,
+            "workers_per_job": a.workers,
+            "refresh_s": a.refresh,
+            "size": list(SIZE),
+            "python": platform.python_version(),
+            "textual": textual.__version__,
+            "cpus": os.cpu_count(),
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+            "host_cpu_percent_with_jobs": host_cpu,
+            "results": [{k: v for k, v in r.items() if k != "profile_text"} for r in rows],
+        }
         with open(a.json, "w") as f:
             json.dump(doc, f, indent=2)
     over = any(r["cpu_percent_of_core"] > TARGET_CPU_PERCENT for r in rows)

@@ -19,7 +19,8 @@ connection is closed; so is a malformed or oversized frame.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 PROTOCOL_VERSION = 1
 # Windows carry a handful of loaders with up to a few dozen workers each:
@@ -89,8 +90,7 @@ class FrameDecoder:
         if len(line) + 1 > self.limit:
             return WireError(f"frame exceeds the {self.limit}-byte limit")
         try:
-            msg = json.loads(line.decode("utf-8"), parse_constant=_reject_constant,
-                             parse_float=_finite_float)
+            msg = json.loads(line.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float)
         except (UnicodeDecodeError, ValueError, RecursionError) as e:
             return WireError(f"malformed frame: {_short(e)}")
         try:
@@ -132,19 +132,43 @@ HELLO_SERVER = {"protocol": _INT, "job": _DICT}
 HELLO_SERVER_OPTIONAL = {"history": _INT}
 JOB = {"pid": _INT, "cmdline": _STR}
 JOB_OPTIONAL = {
-    "rank": _INT, "local_rank": _INT, "world_size": _INT, "torch_version": _STR,
-    "start_method": _STR, "run_id": _STR, "started": _NUM, "python": _STR,
-    "hostname": _STR, "dlwatch_version": _STR,
+    "rank": _INT,
+    "local_rank": _INT,
+    "world_size": _INT,
+    "torch_version": _STR,
+    "start_method": _STR,
+    "run_id": _STR,
+    "started": _NUM,
+    "python": _STR,
+    "hostname": _STR,
+    "dlwatch_version": _STR,
 }
 WINDOW = {"seq": _INT, "t": _NUM, "mono_ns": _INT, "loaders": _LIST}
 WINDOW_OPTIONAL = {"main": _DICT}
-LOADER = {"id": _INT, "epoch": _INT, "batches": _INT, "wait_ns": _INT, "step_ns": _INT,
-          "num_workers": _INT, "workers": _LIST, "queue": _DICT}
+LOADER = {
+    "id": _INT,
+    "epoch": _INT,
+    "batches": _INT,
+    "wait_ns": _INT,
+    "step_ns": _INT,
+    "num_workers": _INT,
+    "workers": _LIST,
+    "queue": _DICT,
+}
 LOADER_OPTIONAL = {
-    "batch_size": _INT, "pin_memory": _BOOL, "persistent_workers": _BOOL,
-    "prefetch_factor": _INT, "start_method": _STR, "kind": _STR, "name": _STR,
-    "active": _BOOL, "epoch_start_ms": _LIST, "epoch_ms": _LIST, "teardown_ns": _INT,
-    "iterator": _STR, "dataset": _STR,
+    "batch_size": _INT,
+    "pin_memory": _BOOL,
+    "persistent_workers": _BOOL,
+    "prefetch_factor": _INT,
+    "start_method": _STR,
+    "kind": _STR,
+    "name": _STR,
+    "active": _BOOL,
+    "epoch_start_ms": _LIST,
+    "epoch_ms": _LIST,
+    "teardown_ns": _INT,
+    "iterator": _STR,
+    "dataset": _STR,
 }
 QUEUE_OPTIONAL = {"ready": _INT, "in_flight": _INT, "capacity": _INT}
 WORKER = {"id": _INT, "pid": _INT, "batches": _INT, "fetch_ns": _INT, "busy_ns": _INT}
@@ -168,8 +192,9 @@ def _check(obj: Any, required: dict, optional: dict | None, what: str | Callable
     if optional:
         for key, types in optional.items():
             value = obj.get(key)
-            if value is not None and (not isinstance(value, types)
-                                      or (value is True or value is False) and bool not in types):
+            if value is not None and (
+                not isinstance(value, types) or (value is True or value is False) and bool not in types
+            ):
                 _check_type(value, types, f"{_name(what)}.{key}")
 
 
@@ -226,4 +251,3 @@ def check_protocol(hello: dict[str, Any]) -> None:
             f"protocol version mismatch: peer speaks {theirs}, this dlwatch speaks "
             f"{PROTOCOL_VERSION}; use the same dlwatch version in the job and the monitor"
         )
-

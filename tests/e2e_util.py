@@ -26,8 +26,9 @@ def short_tmpdir(prefix: str = "dlw") -> str:
 class Job:
     """A timed_job.py subprocess with its own runtime dir."""
 
-    def __init__(self, *args: str, runtime_dir: str | None = None, env: dict | None = None,
-                 disable: bool = False) -> None:
+    def __init__(
+        self, *args: str, runtime_dir: str | None = None, env: dict | None = None, disable: bool = False
+    ) -> None:
         self.dir = runtime_dir or short_tmpdir()
         self.workdir = short_tmpdir("dlwout")
         self.out = os.path.join(self.workdir, "out.json")
@@ -40,10 +41,13 @@ class Job:
             e["DLWATCH_DISABLE"] = "1"
         e.update(env or {})
         self.env = e
-        self.proc = subprocess.Popen([sys.executable, str(JOB), "--out", self.out,
-                                      "--trace-dir", self.trace_dir, *args],
-                                     env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     cwd=self.workdir)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(JOB), "--out", self.out, "--trace-dir", self.trace_dir, *args],
+            env=e,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=self.workdir,
+        )
 
     @property
     def socket(self) -> str:
@@ -121,8 +125,9 @@ def stop_sessions(procs: list, grace: float = 10.0) -> None:
 
 def dlwatch(*args: str, runtime_dir: str, timeout: float = 30.0) -> subprocess.CompletedProcess:
     env = dict(os.environ, DLWATCH_DIR=runtime_dir)
-    return subprocess.run([sys.executable, "-m", "dlwatch", *args], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "dlwatch", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def snapshot_json(runtime_dir: str, *extra: str) -> dict:
@@ -148,8 +153,10 @@ def truth_in_window(batches: list, start: int, end: int) -> dict:
             count += 1
         prev = (epoch, t0, t1)
     total = wait + step
-    return {"data_wait_fraction": wait / total if total else None,
-            "batches_per_s": count / ((end - start) / 1e9)}
+    return {
+        "data_wait_fraction": wait / total if total else None,
+        "batches_per_s": count / ((end - start) / 1e9),
+    }
 
 
 def worker_truth(spans: list, start: int, end: int, batch_size: int) -> dict:
@@ -157,9 +164,9 @@ def worker_truth(spans: list, start: int, end: int, batch_size: int) -> dict:
     batches (a worker fetches a batch's samples one after another), the busy
     fraction as the batches' overlap with the window, and the mean batch time
     of the batches that ended inside it."""
-    batches = [(spans[i][0], spans[i + batch_size - 1][1])
-               for i in range(0, len(spans) - batch_size + 1, batch_size)]
+    batches = [
+        (spans[i][0], spans[i + batch_size - 1][1]) for i in range(0, len(spans) - batch_size + 1, batch_size)
+    ]
     busy = sum(overlap(a, b, start, end) for a, b in batches) / (end - start)
     inside = [b - a for a, b in batches if start < b <= end]
-    return {"busy_fraction": busy,
-            "fetch_ms": sum(inside) / len(inside) / 1e6 if inside else None}
+    return {"busy_fraction": busy, "fetch_ms": sum(inside) / len(inside) / 1e6 if inside else None}

@@ -55,6 +55,7 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 # Per-sample and per-batch cost
 # --------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class CostSpec:
     ms: float = 0.0
@@ -123,6 +124,7 @@ def spend(cost: CostSpec, ms: float) -> None:
 # Datasets
 # --------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class DataSpec:
     size: int = 2048
@@ -146,9 +148,7 @@ _RECORD_STR_BYTES = 305
 def _build_records(n: int, bytes_per_sample: int) -> list[tuple[str, ...]]:
     per = max(1, round(bytes_per_sample / _RECORD_STR_BYTES))
     reps = _RECORD_STR_CHARS // 16
-    return [
-        tuple(("%016x" % (i * per + j)) * reps for j in range(per)) for i in range(n)
-    ]
+    return [tuple(("%016x" % (i * per + j)) * reps for j in range(per)) for i in range(n)]
 
 
 class _SyntheticImageSource:
@@ -161,9 +161,7 @@ class _SyntheticImageSource:
         # Built in the trainer before workers exist: forked workers share these
         # pages until they touch them (copy-on-read), spawned ones get a copy.
         self._records = (
-            _build_records(spec.size, spec.leak_bytes_per_sample)
-            if spec.leak_bytes_per_sample > 0
-            else None
+            _build_records(spec.size, spec.leak_bytes_per_sample) if spec.leak_bytes_per_sample > 0 else None
         )
 
     def sample(self, index: int) -> tuple[torch.Tensor, int]:
@@ -232,8 +230,7 @@ class DemoCollate:
     """default_collate plus a fixed per-batch cost and optional deliberate
     memory growth; runs in the worker that built the batch."""
 
-    def __init__(self, cost: CostSpec, batch_cost_ms: float, grow_bytes: int,
-                 grow_limit_bytes: int) -> None:
+    def __init__(self, cost: CostSpec, batch_cost_ms: float, grow_bytes: int, grow_limit_bytes: int) -> None:
         self.cost = cost
         self.batch_cost_ms = batch_cost_ms
         self.grow_bytes = grow_bytes
@@ -272,6 +269,7 @@ class DemoWorkerInit:
 # Model and step
 # --------------------------------------------------------------------------
 
+
 def build_model(channels: int, num_classes: int) -> torch.nn.Module:
     # Deliberately tiny: a step's duration is set by --step-ms, and the real
     # forward/backward only has to stay well below it.
@@ -297,8 +295,9 @@ def _busy_wait_until(deadline: float) -> None:
 
 
 class Trainer:
-    def __init__(self, model: torch.nn.Module, device: torch.device, non_blocking: bool,
-                 step_ms: float, step_kind: str) -> None:
+    def __init__(
+        self, model: torch.nn.Module, device: torch.device, non_blocking: bool, step_ms: float, step_kind: str
+    ) -> None:
         self.model = model.to(device)
         self.device = device
         self.non_blocking = non_blocking
@@ -397,6 +396,7 @@ def _calibrate_gpu_sleep() -> float:
 # --------------------------------------------------------------------------
 # Measurement (the ground truth the monitor is compared against)
 # --------------------------------------------------------------------------
+
 
 class LoaderStats:
     """What the loop measures around one DataLoader, with the same split the
@@ -503,12 +503,19 @@ class Run:
             self.stop_reason = "duration"
         return self.stop_reason is not None
 
-    def run_epoch(self, loader: DataLoader, stats: LoaderStats, step, epoch: int,
-                  limit: int | None) -> None:
+    def run_epoch(self, loader: DataLoader, stats: LoaderStats, step, epoch: int, limit: int | None) -> None:
         perf = time.perf_counter
-        record = {"epoch": epoch, "batches": 0, "wait_s": 0.0, "compute_s": 0.0,
-                  "iter_ms": None, "first_batch_ms": None, "teardown_ms": None,
-                  "epoch_s": None, "end": None}
+        record = {
+            "epoch": epoch,
+            "batches": 0,
+            "wait_s": 0.0,
+            "compute_s": 0.0,
+            "iter_ms": None,
+            "first_batch_ms": None,
+            "teardown_ms": None,
+            "epoch_s": None,
+            "end": None,
+        }
         dataset = loader.dataset
         if isinstance(dataset, SyntheticImageStream):
             dataset.set_epoch(epoch)
@@ -545,8 +552,11 @@ class Run:
                 stats.samples += len(batch[1])
                 step(batch)
                 stats.step_s += perf() - returned
-                if self.hasher is not None and stats is self.train \
-                        and self.hashed < self.args.checksum_batches:
+                if (
+                    self.hasher is not None
+                    and stats is self.train
+                    and self.hashed < self.args.checksum_batches
+                ):
                     _batch_digest(self.hasher, batch)
                     self.hashed += 1
                 del batch
@@ -578,7 +588,8 @@ class Run:
             val = self.val.to_json(record if stats is self.val else None)
         accounted = sum(
             s.wait_s + s.compute_s + s.iter_s + s.teardown_s + s.close_s
-            for s in (self.train, self.val) if s is not None
+            for s in (self.train, self.val)
+            if s is not None
         )
         return {
             "schema": REPORT_SCHEMA,
@@ -593,10 +604,23 @@ class Run:
             "error": self.error,
             "config": self.config,
             # The training loader's figures at top level: what tests compare.
-            **{k: train[k] for k in (
-                "batches", "samples", "wait_s", "compute_s", "step_s", "iter_s",
-                "teardown_s", "data_wait_fraction", "wait_ms_mean", "step_ms_mean",
-                "batches_per_s", "worker_pids")},
+            **{
+                k: train[k]
+                for k in (
+                    "batches",
+                    "samples",
+                    "wait_s",
+                    "compute_s",
+                    "step_s",
+                    "iter_s",
+                    "teardown_s",
+                    "data_wait_fraction",
+                    "wait_ms_mean",
+                    "step_ms_mean",
+                    "batches_per_s",
+                    "worker_pids",
+                )
+            },
             "epochs": train["epochs"],
             "epochs_total": train["epochs_total"],
             "train": train,
@@ -621,6 +645,7 @@ class Run:
 # --------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------
+
 
 def _nonneg_float(text: str) -> float:
     value = float(text)
@@ -660,82 +685,136 @@ def _fraction(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m dlwatch.demo.train",
-        description="Synthetic training job with a tunable input pipeline "
-                    "(dlwatch demo and test workload).",
+        description="Synthetic training job with a tunable input pipeline (dlwatch demo and test workload).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     bool_flag = argparse.BooleanOptionalAction
     g = p.add_argument_group("scenario")
-    g.add_argument("--scenario", metavar="NAME",
-                   help="start from a named scenario's flags; flags given here override them")
+    g.add_argument(
+        "--scenario",
+        metavar="NAME",
+        help="start from a named scenario's flags; flags given here override them",
+    )
     g.add_argument("--list-scenarios", action="store_true", help="print the scenarios and exit")
 
     g = p.add_argument_group("dataset")
     g.add_argument("--dataset-size", type=_pos_int, default=2048)
     g.add_argument("--image-size", type=_pos_int, default=32)
-    g.add_argument("--iterable", action=bool_flag, default=False,
-                   help="IterableDataset sharded by worker instead of a map-style dataset")
-    g.add_argument("--sample-ms", type=_nonneg_float, default=0.0,
-                   help="extra cost of producing one sample")
-    g.add_argument("--cost-kind", choices=("sleep", "cpu", "mixed"), default="cpu",
-                   help="sleep: off-CPU like storage reads; cpu: single-threaded work "
-                        "(budgeted in CPU time, so contention stretches it); mixed: half each")
-    g.add_argument("--sample-jitter", type=_fraction, default=0.0,
-                   help="per-sample cost varies uniformly by +- this fraction")
-    g.add_argument("--batch-cost-ms", type=_nonneg_float, default=0.0,
-                   help="extra fixed cost per batch, paid in collate")
-    g.add_argument("--worker-threads", type=_pos_int, default=None,
-                   help="give each worker an intra-op pool of N threads and do the CPU "
-                        "cost as parallel ops (thread oversubscription)")
-    g.add_argument("--leak-bytes-per-sample", type=_nonneg_int, default=0,
-                   help="dataset holds this many bytes of small Python objects per "
-                        "sample and reads them (copy-on-read growth in forked workers)")
-    g.add_argument("--grow-bytes-per-batch", type=_nonneg_int, default=0,
-                   help="each worker keeps this many bytes per batch it builds")
-    g.add_argument("--grow-limit-bytes", type=_nonneg_int, default=256 << 20,
-                   help="stop growing a worker past this many kept bytes")
+    g.add_argument(
+        "--iterable",
+        action=bool_flag,
+        default=False,
+        help="IterableDataset sharded by worker instead of a map-style dataset",
+    )
+    g.add_argument("--sample-ms", type=_nonneg_float, default=0.0, help="extra cost of producing one sample")
+    g.add_argument(
+        "--cost-kind",
+        choices=("sleep", "cpu", "mixed"),
+        default="cpu",
+        help="sleep: off-CPU like storage reads; cpu: single-threaded work "
+        "(budgeted in CPU time, so contention stretches it); mixed: half each",
+    )
+    g.add_argument(
+        "--sample-jitter",
+        type=_fraction,
+        default=0.0,
+        help="per-sample cost varies uniformly by +- this fraction",
+    )
+    g.add_argument(
+        "--batch-cost-ms", type=_nonneg_float, default=0.0, help="extra fixed cost per batch, paid in collate"
+    )
+    g.add_argument(
+        "--worker-threads",
+        type=_pos_int,
+        default=None,
+        help="give each worker an intra-op pool of N threads and do the CPU "
+        "cost as parallel ops (thread oversubscription)",
+    )
+    g.add_argument(
+        "--leak-bytes-per-sample",
+        type=_nonneg_int,
+        default=0,
+        help="dataset holds this many bytes of small Python objects per "
+        "sample and reads them (copy-on-read growth in forked workers)",
+    )
+    g.add_argument(
+        "--grow-bytes-per-batch",
+        type=_nonneg_int,
+        default=0,
+        help="each worker keeps this many bytes per batch it builds",
+    )
+    g.add_argument(
+        "--grow-limit-bytes",
+        type=_nonneg_int,
+        default=256 << 20,
+        help="stop growing a worker past this many kept bytes",
+    )
 
     g = p.add_argument_group("DataLoader")
     g.add_argument("--num-workers", type=_nonneg_int, default=2)
     g.add_argument("--batch-size", type=_pos_int, default=32)
-    g.add_argument("--pin-memory", action=bool_flag, default=None,
-                   help="default: on when the device is CUDA")
+    g.add_argument("--pin-memory", action=bool_flag, default=None, help="default: on when the device is CUDA")
     g.add_argument("--persistent-workers", action=bool_flag, default=False)
-    g.add_argument("--prefetch-factor", type=_pos_int, default=None,
-                   help="default: torch's (2)")
-    g.add_argument("--start-method", choices=("fork", "spawn", "forkserver"), default=None,
-                   help="worker multiprocessing context (default: the platform's)")
+    g.add_argument("--prefetch-factor", type=_pos_int, default=None, help="default: torch's (2)")
+    g.add_argument(
+        "--start-method",
+        choices=("fork", "spawn", "forkserver"),
+        default=None,
+        help="worker multiprocessing context (default: the platform's)",
+    )
     g.add_argument("--shuffle", action=bool_flag, default=True)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--drop-last", action=bool_flag, default=False)
 
     g = p.add_argument_group("model and step")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    g.add_argument("--step-ms", type=_nonneg_float, default=0.0,
-                   help="target time of one training step (0: the real model's time)")
-    g.add_argument("--step-kind", choices=("auto", "sleep", "cpu", "gpu"), default="auto",
-                   help="how a step is padded to --step-ms: sleep (off-CPU, like waiting "
-                        "on a GPU), cpu (busy main thread), gpu (spin kernel); "
-                        "auto: gpu on CUDA, else sleep")
+    g.add_argument(
+        "--step-ms",
+        type=_nonneg_float,
+        default=0.0,
+        help="target time of one training step (0: the real model's time)",
+    )
+    g.add_argument(
+        "--step-kind",
+        choices=("auto", "sleep", "cpu", "gpu"),
+        default="auto",
+        help="how a step is padded to --step-ms: sleep (off-CPU, like waiting "
+        "on a GPU), cpu (busy main thread), gpu (spin kernel); "
+        "auto: gpu on CUDA, else sleep",
+    )
 
     g = p.add_argument_group("run")
     g.add_argument("--epochs", type=_nonneg_int, default=2, help="0: until stopped")
     g.add_argument("--steps-per-epoch", type=_pos_int, default=None)
-    g.add_argument("--duration", type=_pos_float, default=None,
-                   help="stop after this many seconds (checked every step)")
-    g.add_argument("--val", action=bool_flag, default=False,
-                   help="also iterate a validation loader after each epoch")
-    g.add_argument("--val-size", type=_pos_int, default=None,
-                   help="validation samples (default: a fifth of --dataset-size)")
+    g.add_argument(
+        "--duration", type=_pos_float, default=None, help="stop after this many seconds (checked every step)"
+    )
+    g.add_argument(
+        "--val", action=bool_flag, default=False, help="also iterate a validation loader after each epoch"
+    )
+    g.add_argument(
+        "--val-size",
+        type=_pos_int,
+        default=None,
+        help="validation samples (default: a fifth of --dataset-size)",
+    )
 
     g = p.add_argument_group("output")
     g.add_argument("--report", metavar="PATH", help="write the loop's own measurements as JSON")
-    g.add_argument("--report-interval", type=_pos_float, default=None, metavar="S",
-                   help="also rewrite the report every S seconds (atomically)")
-    g.add_argument("--checksum-batches", type=_nonneg_int, default=8,
-                   help="hash the first N training batches into the report's checksum")
-    g.add_argument("--hook", action="store_true",
-                   help="import dlwatch.hook before building the loaders")
+    g.add_argument(
+        "--report-interval",
+        type=_pos_float,
+        default=None,
+        metavar="S",
+        help="also rewrite the report every S seconds (atomically)",
+    )
+    g.add_argument(
+        "--checksum-batches",
+        type=_nonneg_int,
+        default=8,
+        help="hash the first N training batches into the report's checksum",
+    )
+    g.add_argument("--hook", action="store_true", help="import dlwatch.hook before building the loaders")
     g.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return p
 
@@ -785,17 +864,25 @@ def _import_hook() -> str | None:
         import dlwatch.hook  # noqa: F401
     except ModuleNotFoundError as e:
         if e.name in ("dlwatch", "dlwatch.hook"):
-            return (f"--hook: cannot import dlwatch.hook ({e}). Install dlwatch in this "
-                    "environment (pip install -e .), or instrument from outside with "
-                    "`dlwatch run -- python -m dlwatch.demo.train ...`.")
+            return (
+                f"--hook: cannot import dlwatch.hook ({e}). Install dlwatch in this "
+                "environment (pip install -e .), or instrument from outside with "
+                "`dlwatch run -- python -m dlwatch.demo.train ...`."
+            )
         raise
     return None
 
 
-def make_loader(args, dataset, collate, worker_init, generator, shuffle: bool,
-                pin_memory: bool) -> DataLoader:
-    kwargs = dict(batch_size=args.batch_size, drop_last=args.drop_last,
-                  pin_memory=pin_memory, collate_fn=collate, num_workers=args.num_workers)
+def make_loader(
+    args, dataset, collate, worker_init, generator, shuffle: bool, pin_memory: bool
+) -> DataLoader:
+    kwargs = dict(
+        batch_size=args.batch_size,
+        drop_last=args.drop_last,
+        pin_memory=pin_memory,
+        collate_fn=collate,
+        num_workers=args.num_workers,
+    )
     if not isinstance(dataset, IterableDataset):
         kwargs.update(shuffle=shuffle, generator=generator)
     if args.num_workers > 0:
@@ -829,10 +916,15 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     pin_memory = device.type == "cuda" if args.pin_memory is None else args.pin_memory
     if args.num_workers == 0:
-        ignored = [flag for flag, on in (
-            ("--persistent-workers", args.persistent_workers),
-            ("--prefetch-factor", args.prefetch_factor is not None),
-            ("--start-method", args.start_method is not None)) if on]
+        ignored = [
+            flag
+            for flag, on in (
+                ("--persistent-workers", args.persistent_workers),
+                ("--prefetch-factor", args.prefetch_factor is not None),
+                ("--start-method", args.start_method is not None),
+            )
+            if on
+        ]
         if ignored:
             _log(args, f"num_workers=0: ignoring {', '.join(ignored)}")
 
@@ -840,8 +932,7 @@ def main(argv: list[str] | None = None) -> int:
     # would only add overhead (tens of ms per step on 2 cores) and compete with
     # the workers whose load the demo is meant to show. Without workers the
     # trainer is the one loading data, so --worker-threads applies to it.
-    torch.set_num_threads(args.worker_threads if args.num_workers == 0 and args.worker_threads
-                          else 1)
+    torch.set_num_threads(args.worker_threads if args.num_workers == 0 and args.worker_threads else 1)
 
     if args.hook:
         problem = _import_hook()
@@ -851,62 +942,81 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(args.seed)
     cost = CostSpec(args.sample_ms, args.cost_kind, args.worker_threads or 1)
-    spec = DataSpec(size=args.dataset_size, image_size=args.image_size, seed=args.seed,
-                    cost=cost, jitter=args.sample_jitter,
-                    leak_bytes_per_sample=args.leak_bytes_per_sample,
-                    shuffle=args.shuffle)
+    spec = DataSpec(
+        size=args.dataset_size,
+        image_size=args.image_size,
+        seed=args.seed,
+        cost=cost,
+        jitter=args.sample_jitter,
+        leak_bytes_per_sample=args.leak_bytes_per_sample,
+        shuffle=args.shuffle,
+    )
     dataset_cls = SyntheticImageStream if args.iterable else SyntheticImages
     train_set = dataset_cls(spec)
-    collate = DemoCollate(cost, args.batch_cost_ms, args.grow_bytes_per_batch,
-                          args.grow_limit_bytes)
+    collate = DemoCollate(cost, args.batch_cost_ms, args.grow_bytes_per_batch, args.grow_limit_bytes)
     worker_init = DemoWorkerInit(args.worker_threads)
-    train_loader = make_loader(args, train_set, collate, worker_init,
-                               torch.Generator().manual_seed(args.seed), args.shuffle,
-                               pin_memory)
+    train_loader = make_loader(
+        args,
+        train_set,
+        collate,
+        worker_init,
+        torch.Generator().manual_seed(args.seed),
+        args.shuffle,
+        pin_memory,
+    )
     val_loader = None
     if args.val:
         val_size = args.val_size or max(1, args.dataset_size // 5)
         # A different seed so validation images differ from training ones.
-        val_spec = replace(spec, size=val_size, seed=args.seed + 1, shuffle=False,
-                           leak_bytes_per_sample=0)
-        val_loader = make_loader(args, dataset_cls(val_spec), collate, worker_init,
-                                 None, False, pin_memory)
+        val_spec = replace(spec, size=val_size, seed=args.seed + 1, shuffle=False, leak_bytes_per_sample=0)
+        val_loader = make_loader(args, dataset_cls(val_spec), collate, worker_init, None, False, pin_memory)
 
-    trainer = Trainer(build_model(spec.channels, spec.num_classes), device, pin_memory,
-                      args.step_ms, step_kind)
-    trainer.warm_up((args.batch_size, spec.channels, spec.image_size, spec.image_size),
-                    spec.num_classes)
+    trainer = Trainer(
+        build_model(spec.channels, spec.num_classes), device, pin_memory, args.step_ms, step_kind
+    )
+    trainer.warm_up((args.batch_size, spec.channels, spec.image_size, spec.image_size), spec.num_classes)
     config = dict(vars(args))
-    config.update(device=str(device), step_kind=step_kind, pin_memory=pin_memory,
-                  start_method=(args.start_method or torch.multiprocessing.get_start_method())
-                  if args.num_workers else None,
-                  torch_version=torch.__version__, argv=argv,
-                  cpu_count=os.cpu_count())
+    config.update(
+        device=str(device),
+        step_kind=step_kind,
+        pin_memory=pin_memory,
+        start_method=(args.start_method or torch.multiprocessing.get_start_method())
+        if args.num_workers
+        else None,
+        torch_version=torch.__version__,
+        argv=argv,
+        cpu_count=os.cpu_count(),
+    )
 
     run = Run(args, config)
     run.stop.install()
-    _log(args, f"{args.num_workers} workers ({config['start_method'] or 'in-process'}), "
-               f"batch {args.batch_size}, {args.cost_kind} {args.sample_ms:g} ms/sample, "
-               f"step {args.step_ms:g} ms ({step_kind}), device {device}"
-               + (f", scenario {args.scenario}" if args.scenario else ""))
+    _log(
+        args,
+        f"{args.num_workers} workers ({config['start_method'] or 'in-process'}), "
+        f"batch {args.batch_size}, {args.cost_kind} {args.sample_ms:g} ms/sample, "
+        f"step {args.step_ms:g} ms ({step_kind}), device {device}"
+        + (f", scenario {args.scenario}" if args.scenario else ""),
+    )
     try:
         epoch = 0
         while args.epochs == 0 or epoch < args.epochs:
             run.phase = "train"
             before = (run.train.batches, run.train.wait_s, run.train.compute_s)
-            run.run_epoch(train_loader, run.train, trainer.train_step, epoch,
-                          args.steps_per_epoch)
+            run.run_epoch(train_loader, run.train, trainer.train_step, epoch, args.steps_per_epoch)
             last = run.train.epochs[-1]
-            line = (f"epoch {epoch}: {last['batches']} batches in {last['epoch_s']:.2f} s, "
-                    f"first batch {last['first_batch_ms'] or 0:.0f} ms, "
-                    f"data wait {_pct(run.train.wait_s - before[1], run.train.compute_s - before[2])}")
+            line = (
+                f"epoch {epoch}: {last['batches']} batches in {last['epoch_s']:.2f} s, "
+                f"first batch {last['first_batch_ms'] or 0:.0f} ms, "
+                f"data wait {_pct(run.train.wait_s - before[1], run.train.compute_s - before[2])}"
+            )
             if val_loader is not None and run.stop_reason is None:
                 run.phase = "val"
                 vb = (run.val.wait_s, run.val.compute_s)
-                run.run_epoch(val_loader, run.val, trainer.val_step, epoch,
-                              args.steps_per_epoch)
-                line += (f"; val {run.val.epochs[-1]['batches']} batches, data wait "
-                         f"{_pct(run.val.wait_s - vb[0], run.val.compute_s - vb[1])}")
+                run.run_epoch(val_loader, run.val, trainer.val_step, epoch, args.steps_per_epoch)
+                line += (
+                    f"; val {run.val.epochs[-1]['batches']} batches, data wait "
+                    f"{_pct(run.val.wait_s - vb[0], run.val.compute_s - vb[1])}"
+                )
             _log(args, line)
             epoch += 1
             if run.stop_reason is not None:
@@ -928,9 +1038,11 @@ def main(argv: list[str] | None = None) -> int:
         for loader in (train_loader, val_loader):
             _close_loader(loader)
     s = run.train
-    _log(args, f"done: {s.batches} batches in {elapsed_loop:.2f} s, data wait "
-               f"{_pct(s.wait_s, s.compute_s)}"
-               + (f" (stopped: {run.stop_reason})" if run.stop_reason else ""))
+    _log(
+        args,
+        f"done: {s.batches} batches in {elapsed_loop:.2f} s, data wait "
+        f"{_pct(s.wait_s, s.compute_s)}" + (f" (stopped: {run.stop_reason})" if run.stop_reason else ""),
+    )
     return EXIT_OK
 
 

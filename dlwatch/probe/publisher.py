@@ -39,7 +39,7 @@ MAX_CLIENTS = 32
 REBIND_CHECK_S = 2.0
 
 _lock = threading.Lock()
-_publisher: "Publisher | None" = None
+_publisher: Publisher | None = None
 _disabled_reason: str | None = None
 
 
@@ -80,7 +80,7 @@ def _stop_at_exit() -> None:
         pub.close()
 
 
-def current() -> "Publisher | None":
+def current() -> Publisher | None:
     return _publisher
 
 
@@ -278,7 +278,10 @@ class Publisher:
         except Exception:
             cuda_init = None
         return {
-            "type": "window", "seq": self._seq, "t": time.time(), "mono_ns": now,
+            "type": "window",
+            "seq": self._seq,
+            "t": time.time(),
+            "mono_ns": now,
             "loaders": loaders,
             "main": {"cuda_initialized": cuda_init, "py_threads": threading.active_count()},
         }
@@ -352,9 +355,9 @@ class Publisher:
             # The same frames a live client of this pace would have had
             # (the history holds frames up to self._seq, newest last).
             first = (len(history) - 1 - self._seq % c.every) % c.every if history else 0
-            history = history[first::c.every]
+            history = history[first :: c.every]
         if isinstance(want, int) and not isinstance(want, bool) and want >= 0:
-            history = history[len(history) - min(len(history), want):]
+            history = history[len(history) - min(len(history), want) :]
         # Replay only the newest frames that fit in half the backlog: a big
         # history must not get a client that reads normally dropped at once.
         budget, keep = MAX_CLIENT_BACKLOG // 2, 0
@@ -363,9 +366,13 @@ class Publisher:
                 break
             budget -= len(frame)
             keep += 1
-        history = history[len(history) - keep:]
-        hello = {"type": "hello", "protocol": wire.PROTOCOL_VERSION, "job": self._job,
-                 "history": len(history)}
+        history = history[len(history) - keep :]
+        hello = {
+            "type": "hello",
+            "protocol": wire.PROTOCOL_VERSION,
+            "job": self._job,
+            "history": len(history),
+        }
         self._queue(c, wire.encode(hello))
         for frame in history:
             if c.closing:

@@ -29,10 +29,26 @@ DEAD_LOADER_KEEP_NS = 10 * 10**9
 
 class LoaderStats:
     __slots__ = (
-        "id", "loader_ref", "config", "epoch", "batches", "wait_ns", "step_ns",
-        "teardown_ns", "t_enter", "t_last", "epoch_t0", "first_pending",
-        "epoch_start_ms", "epoch_ms", "iter_ref", "slots", "slots_view",
-        "num_workers", "dead_since", "__weakref__",
+        "id",
+        "loader_ref",
+        "config",
+        "epoch",
+        "batches",
+        "wait_ns",
+        "step_ns",
+        "teardown_ns",
+        "t_enter",
+        "t_last",
+        "epoch_t0",
+        "first_pending",
+        "epoch_start_ms",
+        "epoch_ms",
+        "iter_ref",
+        "slots",
+        "slots_view",
+        "num_workers",
+        "dead_since",
+        "__weakref__",
     )
 
     def __init__(self, loader_id: int, loader, config: dict) -> None:
@@ -104,19 +120,21 @@ class LoaderStats:
         if not loader_alive and it is None and not self.dead_since:
             self.dead_since = now_ns
         out = dict(self.config)
-        out.update({
-            "id": self.id,
-            "epoch": self.epoch,
-            "batches": self.batches,
-            "wait_ns": wait,
-            "step_ns": step,
-            "teardown_ns": self.teardown_ns,
-            "active": it is not None and loader_alive,
-            "epoch_start_ms": [round(x, 3) for x in self.epoch_start_ms],
-            "epoch_ms": [round(x, 3) for x in self.epoch_ms],
-            "queue": _queue_state(it, self.num_workers),
-            "workers": workers,
-        })
+        out.update(
+            {
+                "id": self.id,
+                "epoch": self.epoch,
+                "batches": self.batches,
+                "wait_ns": wait,
+                "step_ns": step,
+                "teardown_ns": self.teardown_ns,
+                "active": it is not None and loader_alive,
+                "epoch_start_ms": [round(x, 3) for x in self.epoch_start_ms],
+                "epoch_ms": [round(x, 3) for x in self.epoch_ms],
+                "queue": _queue_state(it, self.num_workers),
+                "workers": workers,
+            }
+        )
         return out
 
 
@@ -207,7 +225,10 @@ def _start_method(loader) -> str | None:
     try:
         if ctx is not None:
             return str(ctx.get_start_method())
-        return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
+        return (
+            multiprocessing.get_start_method(allow_none=True)
+            or multiprocessing.get_context().get_start_method()
+        )
     except Exception:
         return None
 
@@ -235,8 +256,7 @@ class Registry:
     def _trim(self) -> None:
         if len(self._by_loader) <= MAX_LOADERS:
             return
-        dead = [k for k, s in self._by_loader.items()
-                if s.loader_ref is None or s.loader_ref() is None]
+        dead = [k for k, s in self._by_loader.items() if s.loader_ref is None or s.loader_ref() is None]
         for k in dead[: len(self._by_loader) - MAX_LOADERS]:
             del self._by_loader[k]
         while len(self._by_loader) > MAX_LOADERS:
@@ -247,8 +267,11 @@ class Registry:
         longer than DEAD_LOADER_KEEP_NS."""
         with self._lock:
             if now_ns is not None:
-                gone = [k for k, s in self._by_loader.items()
-                        if s.dead_since and now_ns - s.dead_since > DEAD_LOADER_KEEP_NS]
+                gone = [
+                    k
+                    for k, s in self._by_loader.items()
+                    if s.dead_since and now_ns - s.dead_since > DEAD_LOADER_KEEP_NS
+                ]
                 for k in gone:
                     del self._by_loader[k]
             return sorted(self._by_loader.values(), key=lambda s: s.id)
@@ -257,4 +280,3 @@ class Registry:
         self._by_loader = {}
         self._next_id = 0
         self._lock = threading.Lock()
-

@@ -136,7 +136,14 @@ def read_workers(view: memoryview, count: int, now_ns: int, fallback_pids=()) ->
         fetch_ns = view[b + FETCH_NS]
         cur = view[b + CUR_START_NS]
         busy = fetch_ns + (now_ns - cur if 0 < cur <= now_ns else 0)
-        out.append({"id": i, "pid": int(pid or 0), "batches": int(view[b + BATCHES]),
-                    "fetch_ns": int(fetch_ns), "busy_ns": int(busy),
-                    "started_ns": int(view[b + STARTED_NS])})
+        out.append(
+            {
+                "id": i,
+                "pid": int(pid or 0),
+                "batches": int(view[b + BATCHES]),
+                "fetch_ns": int(fetch_ns),
+                "busy_ns": int(busy),
+                "started_ns": int(view[b + STARTED_NS]),
+            }
+        )
     return out

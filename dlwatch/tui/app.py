@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from rich.style import Style
 from rich.text import Text
@@ -133,10 +134,17 @@ class DlwatchApp(App):
         Binding("d", "dismiss_job", "dismiss"),
     ]
 
-    def __init__(self, source: Source, interval: float = 0.5, *, runtime_dir: str | None = None,
-                 clock: Callable[[], float] = time.time,
-                 time_format: Callable[[float], str] = local_time,
-                 version: str = __version__, **kwargs) -> None:
+    def __init__(
+        self,
+        source: Source,
+        interval: float = 0.5,
+        *,
+        runtime_dir: str | None = None,
+        clock: Callable[[], float] = time.time,
+        time_format: Callable[[float], str] = local_time,
+        version: str = __version__,
+        **kwargs,
+    ) -> None:
         super().__init__(**kwargs)
         self.source = source
         self.interval = max(0.05, float(interval))
@@ -219,9 +227,14 @@ class DlwatchApp(App):
                 return fallback
             return value or fallback
 
-        return fmt.Palette(good=style("success", "green"), warn=style("warning", "yellow"),
-                           bad=style("error", "red"), info=style("primary", "cyan"),
-                           dim="dim", accent=style("primary", "bold"))
+        return fmt.Palette(
+            good=style("success", "green"),
+            warn=style("warning", "yellow"),
+            bad=style("error", "red"),
+            info=style("primary", "cyan"),
+            dim="dim",
+            accent=style("primary", "bold"),
+        )
 
     # ------------------------------------------------------------ data flow
 
@@ -240,8 +253,11 @@ class DlwatchApp(App):
             self.snapshot = snap
         if self.snapshot is not self._drawn:
             self.redraw()
-        elif self._partial and self._full_at is not None \
-                and time.monotonic() - self._full_at >= FULL_REDRAW_S + self.interval:
+        elif (
+            self._partial
+            and self._full_at is not None
+            and time.monotonic() - self._full_at >= FULL_REDRAW_S + self.interval
+        ):
             # The source went quiet after a partial redraw (paused, stalled,
             # a job that ended): finish it rather than leave panels behind.
             self.redraw(full=True)
@@ -252,8 +268,11 @@ class DlwatchApp(App):
         snap = self.snapshot
         if snap is None or not self._dismissed:
             return snap
-        jobs = [j for j in fmt.lst(snap.get("jobs"))
-                if not (isinstance(j, dict) and j.get("pid") in self._dismissed and job_state(j) != "live")]
+        jobs = [
+            j
+            for j in fmt.lst(snap.get("jobs"))
+            if not (isinstance(j, dict) and j.get("pid") in self._dismissed and job_state(j) != "live")
+        ]
         return {**snap, "jobs": jobs}
 
     def redraw(self, full: bool = False) -> None:
@@ -273,10 +292,17 @@ class DlwatchApp(App):
         job = self.selected_job()
         now = time.monotonic()
         # A change of jobs, states, selection or layout is drawn in full at once.
-        shape = (tuple((r.key, r.state) for r in rows), self.selected_key, wide, pal, snap is None,
-                 len(fmt.lst(job.get("loaders"))) if job else -1)
-        if not (full or self._full_at is None or now - self._full_at >= FULL_REDRAW_S
-                or shape != self._full_shape):
+        shape = (
+            tuple((r.key, r.state) for r in rows),
+            self.selected_key,
+            wide,
+            pal,
+            snap is None,
+            len(fmt.lst(job.get("loaders"))) if job else -1,
+        )
+        if not (
+            full or self._full_at is None or now - self._full_at >= FULL_REDRAW_S or shape != self._full_shape
+        ):
             self._guard("job list", screen.ref("#jobs", JobList).show, rows, self.selected_key, pal)
             self._guard("job", self._draw_headline, screen, job, pal, wide)
             self._partial = True
@@ -302,17 +328,28 @@ class DlwatchApp(App):
 
     def _draw_status(self) -> None:
         screen = self._monitor()
-        set_static(screen.ref("#status", TextLine), status_text(
-            version=self.version, snapshot=self.snapshot, rows=self.rows, interval=self.interval,
-            paused=self.paused, now=self.clock(), time_format=self.time_format, pal=self.palette,
-            source_error=self.source_error))
+        set_static(
+            screen.ref("#status", TextLine),
+            status_text(
+                version=self.version,
+                snapshot=self.snapshot,
+                rows=self.rows,
+                interval=self.interval,
+                paused=self.paused,
+                now=self.clock(),
+                time_format=self.time_format,
+                pal=self.palette,
+                source_error=self.source_error,
+            ),
+        )
         error = screen.ref("#error", Static)
         error.display = bool(self.errors)
         if self.errors:
             what, msg = next(iter(self.errors.items()))
             more = f" (+{len(self.errors) - 1} more)" if len(self.errors) > 1 else ""
-            set_static(error, Text(f"✖ could not draw {what}: {msg}{more}; the rest is live",
-                                   self.palette.bad))
+            set_static(
+                error, Text(f"✖ could not draw {what}: {msg}{more}; the rest is live", self.palette.bad)
+            )
 
     def _draw_host(self, screen: Screen, snap: dict | None, pal: fmt.Palette, wide: bool) -> None:
         host = screen.ref("#host", HostLine)
@@ -326,8 +363,9 @@ class DlwatchApp(App):
         for panel, ld in zip(panels, loaders):
             panel.show_headline(ld, pal, wide)
 
-    def _draw_job(self, screen: Screen, snap: dict | None, job: dict | None,
-                  pal: fmt.Palette, wide: bool) -> None:
+    def _draw_job(
+        self, screen: Screen, snap: dict | None, job: dict | None, pal: fmt.Palette, wide: bool
+    ) -> None:
         header = screen.ref("#job-header", TextLine)
         message = screen.ref("#message", Static)
         loaders_box = screen.ref("#loaders", Vertical)
@@ -343,12 +381,17 @@ class DlwatchApp(App):
         loaders = [ld for ld in fmt.lst(job.get("loaders")) if isinstance(ld, dict)]
         message.display = not loaders
         if not loaders:
-            set_static(message, Text("this job has no DataLoader iterator yet: figures appear "
-                                     "at the first iter(loader)", pal.dim))
+            set_static(
+                message,
+                Text(
+                    "this job has no DataLoader iterator yet: figures appear at the first iter(loader)",
+                    pal.dim,
+                ),
+            )
         loaders_box.display = bool(loaders)
         panels = list(loaders_box.query_children(LoaderPanel))
         # Panels are reused by position: switching jobs updates them in place.
-        for panel in panels[len(loaders):]:
+        for panel in panels[len(loaders) :]:
             panel.remove()
         for i, ld in enumerate(loaders):
             if i < len(panels):
@@ -367,6 +410,7 @@ class DlwatchApp(App):
         if where is None:
             try:
                 from dlwatch.rundir import runtime_dir
+
                 where = runtime_dir()
             except Exception:
                 where = "the runtime directory"
@@ -467,15 +511,19 @@ class DlwatchApp(App):
         for command in super().get_system_commands(screen):
             if command.title not in ("Keys", "Screenshot"):
                 yield command
-        yield SystemCommand("Pause / resume", "Stop or restart updating the display (p)",
-                            self.action_toggle_pause)
-        yield SystemCommand("Save screenshot", "Write an SVG of the screen to the current directory (s)",
-                            self.action_screenshot)
+        yield SystemCommand(
+            "Pause / resume", "Stop or restart updating the display (p)", self.action_toggle_pause
+        )
+        yield SystemCommand(
+            "Save screenshot",
+            "Write an SVG of the screen to the current directory (s)",
+            self.action_screenshot,
+        )
         yield SystemCommand("Next job", "Select the next job (tab, j)", self.action_next_job)
-        yield SystemCommand("Previous job", "Select the previous job (shift+tab, k)",
-                            self.action_prev_job)
-        yield SystemCommand("Dismiss exited job", "Forget the selected exited job (d)",
-                            self.action_dismiss_job)
+        yield SystemCommand("Previous job", "Select the previous job (shift+tab, k)", self.action_prev_job)
+        yield SystemCommand(
+            "Dismiss exited job", "Forget the selected exited job (d)", self.action_dismiss_job
+        )
         yield SystemCommand("Keys", "Show the key bindings and the legend (?)", self.action_help)
 
 

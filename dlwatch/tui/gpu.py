@@ -8,11 +8,11 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
-from dlwatch.tui.textline import TextLine
 
 from dlwatch.tui import fmt
 from dlwatch.tui.keyed import set_static
 from dlwatch.tui.sparkline import FixedSparkline
+from dlwatch.tui.textline import TextLine
 
 MEM_BAR = 10
 
@@ -122,6 +122,9 @@ class GpuPanel(Vertical):
             util = fmt.num(g.get("util_percent"))
             used, total = fmt.num(g.get("mem_used_bytes")), fmt.num(g.get("mem_total_bytes"))
             mem = fmt.pct(used / total) if used is not None and total else fmt.NA
-            parts.append(Text.assemble((f"GPU{fmt.count(g.get('index'))} ", "bold"),
-                                       f"util {fmt.pct100(util)} mem {mem}"))
+            parts.append(
+                Text.assemble(
+                    (f"GPU{fmt.count(g.get('index'))} ", "bold"), f"util {fmt.pct100(util)} mem {mem}"
+                )
+            )
         return fmt.join(parts, pal=pal)

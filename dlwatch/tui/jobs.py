@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from dlwatch.tui import fmt
 from dlwatch.tui.linetable import Column, LineTable
 
@@ -93,12 +92,22 @@ def group_jobs(jobs: Any) -> list[JobRow]:
         out.append(row)
         if row.kind == "run":
             gk = (row.run_id, row.world_size or 0)
-            ranked = sorted(members[gk], key=lambda m: (fmt.intval(m[1].get("rank")) is None,
-                                                       fmt.intval(m[1].get("rank")) or 0))
+            ranked = sorted(
+                members[gk],
+                key=lambda m: (fmt.intval(m[1].get("rank")) is None, fmt.intval(m[1].get("rank")) or 0),
+            )
             row.jobs = [j for _, j in ranked]
             for i, j in ranked:
-                out.append(JobRow(key=job_key(j, i), kind="job", jobs=[j], index=i,
-                                  run_id=row.run_id, world_size=row.world_size))
+                out.append(
+                    JobRow(
+                        key=job_key(j, i),
+                        kind="job",
+                        jobs=[j],
+                        index=i,
+                        run_id=row.run_id,
+                        world_size=row.world_size,
+                    )
+                )
     return out
 
 
@@ -113,8 +122,11 @@ class JobList(LineTable):
     WIDTHS = {"job": 14, "command": 30, "state": 8, "wait": 9, "batch/s": 7}
 
     def __init__(self, **kwargs) -> None:
-        super().__init__([Column(c, c, self.WIDTHS[c], "right" if c == "batch/s" else "left")
-                          for c in self.COLUMNS], cursor=True, **kwargs)
+        super().__init__(
+            [Column(c, c, self.WIDTHS[c], "right" if c == "batch/s" else "left") for c in self.COLUMNS],
+            cursor=True,
+            **kwargs,
+        )
         self.rows_model: list[JobRow] = []
 
     def on_mount(self) -> None:

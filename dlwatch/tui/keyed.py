@@ -20,8 +20,16 @@ from textual.widgets import Static
 def text_key(value: Any) -> Any:
     """What a cell or line looks like, as a comparable value."""
     if isinstance(value, Text):
-        return ("Text", value.plain, str(value.style), value.justify, value.overflow,
-                value.no_wrap, value.end, tuple((s.start, s.end, str(s.style)) for s in value.spans))
+        return (
+            "Text",
+            value.plain,
+            str(value.style),
+            value.justify,
+            value.overflow,
+            value.no_wrap,
+            value.end,
+            tuple((s.start, s.end, str(s.style)) for s in value.spans),
+        )
     return value
 
 

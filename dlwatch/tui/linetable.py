@@ -11,8 +11,8 @@ repainted. Columns have fixed widths so figures never make the table jitter.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence, Union
 
 from rich.cells import cell_len
 from rich.segment import Segment
@@ -33,7 +33,7 @@ CELL_CACHE_MAX = 4096  # rendered cells kept (a few screens' worth); then start 
 # hash as they are and render straight to segments, with none of the cost of
 # building, comparing and rendering a Text for every figure twice a second.
 Runs = tuple[tuple[str, str], ...]
-Cell = Union[Text, str, Runs]
+Cell = Text | str | Runs
 
 
 def cell_sig(cell: Cell) -> object:
@@ -124,8 +124,9 @@ class LineTable(ScrollView, can_focus=False):
     }
     """
 
-    def __init__(self, columns: Sequence[Column], *, zebra: bool = False, cursor: bool = False,
-                 **kwargs) -> None:
+    def __init__(
+        self, columns: Sequence[Column], *, zebra: bool = False, cursor: bool = False, **kwargs
+    ) -> None:
         super().__init__(**kwargs)
         self.columns: list[Column] = list(columns)
         self.zebra = zebra
@@ -156,7 +157,9 @@ class LineTable(ScrollView, can_focus=False):
     def get_row(self, key: str) -> list[Text]:
         return [as_text(c) for c in self._rows[self._index[key]].cells]
 
-    def set_rows(self, rows: Sequence[tuple[str, Sequence[Cell]]], cursor_key: str | None = None) -> list[int]:
+    def set_rows(
+        self, rows: Sequence[tuple[str, Sequence[Cell]]], cursor_key: str | None = None
+    ) -> list[int]:
         """Show ``rows`` (key, cells) in this order; returns the indexes of
         the rows that look different from before. Only the cells that
         changed are repainted (and sent to the terminal)."""
@@ -256,8 +259,9 @@ class LineTable(ScrollView, can_focus=False):
             )
         return self._line_style_cache
 
-    def _line(self, cells: Sequence[Cell], pre: Style, post: Style | None, width: int,
-              sig: tuple | None = None) -> Strip:
+    def _line(
+        self, cells: Sequence[Cell], pre: Style, post: Style | None, width: int, sig: tuple | None = None
+    ) -> Strip:
         # Cells are rendered once per look and column: in a row that changed,
         # most cells (PID, RSS, state...) did not.
         cache = self._cell_cache
@@ -280,8 +284,9 @@ class LineTable(ScrollView, can_focus=False):
             used = sum(cell_len(text) for text, _ in runs)
             if used <= column.width and "\n" not in "".join(text for text, _ in runs):
                 gap = Segment(" " * (column.width - used))
-                body = [Segment(text, console.get_style(style) if style else None)
-                        for text, style in runs if text]
+                body = [
+                    Segment(text, console.get_style(style) if style else None) for text, style in runs if text
+                ]
                 if column.justify == "right":
                     return [blank, gap, *body, blank]
                 return [blank, *body, gap, blank]

@@ -120,8 +120,10 @@ class WaitGauge(Horizontal):
         if not history:
             return  # the history moves once a second: drawn with the rest of the screen
         spark = self._spark
-        history = [None if fmt.num(v) is None else fmt.num(v) * 100
-                   for v in fmt.lst(fmt.d(ld.get("history")).get("data_wait_fraction"))]
+        history = [
+            None if fmt.num(v) is None else fmt.num(v) * 100
+            for v in fmt.lst(fmt.d(ld.get("history")).get("data_wait_fraction"))
+        ]
         spark.set_values(history, lambda v: pal.level(fmt.wait_level(v / 100)) or "", pal)
         set_static(self._axis, Text("history, 1 sample/s, fixed scale 0–100 %", pal.dim))
 
@@ -144,8 +146,15 @@ class LoaderPanel(Vertical):
         self._notes = Static(id="worker-notes")
 
     def compose(self) -> ComposeResult:
-        yield from (self._title, self._gauge, self._stats, self._queue, self._table,
-                    self._no_workers, self._notes)
+        yield from (
+            self._title,
+            self._gauge,
+            self._stats,
+            self._queue,
+            self._table,
+            self._no_workers,
+            self._notes,
+        )
 
     def on_mount(self) -> None:
         self._composed = True
@@ -193,9 +202,15 @@ class LoaderPanel(Vertical):
         no_workers.display = not workers
         if not workers:
             nw = fmt.intval(ld.get("num_workers"))
-            set_static(no_workers, Text(
-                "num_workers=0: the training loop loads every batch itself" if nw == 0
-                else "workers: n/a", pal.dim))
+            set_static(
+                no_workers,
+                Text(
+                    "num_workers=0: the training loop loads every batch itself"
+                    if nw == 0
+                    else "workers: n/a",
+                    pal.dim,
+                ),
+            )
         notes = Text()
         for w in workers:
             err = fmt.s(w.get("error"))

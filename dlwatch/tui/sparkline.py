@@ -8,7 +8,8 @@ on every refresh and every job.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from rich.segment import Segment
 from rich.style import Style
@@ -27,8 +28,14 @@ class FixedSparkline(Widget):
     FixedSparkline { height: 1; }
     """
 
-    def __init__(self, *, top: float = 100.0, style_for: Callable[[float], str] | None = None,
-                 id: str | None = None, classes: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        top: float = 100.0,
+        style_for: Callable[[float], str] | None = None,
+        id: str | None = None,
+        classes: str | None = None,
+    ) -> None:
         super().__init__(id=id, classes=classes)
         self.top = top
         # Colours each column by its own value (e.g. severity of data wait).
@@ -42,8 +49,12 @@ class FixedSparkline(Widget):
     def values(self) -> list[Any]:
         return list(self._values)
 
-    def set_values(self, values: Sequence[Any] | None, style_for: Callable[[float], str] | None = None,
-                   style_key: Any = None) -> None:
+    def set_values(
+        self,
+        values: Sequence[Any] | None,
+        style_for: Callable[[float], str] | None = None,
+        style_key: Any = None,
+    ) -> None:
         """New values and, optionally, colours: ``style_key`` says when a new
         ``style_for`` colours differently (e.g. the palette it closes over)."""
         values = fmt.lst(values)

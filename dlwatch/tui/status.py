@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rich.text import Text
 
@@ -10,9 +11,18 @@ from dlwatch.tui import fmt
 from dlwatch.tui.jobs import JobRow
 
 
-def status_text(*, version: str, snapshot: dict | None, rows: list[JobRow], interval: float,
-                paused: bool, now: float, time_format: Callable[[float], str],
-                pal: fmt.Palette, source_error: str | None = None) -> Text:
+def status_text(
+    *,
+    version: str,
+    snapshot: dict | None,
+    rows: list[JobRow],
+    interval: float,
+    paused: bool,
+    now: float,
+    time_format: Callable[[float], str],
+    pal: fmt.Palette,
+    source_error: str | None = None,
+) -> Text:
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append(f"dlwatch {version}", "bold")
     parts: list[Text | str] = [t]

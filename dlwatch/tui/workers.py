@@ -24,18 +24,32 @@ def worker_sort_key(item: tuple[int, dict]) -> tuple:
 
 class WorkersTable(LineTable):
     # Fixed widths: the table fits 80 columns and never jitters as figures change.
-    COLUMNS = (("id", "id", 2), ("pid", "PID", 7), ("cpu", "CPU", CPU_BAR + 5),
-               ("busy", "busy", 4), ("fetch", "fetch", 7), ("rss", "RSS", 7),
-               ("uss", "USS", 7), ("threads", "thr", 3), ("state", "state", 9))
+    COLUMNS = (
+        ("id", "id", 2),
+        ("pid", "PID", 7),
+        ("cpu", "CPU", CPU_BAR + 5),
+        ("busy", "busy", 4),
+        ("fetch", "fetch", 7),
+        ("rss", "RSS", 7),
+        ("uss", "USS", 7),
+        ("threads", "thr", 3),
+        ("state", "state", 9),
+    )
 
     def __init__(self, **kwargs) -> None:
-        super().__init__([Column(key, label, width, "left" if key in ("cpu", "state") else "right")
-                          for key, label, width in self.COLUMNS],
-                         zebra=True, **kwargs)
+        super().__init__(
+            [
+                Column(key, label, width, "left" if key in ("cpu", "state") else "right")
+                for key, label, width in self.COLUMNS
+            ],
+            zebra=True,
+            **kwargs,
+        )
 
     def show(self, workers: Any, pal: fmt.Palette) -> None:
-        items = sorted(((i, w) for i, w in enumerate(fmt.lst(workers)) if isinstance(w, dict)),
-                       key=worker_sort_key)
+        items = sorted(
+            ((i, w) for i, w in enumerate(fmt.lst(workers)) if isinstance(w, dict)), key=worker_sort_key
+        )
         self.set_rows([(worker_key(w, i), self._cells(w, pal)) for i, w in items])
 
     @staticmethod
@@ -43,7 +57,8 @@ class WorkersTable(LineTable):
         # Plain strings and (text, style) runs: see linetable.Cell.
         cpu = fmt.num(w.get("cpu_percent"))
         cpu_cell = fmt.bar_runs(None if cpu is None else cpu / 100, CPU_BAR, pal.accent, pal) + (
-            (f"{fmt.pct100(cpu):>5}", ""),)
+            (f"{fmt.pct100(cpu):>5}", ""),
+        )
         state = fmt.s(w.get("state"), fmt.NA)
         error = fmt.s(w.get("error"))
         state_style = pal.dim if state == "gone" else (pal.warn if error else "")

@@ -422,7 +422,7 @@ def test_steady_uss_is_read_less_often_and_a_change_restores_the_pace(spawn, mon
         clock.t += 1.0
         uss["v"] += 1 << 20
         sampler.sample([p.pid])
-    late = [b - a for a, b in zip(reads[start:], reads[start + 1:])]
+    late = [b - a for a, b in zip(reads[start:], reads[start + 1 :])]
     assert reads[start] <= clock.t - 60 + 30  # the change is noticed within the longest gap
     assert late and all(g == 10.0 for g in late), reads[start:]
 
@@ -440,8 +440,7 @@ def test_uss_cpu_budget_caps_repeat_reads_and_shares_them_fairly(spawn, monkeypa
 
     spy_uss(monkeypatch, costly)
     # 1 % of a core: a 50 ms read is paid back after 5 s.
-    sampler = ProcSampler(uss_interval_s=2.0, clock=clock, uss_cpu_budget=0.01,
-                          cpu_clock=lambda: cpu["t"])
+    sampler = ProcSampler(uss_interval_s=2.0, clock=clock, uss_cpu_budget=0.01, cpu_clock=lambda: cpu["t"])
     sampler.sample(pids)
     assert sorted(p for _, p in reads) == sorted(pids)  # first sight: never held back
     reads.clear()
@@ -599,8 +598,13 @@ def test_constructor_failure_is_reported(monkeypatch):
 
 @pytest.mark.parametrize(
     "prev, cur, dt, expected",
-    [(None, 5.0, 1.0, None), (1.0, 2.0, 0.0, None), (1.0, 1.5, 0.5, 100.0),
-     (2.0, 1.0, 1.0, 0.0), (0.0, 3.0, 2.0, 150.0)],
+    [
+        (None, 5.0, 1.0, None),
+        (1.0, 2.0, 0.0, None),
+        (1.0, 1.5, 0.5, 100.0),
+        (2.0, 1.0, 1.0, 0.0),
+        (0.0, 3.0, 2.0, 150.0),
+    ],
 )
 def test_rate_percent(prev, cur, dt, expected):
     assert rate_percent(prev, cur, dt) == expected

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "demo" / "train.py"
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "dlwatch" / "demo" / "train.py"
 PY = sys.executable
 
 pytestmark = pytest.mark.slow
@@ -41,7 +41,8 @@ def _env(**extra: str) -> dict[str, str]:
 def _catalog():
     # By path, so the table is testable even where dlwatch.demo is not installed.
     spec = importlib.util.spec_from_file_location(
-        "_dlwatch_demo_catalog", REPO / "demo" / "scenarios" / "catalog.py")
+        "_dlwatch_demo_catalog", REPO / "dlwatch" / "demo" / "scenarios" / "catalog.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve annotations through it
     spec.loader.exec_module(module)
@@ -50,8 +51,9 @@ def _catalog():
 
 def _start(args: list[str], *, module: bool = False, env: dict | None = None) -> subprocess.Popen:
     cmd = [PY, "-m", "dlwatch.demo.train"] if module else [PY, str(SCRIPT)]
-    return subprocess.Popen(cmd + args, cwd=REPO, env=env or _env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        cmd + args, cwd=REPO, env=env or _env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str, str]:
@@ -64,8 +66,14 @@ def _finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str, str]
     return proc.returncode, out, err
 
 
-def _run_all(runs: dict[str, list[str]], tmp_path: Path, *, module: set[str] = frozenset(),
-             limit: int = 4, timeout: float = 60) -> dict[str, dict]:
+def _run_all(
+    runs: dict[str, list[str]],
+    tmp_path: Path,
+    *,
+    module: set[str] = frozenset(),
+    limit: int = 4,
+    timeout: float = 60,
+) -> dict[str, dict]:
     """Run demos (at most `limit` at a time), each writing a report; returns
     the reports by name after checking every run exited 0."""
     pending = list(runs.items())
@@ -86,8 +94,7 @@ def _run_all(runs: dict[str, list[str]], tmp_path: Path, *, module: set[str] = f
 
 def _accounted(report: dict) -> float:
     loaders = [report["train"]] + ([report["val"]] if report["val"] else [])
-    return sum(s["wait_s"] + s["compute_s"] + s["iter_s"] + s["teardown_s"] + s["close_s"]
-               for s in loaders)
+    return sum(s["wait_s"] + s["compute_s"] + s["iter_s"] + s["teardown_s"] + s["close_s"] for s in loaders)
 
 
 def _demo_importable() -> bool:
@@ -99,9 +106,25 @@ def _demo_importable() -> bool:
 
 def test_start_methods_report_accounts_for_loop_time(tmp_path):
     # A fixed amount of work, not a duration: a loaded box only makes it slower.
-    base = ["--num-workers", "2", "--epochs", "2", "--dataset-size", "128", "--batch-size", "16",
-            "--sample-ms", "0.5", "--cost-kind", "mixed", "--step-ms", "5", "--seed", "7",
-            "--quiet"]
+    base = [
+        "--num-workers",
+        "2",
+        "--epochs",
+        "2",
+        "--dataset-size",
+        "128",
+        "--batch-size",
+        "16",
+        "--sample-ms",
+        "0.5",
+        "--cost-kind",
+        "mixed",
+        "--step-ms",
+        "5",
+        "--seed",
+        "7",
+        "--quiet",
+    ]
     runs = {
         # Non-persistent: workers are joined inside the last next() of each epoch.
         "fork": base + ["--start-method", "fork"],
@@ -133,8 +156,7 @@ def test_start_methods_report_accounts_for_loop_time(tmp_path):
         assert r["other_s"] == pytest.approx(r["elapsed_s"] - _accounted(r), abs=1e-6)
         # And wait + compute is most of it, once workers are up.
         assert r["wait_s"] + r["compute_s"] > 0.5 * (r["elapsed_s"] - r["iter_s"])
-        assert r["data_wait_fraction"] == pytest.approx(
-            r["wait_s"] / (r["wait_s"] + r["compute_s"]))
+        assert r["data_wait_fraction"] == pytest.approx(r["wait_s"] / (r["wait_s"] + r["compute_s"]))
         assert r["batches_per_s"] == pytest.approx(r["batches"] / (r["wait_s"] + r["compute_s"]))
         assert r["step_ms_mean"] >= 5
         first = r["epochs"][0]
@@ -148,9 +170,28 @@ def test_start_methods_report_accounts_for_loop_time(tmp_path):
 
 
 def test_step_time_follows_step_ms(tmp_path):
-    r = _run_all({"step": ["--step-ms", "20", "--step-kind", "sleep", "--num-workers", "0",
-                           "--sample-ms", "1", "--epochs", "2", "--steps-per-epoch", "25",
-                           "--checksum-batches", "0", *SMALL]}, tmp_path)["step"]
+    r = _run_all(
+        {
+            "step": [
+                "--step-ms",
+                "20",
+                "--step-kind",
+                "sleep",
+                "--num-workers",
+                "0",
+                "--sample-ms",
+                "1",
+                "--epochs",
+                "2",
+                "--steps-per-epoch",
+                "25",
+                "--checksum-batches",
+                "0",
+                *SMALL,
+            ]
+        },
+        tmp_path,
+    )["step"]
     assert r["batches"] == 50
     assert [e["end"] for e in r["epochs"]] == ["limit", "limit"]
     assert r["step_ms_mean"] == pytest.approx(20, rel=0.3)
@@ -183,8 +224,9 @@ def test_iterable_shards_cover_every_sample_once():
     spec = train.DataSpec(size=30, seed=2, shuffle=True)
     expected = sorted(_digest(*train.SyntheticImages(spec)[i]) for i in range(30))
     stream = train.SyntheticImageStream(spec)
-    loader = DataLoader(stream, batch_size=4, num_workers=2,
-                        multiprocessing_context="fork", collate_fn=lambda batch: batch)
+    loader = DataLoader(
+        stream, batch_size=4, num_workers=2, multiprocessing_context="fork", collate_fn=lambda batch: batch
+    )
     first = [_digest(*s) for batch in loader for s in batch]
     assert sorted(first) == expected
     assert first == [_digest(*s) for batch in loader for s in batch]
@@ -194,10 +236,19 @@ def test_iterable_shards_cover_every_sample_once():
 
 def test_every_scenario_parses_and_starts(tmp_path):
     SCENARIOS = _catalog().SCENARIOS
-    assert {"data-bound", "healthy", "no-workers", "add-workers", "io-bound",
-            "cpu-bound-preprocessing", "workers-oversubscribe-cores",
-            "worker-thread-oversubscription", "enable-persistent-workers",
-            "worker-memory-growth", "pipeline-has-headroom"} <= set(SCENARIOS)
+    assert {
+        "data-bound",
+        "healthy",
+        "no-workers",
+        "add-workers",
+        "io-bound",
+        "cpu-bound-preprocessing",
+        "workers-oversubscribe-cores",
+        "worker-thread-oversubscription",
+        "enable-persistent-workers",
+        "worker-memory-growth",
+        "pipeline-has-headroom",
+    } <= set(SCENARIOS)
     # One process runs them all through main(): a torch import per scenario
     # would dominate the test's time. Workers are still real processes started
     # with each scenario's own start method.
@@ -206,17 +257,36 @@ def test_every_scenario_parses_and_starts(tmp_path):
         "try:\n"
         "    from dlwatch.demo.train import main\n"
         "except ImportError:\n"
-        f"    sys.path.insert(0, {str(REPO / 'demo')!r})\n"
+        f"    sys.path.insert(0, {str(REPO / 'dlwatch' / 'demo')!r})\n"
         "    from train import main\n"
         "for name, argv in json.loads(sys.argv[1]).items():\n"
         "    if main(argv) != 0:\n"
         "        sys.exit(f'scenario {name} failed')\n"
     )
-    runs = {name: ["--scenario", name, "--duration", "0.3", "--dataset-size", "256",
-                   "--checksum-batches", "0", "--quiet",
-                   "--report", str(tmp_path / f"{name}.json")] for name in SCENARIOS}
-    proc = subprocess.Popen([PY, "-c", driver, json.dumps(runs)], cwd=REPO, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runs = {
+        name: [
+            "--scenario",
+            name,
+            "--duration",
+            "0.3",
+            "--dataset-size",
+            "256",
+            "--checksum-batches",
+            "0",
+            "--quiet",
+            "--report",
+            str(tmp_path / f"{name}.json"),
+        ]
+        for name in SCENARIOS
+    }
+    proc = subprocess.Popen(
+        [PY, "-c", driver, json.dumps(runs)],
+        cwd=REPO,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     rc, _, err = _finish(proc, timeout=120)
     assert rc == 0 and "Traceback" not in err, err[-3000:]
     reports = {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in SCENARIOS}
@@ -241,8 +311,9 @@ def test_scenario_flags_and_overrides_parse():
         assert s.name == name and s.description and "\n" not in s.description
         args = train.parse_args(["--scenario", name])
         assert args.epochs == 0 and args.duration is None  # runs until stopped
-    args = train.parse_args(["--scenario", "healthy", "--num-workers", "5",
-                             "--no-persistent-workers", "--duration", "3"])
+    args = train.parse_args(
+        ["--scenario", "healthy", "--num-workers", "5", "--no-persistent-workers", "--duration", "3"]
+    )
     assert (args.num_workers, args.persistent_workers, args.duration) == (5, False, 3.0)
     assert args.step_ms == 40  # not overridden: the scenario's value
     with pytest.raises(SystemExit) as e:
@@ -264,7 +335,8 @@ def test_hook_flag_without_dlwatch_hook_fails_clearly(tmp_path):
         "    def find_spec(name, path=None, target=None):\n"
         "        if name == 'dlwatch.hook':\n"
         "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
-        "sys.meta_path.insert(0, _NoHook)\n")
+        "sys.meta_path.insert(0, _NoHook)\n"
+    )
     env = _env(PYTHONPATH=str(tmp_path))
     rc, _, err = _finish(_start(["--hook", "--epochs", "1", *SMALL], env=env))
     assert rc == 1
@@ -292,11 +364,36 @@ def _wait_for_report(path: Path, predicate, timeout: float = 30) -> dict:
 
 def test_periodic_report_memory_growth_and_sigterm(tmp_path):
     report = tmp_path / "r.json"
-    proc = _start(["--epochs", "0", "--num-workers", "2", "--start-method", "fork",
-                   "--persistent-workers", "--dataset-size", "2048", "--batch-size", "16",
-                   "--sample-ms", "0.2", "--cost-kind", "sleep", "--step-ms", "5",
-                   "--leak-bytes-per-sample", "16384", "--grow-bytes-per-batch", str(256 << 10),
-                   "--report-interval", "0.2", "--report", str(report), "--quiet"])
+    proc = _start(
+        [
+            "--epochs",
+            "0",
+            "--num-workers",
+            "2",
+            "--start-method",
+            "fork",
+            "--persistent-workers",
+            "--dataset-size",
+            "2048",
+            "--batch-size",
+            "16",
+            "--sample-ms",
+            "0.2",
+            "--cost-kind",
+            "sleep",
+            "--step-ms",
+            "5",
+            "--leak-bytes-per-sample",
+            "16384",
+            "--grow-bytes-per-batch",
+            str(256 << 10),
+            "--report-interval",
+            "0.2",
+            "--report",
+            str(report),
+            "--quiet",
+        ]
+    )
     try:
         first = _wait_for_report(report, lambda r: r["batches"] >= 5)
         assert not first["final"] and first["other_s"] is None

@@ -69,8 +69,9 @@ def test_snapshot_matches_the_loops_own_measurement(name, args, settle, busy):
 
 
 def test_persistent_workers_over_several_epochs():
-    job = Job("--persistent", "--epochs", "50", "--batches-per-epoch", "30",
-              "--duration", "7", "--step-ms", "10")
+    job = Job(
+        "--persistent", "--epochs", "50", "--batches-per-epoch", "30", "--duration", "7", "--step-ms", "10"
+    )
     try:
         job.wait_ready(4.0)
         snap = snapshot_json(job.dir, "--window", "2")

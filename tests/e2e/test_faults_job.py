@@ -51,14 +51,33 @@ from tests.e2e_util import Job
 
 pytestmark = pytest.mark.slow
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent.parent
 MONITOR = HERE / "jobs" / "fault_monitor.py"
 
 N_BATCHES = 1600
 STEP_MS = 20
-JOB_ARGS = ["--workers", "2", "--batch-size", "4", "--sample-ms", "1", "--step-ms", str(STEP_MS),
-            "--size", "8000", "--epochs", "1", "--batches-per-epoch", str(N_BATCHES),
-            "--duration", "1000", "--shuffle", "--seed", "7", "--checksum"]
+JOB_ARGS = [
+    "--workers",
+    "2",
+    "--batch-size",
+    "4",
+    "--sample-ms",
+    "1",
+    "--step-ms",
+    str(STEP_MS),
+    "--size",
+    "8000",
+    "--epochs",
+    "1",
+    "--batches-per-epoch",
+    str(N_BATCHES),
+    "--duration",
+    "1000",
+    "--shuffle",
+    "--seed",
+    "7",
+    "--checksum",
+]
 ABUSE_S = 3.0
 PACE_TOL = 0.05
 PACE_TOL_WINDOW = 0.15
@@ -67,6 +86,7 @@ HELLO = wire.encode(wire.client_hello("dlwatch fault tests"))
 
 
 # --- helpers -------------------------------------------------------------------------
+
 
 def _connect(path: str, timeout: float = 3.0) -> socket.socket:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -133,8 +153,12 @@ def assert_live_frames(job: Job, after_ns: int, n: int = 3, timeout: float = 5.0
 
 
 def _monitor_proc(job: Job) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(MONITOR), str(job.proc.pid), job.socket],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(MONITOR), str(job.proc.pid), job.socket],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_line(p: subprocess.Popen, want: str, timeout: float = 15.0) -> None:
@@ -157,6 +181,7 @@ def _reap(p: subprocess.Popen) -> None:
 
 
 # --- the abuses (each runs for about ABUSE_S against job A) ----------------------------
+
 
 def abuse_none(job: Job, notes: dict) -> None:
     time.sleep(ABUSE_S)
@@ -229,7 +254,7 @@ def abuse_bad_bytes(job: Job, notes: dict) -> None:
     def dripper():
         try:
             while time.monotonic() < end:
-                drip.send(bytes([rnd.choice(b"{}[]\":abcdef0123 ")]))
+                drip.send(bytes([rnd.choice(b'{}[]":abcdef0123 ')]))
                 dripped[0] += 1
                 time.sleep(0.05)
         except OSError as e:  # hung up on: fine, it is not a hello
@@ -243,8 +268,9 @@ def abuse_bad_bytes(job: Job, notes: dict) -> None:
         "invalid_json": b'{"type": hello, protocol: 1}\n',
         "not_an_object": b"[1, 2, 3]\n",
         "wrong_version": wire.encode({"type": "hello", "protocol": 99, "client": "from the future"}),
-        "server_hello_from_client": wire.encode({"type": "hello", "protocol": 1,
-                                                 "job": {"pid": 1, "cmdline": "x"}}),
+        "server_hello_from_client": wire.encode(
+            {"type": "hello", "protocol": 1, "job": {"pid": 1, "cmdline": "x"}}
+        ),
         "nan": b'{"type": "hello", "protocol": NaN}\n',
     }
     replies = {}
@@ -286,8 +312,8 @@ def abuse_oversize(job: Job, notes: dict) -> None:
             try:
                 view = memoryview(blob)
                 while sent < len(blob):
-                    sent += s.send(view[sent:sent + (1 << 20)])
-            except (BrokenPipeError, ConnectionResetError, socket.timeout):
+                    sent += s.send(view[sent : sent + (1 << 20)])
+            except (TimeoutError, BrokenPipeError, ConnectionResetError):
                 pass
             got, hung_up = _read_until_eof(s)
             s.close()
@@ -352,8 +378,9 @@ def test_job_survives_every_fault():
             abuse(a, notes)
             w1 = time.perf_counter_ns()
             r1 = _rss(a.proc.pid)
-            assert a.proc.poll() is None and b.proc.poll() is None, \
+            assert a.proc.poll() is None and b.proc.poll() is None, (
                 f"a job finished during {case}: raise N_BATCHES"
+            )
             windows.append((case, w0, w1, r1 - r0, notes))
             assert_live_frames(a, after_ns=w1)
         rss_a1, rss_b1 = _rss(a.proc.pid), _rss(b.proc.pid)
@@ -374,16 +401,20 @@ def test_job_survives_every_fault():
     print()
     for case, w0, w1, growth, notes in windows:
         pa, pb = _pace(ba, w0, w1), _pace(bb, w0, w1)
-        print(f"[{case}] pace abused {pa:.1f}/s twin {pb:.1f}/s ratio {pa / pb:.4f}; "
-              f"RSS growth {growth / 1e6:+.2f} MB; {notes}")
+        print(
+            f"[{case}] pace abused {pa:.1f}/s twin {pb:.1f}/s ratio {pa / pb:.4f}; "
+            f"RSS growth {growth / 1e6:+.2f} MB; {notes}"
+        )
         if pa / pb < 1 - PACE_TOL_WINDOW:
             failures.append(f"{case}: pace ratio {pa / pb:.4f} ({pa:.1f} vs {pb:.1f} batches/s)")
     pa, pb = _pace(ba, first, last), _pace(bb, first, last)
     ratio = pa / pb
     growth = rss_a1 - rss_a0
-    print(f"[all faults, {(last - first) / 1e9:.1f} s] pace abused {pa:.1f}/s twin {pb:.1f}/s "
-          f"ratio {ratio:.4f}; RSS growth abused {growth / 1e6:.2f} MB, "
-          f"twin {(rss_b1 - rss_b0) / 1e6:.2f} MB")
+    print(
+        f"[all faults, {(last - first) / 1e9:.1f} s] pace abused {pa:.1f}/s twin {pb:.1f}/s "
+        f"ratio {ratio:.4f}; RSS growth abused {growth / 1e6:.2f} MB, "
+        f"twin {(rss_b1 - rss_b0) / 1e6:.2f} MB"
+    )
     assert not failures, failures
     assert ratio >= 1 - PACE_TOL, f"pace ratio {ratio:.4f} ({pa:.1f} vs {pb:.1f} batches/s)"
     assert growth < RSS_BOUND, f"RSS grew {growth / 1e6:.1f} MB under the faults"

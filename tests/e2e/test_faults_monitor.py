@@ -28,33 +28,64 @@ from dlwatch import wire
 from dlwatch.collect import jobs as jobsmod
 from dlwatch.collect.gpu import GpuSampler
 from dlwatch.collect.jobs import JobConnection
-from dlwatch.collect.monitor import Monitor, job_dict, take_snapshot
+from dlwatch.collect.model import job_dict
+from dlwatch.collect.monitor import Monitor, take_snapshot
 from dlwatch.collect.procs import ProcSampler
 from tests.e2e_util import short_tmpdir
 
-
 # --- fake jobs -----------------------------------------------------------------------------
 
+
 def hello(pid: int, protocol: int = wire.PROTOCOL_VERSION) -> bytes:
-    return wire.encode({"type": "hello", "protocol": protocol, "history": 0,
-                        "job": {"pid": pid, "cmdline": "python fake_train.py", "rank": None,
-                                "torch_version": "2.13.0", "start_method": "fork",
-                                "started": time.time() - 10}})
+    return wire.encode(
+        {
+            "type": "hello",
+            "protocol": protocol,
+            "history": 0,
+            "job": {
+                "pid": pid,
+                "cmdline": "python fake_train.py",
+                "rank": None,
+                "torch_version": "2.13.0",
+                "start_method": "fork",
+                "started": time.time() - 10,
+            },
+        }
+    )
 
 
 def window(seq: int, worker_pids=(0,), batches: int | None = None) -> bytes:
     b = seq * 10 if batches is None else batches
-    return wire.encode({
-        "type": "window", "seq": seq, "t": time.time(), "mono_ns": time.perf_counter_ns(),
-        "loaders": [{
-            "id": 1, "epoch": 1, "batches": b, "wait_ns": b * 1_000_000,
-            "step_ns": b * 3_000_000, "num_workers": len(worker_pids), "batch_size": 4,
-            "queue": {"ready": 1, "in_flight": 2, "capacity": 4},
-            "workers": [{"id": i, "pid": p, "batches": b // max(1, len(worker_pids)),
-                         "fetch_ns": b * 2_000_000, "busy_ns": seq * 50_000_000}
-                        for i, p in enumerate(worker_pids)],
-        }],
-    })
+    return wire.encode(
+        {
+            "type": "window",
+            "seq": seq,
+            "t": time.time(),
+            "mono_ns": time.perf_counter_ns(),
+            "loaders": [
+                {
+                    "id": 1,
+                    "epoch": 1,
+                    "batches": b,
+                    "wait_ns": b * 1_000_000,
+                    "step_ns": b * 3_000_000,
+                    "num_workers": len(worker_pids),
+                    "batch_size": 4,
+                    "queue": {"ready": 1, "in_flight": 2, "capacity": 4},
+                    "workers": [
+                        {
+                            "id": i,
+                            "pid": p,
+                            "batches": b // max(1, len(worker_pids)),
+                            "fetch_ns": b * 2_000_000,
+                            "busy_ns": seq * 50_000_000,
+                        }
+                        for i, p in enumerate(worker_pids)
+                    ],
+                }
+            ],
+        }
+    )
 
 
 class FakeJob:
@@ -87,7 +118,7 @@ class FakeJob:
         while not self._stop:
             try:
                 conn, _ = self.srv.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -166,6 +197,7 @@ def only_job(snap: dict, pid: int) -> dict:
 
 # --- broken jobs -------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("process_dies", [True, False])
 def test_hello_then_dies_mid_frame(rtdir, fakes, process_dies):
     def script(conn, fake):
@@ -222,8 +254,8 @@ def test_malformed_frames_between_good_ones(rtdir, fakes):
         b"x" * (wire.MAX_FRAME_BYTES + 10) + b"\n",  # oversized
         b'{"type": "window", "seq": NaN}\n',
         b"\xff\xfe\x00\n",
-        json.dumps({"type": "window", "seq": 1, "t": 1.0, "mono_ns": 1,
-                    "loaders": [{"id": "one"}]}).encode() + b"\n",
+        json.dumps({"type": "window", "seq": 1, "t": 1.0, "mono_ns": 1, "loaders": [{"id": "one"}]}).encode()
+        + b"\n",
         b'{"type": "telemetry", "x": 1}\n',  # unknown type
     ]
 
@@ -260,8 +292,14 @@ def test_protocol_99_is_a_state_not_an_exception(rtdir, fakes, how):
         if how == "server_hello_99":
             conn.sendall(hello(fake.pid, protocol=99) + window(1))
         else:
-            conn.sendall(wire.encode({"type": "error", "message": "protocol version mismatch: "
-                                      "peer speaks 1, this dlwatch speaks 99"}))
+            conn.sendall(
+                wire.encode(
+                    {
+                        "type": "error",
+                        "message": "protocol version mismatch: peer speaks 1, this dlwatch speaks 99",
+                    }
+                )
+            )
         fake.go.wait(5)
 
     fake = FakeJob(rtdir, script)
@@ -390,8 +428,7 @@ def test_worker_pid_vanishes_between_frames(rtdir, fakes):
 
     fake = FakeJob(rtdir, script)
     fakes.append(fake)
-    m = Monitor(directory=rtdir, gpu=False, host=False, diagnoser=False,
-                procs=ProcSampler(uss_every=1))
+    m = Monitor(directory=rtdir, gpu=False, host=False, diagnoser=False, procs=ProcSampler(uss_every=1))
     try:
         m.scan()
         pump(m, 3, until=lambda: len(m.conns[fake.pid].frames) >= 3)
@@ -417,6 +454,7 @@ def test_worker_pid_vanishes_between_frames(rtdir, fakes):
 @pytest.mark.parametrize("where", ["constructor", "every_call"])
 def test_proc_unreadable(rtdir, fakes, monkeypatch, where):
     """/proc denied (hidepid=2, another user's workers): figures are n/a with a reason."""
+
     def script(conn, fake):
         conn.sendall(hello(fake.pid))
         seq = 1
@@ -441,11 +479,17 @@ def test_proc_unreadable(rtdir, fakes, monkeypatch, where):
 
         monkeypatch.setattr(psutil.Process, "__init__", init)
     else:
-        for name in ("create_time", "status", "cpu_times", "memory_info", "num_threads",
-                     "threads", "memory_full_info"):
+        for name in (
+            "create_time",
+            "status",
+            "cpu_times",
+            "memory_info",
+            "num_threads",
+            "threads",
+            "memory_full_info",
+        ):
             monkeypatch.setattr(psutil.Process, name, deny)
-    m = Monitor(directory=rtdir, gpu=False, host=False, diagnoser=False,
-                procs=ProcSampler(uss_every=1))
+    m = Monitor(directory=rtdir, gpu=False, host=False, diagnoser=False, procs=ProcSampler(uss_every=1))
     try:
         snap = take_snapshot(monitor=m, settle_s=0.3)
     finally:
@@ -460,6 +504,7 @@ def test_proc_unreadable(rtdir, fakes, monkeypatch, where):
 
 
 # --- NVML failing ------------------------------------------------------------------------------
+
 
 class _NvmlError(Exception):
     pass
@@ -521,15 +566,26 @@ class AlwaysFailingNvml:
         return []
 
 
-NVML_CALLS = ["nvmlInit", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetName",
-              "nvmlDeviceGetUUID", "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo",
-              "nvmlDeviceGetTemperature", "nvmlDeviceGetPowerUsage",
-              "nvmlDeviceGetComputeRunningProcesses", "*"]
+NVML_CALLS = [
+    "nvmlInit",
+    "nvmlDeviceGetCount",
+    "nvmlDeviceGetHandleByIndex",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetComputeRunningProcesses",
+    "*",
+]
 
 
-@pytest.mark.parametrize("exc", [_NvmlError("Unknown Error"), RuntimeError("driver went away"),
-                                 OSError(5, "Input/output error")],
-                         ids=["NVMLError", "RuntimeError", "OSError"])
+@pytest.mark.parametrize(
+    "exc",
+    [_NvmlError("Unknown Error"), RuntimeError("driver went away"), OSError(5, "Input/output error")],
+    ids=["NVMLError", "RuntimeError", "OSError"],
+)
 @pytest.mark.parametrize("call", NVML_CALLS)
 def test_nvml_raising_at_any_call(rtdir, call, exc):
     m = bare_monitor(rtdir, gpu=GpuSampler(nvml=AlwaysFailingNvml(call, exc)))
@@ -554,6 +610,7 @@ def test_nvml_raising_at_any_call(rtdir, call, exc):
 
 # --- fuzzing the monitor's input path ---------------------------------------------------------
 
+
 def _fresh_conn() -> JobConnection:
     c = JobConnection(os.getpid(), "/nonexistent/fuzz.sock")
     return c
@@ -571,10 +628,14 @@ def test_fuzz_bytes_through_decoder_and_on_message(chunks):
 
 
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10),
-                                                                       children, max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
     max_leaves=20,
 )
 
@@ -594,25 +655,52 @@ def _window_dict(loader_extra: dict, worker_extra: dict, ints: list[int]) -> dic
     a, b, c_, d = (ints + [0, 0, 0, 0])[:4]
     # mono_ns within about a day: far-future stamps have their own test below.
     mono = abs(b) % (86_400 * 10**9)
-    return {"type": "window", "seq": a, "t": float(b), "mono_ns": mono,
-            "loaders": [{"id": 1, "epoch": a, "batches": b, "wait_ns": c_, "step_ns": d,
-                         "num_workers": 1, "queue": {}, **loader_extra,
-                         "workers": [{"id": 0, "pid": 1, "batches": a, "fetch_ns": c_,
-                                      "busy_ns": d, **worker_extra}]}]}
+    return {
+        "type": "window",
+        "seq": a,
+        "t": float(b),
+        "mono_ns": mono,
+        "loaders": [
+            {
+                "id": 1,
+                "epoch": a,
+                "batches": b,
+                "wait_ns": c_,
+                "step_ns": d,
+                "num_workers": 1,
+                "queue": {},
+                **loader_extra,
+                "workers": [{"id": 0, "pid": 1, "batches": a, "fetch_ns": c_, "busy_ns": d, **worker_extra}],
+            }
+        ],
+    }
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(st.dictionaries(st.sampled_from(
-    ["epoch_start_ms", "epoch_ms", "active", "kind", "teardown_ns", "name", "queue"]), JSON,
-    max_size=3), st.dictionaries(st.sampled_from(["extra", "state", "started_ns"]), JSON, max_size=2),
-    st.lists(st.integers(min_value=-(2**63), max_value=2**63), min_size=4, max_size=4)),
-    min_size=1, max_size=5))
+@given(
+    st.lists(
+        st.tuples(
+            st.dictionaries(
+                st.sampled_from(
+                    ["epoch_start_ms", "epoch_ms", "active", "kind", "teardown_ns", "name", "queue"]
+                ),
+                JSON,
+                max_size=3,
+            ),
+            st.dictionaries(st.sampled_from(["extra", "state", "started_ns"]), JSON, max_size=2),
+            st.lists(st.integers(min_value=-(2**63), max_value=2**63), min_size=4, max_size=4),
+        ),
+        min_size=1,
+        max_size=5,
+    )
+)
 def test_fuzz_schema_valid_windows_never_break_the_model(frames):
     """Windows the schema accepts, with hostile values wherever it allows them
     (counters going backwards, huge ints, odd optional fields)."""
     c = _fresh_conn()
     for data in [hello(os.getpid())] + [
-            json.dumps(_window_dict(le, we, ints)).encode() + b"\n" for le, we, ints in frames]:
+        json.dumps(_window_dict(le, we, ints)).encode() + b"\n" for le, we, ints in frames
+    ]:
         for msg in c.decoder.feed(data):
             c._on_message(msg)
     # The model stays valid JSON for `dlwatch snapshot --json` (no NaN/Infinity).
@@ -623,7 +711,7 @@ _HUGE_GAP = """
 import json, os, time
 from dlwatch import wire
 from dlwatch.collect.jobs import JobConnection
-from dlwatch.collect.monitor import job_dict
+from dlwatch.collect.model import job_dict
 c = JobConnection(os.getpid(), "/nonexistent/x.sock")
 def w(seq, mono):
     return wire.encode({"type": "window", "seq": seq, "t": time.time(), "mono_ns": mono,
@@ -642,8 +730,7 @@ def test_one_far_future_frame_does_not_freeze_the_model():
     import sys
 
     try:
-        r = subprocess.run([sys.executable, "-c", _HUGE_GAP], capture_output=True, text=True,
-                           timeout=5)
+        r = subprocess.run([sys.executable, "-c", _HUGE_GAP], capture_output=True, text=True, timeout=5)
     except subprocess.TimeoutExpired:
         pytest.fail("job_dict() still running after 5 s on 3 frames")
     assert r.returncode == 0 and "built" in r.stdout, r.stderr

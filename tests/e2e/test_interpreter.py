@@ -24,7 +24,7 @@ from tests.e2e_util import dlwatch, short_tmpdir
 
 pytestmark = pytest.mark.slow
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent.parent
 SCEN = HERE / "jobs" / "fault_scenarios.py"
 FRAMEWORKS = HERE / "jobs" / "fault_frameworks.py"
 MONITOR = HERE / "jobs" / "fault_monitor.py"
@@ -33,17 +33,29 @@ MONITOR = HERE / "jobs" / "fault_monitor.py"
 class Proc:
     """A scenario subprocess with its own runtime dir; reads its stdout lines."""
 
-    def __init__(self, script: Path, *args: str, disable: bool = False, env: dict | None = None,
-                 new_session: bool = False) -> None:
+    def __init__(
+        self,
+        script: Path,
+        *args: str,
+        disable: bool = False,
+        env: dict | None = None,
+        new_session: bool = False,
+    ) -> None:
         self.dir = short_tmpdir()
         e = dict(os.environ, DLWATCH_DIR=self.dir, PYTHONUNBUFFERED="1")
         e.pop("DLWATCH_DISABLE", None)
         if disable:
             e["DLWATCH_DISABLE"] = "1"
         e.update(env or {})
-        self.p = subprocess.Popen([sys.executable, str(script), *args], env=e, text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  start_new_session=new_session, cwd=str(HERE.parent))
+        self.p = subprocess.Popen(
+            [sys.executable, str(script), *args],
+            env=e,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=new_session,
+            cwd=str(HERE.parent),
+        )
         self.pid = self.p.pid
 
     def line(self, prefix: str, timeout: float = 60.0) -> str:
@@ -58,7 +70,7 @@ class Proc:
                 err = self.p.stderr.read() if self.p.poll() is not None else ""
                 raise AssertionError(f"job ended before '{prefix}': {err[-3000:]}")
             if text.startswith(prefix):
-                return text[len(prefix):].strip()
+                return text[len(prefix) :].strip()
 
     def json_line(self, prefix: str, timeout: float = 60.0) -> dict:
         return json.loads(self.line(prefix, timeout))
@@ -124,14 +136,16 @@ def job_in(snap: dict, pid: int) -> dict:
 
 # --- exit ------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("monitor", ["reading", "stopped"])
 def test_exit_with_a_monitor_attached_never_hangs(monitor):
     job = Proc(SCEN, "exit_attached", "2.0")
     mon = None
     try:
         job.line("ready")
-        mon = subprocess.Popen([sys.executable, str(MONITOR), str(job.pid), job.sock()],
-                               stdout=subprocess.PIPE, text=True)
+        mon = subprocess.Popen(
+            [sys.executable, str(MONITOR), str(job.pid), job.sock()], stdout=subprocess.PIPE, text=True
+        )
         r, _, _ = select.select([mon.stdout], [], [], 15)
         assert r and mon.stdout.readline().strip() == "live"
         if monitor == "stopped":
@@ -174,6 +188,7 @@ def test_os_exit_leaves_a_stale_socket_that_ls_cleans_up():
 
 # --- fork ---------------------------------------------------------------------------------------
 
+
 def test_fork_after_iterating_child_gets_its_own_socket():
     job = Proc(SCEN, "fork", "80")
     try:
@@ -206,6 +221,7 @@ def test_fork_after_iterating_child_gets_its_own_socket():
 
 # --- Ctrl-C ----------------------------------------------------------------------------------------
 
+
 def _interrupt(disable: bool) -> tuple[int, str, str, list, list]:
     job = Proc(SCEN, "sigint", disable=disable, new_session=True)
     try:
@@ -215,8 +231,9 @@ def _interrupt(disable: bool) -> tuple[int, str, str, list, list]:
         os.killpg(job.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
         rc, out, err = job.finish(timeout=30)
         left = os.listdir(job.dir)
-        alive = [k for k in kids if psutil.pid_exists(k)
-                 and psutil.Process(k).status() != psutil.STATUS_ZOMBIE]
+        alive = [
+            k for k in kids if psutil.pid_exists(k) and psutil.Process(k).status() != psutil.STATUS_ZOMBIE
+        ]
         return rc, out, err, left, alive
     finally:
         job.cleanup()
@@ -233,6 +250,7 @@ def test_ctrl_c_with_two_workers_behaves_as_without_the_hook():
 
 
 # --- abandoned iterators ------------------------------------------------------------------------
+
 
 def test_abandoned_iterators_are_counted_as_epochs():
     job = Proc(SCEN, "abandon")
@@ -258,6 +276,7 @@ def test_abandoned_iterators_are_counted_as_epochs():
 
 
 # --- frameworks -----------------------------------------------------------------------------------
+
 
 def _framework_snapshot(name: str) -> tuple[dict, str]:
     job = Proc(FRAMEWORKS, name, env={"TRAIN_S": "6"})
@@ -290,8 +309,10 @@ def _has(mod: str) -> bool:
     return importlib.util.find_spec(mod) is not None
 
 
-@pytest.mark.skipif(not _has("lightning"), reason="PyTorch Lightning not installed "
-                    "(pip install lightning; it keeps an installed torch 2.13)")
+@pytest.mark.skipif(
+    not _has("lightning"),
+    reason="PyTorch Lightning not installed (pip install lightning; it keeps an installed torch 2.13)",
+)
 def test_lightning_trainer_fit():
     info, out = _framework_snapshot("lightning")
     # Lightning checks worker_init_fn for None: the hook must never make it non-None.
@@ -299,8 +320,10 @@ def test_lightning_trainer_fit():
     assert "fit-done True" in out
 
 
-@pytest.mark.skipif(not _has("accelerate"), reason="HF Accelerate not installed "
-                    "(pip install accelerate; it keeps an installed torch 2.13)")
+@pytest.mark.skipif(
+    not _has("accelerate"),
+    reason="HF Accelerate not installed (pip install accelerate; it keeps an installed torch 2.13)",
+)
 def test_accelerate_prepared_loader():
     info, _ = _framework_snapshot("accelerate")
     assert info["loader_type"] == "DataLoaderShard"

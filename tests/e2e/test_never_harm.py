@@ -22,8 +22,24 @@ def _run(*args, disable):
 
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_batches_identical_with_and_without_the_hook(method):
-    args = ["--start-method", method, "--shuffle", "--seed", "7", "--size", "96", "--epochs", "2",
-            "--sample-ms", "0", "--step-ms", "0", "--checksum", "--duration", "60"]
+    args = [
+        "--start-method",
+        method,
+        "--shuffle",
+        "--seed",
+        "7",
+        "--size",
+        "96",
+        "--epochs",
+        "2",
+        "--sample-ms",
+        "0",
+        "--step-ms",
+        "0",
+        "--checksum",
+        "--duration",
+        "60",
+    ]
     plain, out0, err0, left0 = _run(*args, disable=True)
     hooked, out1, err1, left1 = _run(*args, disable=False)
     assert len(plain["digest"]) == 2 * 96 // 4
@@ -35,8 +51,20 @@ def test_batches_identical_with_and_without_the_hook(method):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_dataset_exception_surfaces_unchanged(workers):
-    args = ["--workers", str(workers), "--raise-at", "9", "--size", "40", "--sample-ms", "0",
-            "--step-ms", "0", "--duration", "60"]
+    args = [
+        "--workers",
+        str(workers),
+        "--raise-at",
+        "9",
+        "--size",
+        "40",
+        "--sample-ms",
+        "0",
+        "--step-ms",
+        "0",
+        "--duration",
+        "60",
+    ]
     plain, _, err0, _ = _run(*args, disable=True)
     hooked, _, err1, left = _run(*args, disable=False)
     assert plain["error"] is not None and plain["error"][0] == "ValueError"
@@ -47,8 +75,7 @@ def test_dataset_exception_surfaces_unchanged(workers):
 
 
 def test_disable_env_means_no_socket_and_no_patch(tmp_path):
-    job = Job("--size", "64", "--sample-ms", "0", "--step-ms", "0", "--duration", "60",
-              disable=True)
+    job = Job("--size", "64", "--sample-ms", "0", "--step-ms", "0", "--duration", "60", disable=True)
     try:
         job.finish()
         assert os.listdir(job.dir) == []

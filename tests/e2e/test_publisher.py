@@ -124,6 +124,7 @@ def expect_server_hello(c: Client) -> dict:
 
 # --- socket file ---------------------------------------------------------------------
 
+
 def test_socket_file_is_private(pub):
     st = os.lstat(pub.path)
     assert stat.S_ISSOCK(st.st_mode)
@@ -161,6 +162,7 @@ def test_open_refuses_an_unsafe_directory(short_tmpdir):
 
 
 # --- conversation ------------------------------------------------------------------------
+
 
 def test_hello_then_windows_at_ten_per_second(pub):
     c = Client(pub.path, hello=wire.encode({**wire.client_hello("t"), "history_frames": 0}))
@@ -270,6 +272,7 @@ def test_server_hello_announces_history_count(pub):
 
 # --- bad clients -------------------------------------------------------------------------
 
+
 def error_then_eof(c: Client) -> str:
     msgs = c.until_eof()
     assert len(msgs) == 1, msgs
@@ -289,15 +292,20 @@ def test_wrong_protocol_version(pub):
     assert wait_for(lambda: pub.clients == 0, 2)
 
 
-@pytest.mark.parametrize("payload,fragment", [
-    (b"\x00\xff\xfe garbage \x01\n", "malformed"),
-    (b"{oops\n", "malformed"),
-    (b"[1,2,3]\n", "JSON object"),
-    (b'{"type":"hello","protocol":true}\n', "wrong type"),
-    (b'{"type":"error","message":"hi"}\n', "expected a client hello"),
-    (wire.encode({"type": "hello", "protocol": 1, "job": {"pid": 1, "cmdline": "x"}}),
-     "expected a client hello"),
-])
+@pytest.mark.parametrize(
+    "payload,fragment",
+    [
+        (b"\x00\xff\xfe garbage \x01\n", "malformed"),
+        (b"{oops\n", "malformed"),
+        (b"[1,2,3]\n", "JSON object"),
+        (b'{"type":"hello","protocol":true}\n', "wrong type"),
+        (b'{"type":"error","message":"hi"}\n', "expected a client hello"),
+        (
+            wire.encode({"type": "hello", "protocol": 1, "job": {"pid": 1, "cmdline": "x"}}),
+            "expected a client hello",
+        ),
+    ],
+)
 def test_garbage_gets_an_error_and_eof(pub, payload, fragment):
     c = Client(pub.path, hello=payload)
     try:
@@ -307,10 +315,13 @@ def test_garbage_gets_an_error_and_eof(pub, payload, fragment):
     assert wait_for(lambda: pub.clients == 0, 2)
 
 
-@pytest.mark.parametrize("payload", [
-    b"x" * 5000,  # no newline at all
-    wire.encode({**wire.client_hello("t"), "pad": "p" * 5000}),  # a valid hello, too long
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"x" * 5000,  # no newline at all
+        wire.encode({**wire.client_hello("t"), "pad": "p" * 5000}),  # a valid hello, too long
+    ],
+)
 def test_oversized_client_frame(pub, payload):
     c = Client(pub.path, hello=payload)
     try:
@@ -458,6 +469,7 @@ def test_max_clients(pub):
 
 # --- lifecycle ---------------------------------------------------------------------------
 
+
 def test_close_removes_the_socket_and_ends_connections(short_tmpdir):
     p = Publisher(directory=os.path.join(short_tmpdir, "rt"))
     p.open()
@@ -496,6 +508,7 @@ def _wait_for_socket(path: str, timeout: float) -> bool:
             return stat.S_ISSOCK(os.lstat(path).st_mode)
         except OSError:
             return False
+
     return wait_for(ok, timeout)
 
 
@@ -582,6 +595,7 @@ def test_job_connection_to_an_exited_process(short_tmpdir):
 
 # --- peer credentials --------------------------------------------------------------------
 
+
 def test_peer_allowed_for_our_own_uid():
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -643,6 +657,7 @@ def test_other_user_is_hung_up_on_even_with_loose_file_modes(pub):
     os.chmod(pub.directory, 0o711)
     os.chmod(pub.path, 0o666)
     try:
+
         def attempt(s):
             try:
                 s.connect(pub.path)
@@ -661,7 +676,7 @@ def test_other_user_is_hung_up_on_even_with_loose_file_modes(pub):
                     data += chunk
             except (ConnectionResetError, BrokenPipeError):
                 pass
-            except socket.timeout:
+            except TimeoutError:
                 return 4  # neither data nor a hang-up
             return 1 if b"hello" in data or b"window" in data else 0
 
@@ -694,8 +709,11 @@ _SIGPIPE_JOB = textwrap.dedent("""
 
 
 def test_monitor_hanging_up_never_kills_the_job(short_tmpdir):
-    job = subprocess.Popen([sys.executable, "-c", _SIGPIPE_JOB, os.path.join(short_tmpdir, "rt")],
-                           stdout=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        [sys.executable, "-c", _SIGPIPE_JOB, os.path.join(short_tmpdir, "rt")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         path = job.stdout.readline().strip()
         assert path

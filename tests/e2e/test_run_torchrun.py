@@ -21,12 +21,29 @@ def test_torchrun_ranks_are_instrumented_and_grouped():
     d = short_tmpdir()
     work = short_tmpdir("dlwtr")
     stop = os.path.join(work, "stop")
-    job = Path(__file__).parent / "jobs" / "ranked_job.py"
+    job = Path(__file__).parent.parent / "jobs" / "ranked_job.py"
     env = dict(os.environ, DLWATCH_DIR=d, OMP_NUM_THREADS="1")
-    p = subprocess.Popen([sys.executable, "-m", "dlwatch", "run", "--", sys.executable, "-m",
-                          "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          str(job), stop], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, cwd=work)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dlwatch",
+            "run",
+            "--",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(job),
+            stop,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=work,
+    )
     try:
         jobs = []
         end = time.monotonic() + 60

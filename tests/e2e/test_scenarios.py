@@ -20,8 +20,9 @@ from tests.e2e_util import short_tmpdir
 pytestmark = pytest.mark.slow
 
 # Hints a CPU-only machine can produce; the GPU rules have their own tests.
-CPU_SCENARIOS = [n for n, s in SCENARIOS.items()
-                 if s.hint not in (None, "enable-pin-memory", "main-loop-cpu-bound")]
+CPU_SCENARIOS = [
+    n for n, s in SCENARIOS.items() if s.hint not in (None, "enable-pin-memory", "main-loop-cpu-bound")
+]
 # How long to watch before giving up: warm-up (3 s) + hold (3 s) + margin; the
 # memory-growth rule needs a minute of USS samples by design.
 PATIENCE_S = {"worker-memory-growth": 110.0, "enable-persistent-workers": 60.0}
@@ -30,9 +31,25 @@ DEFAULT_PATIENCE_S = 45.0
 
 def start_scenario(name: str, d: str, *extra: str) -> subprocess.Popen:
     env = dict(os.environ, DLWATCH_DIR=d)
-    return subprocess.Popen([sys.executable, "-m", "dlwatch.demo.train", "--scenario", name,
-                             "--quiet", "--hook", "--device", "cpu", "--duration", "300", *extra],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dlwatch.demo.train",
+            "--scenario",
+            name,
+            "--quiet",
+            "--hook",
+            "--device",
+            "cpu",
+            "--duration",
+            "300",
+            *extra,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def watch(d: str, pid: int, until_hint: str | None, patience: float, linger: float = 4.0):
@@ -76,8 +93,9 @@ def test_scenario_raises_its_hint_and_no_other_warning(name):
     d = short_tmpdir()
     p = start_scenario(name, d)
     try:
-        seen, snap = watch(d, p.pid, expected, PATIENCE_S.get(name, DEFAULT_PATIENCE_S),
-                           linger=4.0 if expected else 20.0)
+        seen, snap = watch(
+            d, p.pid, expected, PATIENCE_S.get(name, DEFAULT_PATIENCE_S), linger=4.0 if expected else 20.0
+        )
         assert p.poll() is None, p.stderr.read().decode()[-2000:]
     finally:
         stop(p)
@@ -86,8 +104,9 @@ def test_scenario_raises_its_hint_and_no_other_warning(name):
     if expected is None:
         assert warns == set(), {i: seen[i]["message"] for i in warns}
         return
-    assert expected in seen, (f"{expected} never shown; seen {sorted(seen)}; last jobs: "
-                              f"{snap and snap['jobs']}")
+    assert expected in seen, (
+        f"{expected} never shown; seen {sorted(seen)}; last jobs: {snap and snap['jobs']}"
+    )
     assert warns - {expected} == set(), {i: seen[i]["message"] for i in warns - {expected}}
     h = seen[expected]
     assert h["message"] and h["suggestion"] and h["evidence"]

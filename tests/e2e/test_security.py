@@ -24,10 +24,24 @@ from dlwatch import wire
 from dlwatch.probe.publisher import Publisher
 from tests.e2e_util import JOB, Job, short_tmpdir
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HELLO = wire.encode(wire.client_hello("dlwatch security tests"))
-SHORT_JOB = ["--shuffle", "--seed", "5", "--size", "96", "--epochs", "2", "--sample-ms", "0",
-             "--step-ms", "0", "--checksum", "--duration", "60"]
+SHORT_JOB = [
+    "--shuffle",
+    "--seed",
+    "5",
+    "--size",
+    "96",
+    "--epochs",
+    "2",
+    "--sample-ms",
+    "0",
+    "--step-ms",
+    "0",
+    "--checksum",
+    "--duration",
+    "60",
+]
 
 
 def _run_job(runtime_dir: str, *args: str, disable: bool = False) -> subprocess.Popen:
@@ -37,8 +51,14 @@ def _run_job(runtime_dir: str, *args: str, disable: bool = False) -> subprocess.
         env["DLWATCH_DISABLE"] = "1"
     work = short_tmpdir("dlwsec")
     out = os.path.join(work, "out.json")
-    p = subprocess.Popen([sys.executable, str(JOB), "--out", out, *args], env=env, cwd=work,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, str(JOB), "--out", out, *args],
+        env=env,
+        cwd=work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     p.out_path, p.work = out, work
     return p
 
@@ -56,16 +76,30 @@ def _result(p: subprocess.Popen) -> tuple[dict, str]:
 
 # --- the socket and its directory ---------------------------------------------------------------
 
+
 def test_job_creates_a_0700_dir_and_a_0600_socket_whatever_the_umask():
     base = short_tmpdir()
     rt = os.path.join(base, "rt")  # does not exist yet: the job creates it
     env = dict(os.environ, DLWATCH_DIR=rt)
     env.pop("DLWATCH_DISABLE", None)
     work = short_tmpdir("dlwsec")
-    p = subprocess.Popen([sys.executable, str(JOB), "--out", os.path.join(work, "o.json"),
-                          "--duration", "4", "--size", "100000"], env=env, cwd=work,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         preexec_fn=lambda: os.umask(0))  # the loosest umask possible
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            str(JOB),
+            "--out",
+            os.path.join(work, "o.json"),
+            "--duration",
+            "4",
+            "--size",
+            "100000",
+        ],
+        env=env,
+        cwd=work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: os.umask(0),
+    )  # the loosest umask possible
     try:
         path = os.path.join(rt, f"{p.pid}.sock")
         end = time.monotonic() + 60
@@ -161,6 +195,7 @@ def test_unsafe_runtime_dirs_are_refused_and_the_job_trains_on():
 
 # --- the peer's uid --------------------------------------------------------------------------------
 
+
 def _as_nobody(fn) -> int:
     """fn(sock) in a forked child running as uid/gid 65534; its exit code (77: cannot setuid)."""
     pid = os.fork()
@@ -224,6 +259,7 @@ def test_other_uid_is_hung_up_on_without_any_data(open_publisher):
     os.chmod(pub.directory, 0o755)
     os.chmod(pub.path, 0o666)
     try:
+
         def attempt(s):
             try:
                 s.connect(pub.path)
@@ -242,15 +278,18 @@ def test_other_uid_is_hung_up_on_without_any_data(open_publisher):
                     data += chunk
             except (ConnectionResetError, BrokenPipeError):
                 pass
-            except socket.timeout:
+            except TimeoutError:
                 return 4  # neither data nor a hang-up
             return 0 if data == b"" else 1
 
         code = _as_nobody(attempt)
         if code == 77:
             pytest.skip("cannot setuid here")
-        assert code == 0, {1: "the server sent data to another uid", 3: "could not connect",
-                           4: "the server neither answered nor hung up"}.get(code, code)
+        assert code == 0, {
+            1: "the server sent data to another uid",
+            3: "could not connect",
+            4: "the server neither answered nor hung up",
+        }.get(code, code)
         time.sleep(0.2)
         assert pub.clients == 0
         # Our own uid still gets served on the same socket.
@@ -270,8 +309,20 @@ def test_other_uid_is_hung_up_on_without_any_data(open_publisher):
 # --- nothing but JSON from the wire --------------------------------------------------------------
 
 WIRE_MODULES = ["dlwatch/wire.py", "dlwatch/probe/publisher.py", "dlwatch/collect/jobs.py"]
-BANNED_MODULES = {"pickle", "cPickle", "_pickle", "marshal", "shelve", "dill", "cloudpickle",
-                  "yaml", "importlib", "runpy", "code", "codeop"}
+BANNED_MODULES = {
+    "pickle",
+    "cPickle",
+    "_pickle",
+    "marshal",
+    "shelve",
+    "dill",
+    "cloudpickle",
+    "yaml",
+    "importlib",
+    "runpy",
+    "code",
+    "codeop",
+}
 BANNED_CALLS = {"eval", "exec", "compile", "__import__", "execfile", "input"}
 
 
@@ -293,8 +344,7 @@ def test_wire_path_never_unpickles_or_evaluates(rel):
         elif isinstance(node, ast.Attribute) and node.attr in BANNED_CALLS | {"loads", "load"}:
             # The only decoder allowed is json's.
             base = node.value
-            if not (isinstance(base, ast.Name) and base.id == "json"
-                    and node.attr in ("loads",)):
+            if not (isinstance(base, ast.Name) and base.id == "json" and node.attr in ("loads",)):
                 problems.append(f"line {node.lineno}: .{node.attr}")
     assert not problems, f"{rel}: {problems}"
     # And the plain-text grep the brief asks for, outside comments and docstrings.
@@ -361,11 +411,23 @@ def test_no_tcp_listener_in_a_monitored_job_with_a_client_attached():
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.binary(max_size=600) | st.sampled_from([
-    HELLO, b"\n", b'{"type":"hello","protocol":99}\n', b'{"type":"hello","protocol":1,'
-    b'"history_frames":-5}\n', b'{"type":"hello","protocol":1,"history_frames":1e309}\n',
-    b'{"type":"hello","protocol":true}\n', b'{"type":"error","message":"x"}\n']),
-    max_size=10))
+@given(
+    st.lists(
+        st.binary(max_size=600)
+        | st.sampled_from(
+            [
+                HELLO,
+                b"\n",
+                b'{"type":"hello","protocol":99}\n',
+                b'{"type":"hello","protocol":1,"history_frames":-5}\n',
+                b'{"type":"hello","protocol":1,"history_frames":1e309}\n',
+                b'{"type":"hello","protocol":true}\n',
+                b'{"type":"error","message":"x"}\n',
+            ]
+        ),
+        max_size=10,
+    )
+)
 def test_hostile_client_bytes_never_raise_in_the_publisher(chunks):
     """The publisher's per-client input path, fed directly (no thread, no socket file)."""
     import selectors
@@ -373,10 +435,10 @@ def test_hostile_client_bytes_never_raise_in_the_publisher(chunks):
     from dlwatch.probe.publisher import _Client
 
     pub = Publisher(directory="/nonexistent")
-    pub._hello = wire.encode({"type": "hello", "protocol": 1,
-                              "job": {"pid": os.getpid(), "cmdline": "x"}})
-    pub._history.extend(wire.encode({"type": "window", "seq": i, "t": 0.0, "mono_ns": i,
-                                     "loaders": []}) for i in range(5))
+    pub._hello = wire.encode({"type": "hello", "protocol": 1, "job": {"pid": os.getpid(), "cmdline": "x"}})
+    pub._history.extend(
+        wire.encode({"type": "window", "seq": i, "t": 0.0, "mono_ns": i, "loaders": []}) for i in range(5)
+    )
     pub._sel = selectors.DefaultSelector()
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     a.setblocking(False)

@@ -143,8 +143,11 @@ async def test_real_job_workers_and_data_wait_reach_the_screen(job):
         # Worker PIDs: on screen == the job's real child processes == the model.
         real = real_worker_pids(pid)
         assert len(real) == 2, real
-        await wait_for(pilot, lambda: set(shown_worker_pids(app)) == real,
-                       f"worker PIDs {sorted(real)} in the workers table")
+        await wait_for(
+            pilot,
+            lambda: set(shown_worker_pids(app)) == real,
+            f"worker PIDs {sorted(real)} in the workers table",
+        )
         assert len(shown_worker_pids(app)) == 2
         model = {w["pid"] for w in model_loader(app.snapshot, pid)["workers"]}
         assert model == real
@@ -174,8 +177,11 @@ async def test_real_job_workers_and_data_wait_reach_the_screen(job):
             assert expected in label, (expected, label)
             assert row[3].split()[0] == expected, (expected, row)
             checked += 1
-            await wait_for(pilot, lambda: app.snapshot is not before and monitor.latest()
-                           is not before, "the next refresh")
+            await wait_for(
+                pilot,
+                lambda before=before: app.snapshot is not before and monitor.latest() is not before,
+                "the next refresh",
+            )
         assert checked == 3
         # Sanity: the loop really is data-bound (~50 %), so the figure is not a
         # constant 0 % or 100 % that would match by accident.
@@ -197,18 +203,25 @@ async def test_second_job_appears_live_and_a_killed_job_shows_exited_with_last_f
             pid_b = second.proc.pid
             row = await wait_for(pilot, lambda: job_row(app, pid_b), "the second job", timeout=40)
             assert row[2] == "live"
-            await wait_for(pilot, lambda: (model_loader(app.snapshot, pid_b) or {}).get(
-                "data_wait_fraction") is not None and job_row(app, pid_b)[3].strip() != fmt.NA,
-                "the second job's figures")
+            await wait_for(
+                pilot,
+                lambda: (
+                    (model_loader(app.snapshot, pid_b) or {}).get("data_wait_fraction") is not None
+                    and job_row(app, pid_b)[3].strip() != fmt.NA
+                ),
+                "the second job's figures",
+            )
             await select(pilot, app, pid_b)
             real_b = real_worker_pids(pid_b)
-            await wait_for(pilot, lambda: set(shown_worker_pids(app)) == real_b,
-                           "the second job's workers")
+            await wait_for(pilot, lambda: set(shown_worker_pids(app)) == real_b, "the second job's workers")
             last_live = model_loader(app.snapshot, pid_b)["data_wait_fraction"]
 
             second.kill()  # SIGKILL: no atexit, the socket file stays behind
-            await wait_for(pilot, lambda: (job_row(app, pid_b) or [""] * 5)[2] == "exited",
-                           "the killed job's row to show exited")
+            await wait_for(
+                pilot,
+                lambda: (job_row(app, pid_b) or [""] * 5)[2] == "exited",
+                "the killed job's row to show exited",
+            )
         finally:
             second.kill()
             shutil.rmtree(second.workdir, ignore_errors=True)
@@ -228,8 +241,11 @@ async def test_second_job_appears_live_and_a_killed_job_shows_exited_with_last_f
         frozen = (row_b[3], label)
         later = app.snapshot
         await wait_for(pilot, lambda: app.snapshot is not later, "a later refresh")
-        await wait_for(pilot, lambda: app.snapshot is not later and monitor.latest() is app.snapshot,
-                       "another later refresh")
+        await wait_for(
+            pilot,
+            lambda: app.snapshot is not later and monitor.latest() is app.snapshot,
+            "another later refresh",
+        )
         assert (job_row(app, pid_b)[3], wait_label(app)) == frozen
         assert job_row(app, pid_b)[2] == "exited"
         # The other job is untouched.
@@ -243,8 +259,9 @@ async def test_s_writes_an_svg_in_cwd_and_q_stops_the_monitor_thread(job, tmp_pa
     pid = job.proc.pid
     app, monitor = make_app(job)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: set(shown_worker_pids(app)) == real_worker_pids(pid),
-                       "the job's workers on screen")
+        await wait_for(
+            pilot, lambda: set(shown_worker_pids(app)) == real_worker_pids(pid), "the job's workers on screen"
+        )
         thread = monitor._thread
         assert isinstance(thread, threading.Thread) and thread.is_alive()
         assert thread.name == "dlwatch-monitor"
@@ -253,12 +270,11 @@ async def test_s_writes_an_svg_in_cwd_and_q_stops_the_monitor_thread(job, tmp_pa
         # warm-up and hold time): workers busy but sleeping = I/O-bound.
         def hint_on_screen():
             text = plain(app.screen.query_one(HintsPanel))
-            ids = {h["id"] for h in (app.snapshot or {}).get("hints", [])
-                   if h.get("job_pid") == pid}
+            ids = {h["id"] for h in (app.snapshot or {}).get("hints", []) if h.get("job_pid") == pid}
             shown = [i for i in ("io-bound", "add-workers") if i in ids and i in text]
             return shown
-        shown = await wait_for(pilot, hint_on_screen, "an io-bound/add-workers hint on screen",
-                               timeout=30)
+
+        shown = await wait_for(pilot, hint_on_screen, "an io-bound/add-workers hint on screen", timeout=30)
 
         await pilot.press("s")
         files = await wait_for(pilot, lambda: list(Path(tmp_path).glob("*.svg")), "an SVG file")

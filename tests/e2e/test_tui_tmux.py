@@ -22,10 +22,12 @@ import pytest
 
 from tests.e2e_util import Job, snapshot_json
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
+]
 
-ROOT = str(Path(__file__).resolve().parent.parent)
+ROOT = str(Path(__file__).resolve().parents[2])
 JOB_ARGS = ("--start-method", "fork", "--persistent", "--duration", "150")
 WAIT_RE = re.compile(r"DATA WAIT\s+(\d{1,3})%\s+(✓ OK|▲ WARN|✖ BAD)")
 SGR_RE = re.compile(r"\x1b\[([0-9;:]*)m")
@@ -40,14 +42,18 @@ class Tmux:
         self.env = env
 
     def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run(["tmux", "-L", self.name, "-f", "/dev/null", *args],
-                              env=self.env, capture_output=True, text=True, timeout=20,
-                              check=check)
+        return subprocess.run(
+            ["tmux", "-L", self.name, "-f", "/dev/null", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=check,
+        )
 
     def start(self, width: int, height: int, command: list[str], env: dict[str, str]) -> None:
         extra = [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
-        self("new-session", "-d", "-s", "main", "-x", str(width), "-y", str(height), *extra,
-             *command)
+        self("new-session", "-d", "-s", "main", "-x", str(width), "-y", str(height), *extra, *command)
 
     def capture(self, escapes: bool = False) -> str:
         r = self("capture-pane", "-p", *(["-e"] if escapes else []), "-t", "main", check=False)
@@ -103,8 +109,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("width,height,extra_env", CASES)
-def test_dlwatch_in_tmux_shows_workers_and_wait_then_quits_on_q(job, width, height, extra_env,
-                                                              tmp_path):
+def test_dlwatch_in_tmux_shows_workers_and_wait_then_quits_on_q(job, width, height, extra_env, tmp_path):
     pid = job.proc.pid
     workers = real_worker_pids(pid)
     assert len(workers) == 2, workers
@@ -118,8 +123,20 @@ def test_dlwatch_in_tmux_shows_workers_and_wait_then_quits_on_q(job, width, heig
     # dlwatch itself, so the status does not depend on when tmux gets to it.
     status_file = tmp_path / "exit-status"
     pane_env["DLW_STATUS"] = str(status_file)
-    tmux.start(width, height, ["sh", "-c", 'rc=0; "$@" || rc=$?; echo "$rc" > "$DLW_STATUS"',
-                               "sh", sys.executable, "-m", "dlwatch"], pane_env)
+    tmux.start(
+        width,
+        height,
+        [
+            "sh",
+            "-c",
+            'rc=0; "$@" || rc=$?; echo "$rc" > "$DLW_STATUS"',
+            "sh",
+            sys.executable,
+            "-m",
+            "dlwatch",
+        ],
+        pane_env,
+    )
     try:
         assert tmux.size() == (width, height)
 
@@ -128,8 +145,7 @@ def test_dlwatch_in_tmux_shows_workers_and_wait_then_quits_on_q(job, width, heig
         end = time.monotonic() + LIMIT_S
         while time.monotonic() < end:
             screen = tmux.capture()
-            if (all(str(p) in screen for p in workers) and str(pid) in screen
-                    and WAIT_RE.search(screen)):
+            if all(str(p) in screen for p in workers) and str(pid) in screen and WAIT_RE.search(screen):
                 break
             if status_file.exists() or tmux.pane("#{pane_pid}") is None:
                 pytest.fail(f"dlwatch exited early; its screen:\n{screen}")
@@ -205,8 +221,10 @@ def _describe(pid: int) -> str:
             except OSError:
                 pass
         fds = os.listdir(f"/proc/{pid}/fd")
-        return (f"process {pid} {status.get('State')} threads={status.get('Threads')} "
-                f"tasks={wchan} fds={len(fds)}")
+        return (
+            f"process {pid} {status.get('State')} threads={status.get('Threads')} "
+            f"tasks={wchan} fds={len(fds)}"
+        )
     except OSError as e:
         return f"process {pid}: {e}"
 
@@ -249,13 +267,12 @@ def _has_hue(params: str) -> bool:
                 i += 3
                 continue
             if parts[i + 1] == 2 and i + 4 < len(parts):
-                r, g, b = parts[i + 2:i + 5]
+                r, g, b = parts[i + 2 : i + 5]
                 if max(r, g, b) - min(r, g, b) > 8:
                     return True
                 i += 5
                 continue
-        elif (30 <= n <= 37 or 40 <= n <= 47 or 90 <= n <= 97 or 100 <= n <= 107) \
-                and n not in _BASIC_GREY:
+        elif (30 <= n <= 37 or 40 <= n <= 47 or 90 <= n <= 97 or 100 <= n <= 107) and n not in _BASIC_GREY:
             return True
         i += 1
     return False

@@ -7,8 +7,6 @@ Prints ``ready {json}`` at the first training batch, then trains for about
 TRAIN_S seconds (sleep-based dataset cost, 2 fork workers) and exits.
 """
 
-import dlwatch.hook  # noqa: F401  (the one line)
-
 import json
 import os
 import sys
@@ -16,6 +14,8 @@ import time
 
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+import dlwatch.hook  # noqa: F401  (the one line)
 
 TRAIN_S = float(os.environ.get("TRAIN_S", "6"))
 
@@ -57,17 +57,28 @@ def lightning():
         def training_step(self, batch, i):
             x, y = batch
             loss = torch.nn.functional.mse_loss(self.lin(x), y)
-            if tick({"framework": "lightning",
-                     "worker_init_fn_is_none": self.trainer.train_dataloader.worker_init_fn is None}):
+            if tick(
+                {
+                    "framework": "lightning",
+                    "worker_init_fn_is_none": self.trainer.train_dataloader.worker_init_fn is None,
+                }
+            ):
                 self.trainer.should_stop = True
             return loss
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
-    trainer = L.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, num_sanity_val_steps=0)
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
     dl = make_loader()
     trainer.fit(M(), train_dataloaders=dl)
     print("fit-done", dl.worker_init_fn is None, flush=True)

@@ -12,9 +12,10 @@ import os
 import sys
 import time
 
-import dlwatch.hook  # noqa: F401
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+import dlwatch.hook  # noqa: F401
 
 
 class Slow(Dataset):
@@ -113,7 +114,7 @@ def sigint():
     got = 0
     try:
         for epoch in range(1000):
-            for i, _batch in enumerate(dl):
+            for _batch in dl:
                 got += 1
                 if got == 5:
                     say("ready", json.dumps({"pid": os.getpid(), "epoch": epoch}))

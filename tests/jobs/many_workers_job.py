@@ -12,14 +12,14 @@ The ready file is created after the first batch. The job stops after
 """
 
 import argparse
-import os
 import signal
 import sys
 import time
 
-import dlwatch.hook  # noqa: F401  (as a user would; a no-op under DLWATCH_DISABLE=1)
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+import dlwatch.hook  # noqa: F401  (as a user would; a no-op under DLWATCH_DISABLE=1)
 
 
 class SleepySamples(Dataset):
@@ -55,10 +55,14 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    loader = DataLoader(SleepySamples(a.size, a.sample_ms), batch_size=a.batch_size,
-                        num_workers=a.workers, multiprocessing_context="fork",
-                        persistent_workers=a.workers > 0,
-                        prefetch_factor=a.prefetch if a.workers else None)
+    loader = DataLoader(
+        SleepySamples(a.size, a.sample_ms),
+        batch_size=a.batch_size,
+        num_workers=a.workers,
+        multiprocessing_context="fork",
+        persistent_workers=a.workers > 0,
+        prefetch_factor=a.prefetch if a.workers else None,
+    )
     end = None
     while not stop[0]:
         for _ in loader:

@@ -27,9 +27,10 @@ import signal
 import sys
 import time
 
-import dlwatch.hook  # noqa: F401
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+import dlwatch.hook  # noqa: F401
 
 
 class Sleepy(Dataset):
@@ -50,9 +51,14 @@ def _ready(path) -> None:
 
 
 def run_switch(a, stop) -> None:
-    loader = DataLoader(Sleepy(a.size, a.sample_ms), batch_size=a.batch_size,
-                        num_workers=a.workers, multiprocessing_context="fork",
-                        persistent_workers=True, prefetch_factor=a.prefetch)
+    loader = DataLoader(
+        Sleepy(a.size, a.sample_ms),
+        batch_size=a.batch_size,
+        num_workers=a.workers,
+        multiprocessing_context="fork",
+        persistent_workers=True,
+        prefetch_factor=a.prefetch,
+    )
     log = open(a.log, "a", buffering=1) if a.log else None
     on = False
     end = None
@@ -73,10 +79,14 @@ def run_switch(a, stop) -> None:
 
 
 def run_sleepy(a, stop) -> None:
-    loader = DataLoader(Sleepy(a.size, a.sample_ms), batch_size=a.batch_size,
-                        num_workers=a.workers, multiprocessing_context="fork",
-                        persistent_workers=a.workers > 0,
-                        prefetch_factor=a.prefetch if a.workers else None)
+    loader = DataLoader(
+        Sleepy(a.size, a.sample_ms),
+        batch_size=a.batch_size,
+        num_workers=a.workers,
+        multiprocessing_context="fork",
+        persistent_workers=a.workers > 0,
+        prefetch_factor=a.prefetch if a.workers else None,
+    )
     end = None
     while not stop[0]:
         for _ in loader:
@@ -112,9 +122,16 @@ def run_fast(a, stop) -> None:
     n -= n0
     if a.result:
         with open(a.result + ".tmp", "w") as f:
-            json.dump({"batches": n, "seconds": secs, "batches_per_s": n / secs,
-                       "cpu_ns_per_batch": cpu * 1e9 / n,
-                       "hook": os.environ.get("DLWATCH_DISABLE") != "1"}, f)
+            json.dump(
+                {
+                    "batches": n,
+                    "seconds": secs,
+                    "batches_per_s": n / secs,
+                    "cpu_ns_per_batch": cpu * 1e9 / n,
+                    "hook": os.environ.get("DLWATCH_DISABLE") != "1",
+                },
+                f,
+            )
         os.replace(a.result + ".tmp", a.result)
 
 

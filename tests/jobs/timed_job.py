@@ -10,13 +10,12 @@ import argparse
 import hashlib
 import json
 import os
-import sys
 import time
 
-import dlwatch.hook  # noqa: F401  (a no-op under DLWATCH_DISABLE=1)
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
+import dlwatch.hook  # noqa: F401  (a no-op under DLWATCH_DISABLE=1)
 
 _trace = None
 
@@ -61,12 +60,18 @@ class SleepyIterable(IterableDataset):
 
 
 def make_loader(a, sample_ms, batch_size, n, trace_dir=None):
-    ds = (SleepyIterable(n, sample_ms, trace_dir) if a.iterable
-          else SleepyMap(n, sample_ms, a.raise_at, trace_dir))
+    ds = (
+        SleepyIterable(n, sample_ms, trace_dir)
+        if a.iterable
+        else SleepyMap(n, sample_ms, a.raise_at, trace_dir)
+    )
     kw = dict(batch_size=batch_size, num_workers=a.workers, shuffle=a.shuffle and not a.iterable)
     if a.workers:
-        kw.update(multiprocessing_context=a.start_method, persistent_workers=a.persistent,
-                  prefetch_factor=a.prefetch)
+        kw.update(
+            multiprocessing_context=a.start_method,
+            persistent_workers=a.persistent,
+            prefetch_factor=a.prefetch,
+        )
     if a.pin_memory:
         kw["pin_memory"] = True
     if a.shuffle:
@@ -108,8 +113,9 @@ def run_epoch(loader, rec, a, step_ms, deadline, digest):
             open(a.out + ".ready", "w").close()
         if digest is not None:
             data = repr(batch[0].tolist()).encode()
-            digest.append(hashlib.sha256(data).hexdigest()[:16]
-                          + ":" + ",".join(str(int(x)) for x in batch[1]))
+            digest.append(
+                hashlib.sha256(data).hexdigest()[:16] + ":" + ",".join(str(int(x)) for x in batch[1])
+            )
         if a.cuda:
             x = batch[0].to("cuda", non_blocking=a.pin_memory)
             (x.sum() + _gpu_work()).item()
@@ -153,8 +159,10 @@ def main():
     deadline = [None]
     train = make_loader(a, a.sample_ms, a.batch_size, a.size, a.trace_dir)
     val = make_loader(a, a.sample_ms / 2, a.batch_size * 2, a.size) if a.val else None
-    recs = {"train": {"epoch": 0, "batches": [], "worker_pids": []},
-            "val": {"epoch": 0, "batches": [], "worker_pids": []}}
+    recs = {
+        "train": {"epoch": 0, "batches": [], "worker_pids": []},
+        "val": {"epoch": 0, "batches": [], "worker_pids": []},
+    }
     digest = [] if a.checksum else None
     out = {"pid": os.getpid(), "error": None}
     try:

@@ -67,8 +67,13 @@ def test_insecure_runtime_dir_is_refused():
 
 def _run_cmd(code: str, env_extra: dict, d: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, DLWATCH_DIR=d, **env_extra)
-    return subprocess.run([sys.executable, "-m", "dlwatch", "run", "--", sys.executable, "-c", code],
-                          env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "dlwatch", "run", "--", sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_run_activates_the_hook_and_keeps_pythonpath_and_sitecustomize(tmp_path):
@@ -104,8 +109,13 @@ def test_run_passes_exit_status_and_reports_missing_command():
     r = _run_cmd("import sys; sys.exit(3)", {}, d)
     assert r.returncode == 3
     env = dict(os.environ, DLWATCH_DIR=d)
-    r = subprocess.run([sys.executable, "-m", "dlwatch", "run", "no-such-command-xyz"], env=env,
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [sys.executable, "-m", "dlwatch", "run", "no-such-command-xyz"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 127 and "command not found" in r.stderr
 
 
@@ -118,7 +128,12 @@ def test_hook_import_is_light_and_side_effect_free():
         print(heavy, threading.active_count() - before, os.listdir(os.environ['DLWATCH_DIR']))
     """)
     d = short_tmpdir()
-    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, DLWATCH_DIR=d),
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(os.environ, DLWATCH_DIR=d),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[] 0 []"

@@ -89,10 +89,19 @@ class FakeNvml:
 
 def two_gpus() -> list[dict]:
     return [
-        dict(name=b"NVIDIA H100 80GB HBM3", uuid=b"GPU-aaaa", util=87, used=40 * MiB,
-             total=80 * MiB, temp=61, mw=312_500, pids=[1234, 5678]),
-        dict(name="NVIDIA A10G", uuid="GPU-bbbb", util=0, used=0, total=24 * MiB,
-             temp=30, mw=20_000, pids=[]),
+        dict(
+            name=b"NVIDIA H100 80GB HBM3",
+            uuid=b"GPU-aaaa",
+            util=87,
+            used=40 * MiB,
+            total=80 * MiB,
+            temp=61,
+            mw=312_500,
+            pids=[1234, 5678],
+        ),
+        dict(
+            name="NVIDIA A10G", uuid="GPU-bbbb", util=0, used=0, total=24 * MiB, temp=30, mw=20_000, pids=[]
+        ),
     ]
 
 
@@ -112,9 +121,16 @@ def test_two_gpus_all_fields():
     status, gpus = GpuSampler(nvml=fake).sample()
     assert status == "ok"
     assert gpus[0] == {
-        "index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-aaaa", "util_percent": 87.0,
-        "mem_used_bytes": 40 * MiB, "mem_total_bytes": 80 * MiB, "temperature_c": 61.0,
-        "power_w": 312.5, "processes": [1234, 5678], "error": None,
+        "index": 0,
+        "name": "NVIDIA H100 80GB HBM3",
+        "uuid": "GPU-aaaa",
+        "util_percent": 87.0,
+        "mem_used_bytes": 40 * MiB,
+        "mem_total_bytes": 80 * MiB,
+        "temperature_c": 61.0,
+        "power_w": 312.5,
+        "processes": [1234, 5678],
+        "error": None,
     }
     assert gpus[1]["name"] == "NVIDIA A10G" and gpus[1]["uuid"] == "GPU-bbbb"
     assert gpus[1]["util_percent"] == 0.0 and gpus[1]["processes"] == []
@@ -150,16 +166,25 @@ def test_close_shuts_down_and_next_sample_reinitialises():
 
 
 FIELD_OF_CALL = {
-    "name": ["name"], "uuid": ["uuid"], "util": ["util_percent"],
-    "mem": ["mem_used_bytes", "mem_total_bytes"], "temp": ["temperature_c"],
-    "power": ["power_w"], "procs": ["processes"],
+    "name": ["name"],
+    "uuid": ["uuid"],
+    "util": ["util_percent"],
+    "mem": ["mem_used_bytes", "mem_total_bytes"],
+    "temp": ["temperature_c"],
+    "power": ["power_w"],
+    "procs": ["processes"],
 }
 
 
 @pytest.mark.parametrize("call", sorted(FIELD_OF_CALL))
 @pytest.mark.parametrize(
-    "code", [pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_GPU_IS_LOST,
-             pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, pynvml.NVML_ERROR_UNKNOWN]
+    "code",
+    [
+        pynvml.NVML_ERROR_NOT_SUPPORTED,
+        pynvml.NVML_ERROR_GPU_IS_LOST,
+        pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+        pynvml.NVML_ERROR_UNKNOWN,
+    ],
 )
 def test_one_failing_call_degrades_only_that_field(call, code):
     fake = FakeNvml(two_gpus(), fail={(call, 1): nvml_error(code)})
@@ -269,8 +294,9 @@ def test_real_pynvml_default_path():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _nvml_loadable() or not os.path.exists("/dev/nvidiactl"),
-                    reason="needs an NVIDIA driver and GPU")
+@pytest.mark.skipif(
+    not _nvml_loadable() or not os.path.exists("/dev/nvidiactl"), reason="needs an NVIDIA driver and GPU"
+)
 def test_real_gpu_figures():
     with GpuSampler() as s:
         status, gpus = s.sample()

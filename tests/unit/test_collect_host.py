@@ -25,7 +25,9 @@ from dlwatch.collect.host import (
     parse_proc_cgroup,
 )
 
-V2_MOUNTINFO = "30 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
+V2_MOUNTINFO = (
+    "30 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
+)
 V1_MOUNTINFO = (
     "31 23 0:28 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n"
     "32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid - cgroup cgroup rw,cpu,cpuacct\n"
@@ -62,8 +64,14 @@ def test_parse_cpu_max(text, cores):
 
 @pytest.mark.parametrize(
     "quota, period, cores",
-    [("-1\n", "100000\n", None), ("400000\n", "100000\n", 4.0), ("25000", "100000", 0.25),
-     ("x", "100000", None), ("100000", "", None), ("0", "100000", None)],
+    [
+        ("-1\n", "100000\n", None),
+        ("400000\n", "100000\n", 4.0),
+        ("25000", "100000", 0.25),
+        ("x", "100000", None),
+        ("100000", "", None),
+        ("0", "100000", None),
+    ],
 )
 def test_parse_cfs(quota, period, cores):
     assert parse_cfs(quota, period) == cores
@@ -251,7 +259,10 @@ def test_usable_cores_follows_affinity_of_a_pinned_child():
     code = "from dlwatch.collect import host; print(host.core_budget().affinity)"
     out = subprocess.run(
         ["taskset", "-c", "0", sys.executable, "-c", code],
-        capture_output=True, text=True, timeout=30, check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
     )
     assert out.stdout.strip() == "1"
 
@@ -271,8 +282,16 @@ def test_host_sample_keys_and_types():
 
 def test_host_sample_function_returns_schema_keys():
     s = host.host_sample()
-    for k in ("logical_cpus", "usable_cores", "cpu_percent", "shm_free_bytes",
-              "load_percent_of_usable", "affinity_cores", "quota_cores", "cores_reason"):
+    for k in (
+        "logical_cpus",
+        "usable_cores",
+        "cpu_percent",
+        "shm_free_bytes",
+        "load_percent_of_usable",
+        "affinity_cores",
+        "quota_cores",
+        "cores_reason",
+    ):
         assert k in s
 
 
@@ -338,11 +357,13 @@ def test_busy_fraction_excludes_idle_iowait_and_guest():
 
 
 def test_short_interval_keeps_last_figure():
-    ticks = iter([
-        CPU_TIMES(*([10.0] * 10)),
-        CPU_TIMES(20.0, *([10.0] * 9)),
-        CPU_TIMES(20.0, *([10.0] * 9)),  # no tick elapsed
-    ])
+    ticks = iter(
+        [
+            CPU_TIMES(*([10.0] * 10)),
+            CPU_TIMES(20.0, *([10.0] * 9)),
+            CPU_TIMES(20.0, *([10.0] * 9)),  # no tick elapsed
+        ]
+    )
     s = HostSampler(cpu_times=lambda: next(ticks))
     first = s.sample()["cpu_percent"]
     assert first == pytest.approx(100.0)

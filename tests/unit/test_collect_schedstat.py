@@ -22,12 +22,13 @@ def test_parse():
 
 
 def test_missing_process_is_none():
-    assert read_process(2 ** 22 + 12345) is None
-    assert SchedSampler().sample([2 ** 22 + 12345]) == {2 ** 22 + 12345: None}
+    assert read_process(2**22 + 12345) is None
+    assert SchedSampler().sample([2**22 + 12345]) == {2**22 + 12345: None}
 
 
-@pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat"),
-                    reason="kernel without schedstat")
+@pytest.mark.skipif(
+    not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat"), reason="kernel without schedstat"
+)
 def test_oversubscribed_spinners_wait_in_the_run_queue_and_a_sleeper_does_not():
     cores = len(os.sched_getaffinity(0))
     # Pin 3 spinners per core onto one core: each runs a third of the time.

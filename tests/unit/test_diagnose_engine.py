@@ -11,11 +11,18 @@ import dataclasses
 
 import pytest
 
-from dlwatch.diagnose import HOLD_OFF_S, HOLD_ON_S, Diagnoser, DiagnoseState, diagnose
-from dlwatch.diagnose import engine
+from dlwatch.diagnose import HOLD_OFF_S, HOLD_ON_S, Diagnoser, DiagnoseState, diagnose, engine
 
 from .test_diagnose_rules import (
-    MIB, T0, cpu_bound_loader, ids, job, loader, one, snap, worker,
+    MIB,
+    T0,
+    cpu_bound_loader,
+    ids,
+    job,
+    loader,
+    one,
+    snap,
+    worker,
 )
 
 ADD = "add-workers"
@@ -61,16 +68,18 @@ def test_clears_only_after_off_hold():
 
 
 def test_brief_clear_keeps_hint_shown():
-    frames = ([(k, bad(k)) for k in range(10)] + [(k, good(k)) for k in range(10, 13)]
-              + [(k, bad(k)) for k in range(13, 30)])
+    frames = (
+        [(k, bad(k)) for k in range(10)]
+        + [(k, good(k)) for k in range(10, 13)]
+        + [(k, bad(k)) for k in range(13, 30)]
+    )
     shown, _ = timeline(frames)
     assert all(ADD in shown[k] for k in range(3, 30))
 
 
 def test_fresh_job_warm_up_suppresses_hints():
     # A brand-new loader: no steady history, batches start at 0, 10 per second.
-    frames = [(k, one(cpu_bound_loader(batches=10 * k, steady_history=False), t=T0 + k))
-              for k in range(12)]
+    frames = [(k, one(cpu_bound_loader(batches=10 * k, steady_history=False), t=T0 + k)) for k in range(12)]
     shown, d = timeline(frames)
     # first batch seen at k=1; steady from k=1+3=4 (≥ 20 batches by then); +3 s hold
     assert all(ADD not in shown[k] for k in range(7))
@@ -79,15 +88,18 @@ def test_fresh_job_warm_up_suppresses_hints():
 
 def test_warm_up_needs_batches():
     # Time passes but the loader never reaches WARMUP_MIN_BATCHES: nothing is judged.
-    frames = [(k, one(cpu_bound_loader(batches=min(k, 15), steady_history=False), t=T0 + k))
-              for k in range(30)]
+    frames = [
+        (k, one(cpu_bound_loader(batches=min(k, 15), steady_history=False), t=T0 + k)) for k in range(30)
+    ]
     shown, _ = timeline(frames)
     assert not any(shown.values())
 
 
 def test_warm_up_uses_window_when_longer():
-    frames = [(k, one(cpu_bound_loader(batches=10 * k, steady_history=False), t=T0 + k,
-                      window_s=6.0)) for k in range(15)]
+    frames = [
+        (k, one(cpu_bound_loader(batches=10 * k, steady_history=False), t=T0 + k, window_s=6.0))
+        for k in range(15)
+    ]
     shown, _ = timeline(frames)
     # steady from 1 + 6 = 7, shown at 10
     assert ADD not in shown[9] and ADD in shown[10]
@@ -137,12 +149,17 @@ def test_pending_hint_restarts_after_warm_up():
 
 def test_exited_job_gets_no_new_hints_and_old_ones_fade():
     frames = [(k, bad(k)) for k in range(10)]
-    frames += [(k, one(cpu_bound_loader(batches=1100), t=T0 + k, job_kw={"state": "exited"}))
-               for k in range(10, 20)]
+    frames += [
+        (k, one(cpu_bound_loader(batches=1100), t=T0 + k, job_kw={"state": "exited"})) for k in range(10, 20)
+    ]
     shown, _ = timeline(frames)
     assert ADD in shown[14] and ADD not in shown[15]
-    fresh, _ = timeline([(k, one(cpu_bound_loader(batches=1000 + 10 * k), t=T0 + k,
-                                 job_kw={"state": "unreachable"})) for k in range(10)])
+    fresh, _ = timeline(
+        [
+            (k, one(cpu_bound_loader(batches=1000 + 10 * k), t=T0 + k, job_kw={"state": "unreachable"}))
+            for k in range(10)
+        ]
+    )
     assert not any(fresh.values())
 
 
@@ -243,8 +260,7 @@ def test_oversubscription_survives_non_persistent_epoch_restart():
     def frame(k):
         epoch = 3 if k < 20 else 4
         batches = 1000 + 10 * k if k < 20 else 1190 + 10 * (k - 20)
-        ld = loader(nw=8, persistent=False, epoch=epoch, batches=batches,
-                    worker_kw=dict(cpu=45.0))
+        ld = loader(nw=8, persistent=False, epoch=epoch, batches=batches, worker_kw=dict(cpu=45.0))
         return one(ld, t=T0 + k, usable=4.0, job_kw={"main_cpu": 90.0})
 
     shown, _ = timeline([(k, frame(k)) for k in range(40)])
@@ -257,8 +273,13 @@ def test_persistent_workers_hint_with_short_epochs():
     frames = []
     for k in range(20):
         n = k // 3
-        ld = loader(persistent=False, epoch=n, batches=30 * k,
-                    epoch_start_ms=[3000.0] + [1500.0] * n, epoch_ms=[3000.0] * n)
+        ld = loader(
+            persistent=False,
+            epoch=n,
+            batches=30 * k,
+            epoch_start_ms=[3000.0] + [1500.0] * n,
+            epoch_ms=[3000.0] * n,
+        )
         frames.append((k, one(ld, t=T0 + k)))
     shown, _ = timeline(frames)
     assert "enable-persistent-workers" in shown[19]
@@ -267,8 +288,13 @@ def test_persistent_workers_hint_with_short_epochs():
 
 def test_multiple_loaders_and_jobs_are_tracked_separately():
     def frame(k):
-        a = job(1000, loaders=[cpu_bound_loader(lid=0, batches=1000 + 10 * k),
-                               loader(1, pid_base=5100, batches=500 + 5 * k)])
+        a = job(
+            1000,
+            loaders=[
+                cpu_bound_loader(lid=0, batches=1000 + 10 * k),
+                loader(1, pid_base=5100, batches=500 + 5 * k),
+            ],
+        )
         b = job(2000, loaders=[loader(0, pid_base=6000, batches=100 + k * 10)])
         return snap([a, b], t=T0 + k)
 
@@ -286,10 +312,13 @@ def test_output_sorted_by_severity():
 
 
 def test_worker_gone_mid_run_is_not_counted():
-    ws = [worker(0, cpu=95.0, busy=0.95, fetch_ms=40.0),
-          worker(1, cpu=95.0, busy=0.95, fetch_ms=40.0, state="gone")]
-    shown, _ = timeline([(k, one(cpu_bound_loader(workers=ws, nw=2, batches=1000 + 10 * k),
-                                 t=T0 + k)) for k in range(6)])
+    ws = [
+        worker(0, cpu=95.0, busy=0.95, fetch_ms=40.0),
+        worker(1, cpu=95.0, busy=0.95, fetch_ms=40.0, state="gone"),
+    ]
+    shown, _ = timeline(
+        [(k, one(cpu_bound_loader(workers=ws, nw=2, batches=1000 + 10 * k), t=T0 + k)) for k in range(6)]
+    )
     # One live worker at 40 ms vs 10 ms steps: still add-workers, from the live one.
     assert ADD in shown[5]
 
@@ -298,10 +327,12 @@ def test_diagnose_imports_nothing_heavy():
     import subprocess
     import sys
 
-    code = ("import sys, dlwatch.diagnose; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in "
-            "('textual', 'psutil', 'pynvml', 'torch', 'socket') "
-            "or m.startswith(('dlwatch.collect', 'dlwatch.tui', 'dlwatch.probe'))]; "
-            "print(bad)")
+    code = (
+        "import sys, dlwatch.diagnose; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in "
+        "('textual', 'psutil', 'pynvml', 'torch', 'socket') "
+        "or m.startswith(('dlwatch.collect', 'dlwatch.tui', 'dlwatch.probe'))]; "
+        "print(bad)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -14,8 +14,7 @@ import math
 
 import pytest
 
-from dlwatch.diagnose import Diagnoser, diagnose, evaluate, format_hints
-from dlwatch.diagnose import rules_memory, rules_workers
+from dlwatch.diagnose import Diagnoser, diagnose, evaluate, format_hints, rules_memory, rules_workers
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -24,19 +23,61 @@ T0 = 1_700_000_000.0
 
 # --- factory ----------------------------------------------------------------
 
-def worker(i=0, *, pid=None, cpu=50.0, busy=0.5, fetch_ms=20.0, threads=2,
-           uss=200 * MIB, rss=600 * MIB, state="sleeping", **extra):
-    w = {"id": i, "pid": pid if pid is not None else 5000 + i, "cpu_percent": cpu,
-         "busy_fraction": busy, "fetch_ms_mean": fetch_ms, "batches": 100,
-         "rss_bytes": rss, "uss_bytes": uss, "threads": threads, "state": state, "error": None}
+
+def worker(
+    i=0,
+    *,
+    pid=None,
+    cpu=50.0,
+    busy=0.5,
+    fetch_ms=20.0,
+    threads=2,
+    uss=200 * MIB,
+    rss=600 * MIB,
+    state="sleeping",
+    **extra,
+):
+    w = {
+        "id": i,
+        "pid": pid if pid is not None else 5000 + i,
+        "cpu_percent": cpu,
+        "busy_fraction": busy,
+        "fetch_ms_mean": fetch_ms,
+        "batches": 100,
+        "rss_bytes": rss,
+        "uss_bytes": uss,
+        "threads": threads,
+        "state": state,
+        "error": None,
+    }
     w.update(extra)
     return w
 
 
-def loader(lid=0, *, nw=2, wait=0.0, step_ms=10.0, wait_ms=None, workers=None,
-           worker_kw=None, pin=True, persistent=True, prefetch=2, batches=1000, epoch=3,
-           active=True, ready=None, capacity=None, worker_ms=None, epoch_start_ms=None,
-           epoch_ms=None, steady_history=True, pid_base=5000, **extra):
+def loader(
+    lid=0,
+    *,
+    nw=2,
+    wait=0.0,
+    step_ms=10.0,
+    wait_ms=None,
+    workers=None,
+    worker_kw=None,
+    pin=True,
+    persistent=True,
+    prefetch=2,
+    batches=1000,
+    epoch=3,
+    active=True,
+    ready=None,
+    capacity=None,
+    worker_ms=None,
+    epoch_start_ms=None,
+    epoch_ms=None,
+    steady_history=True,
+    pid_base=5000,
+    **extra,
+):
     if workers is None:
         workers = [worker(i, pid=pid_base + i, **(worker_kw or {})) for i in range(nw)]
     cap = capacity if capacity is not None else (nw * prefetch if nw else None)
@@ -44,50 +85,111 @@ def loader(lid=0, *, nw=2, wait=0.0, step_ms=10.0, wait_ms=None, workers=None,
         # consistent with the wait fraction: wait / (wait + step)
         wait_ms = step_ms * wait / (1 - wait)
     ld = {
-        "id": lid, "num_workers": nw, "batch_size": 32, "pin_memory": pin,
-        "persistent_workers": persistent, "prefetch_factor": prefetch if nw else None,
-        "epoch": epoch, "batches_total": batches, "batches_per_s": 50.0,
-        "data_wait_fraction": wait, "wait_ms_mean": wait_ms, "step_ms_mean": step_ms,
+        "id": lid,
+        "num_workers": nw,
+        "batch_size": 32,
+        "pin_memory": pin,
+        "persistent_workers": persistent,
+        "prefetch_factor": prefetch if nw else None,
+        "epoch": epoch,
+        "batches_total": batches,
+        "batches_per_s": 50.0,
+        "data_wait_fraction": wait,
+        "wait_ms_mean": wait_ms,
+        "step_ms_mean": step_ms,
         "epoch_start_ms_last": None,
-        "queue": {"ready": ready if ready is not None else (cap // 2 if cap else None),
-                  "in_flight": cap, "capacity": cap},
-        "workers": workers, "kind": "map", "active": active, "start_method": "fork",
-        "epoch_ms_last": None, "epoch_start_ms": epoch_start_ms or [],
+        "queue": {
+            "ready": ready if ready is not None else (cap // 2 if cap else None),
+            "in_flight": cap,
+            "capacity": cap,
+        },
+        "workers": workers,
+        "kind": "map",
+        "active": active,
+        "start_method": "fork",
+        "epoch_ms_last": None,
+        "epoch_start_ms": epoch_start_ms or [],
         "epoch_ms": epoch_ms or [],
-        "history": {"data_wait_fraction": [wait] * 10,
-                    "batches_per_s": [50.0] * 10 if steady_history else [0.0] * 10},
+        "history": {
+            "data_wait_fraction": [wait] * 10,
+            "batches_per_s": [50.0] * 10 if steady_history else [0.0] * 10,
+        },
         "worker_ms_per_batch": worker_ms,
     }
     ld.update(extra)
     return ld
 
 
-def job(pid=1000, *, loaders=None, state="live", main_cpu=100.0, main_thread_cpu=60.0,
-        cuda=True, local_rank=None, **extra):
-    j = {"pid": pid, "cmdline": "python train.py", "rank": None, "local_rank": local_rank,
-         "world_size": None, "torch_version": "2.13.0", "start_method": "fork",
-         "main_cpu_percent": main_cpu, "loaders": loaders if loaders is not None else [loader()],
-         "state": state, "state_reason": "", "run_id": None, "age_s": 100.0,
-         "main_thread_cpu_percent": main_thread_cpu, "threads": 10, "rss_bytes": GIB,
-         "cuda_initialized": cuda}
+def job(
+    pid=1000,
+    *,
+    loaders=None,
+    state="live",
+    main_cpu=100.0,
+    main_thread_cpu=60.0,
+    cuda=True,
+    local_rank=None,
+    **extra,
+):
+    j = {
+        "pid": pid,
+        "cmdline": "python train.py",
+        "rank": None,
+        "local_rank": local_rank,
+        "world_size": None,
+        "torch_version": "2.13.0",
+        "start_method": "fork",
+        "main_cpu_percent": main_cpu,
+        "loaders": loaders if loaders is not None else [loader()],
+        "state": state,
+        "state_reason": "",
+        "run_id": None,
+        "age_s": 100.0,
+        "main_thread_cpu_percent": main_thread_cpu,
+        "threads": 10,
+        "rss_bytes": GIB,
+        "cuda_initialized": cuda,
+    }
     j.update(extra)
     return j
 
 
 def gpu(i=0, util=90.0, history=None):
-    return {"index": i, "name": "NVIDIA H100", "util_percent": util, "mem_used_bytes": GIB,
-            "mem_total_bytes": 80 * GIB, "history": history if history is not None else [util] * 10,
-            "mem_history": [0.1] * 10}
+    return {
+        "index": i,
+        "name": "NVIDIA H100",
+        "util_percent": util,
+        "mem_used_bytes": GIB,
+        "mem_total_bytes": 80 * GIB,
+        "history": history if history is not None else [util] * 10,
+        "mem_history": [0.1] * 10,
+    }
 
 
-def snap(jobs=None, *, t=T0, usable=8.0, logical=8, shm_free=8 * GIB, gpus=None,
-         gpu_status="ok", window_s=3.0, **host_extra):
-    host = {"logical_cpus": logical, "usable_cores": usable, "cpu_percent": 30.0,
-            "shm_free_bytes": shm_free}
+def snap(
+    jobs=None,
+    *,
+    t=T0,
+    usable=8.0,
+    logical=8,
+    shm_free=8 * GIB,
+    gpus=None,
+    gpu_status="ok",
+    window_s=3.0,
+    **host_extra,
+):
+    host = {"logical_cpus": logical, "usable_cores": usable, "cpu_percent": 30.0, "shm_free_bytes": shm_free}
     host.update(host_extra)
-    return {"schema_version": 1, "time": t, "window_s": window_s, "host": host,
-            "gpu_status": gpu_status, "gpus": gpus if gpus is not None else [gpu()],
-            "jobs": jobs if jobs is not None else [job()], "hints": []}
+    return {
+        "schema_version": 1,
+        "time": t,
+        "window_s": window_s,
+        "host": host,
+        "gpu_status": gpu_status,
+        "gpus": gpus if gpus is not None else [gpu()],
+        "jobs": jobs if jobs is not None else [job()],
+        "hints": [],
+    }
 
 
 def one(ld=None, *, job_kw=None, **snap_kw):
@@ -108,15 +210,17 @@ def get(hints, hid):
 # Data-bound CPU-bound loader: 2 workers at 95 % busy, 95 % CPU, 40 ms a batch,
 # 10 ms steps -> Little's law says 4 workers.
 def cpu_bound_loader(**kw):
-    base = dict(nw=2, wait=0.5, step_ms=10.0, worker_ms=40.0,
-                worker_kw=dict(cpu=95.0, busy=0.95, fetch_ms=40.0))
+    base = dict(
+        nw=2, wait=0.5, step_ms=10.0, worker_ms=40.0, worker_kw=dict(cpu=95.0, busy=0.95, fetch_ms=40.0)
+    )
     base.update(kw)
     return loader(**base)
 
 
 def io_bound_loader(**kw):
-    base = dict(nw=2, wait=0.5, step_ms=10.0, worker_ms=40.0,
-                worker_kw=dict(cpu=10.0, busy=0.95, fetch_ms=40.0))
+    base = dict(
+        nw=2, wait=0.5, step_ms=10.0, worker_ms=40.0, worker_kw=dict(cpu=10.0, busy=0.95, fetch_ms=40.0)
+    )
     base.update(kw)
     return loader(**base)
 
@@ -129,8 +233,10 @@ def growth_snaps(uss_per_min_mib, *, seconds=100, step=1.0, nw=2, noise=None, rs
         uss = 300 * MIB + uss_per_min_mib * MIB * (k * step) / 60.0
         if noise:
             uss += noise(k)
-        ws = [worker(i, pid=5000 + i, uss=int(uss), rss=600 * MIB if rss_flat else int(uss) + 300 * MIB)
-              for i in range(nw)]
+        ws = [
+            worker(i, pid=5000 + i, uss=int(uss), rss=600 * MIB if rss_flat else int(uss) + 300 * MIB)
+            for i in range(nw)
+        ]
         out.append(one(loader(nw=nw, workers=ws, batches=1000 + 10 * k), t=t))
     return out
 
@@ -144,6 +250,7 @@ def run(snaps):
 
 
 # --- the healthy baseline -----------------------------------------------------
+
 
 def test_healthy_job_has_no_warn_or_info_hint():
     hints = evaluate(one())
@@ -165,192 +272,412 @@ CASES = [
     ("no-workers info at 5 %", one(loader(nw=0, wait=0.05)), "no-workers", True),
     ("no-workers silent below 5 %", one(loader(nw=0, wait=0.049)), "no-workers", False),
     ("no-workers silent with workers", one(loader(nw=2, wait=0.5)), "no-workers", False),
-    ("no-workers silent wait unknown", one(loader(nw=0, wait=0.3, data_wait_fraction=None)),
-     "no-workers", False),
+    (
+        "no-workers silent wait unknown",
+        one(loader(nw=0, wait=0.3, data_wait_fraction=None)),
+        "no-workers",
+        False,
+    ),
     ("no-workers silent during warm-up", one(loader(nw=0, wait=0.5, batches=5)), "no-workers", False),
-    ("no-workers silent when history stalls", one(loader(nw=0, wait=0.5, steady_history=False)),
-     "no-workers", False),
-    ("no-workers silent for exited job", one(loader(nw=0, wait=0.5), job_kw={"state": "exited"}),
-     "no-workers", False),
-    ("no-workers silent for inactive loader", one(loader(nw=0, wait=0.5, active=False)),
-     "no-workers", False),
+    (
+        "no-workers silent when history stalls",
+        one(loader(nw=0, wait=0.5, steady_history=False)),
+        "no-workers",
+        False,
+    ),
+    (
+        "no-workers silent for exited job",
+        one(loader(nw=0, wait=0.5), job_kw={"state": "exited"}),
+        "no-workers",
+        False,
+    ),
+    ("no-workers silent for inactive loader", one(loader(nw=0, wait=0.5, active=False)), "no-workers", False),
     # add-workers
     ("add-workers fires", one(cpu_bound_loader()), "add-workers", True),
     ("add-workers silent at 9.9 % wait", one(cpu_bound_loader(wait=0.099)), "add-workers", False),
     ("add-workers at exactly 10 % wait", one(cpu_bound_loader(wait=0.10)), "add-workers", True),
-    ("add-workers silent when workers idle 79 %",
-     one(cpu_bound_loader(worker_kw=dict(cpu=79.0, busy=0.79, fetch_ms=40.0))), "add-workers", False),
-    ("add-workers at busy 80 %",
-     one(cpu_bound_loader(worker_kw=dict(cpu=80.0, busy=0.80, fetch_ms=40.0))), "add-workers", True),
+    (
+        "add-workers silent when workers idle 79 %",
+        one(cpu_bound_loader(worker_kw=dict(cpu=79.0, busy=0.79, fetch_ms=40.0))),
+        "add-workers",
+        False,
+    ),
+    (
+        "add-workers at busy 80 %",
+        one(cpu_bound_loader(worker_kw=dict(cpu=80.0, busy=0.80, fetch_ms=40.0))),
+        "add-workers",
+        True,
+    ),
     ("add-workers silent when I/O-bound", one(io_bound_loader()), "add-workers", False),
-    ("add-workers silent, busy unknown",
-     one(cpu_bound_loader(worker_kw=dict(cpu=95.0, busy=None, fetch_ms=40.0))), "add-workers", False),
-    ("add-workers silent, cpu unknown",
-     one(cpu_bound_loader(worker_kw=dict(cpu=None, busy=0.95, fetch_ms=40.0))), "add-workers", False),
-    ("add-workers silent, fetch unknown",
-     one(cpu_bound_loader(worker_ms=None, worker_kw=dict(cpu=95.0, busy=0.95, fetch_ms=None))),
-     "add-workers", False),
-    ("add-workers silent, step unknown", one(cpu_bound_loader(step_ms=None, wait_ms=5.0)),
-     "add-workers", False),
-    ("add-workers silent, usable cores unknown", one(cpu_bound_loader(), usable=None),
-     "add-workers", False),
+    (
+        "add-workers silent, busy unknown",
+        one(cpu_bound_loader(worker_kw=dict(cpu=95.0, busy=None, fetch_ms=40.0))),
+        "add-workers",
+        False,
+    ),
+    (
+        "add-workers silent, cpu unknown",
+        one(cpu_bound_loader(worker_kw=dict(cpu=None, busy=0.95, fetch_ms=40.0))),
+        "add-workers",
+        False,
+    ),
+    (
+        "add-workers silent, fetch unknown",
+        one(cpu_bound_loader(worker_ms=None, worker_kw=dict(cpu=95.0, busy=0.95, fetch_ms=None))),
+        "add-workers",
+        False,
+    ),
+    (
+        "add-workers silent, step unknown",
+        one(cpu_bound_loader(step_ms=None, wait_ms=5.0)),
+        "add-workers",
+        False,
+    ),
+    ("add-workers silent, usable cores unknown", one(cpu_bound_loader(), usable=None), "add-workers", False),
     ("add-workers silent, no core free", one(cpu_bound_loader(), usable=3.0), "add-workers", False),
-    ("add-workers silent, workers gone",
-     one(cpu_bound_loader(worker_kw=dict(cpu=95.0, busy=0.95, fetch_ms=40.0, state="gone"))),
-     "add-workers", False),
+    (
+        "add-workers silent, workers gone",
+        one(cpu_bound_loader(worker_kw=dict(cpu=95.0, busy=0.95, fetch_ms=40.0, state="gone"))),
+        "add-workers",
+        False,
+    ),
     # io-bound
     ("io-bound fires", one(io_bound_loader()), "io-bound", True),
     ("io-bound silent when CPU-bound", one(cpu_bound_loader()), "io-bound", False),
     ("io-bound silent when not data-bound", one(io_bound_loader(wait=0.05)), "io-bound", False),
-    ("io-bound at CPU share 49 %",
-     one(io_bound_loader(worker_kw=dict(cpu=49.0, busy=1.0, fetch_ms=40.0))), "io-bound", True),
-    ("io-bound silent at CPU share 50 %",
-     one(io_bound_loader(worker_kw=dict(cpu=50.0, busy=1.0, fetch_ms=40.0))), "io-bound", False),
+    (
+        "io-bound at CPU share 49 %",
+        one(io_bound_loader(worker_kw=dict(cpu=49.0, busy=1.0, fetch_ms=40.0))),
+        "io-bound",
+        True,
+    ),
+    (
+        "io-bound silent at CPU share 50 %",
+        one(io_bound_loader(worker_kw=dict(cpu=50.0, busy=1.0, fetch_ms=40.0))),
+        "io-bound",
+        False,
+    ),
     ("io-bound needs no usable cores", one(io_bound_loader(), usable=None), "io-bound", True),
     # cpu-bound-preprocessing: 3 usable cores, 1 main loop, 2 workers at 95 % -> saturated
-    ("cpu-bound-preprocessing fires", one(cpu_bound_loader(), usable=3.0),
-     "cpu-bound-preprocessing", True),
-    ("cpu-bound-preprocessing silent with free cores", one(cpu_bound_loader(), usable=8.0),
-     "cpu-bound-preprocessing", False),
-    ("cpu-bound-preprocessing silent when I/O-bound", one(io_bound_loader(), usable=3.0),
-     "cpu-bound-preprocessing", False),
-    ("cpu-bound-preprocessing silent when cores not saturated",
-     # 3.4 usable: no whole core free for a 3rd worker, but 1 + 2*0.95 = 2.9 < 0.9*3.4 = 3.06
-     one(cpu_bound_loader(), usable=3.4), "cpu-bound-preprocessing", False),
-    ("cpu-bound-preprocessing silent, usable unknown", one(cpu_bound_loader(), usable=None),
-     "cpu-bound-preprocessing", False),
+    ("cpu-bound-preprocessing fires", one(cpu_bound_loader(), usable=3.0), "cpu-bound-preprocessing", True),
+    (
+        "cpu-bound-preprocessing silent with free cores",
+        one(cpu_bound_loader(), usable=8.0),
+        "cpu-bound-preprocessing",
+        False,
+    ),
+    (
+        "cpu-bound-preprocessing silent when I/O-bound",
+        one(io_bound_loader(), usable=3.0),
+        "cpu-bound-preprocessing",
+        False,
+    ),
+    (
+        "cpu-bound-preprocessing silent when cores not saturated",
+        # 3.4 usable: no whole core free for a 3rd worker, but 1 + 2*0.95 = 2.9 < 0.9*3.4 = 3.06
+        one(cpu_bound_loader(), usable=3.4),
+        "cpu-bound-preprocessing",
+        False,
+    ),
+    (
+        "cpu-bound-preprocessing silent, usable unknown",
+        one(cpu_bound_loader(), usable=None),
+        "cpu-bound-preprocessing",
+        False,
+    ),
     # workers-oversubscribe-cores: 8 busy workers + 1 main on 4 cores
-    ("oversubscribe fires",
-     one(loader(nw=8, worker_kw=dict(cpu=45.0)), job_kw={"main_cpu": 90.0}, usable=4.0),
-     "workers-oversubscribe-cores", True),
-    ("oversubscribe silent when processes fit",
-     one(loader(nw=3, worker_kw=dict(cpu=100.0)), usable=4.0), "workers-oversubscribe-cores", False),
-    ("oversubscribe silent when workers idle",
-     one(loader(nw=8, worker_kw=dict(cpu=5.0)), usable=4.0), "workers-oversubscribe-cores", False),
-    ("oversubscribe silent when demand below 90 %",
-     # 8 workers at 30 % + main 90 % = 3.3 cores < 3.6
-     one(loader(nw=8, worker_kw=dict(cpu=30.0)), job_kw={"main_cpu": 90.0}, usable=4.0),
-     "workers-oversubscribe-cores", False),
-    ("oversubscribe silent, usable unknown",
-     one(loader(nw=8, worker_kw=dict(cpu=45.0)), usable=None), "workers-oversubscribe-cores", False),
-    ("oversubscribe silent during warm-up",
-     one(loader(nw=8, worker_kw=dict(cpu=45.0), batches=3), usable=4.0),
-     "workers-oversubscribe-cores", False),
+    (
+        "oversubscribe fires",
+        one(loader(nw=8, worker_kw=dict(cpu=45.0)), job_kw={"main_cpu": 90.0}, usable=4.0),
+        "workers-oversubscribe-cores",
+        True,
+    ),
+    (
+        "oversubscribe silent when processes fit",
+        one(loader(nw=3, worker_kw=dict(cpu=100.0)), usable=4.0),
+        "workers-oversubscribe-cores",
+        False,
+    ),
+    (
+        "oversubscribe silent when workers idle",
+        one(loader(nw=8, worker_kw=dict(cpu=5.0)), usable=4.0),
+        "workers-oversubscribe-cores",
+        False,
+    ),
+    (
+        "oversubscribe silent when demand below 90 %",
+        # 8 workers at 30 % + main 90 % = 3.3 cores < 3.6
+        one(loader(nw=8, worker_kw=dict(cpu=30.0)), job_kw={"main_cpu": 90.0}, usable=4.0),
+        "workers-oversubscribe-cores",
+        False,
+    ),
+    (
+        "oversubscribe silent, usable unknown",
+        one(loader(nw=8, worker_kw=dict(cpu=45.0)), usable=None),
+        "workers-oversubscribe-cores",
+        False,
+    ),
+    (
+        "oversubscribe silent during warm-up",
+        one(loader(nw=8, worker_kw=dict(cpu=45.0), batches=3), usable=4.0),
+        "workers-oversubscribe-cores",
+        False,
+    ),
     # worker-thread-oversubscription: 4 workers x 8 threads = 32 > 2 * 8 cores
-    ("threads fire with multi-core workers",
-     one(loader(nw=4, worker_kw=dict(threads=8, cpu=150.0, busy=0.9))),
-     "worker-thread-oversubscription", True),
-    ("threads fire when cores saturated",
-     one(loader(nw=4, worker_kw=dict(threads=8, cpu=100.0, busy=0.9)), usable=4.0),
-     "worker-thread-oversubscription", True),
-    ("threads silent at 4 per worker",
-     one(loader(nw=8, worker_kw=dict(threads=4, cpu=150.0))), "worker-thread-oversubscription", False),
-    ("threads silent when total below 2x cores",
-     one(loader(nw=2, worker_kw=dict(threads=8, cpu=150.0))), "worker-thread-oversubscription", False),
-    ("threads silent when the pools are idle",
-     one(loader(nw=4, worker_kw=dict(threads=8, cpu=50.0))), "worker-thread-oversubscription", False),
-    ("threads silent, thread counts unknown",
-     one(loader(nw=4, worker_kw=dict(threads=None, cpu=150.0))), "worker-thread-oversubscription", False),
+    (
+        "threads fire with multi-core workers",
+        one(loader(nw=4, worker_kw=dict(threads=8, cpu=150.0, busy=0.9))),
+        "worker-thread-oversubscription",
+        True,
+    ),
+    (
+        "threads fire when cores saturated",
+        one(loader(nw=4, worker_kw=dict(threads=8, cpu=100.0, busy=0.9)), usable=4.0),
+        "worker-thread-oversubscription",
+        True,
+    ),
+    (
+        "threads silent at 4 per worker",
+        one(loader(nw=8, worker_kw=dict(threads=4, cpu=150.0))),
+        "worker-thread-oversubscription",
+        False,
+    ),
+    (
+        "threads silent when total below 2x cores",
+        one(loader(nw=2, worker_kw=dict(threads=8, cpu=150.0))),
+        "worker-thread-oversubscription",
+        False,
+    ),
+    (
+        "threads silent when the pools are idle",
+        one(loader(nw=4, worker_kw=dict(threads=8, cpu=50.0))),
+        "worker-thread-oversubscription",
+        False,
+    ),
+    (
+        "threads silent, thread counts unknown",
+        one(loader(nw=4, worker_kw=dict(threads=None, cpu=150.0))),
+        "worker-thread-oversubscription",
+        False,
+    ),
     # enable-persistent-workers
-    ("persistent fires", one(loader(persistent=False, epoch_start_ms=[3000, 2000, 2000],
-                                    epoch_ms=[10000, 10000])), "enable-persistent-workers", True),
-    ("persistent silent when already persistent",
-     one(loader(persistent=True, epoch_start_ms=[3000, 2000], epoch_ms=[10000])),
-     "enable-persistent-workers", False),
-    ("persistent silent with only the first epoch",
-     one(loader(persistent=False, epoch_start_ms=[3000], epoch_ms=[10000])),
-     "enable-persistent-workers", False),
-    ("persistent silent below 0.5 s",
-     one(loader(persistent=False, epoch_start_ms=[3000, 499], epoch_ms=[2000])),
-     "enable-persistent-workers", False),
-    ("persistent at exactly 0.5 s and 10 %",
-     one(loader(persistent=False, epoch_start_ms=[3000, 500], epoch_ms=[5000])),
-     "enable-persistent-workers", True),
-    ("persistent silent below 10 % of epoch",
-     one(loader(persistent=False, epoch_start_ms=[3000, 999], epoch_ms=[10000])),
-     "enable-persistent-workers", False),
-    ("persistent silent without epoch times",
-     one(loader(persistent=False, epoch_start_ms=[3000, 2000], epoch_ms=[])),
-     "enable-persistent-workers", False),
-    ("persistent silent with num_workers=0",
-     one(loader(nw=0, persistent=False, epoch_start_ms=[3000, 2000], epoch_ms=[5000])),
-     "enable-persistent-workers", False),
-    ("persistent silent when flag unknown",
-     one(loader(persistent=None, epoch_start_ms=[3000, 2000], epoch_ms=[5000])),
-     "enable-persistent-workers", False),
+    (
+        "persistent fires",
+        one(loader(persistent=False, epoch_start_ms=[3000, 2000, 2000], epoch_ms=[10000, 10000])),
+        "enable-persistent-workers",
+        True,
+    ),
+    (
+        "persistent silent when already persistent",
+        one(loader(persistent=True, epoch_start_ms=[3000, 2000], epoch_ms=[10000])),
+        "enable-persistent-workers",
+        False,
+    ),
+    (
+        "persistent silent with only the first epoch",
+        one(loader(persistent=False, epoch_start_ms=[3000], epoch_ms=[10000])),
+        "enable-persistent-workers",
+        False,
+    ),
+    (
+        "persistent silent below 0.5 s",
+        one(loader(persistent=False, epoch_start_ms=[3000, 499], epoch_ms=[2000])),
+        "enable-persistent-workers",
+        False,
+    ),
+    (
+        "persistent at exactly 0.5 s and 10 %",
+        one(loader(persistent=False, epoch_start_ms=[3000, 500], epoch_ms=[5000])),
+        "enable-persistent-workers",
+        True,
+    ),
+    (
+        "persistent silent below 10 % of epoch",
+        one(loader(persistent=False, epoch_start_ms=[3000, 999], epoch_ms=[10000])),
+        "enable-persistent-workers",
+        False,
+    ),
+    (
+        "persistent silent without epoch times",
+        one(loader(persistent=False, epoch_start_ms=[3000, 2000], epoch_ms=[])),
+        "enable-persistent-workers",
+        False,
+    ),
+    (
+        "persistent silent with num_workers=0",
+        one(loader(nw=0, persistent=False, epoch_start_ms=[3000, 2000], epoch_ms=[5000])),
+        "enable-persistent-workers",
+        False,
+    ),
+    (
+        "persistent silent when flag unknown",
+        one(loader(persistent=None, epoch_start_ms=[3000, 2000], epoch_ms=[5000])),
+        "enable-persistent-workers",
+        False,
+    ),
     # enable-pin-memory
     ("pin fires on data wait", one(loader(pin=False, wait=0.05)), "enable-pin-memory", True),
-    ("pin fires on idle GPU", one(loader(pin=False, wait=0.0), gpus=[gpu(util=49.0)]),
-     "enable-pin-memory", True),
-    ("pin silent when busy GPU and no wait", one(loader(pin=False, wait=0.049)),
-     "enable-pin-memory", False),
+    (
+        "pin fires on idle GPU",
+        one(loader(pin=False, wait=0.0), gpus=[gpu(util=49.0)]),
+        "enable-pin-memory",
+        True,
+    ),
+    ("pin silent when busy GPU and no wait", one(loader(pin=False, wait=0.049)), "enable-pin-memory", False),
     ("pin silent when pinned", one(loader(pin=True, wait=0.5)), "enable-pin-memory", False),
-    ("pin silent without CUDA", one(loader(pin=False, wait=0.5), job_kw={"cuda": False}),
-     "enable-pin-memory", False),
-    ("pin silent when CUDA unknown", one(loader(pin=False, wait=0.5), job_kw={"cuda": None}),
-     "enable-pin-memory", False),
-    ("pin silent without GPU figures",
-     one(loader(pin=False, wait=0.5), gpu_status="NVML not found", gpus=[]),
-     "enable-pin-memory", False),
+    (
+        "pin silent without CUDA",
+        one(loader(pin=False, wait=0.5), job_kw={"cuda": False}),
+        "enable-pin-memory",
+        False,
+    ),
+    (
+        "pin silent when CUDA unknown",
+        one(loader(pin=False, wait=0.5), job_kw={"cuda": None}),
+        "enable-pin-memory",
+        False,
+    ),
+    (
+        "pin silent without GPU figures",
+        one(loader(pin=False, wait=0.5), gpu_status="NVML not found", gpus=[]),
+        "enable-pin-memory",
+        False,
+    ),
     # main-loop-cpu-bound
-    ("main loop fires", one(job_kw={"main_thread_cpu": 98.0}, gpus=[gpu(util=30.0)]),
-     "main-loop-cpu-bound", True),
-    ("main loop silent at 79 % thread CPU", one(job_kw={"main_thread_cpu": 79.0}, gpus=[gpu(util=30.0)]),
-     "main-loop-cpu-bound", False),
-    ("main loop at exactly 80 %", one(job_kw={"main_thread_cpu": 80.0}, gpus=[gpu(util=30.0)]),
-     "main-loop-cpu-bound", True),
-    ("main loop silent when GPU busy", one(job_kw={"main_thread_cpu": 98.0}, gpus=[gpu(util=50.0)]),
-     "main-loop-cpu-bound", False),
-    ("main loop silent when data-bound",
-     one(loader(wait=0.05), job_kw={"main_thread_cpu": 98.0}, gpus=[gpu(util=30.0)]),
-     "main-loop-cpu-bound", False),
-    ("main loop silent without GPU figures",
-     one(job_kw={"main_thread_cpu": 98.0}, gpu_status="NVML not found", gpus=[]),
-     "main-loop-cpu-bound", False),
-    ("main loop silent, thread CPU unknown",
-     one(job_kw={"main_thread_cpu": None, "main_cpu": 100.0}, gpus=[gpu(util=30.0)]),
-     "main-loop-cpu-bound", False),
-    ("main loop silent with 2 GPUs and no rank",
-     one(job_kw={"main_thread_cpu": 98.0}, gpus=[gpu(0, util=30.0), gpu(1, util=30.0)]),
-     "main-loop-cpu-bound", False),
-    ("main loop uses local_rank's GPU",
-     one(job_kw={"main_thread_cpu": 98.0, "local_rank": 1}, gpus=[gpu(0, util=99.0), gpu(1, util=30.0)]),
-     "main-loop-cpu-bound", True),
-    ("main loop silent for CPU-only run",
-     one(job_kw={"main_thread_cpu": 98.0, "cuda": False}, gpus=[gpu(util=0.0)]),
-     "main-loop-cpu-bound", False),
+    (
+        "main loop fires",
+        one(job_kw={"main_thread_cpu": 98.0}, gpus=[gpu(util=30.0)]),
+        "main-loop-cpu-bound",
+        True,
+    ),
+    (
+        "main loop silent at 79 % thread CPU",
+        one(job_kw={"main_thread_cpu": 79.0}, gpus=[gpu(util=30.0)]),
+        "main-loop-cpu-bound",
+        False,
+    ),
+    (
+        "main loop at exactly 80 %",
+        one(job_kw={"main_thread_cpu": 80.0}, gpus=[gpu(util=30.0)]),
+        "main-loop-cpu-bound",
+        True,
+    ),
+    (
+        "main loop silent when GPU busy",
+        one(job_kw={"main_thread_cpu": 98.0}, gpus=[gpu(util=50.0)]),
+        "main-loop-cpu-bound",
+        False,
+    ),
+    (
+        "main loop silent when data-bound",
+        one(loader(wait=0.05), job_kw={"main_thread_cpu": 98.0}, gpus=[gpu(util=30.0)]),
+        "main-loop-cpu-bound",
+        False,
+    ),
+    (
+        "main loop silent without GPU figures",
+        one(job_kw={"main_thread_cpu": 98.0}, gpu_status="NVML not found", gpus=[]),
+        "main-loop-cpu-bound",
+        False,
+    ),
+    (
+        "main loop silent, thread CPU unknown",
+        one(job_kw={"main_thread_cpu": None, "main_cpu": 100.0}, gpus=[gpu(util=30.0)]),
+        "main-loop-cpu-bound",
+        False,
+    ),
+    (
+        "main loop silent with 2 GPUs and no rank",
+        one(job_kw={"main_thread_cpu": 98.0}, gpus=[gpu(0, util=30.0), gpu(1, util=30.0)]),
+        "main-loop-cpu-bound",
+        False,
+    ),
+    (
+        "main loop uses local_rank's GPU",
+        one(job_kw={"main_thread_cpu": 98.0, "local_rank": 1}, gpus=[gpu(0, util=99.0), gpu(1, util=30.0)]),
+        "main-loop-cpu-bound",
+        True,
+    ),
+    (
+        "main loop silent for CPU-only run",
+        one(job_kw={"main_thread_cpu": 98.0, "cuda": False}, gpus=[gpu(util=0.0)]),
+        "main-loop-cpu-bound",
+        False,
+    ),
     # pipeline-has-headroom
-    ("headroom fires", one(loader(nw=8, ready=16, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0))),
-     "pipeline-has-headroom", True),
-    ("headroom silent when queue not full",
-     one(loader(nw=8, ready=10, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0))),
-     "pipeline-has-headroom", False),
-    ("headroom at 90 % queue",
-     one(loader(nw=8, capacity=10, ready=9, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0))),
-     "pipeline-has-headroom", True),
-    ("headroom silent at busy 30 %",
-     one(loader(nw=8, ready=16, worker_kw=dict(busy=0.3, cpu=30.0, fetch_ms=5.0))),
-     "pipeline-has-headroom", False),
-    ("headroom silent when waiting",
-     one(loader(nw=8, ready=16, wait=0.06, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0))),
-     "pipeline-has-headroom", False),
-    ("headroom silent, queue unknown",
-     one(loader(nw=8, ready=None, capacity=None, queue={"ready": None, "in_flight": None, "capacity": None},
-                worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0))), "pipeline-has-headroom", False),
-    ("headroom silent with one worker",
-     one(loader(nw=1, ready=2, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0))),
-     "pipeline-has-headroom", False),
+    (
+        "headroom fires",
+        one(loader(nw=8, ready=16, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0))),
+        "pipeline-has-headroom",
+        True,
+    ),
+    (
+        "headroom silent when queue not full",
+        one(loader(nw=8, ready=10, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0))),
+        "pipeline-has-headroom",
+        False,
+    ),
+    (
+        "headroom at 90 % queue",
+        one(loader(nw=8, capacity=10, ready=9, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0))),
+        "pipeline-has-headroom",
+        True,
+    ),
+    (
+        "headroom silent at busy 30 %",
+        one(loader(nw=8, ready=16, worker_kw=dict(busy=0.3, cpu=30.0, fetch_ms=5.0))),
+        "pipeline-has-headroom",
+        False,
+    ),
+    (
+        "headroom silent when waiting",
+        one(loader(nw=8, ready=16, wait=0.06, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0))),
+        "pipeline-has-headroom",
+        False,
+    ),
+    (
+        "headroom silent, queue unknown",
+        one(
+            loader(
+                nw=8,
+                ready=None,
+                capacity=None,
+                queue={"ready": None, "in_flight": None, "capacity": None},
+                worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0),
+            )
+        ),
+        "pipeline-has-headroom",
+        False,
+    ),
+    (
+        "headroom silent with one worker",
+        one(loader(nw=1, ready=2, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0))),
+        "pipeline-has-headroom",
+        False,
+    ),
     # shm-low
     ("shm-low fires on floor", one(shm_free=200 * MIB), "shm-low", True),
     ("shm-low silent at 256 MiB", one(shm_free=256 * MIB), "shm-low", False),
     ("shm-low silent without workers", one(loader(nw=0), shm_free=10 * MIB), "shm-low", False),
     ("shm-low silent when shm unknown", one(shm_free=None), "shm-low", False),
-    ("shm-low with batch bytes: 2x4x100 MiB needs 800 MiB",
-     one(loader(nw=2, prefetch=4, batch_bytes=100 * MIB), shm_free=1500 * MIB), "shm-low", True),
-    ("shm-low with batch bytes: ample",
-     one(loader(nw=2, prefetch=4, batch_bytes=100 * MIB), shm_free=1600 * MIB), "shm-low", False),
-    ("shm-low with small batches below floor is fine",
-     one(loader(nw=2, prefetch=2, batch_bytes=1 * MIB), shm_free=100 * MIB), "shm-low", False),
+    (
+        "shm-low with batch bytes: 2x4x100 MiB needs 800 MiB",
+        one(loader(nw=2, prefetch=4, batch_bytes=100 * MIB), shm_free=1500 * MIB),
+        "shm-low",
+        True,
+    ),
+    (
+        "shm-low with batch bytes: ample",
+        one(loader(nw=2, prefetch=4, batch_bytes=100 * MIB), shm_free=1600 * MIB),
+        "shm-low",
+        False,
+    ),
+    (
+        "shm-low with small batches below floor is fine",
+        one(loader(nw=2, prefetch=2, batch_bytes=1 * MIB), shm_free=100 * MIB),
+        "shm-low",
+        False,
+    ),
     ("shm-low silent for exited job", one(job_kw={"state": "exited"}, shm_free=10 * MIB), "shm-low", False),
 ]
 
@@ -362,14 +689,14 @@ def test_rule_table(snapshot, hid, fires):
     assert (hid in ids(hints)) is fires, [(h["id"], h["message"]) for h in hints]
     assert snapshot == before  # pure: the input is never modified
     for h in hints:
-        assert set(h) == {"id", "severity", "job_pid", "loader_id", "message", "suggestion",
-                          "evidence"}
+        assert set(h) == {"id", "severity", "job_pid", "loader_id", "message", "suggestion", "evidence"}
         assert h["severity"] in ("info", "warn", "critical")
         assert h["message"] and h["suggestion"]
         json.dumps(h)  # evidence is plain JSON
 
 
 # --- evidence and arithmetic ------------------------------------------------------
+
 
 def test_little_law_40ms_vs_10ms_is_4():
     assert rules_workers.little_workers(40.0, 10.0) == 4
@@ -458,8 +785,9 @@ def test_no_workers_recommendation_capped_by_cores():
 
 
 def test_no_workers_without_times_still_suggests_a_step():
-    h = get(evaluate(one(loader(nw=0, wait=0.5, step_ms=None, wait_ms=None,
-                                wait_ms_mean=None))), "no-workers")
+    h = get(
+        evaluate(one(loader(nw=0, wait=0.5, step_ms=None, wait_ms=None, wait_ms_mean=None))), "no-workers"
+    )
     assert h["evidence"]["recommended_num_workers"] is None
     assert "num_workers=2" in h["suggestion"]
 
@@ -467,8 +795,10 @@ def test_no_workers_without_times_still_suggests_a_step():
 def test_oversubscribe_evidence_counts_all_jobs():
     a = job(1000, loaders=[loader(nw=4, worker_kw=dict(cpu=60.0))], main_cpu=80.0)
     b = job(2000, loaders=[loader(nw=4, pid_base=6000, worker_kw=dict(cpu=60.0))], main_cpu=80.0)
-    h = get(evaluate(snap([a, b], usable=6.0, usable_cores_source="cgroup cpu.max 6.0")),
-            "workers-oversubscribe-cores")
+    h = get(
+        evaluate(snap([a, b], usable=6.0, usable_cores_source="cgroup cpu.max 6.0")),
+        "workers-oversubscribe-cores",
+    )
     ev = h["evidence"]
     assert h["job_pid"] is None and h["loader_id"] is None
     assert ev["total_workers"] == 8 and ev["busy_workers"] == 8 and ev["main_loops"] == 2
@@ -476,8 +806,9 @@ def test_oversubscribe_evidence_counts_all_jobs():
     assert ev["usable_cores_source"] == "cgroup cpu.max 6.0"
     assert ev["suggested_num_workers_per_loader"] == 2
     assert "num_workers=2" in h["suggestion"]
-    ev = get(evaluate(snap([a, b], usable=6.0, cores_reason="cgroup quota 6 CPUs")),
-             "workers-oversubscribe-cores")["evidence"]
+    ev = get(
+        evaluate(snap([a, b], usable=6.0, cores_reason="cgroup quota 6 CPUs")), "workers-oversubscribe-cores"
+    )["evidence"]
     assert ev["usable_cores_source"] == "cgroup quota 6 CPUs"
 
 
@@ -485,8 +816,7 @@ def test_oversubscribe_ignores_idle_persistent_workers():
     # 4 busy workers + 1 main fit 5 cores; 12 parked workers must not tip it.
     busy = [worker(i, pid=5000 + i, cpu=100.0) for i in range(4)]
     idle = [worker(i, pid=5100 + i, cpu=1.0) for i in range(12)]
-    s = snap([job(loaders=[loader(0, nw=4, workers=busy), loader(1, nw=12, workers=idle)])],
-             usable=5.0)
+    s = snap([job(loaders=[loader(0, nw=4, workers=busy), loader(1, nw=12, workers=idle)])], usable=5.0)
     assert "workers-oversubscribe-cores" not in ids(evaluate(s))
 
 
@@ -497,8 +827,10 @@ def test_oversubscribe_ignores_exited_jobs():
 
 
 def test_threads_evidence_and_suggestion():
-    h = get(evaluate(one(loader(nw=4, worker_kw=dict(threads=8, cpu=150.0, busy=0.9)))),
-            "worker-thread-oversubscription")
+    h = get(
+        evaluate(one(loader(nw=4, worker_kw=dict(threads=8, cpu=150.0, busy=0.9)))),
+        "worker-thread-oversubscription",
+    )
     ev = h["evidence"]
     assert ev["threads_per_worker"] == 8 and ev["total_worker_threads"] == 32
     assert "torch.set_num_threads(1)" in h["suggestion"] and "OMP_NUM_THREADS=1" in h["suggestion"]
@@ -509,9 +841,16 @@ def test_persistent_ignores_first_epoch_start():
     # First start 20 s (spawn), later starts 100 ms: nothing to save.
     s = one(loader(persistent=False, epoch_start_ms=[20000, 100, 100], epoch_ms=[30000, 10000]))
     assert "enable-persistent-workers" not in ids(evaluate(s))
-    ev = get(evaluate(one(loader(persistent=False, epoch_start_ms=[3000, 2000, 2500, 2000],
-                                 epoch_ms=[10000, 10000, 10000]))),
-             "enable-persistent-workers")["evidence"]
+    ev = get(
+        evaluate(
+            one(
+                loader(
+                    persistent=False, epoch_start_ms=[3000, 2000, 2500, 2000], epoch_ms=[10000, 10000, 10000]
+                )
+            )
+        ),
+        "enable-persistent-workers",
+    )["evidence"]
     assert ev["epoch_start_ms_median"] == 2000 and ev["epochs_measured"] == 3
     assert ev["stall_fraction_of_epoch"] == 0.2 and ev["first_epoch_start_ms"] == 3000
 
@@ -537,15 +876,16 @@ def test_gpu_util_uses_window_of_history():
 def test_shm_severity():
     assert get(evaluate(one(shm_free=200 * MIB)), "shm-low")["severity"] == "warn"
     assert get(evaluate(one(shm_free=63 * MIB)), "shm-low")["severity"] == "critical"
-    h = get(evaluate(one(loader(nw=2, prefetch=4, batch_bytes=100 * MIB), shm_free=700 * MIB)),
-            "shm-low")
+    h = get(evaluate(one(loader(nw=2, prefetch=4, batch_bytes=100 * MIB), shm_free=700 * MIB)), "shm-low")
     assert h["severity"] == "critical" and h["evidence"]["shm_needed_bytes"] == 800 * MIB
     assert h["evidence"]["shm_free_bytes"] == 700 * MIB
 
 
 def test_headroom_recommendation():
-    h = get(evaluate(one(loader(nw=8, ready=16, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0)))),
-            "pipeline-has-headroom")
+    h = get(
+        evaluate(one(loader(nw=8, ready=16, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0)))),
+        "pipeline-has-headroom",
+    )
     assert h["severity"] == "info"
     assert h["evidence"]["recommended_num_workers"] == 1  # ceil(5 * 1.5 / 10)
     ld = loader(nw=8, ready=16, worker_kw=dict(busy=0.2, cpu=20.0, fetch_ms=None))
@@ -554,15 +894,39 @@ def test_headroom_recommendation():
 
 
 def test_missing_everything_is_silent_and_safe():
-    bare = {"schema_version": 1, "time": T0, "window_s": 3.0, "host": {}, "gpu_status": "NVML not found",
-            "gpus": [], "jobs": [{"pid": 1, "loaders": [{"id": 0, "workers": [{"id": 0, "pid": 2}]}]}]}
+    bare = {
+        "schema_version": 1,
+        "time": T0,
+        "window_s": 3.0,
+        "host": {},
+        "gpu_status": "NVML not found",
+        "gpus": [],
+        "jobs": [{"pid": 1, "loaders": [{"id": 0, "workers": [{"id": 0, "pid": 2}]}]}],
+    }
     assert evaluate(bare) == []
     hints, state = diagnose(bare)
     assert hints == [] and state.rule_errors == {}
-    nulls = one(loader(**{k: None for k in ("num_workers", "data_wait_fraction", "step_ms_mean",
-                                            "wait_ms_mean", "batches_total", "epoch", "queue",
-                                            "pin_memory", "persistent_workers", "prefetch_factor")}),
-                usable=None, shm_free=None)
+    nulls = one(
+        loader(
+            **{
+                k: None
+                for k in (
+                    "num_workers",
+                    "data_wait_fraction",
+                    "step_ms_mean",
+                    "wait_ms_mean",
+                    "batches_total",
+                    "epoch",
+                    "queue",
+                    "pin_memory",
+                    "persistent_workers",
+                    "prefetch_factor",
+                )
+            }
+        ),
+        usable=None,
+        shm_free=None,
+    )
     for w in nulls["jobs"][0]["loaders"][0]["workers"]:
         for k in ("cpu_percent", "busy_fraction", "fetch_ms_mean", "uss_bytes", "threads"):
             w[k] = None
@@ -578,6 +942,7 @@ def test_wrong_types_do_not_crash():
 
 
 # --- worker-memory-growth (needs history: Diagnoser) ----------------------------
+
 
 def test_memory_growth_fires_with_slope_evidence():
     hints, _ = run(growth_snaps(30.0, seconds=100))
@@ -601,7 +966,9 @@ def test_memory_growth_silent_when_small():
 
 
 def test_memory_growth_silent_when_noisy():
-    noise = lambda k: (400 * MIB if k % 4 < 2 else 0)  # sawtooth dwarfs the trend
+    def noise(k):  # a sawtooth that dwarfs the trend
+        return 400 * MIB if k % 4 < 2 else 0
+
     hints, _ = run(growth_snaps(30.0, seconds=120, noise=noise))
     assert "worker-memory-growth" not in ids(hints)
 
@@ -638,6 +1005,7 @@ def test_fit_line():
 
 # --- renderer -----------------------------------------------------------------------
 
+
 def test_format_hints():
     hints = evaluate(one(cpu_bound_loader(), shm_free=10 * MIB))
     text = format_hints(hints)
@@ -660,8 +1028,11 @@ def test_run_queue_wait_counts_as_cpu_demand_not_io():
     # 6 workers on 2 cores each get a third of a core and wait in the run
     # queue the rest of their busy time: starved, not off-CPU on storage.
     workers = dict(cpu=30.0, busy=0.95, fetch_ms=40.0, runqueue_percent=60.0)
-    snap = one(loader(nw=6, wait=0.5, step_ms=10.0, worker_ms=40.0, worker_kw=workers),
-               job_kw={"main_cpu": 10.0}, usable=2.0)
+    snap = one(
+        loader(nw=6, wait=0.5, step_ms=10.0, worker_ms=40.0, worker_kw=workers),
+        job_kw={"main_cpu": 10.0},
+        usable=2.0,
+    )
     found = ids(evaluate(snap))
     assert "workers-oversubscribe-cores" in found
     assert not found & {"io-bound", "add-workers", "cpu-bound-preprocessing"}

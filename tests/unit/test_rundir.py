@@ -121,6 +121,7 @@ def test_missing_directory(short_tmpdir):
 
 # --- socket paths ---------------------------------------------------------------------
 
+
 def test_socket_path_short():
     assert rundir.socket_path("/tmp/x", 1234) == "/tmp/x/1234.sock"
 
@@ -159,6 +160,7 @@ def test_socket_path_counts_bytes_not_characters():
 
 
 # --- resolution order -------------------------------------------------------------------
+
 
 def test_env_resolution_order(short_tmpdir, monkeypatch):
     xdg = os.path.join(short_tmpdir, "xdg")

@@ -37,7 +37,9 @@ def sync(fn):
         return asyncio.run(fn(*args, **kwargs))
 
     return wrapper
-  # refresh interval for tests that wait for the timer
+
+
+# refresh interval for tests that wait for the timer
 
 
 async def settle(pilot, times: int = 3) -> None:
@@ -272,7 +274,9 @@ async def test_selection_survives_refresh_and_falls_back_when_job_goes():
         snap = F.several_jobs()
         snap["jobs"][2]["loaders"][0]["batches_per_s"] = 99.0
         source.push(snap)
-        await wait_until(pilot, lambda: row_text(app.screen.query_one(JobList), "job:4242")[4].strip() == "99.0")
+        await wait_until(
+            pilot, lambda: row_text(app.screen.query_one(JobList), "job:4242")[4].strip() == "99.0"
+        )
         assert app.selected_key == "job:4242"
         gone = F.several_jobs()
         del gone["jobs"][2]
@@ -374,10 +378,14 @@ async def test_line_table_repaints_only_the_rows_that_changed():
     from dlwatch.tui.linetable import Column, LineTable
 
     cols = [Column("a", "a", 5, "right"), Column("b", "b", 5), Column("c", "c", 5)]
-    old = [("r0", [Text("1"), Text("x", style="red"), Text("10%")]),
-           ("r1", [Text("2"), Text("y"), Text("20%")])]
-    new = [("r0", [Text("1"), Text("x", style="green"), Text("11%")]),
-           ("r1", [Text("2"), Text("y"), Text("20%")])]
+    old = [
+        ("r0", [Text("1"), Text("x", style="red"), Text("10%")]),
+        ("r1", [Text("2"), Text("y"), Text("20%")]),
+    ]
+    new = [
+        ("r0", [Text("1"), Text("x", style="green"), Text("11%")]),
+        ("r1", [Text("2"), Text("y"), Text("20%")]),
+    ]
 
     class TwoTables(App):
         def compose(self):
@@ -431,7 +439,9 @@ async def test_set_static_updates_only_changes_and_lays_out_only_for_a_new_size(
         for w in (fixed, auto, hidden):
             real = w.refresh
             w.refresh = lambda *a, _w=w, _real=real, **k: (
-                layouts.append(_w.id) if k.get("layout") else None, _real(*a, **k))[1]
+                layouts.append(_w.id) if k.get("layout") else None,
+                _real(*a, **k),
+            )[1]
         assert not set_static(fixed, Text("12 %"))  # the same: nothing to do
         assert set_static(fixed, Text("12 %", style="red"))  # restyled: rich's == would miss it
         assert set_static(auto, Text("13 %"))
@@ -574,8 +584,15 @@ async def test_command_palette_offers_the_same_actions():
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
         titles = [c.title for c in app.get_system_commands(app.screen)]
-        for title in ("Pause / resume", "Save screenshot", "Next job", "Previous job",
-                      "Dismiss exited job", "Keys", "Quit"):
+        for title in (
+            "Pause / resume",
+            "Save screenshot",
+            "Next job",
+            "Previous job",
+            "Dismiss exited job",
+            "Keys",
+            "Quit",
+        ):
             assert title in titles
         assert titles.count("Keys") == 1
         command = next(c for c in app.get_system_commands(app.screen) if c.title == "Pause / resume")
@@ -616,13 +633,32 @@ async def test_malformed_snapshot_renders_na_and_never_raises():
         assert pilot.app.errors == {}
 
 
-@pytest.mark.parametrize("snap", [
-    {}, {"jobs": None}, {"jobs": "x"}, {"jobs": [{"pid": 1, "loaders": [{"workers": [{}]}]}]},
-    {"jobs": [{"pid": 1, "loaders": [{"history": {"data_wait_fraction": [None, "x", 2.0, -1]},
-                                      "queue": {"ready": "a", "in_flight": None, "capacity": 0}}]}],
-     "gpu_status": "ok", "gpus": [{"util_percent": "x", "mem_total_bytes": 0, "history": None}],
-     "host": None, "hints": "nope"},
-])
+@pytest.mark.parametrize(
+    "snap",
+    [
+        {},
+        {"jobs": None},
+        {"jobs": "x"},
+        {"jobs": [{"pid": 1, "loaders": [{"workers": [{}]}]}]},
+        {
+            "jobs": [
+                {
+                    "pid": 1,
+                    "loaders": [
+                        {
+                            "history": {"data_wait_fraction": [None, "x", 2.0, -1]},
+                            "queue": {"ready": "a", "in_flight": None, "capacity": 0},
+                        }
+                    ],
+                }
+            ],
+            "gpu_status": "ok",
+            "gpus": [{"util_percent": "x", "mem_total_bytes": 0, "history": None}],
+            "host": None,
+            "hints": "nope",
+        },
+    ],
+)
 @sync
 async def test_partial_snapshots_render(snap):
     for size in ((80, 24), (120, 40)):
@@ -759,7 +795,9 @@ def test_replay_entry_point(tmp_path, monkeypatch):
     rec = tmp_path / "rec.jsonl"
     rec.write_text(json.dumps(F.data_bound()) + "\n", encoding="utf-8")
     seen = {}
-    monkeypatch.setattr(replay, "run_tui", lambda source, interval: seen.update(n=len(source), i=interval) or 0)
+    monkeypatch.setattr(
+        replay, "run_tui", lambda source, interval: seen.update(n=len(source), i=interval) or 0
+    )
     assert replay.main([str(rec), "--interval", "1"]) == 0
     assert seen == {"n": 1, "i": 1.0}
 

@@ -14,23 +14,42 @@ MS = 1_000_000
 
 
 def frame(i: int, loaders: list, dt: int = DT) -> dict:
-    return {"type": "window", "seq": i + 1, "t": 1000.0 + i * dt / 1e9,
-            "mono_ns": T0 + i * dt, "loaders": loaders}
+    return {
+        "type": "window",
+        "seq": i + 1,
+        "t": 1000.0 + i * dt / 1e9,
+        "mono_ns": T0 + i * dt,
+        "loaders": loaders,
+    }
 
 
 def loader(lid: int, batches: int, wait_ns: int, step_ns: int, workers=(), queue=None) -> dict:
-    return {"id": lid, "epoch": 1, "batches": batches, "wait_ns": wait_ns, "step_ns": step_ns,
-            "num_workers": len(workers), "workers": list(workers),
-            "queue": queue or {"ready": None, "in_flight": None, "capacity": None}}
+    return {
+        "id": lid,
+        "epoch": 1,
+        "batches": batches,
+        "wait_ns": wait_ns,
+        "step_ns": step_ns,
+        "num_workers": len(workers),
+        "workers": list(workers),
+        "queue": queue or {"ready": None, "in_flight": None, "capacity": None},
+    }
 
 
 def worker(wid: int, pid: int, batches: int, fetch_ns: int, busy_ns: int, started_ns: int = 0) -> dict:
-    return {"id": wid, "pid": pid, "batches": batches, "fetch_ns": fetch_ns,
-            "busy_ns": busy_ns, "started_ns": started_ns}
+    return {
+        "id": wid,
+        "pid": pid,
+        "batches": batches,
+        "fetch_ns": fetch_ns,
+        "busy_ns": busy_ns,
+        "started_ns": started_ns,
+    }
 
 
-def steady(n: int, *, per_frame_batches=2, wait=30 * MS, step=70 * MS, with_workers=False,
-           queue=None) -> list[dict]:
+def steady(
+    n: int, *, per_frame_batches=2, wait=30 * MS, step=70 * MS, with_workers=False, queue=None
+) -> list[dict]:
     """n frames of a job that, every 100 ms, takes 2 batches, waits 30 ms and works 70 ms.
 
     Workers (when asked): w0 busy 80 ms per 100 ms fetching 1 batch of 40 ms... see below.
@@ -50,6 +69,7 @@ def steady(n: int, *, per_frame_batches=2, wait=30 * MS, step=70 * MS, with_work
 
 
 # --- pick_base ------------------------------------------------------------------------
+
 
 def test_pick_base_boundaries():
     frames = [frame(i, []) for i in range(51)]  # 0 .. 5.0 s
@@ -81,6 +101,7 @@ def test_pick_base_empty():
 
 
 # --- loader_window ----------------------------------------------------------------------
+
 
 def test_loader_window_exact_figures():
     frames = steady(51)
@@ -169,12 +190,16 @@ def test_new_worker_pids_are_not_diffed_against_old_ones():
     frames = []
     for i in range(51):
         if i < 30:  # epoch 1: pids 101/102, large lifetime counters
-            ws = [worker(0, 101, 1000 + i, 9000 * MS + 40 * MS * i, 9000 * MS + 80 * MS * i),
-                  worker(1, 102, 1000 + i, 9000 * MS + 40 * MS * i, 9000 * MS + 80 * MS * i)]
+            ws = [
+                worker(0, 101, 1000 + i, 9000 * MS + 40 * MS * i, 9000 * MS + 80 * MS * i),
+                worker(1, 102, 1000 + i, 9000 * MS + 40 * MS * i, 9000 * MS + 80 * MS * i),
+            ]
         else:  # epoch 2 from frame 30: pids 201/202, counters from zero
             k = i - 30
-            ws = [worker(0, 201, k, 20 * MS * k, 30 * MS * k, started_ns=T0 + 30 * DT),
-                  worker(1, 202, 2 * k, 10 * MS * 2 * k, 60 * MS * k, started_ns=T0 + 30 * DT)]
+            ws = [
+                worker(0, 201, k, 20 * MS * k, 30 * MS * k, started_ns=T0 + 30 * DT),
+                worker(1, 202, 2 * k, 10 * MS * 2 * k, 60 * MS * k, started_ns=T0 + 30 * DT),
+            ]
         frames.append(frame(i, [loader(0, 3 * i, 10 * MS * i, 90 * MS * i, ws)]))
     w = loader_window(frames, 0, 3.0)  # base at frame 20: still the old pids
     by_id = {x["id"]: x for x in w["workers"]}
@@ -191,8 +216,16 @@ def test_new_worker_pids_are_not_diffed_against_old_ones():
 
 def test_worker_seen_once_falls_back_to_lifetime_means():
     frames = steady(10)
-    frames.append(frame(10, [loader(0, 20, 300 * MS, 700 * MS,
-                                    [worker(0, 555, 4, 200 * MS, 400 * MS, started_ns=T0 + 2 * DT)])]))
+    frames.append(
+        frame(
+            10,
+            [
+                loader(
+                    0, 20, 300 * MS, 700 * MS, [worker(0, 555, 4, 200 * MS, 400 * MS, started_ns=T0 + 2 * DT)]
+                )
+            ],
+        )
+    )
     w = loader_window(frames, 0, 1.0)["workers"][0]
     assert w["fetch_ms_mean"] == 50.0
     assert w["busy_fraction"] == 0.5  # 400 ms busy over the 800 ms since it started
@@ -267,8 +300,13 @@ _counter = st.integers(0, 10**12)
 
 @settings(max_examples=200, deadline=None)
 @given(
-    rows=st.lists(st.tuples(_counter, _counter, _counter, st.integers(1, 3), _counter, _counter,
-                            _counter, st.integers(1, 500)), min_size=1, max_size=30),
+    rows=st.lists(
+        st.tuples(
+            _counter, _counter, _counter, st.integers(1, 3), _counter, _counter, _counter, st.integers(1, 500)
+        ),
+        min_size=1,
+        max_size=30,
+    ),
     window_s=st.floats(0, 5),
 )
 def test_arbitrary_counters_never_give_negative_or_impossible_figures(rows, window_s):
@@ -297,8 +335,11 @@ def test_arbitrary_counters_never_give_negative_or_impossible_figures(rows, wind
 def test_queue_means():
     frames = []
     for i in range(21):
-        q = {"ready": i % 4, "in_flight": 2, "capacity": 8} if i % 2 == 0 else \
-            {"ready": None, "in_flight": True, "capacity": 8}  # bools are not numbers
+        q = (
+            {"ready": i % 4, "in_flight": 2, "capacity": 8}
+            if i % 2 == 0
+            else {"ready": None, "in_flight": True, "capacity": 8}
+        )  # bools are not numbers
         frames.append(frame(i, [loader(0, i, 0, 0, queue=q)]))
     qm = loader_window(frames, 0, 1.0)["queue_mean"]
     readies = [i % 4 for i in range(10, 21) if i % 2 == 0]
@@ -306,6 +347,7 @@ def test_queue_means():
 
 
 # --- series ----------------------------------------------------------------------------
+
 
 def test_series_one_sample_per_second_oldest_first():
     frames = steady(101)  # 10 s

@@ -11,31 +11,59 @@ from hypothesis import strategies as st
 from dlwatch import wire
 from dlwatch.wire import FrameDecoder, WireError
 
-
 # --- sample messages ------------------------------------------------------------
+
 
 def window_msg(seq: int = 1, n_workers: int = 2) -> dict:
     return {
-        "type": "window", "seq": seq, "t": 1700000000.25, "mono_ns": 123_000_000_000 + seq,
-        "loaders": [{
-            "id": 0, "epoch": 3, "batches": 1200, "wait_ns": 5_000_000, "step_ns": 9_000_000,
-            "num_workers": n_workers, "batch_size": 32, "pin_memory": False,
-            "persistent_workers": True, "prefetch_factor": 2, "kind": "map",
-            "epoch_start_ms": [12.5, 3.25], "name": "trän λ 日本",
-            "queue": {"ready": 1, "in_flight": 3, "capacity": 4},
-            "workers": [
-                {"id": i, "pid": 4000 + i, "batches": 600, "fetch_ns": 7_000_000,
-                 "busy_ns": 8_000_000, "started_ns": 1_000}
-                for i in range(n_workers)
-            ],
-        }],
+        "type": "window",
+        "seq": seq,
+        "t": 1700000000.25,
+        "mono_ns": 123_000_000_000 + seq,
+        "loaders": [
+            {
+                "id": 0,
+                "epoch": 3,
+                "batches": 1200,
+                "wait_ns": 5_000_000,
+                "step_ns": 9_000_000,
+                "num_workers": n_workers,
+                "batch_size": 32,
+                "pin_memory": False,
+                "persistent_workers": True,
+                "prefetch_factor": 2,
+                "kind": "map",
+                "epoch_start_ms": [12.5, 3.25],
+                "name": "trän λ 日本",
+                "queue": {"ready": 1, "in_flight": 3, "capacity": 4},
+                "workers": [
+                    {
+                        "id": i,
+                        "pid": 4000 + i,
+                        "batches": 600,
+                        "fetch_ns": 7_000_000,
+                        "busy_ns": 8_000_000,
+                        "started_ns": 1_000,
+                    }
+                    for i in range(n_workers)
+                ],
+            }
+        ],
         "main": {"cuda_initialized": None, "py_threads": 4},
     }
 
 
-SERVER_HELLO = {"type": "hello", "protocol": wire.PROTOCOL_VERSION,
-                "job": {"pid": 42, "cmdline": "python train.py --lr 3e-4", "rank": None,
-                        "torch_version": "2.13.0", "started": 1.5}}
+SERVER_HELLO = {
+    "type": "hello",
+    "protocol": wire.PROTOCOL_VERSION,
+    "job": {
+        "pid": 42,
+        "cmdline": "python train.py --lr 3e-4",
+        "rank": None,
+        "torch_version": "2.13.0",
+        "started": 1.5,
+    },
+}
 CLIENT_HELLO = wire.client_hello("dlwatch test")
 ERROR = {"type": "error", "message": "nope ✗"}
 
@@ -59,6 +87,7 @@ def expect_error(line: bytes, *fragments: str) -> WireError:
 
 
 # --- encode / decode ----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("msg", ALL, ids=lambda m: m["type"])
 def test_round_trip(msg):
@@ -90,7 +119,7 @@ def test_several_frames_in_one_chunk_and_byte_by_byte():
     dec = FrameDecoder()
     got = []
     for i in range(len(stream)):
-        got += dec.feed(stream[i:i + 1])
+        got += dec.feed(stream[i : i + 1])
     assert got == ALL
     assert dec.pending == 0
 
@@ -122,6 +151,7 @@ def test_partial_frame_is_held_until_its_newline():
 
 # --- size limit -----------------------------------------------------------------------
 
+
 def _msg_of_size(n: int) -> tuple[dict, bytes]:
     """An error message whose encoded frame (newline included) is exactly n bytes."""
     base = len(wire.encode({"type": "error", "message": ""}))
@@ -140,7 +170,7 @@ def test_frame_exactly_at_limit_is_accepted_one_over_is_rejected_once(chunk):
     dec = FrameDecoder(limit)
     got = []
     for i in range(0, len(stream), chunk):
-        got += dec.feed(stream[i:i + chunk])
+        got += dec.feed(stream[i : i + chunk])
         assert dec.pending <= limit
     kinds = ["err" if isinstance(g, WireError) else g for g in got]
     assert kinds == ["err", ok_msg, "err", "err", ok_msg]
@@ -186,6 +216,7 @@ def test_partial_buffer_that_grows_over_the_limit_is_dropped():
 
 # --- malformed frames -------------------------------------------------------------------
 
+
 def test_malformed_json():
     expect_error(b'{"type": "error", "message": \n', "malformed frame")
     expect_error(b"\x00\x01garbage\n", "malformed frame")
@@ -198,8 +229,9 @@ def test_invalid_utf8():
 
 @pytest.mark.parametrize("const", [b"NaN", b"Infinity", b"-Infinity"])
 def test_nan_and_infinity_rejected(const):
-    expect_error(b'{"type":"error","message":"m","x":' + const + b"}\n",
-                 "malformed frame", const.lstrip(b"-").decode())
+    expect_error(
+        b'{"type":"error","message":"m","x":' + const + b"}\n", "malformed frame", const.lstrip(b"-").decode()
+    )
 
 
 def test_overflowing_number_is_rejected_like_infinity():
@@ -212,9 +244,15 @@ def test_deep_nesting_is_an_error_not_a_crash():
     expect_error(b"[" * 100_000 + b"\n", "malformed frame")
 
 
-@pytest.mark.parametrize("line,what", [
-    (b"[1, 2]\n", "list"), (b'"hello"\n', "str"), (b"42\n", "int"), (b"null\n", "NoneType"),
-])
+@pytest.mark.parametrize(
+    "line,what",
+    [
+        (b"[1, 2]\n", "list"),
+        (b'"hello"\n', "str"),
+        (b"42\n", "int"),
+        (b"null\n", "NoneType"),
+    ],
+)
 def test_non_object_json(line, what):
     expect_error(line, "must be a JSON object", what)
 
@@ -237,38 +275,55 @@ def _patched(msg: dict, path: list, value=..., delete=False) -> bytes:
     return json.dumps(m).encode() + b"\n"
 
 
-@pytest.mark.parametrize("path,value,fragment", [
-    (["seq"], "1", "window.seq has the wrong type (str)"),
-    (["seq"], True, "window.seq has the wrong type (bool)"),
-    (["seq"], 1.0, "window.seq has the wrong type (float)"),
-    (["t"], "now", "window.t has the wrong type (str)"),
-    (["t"], False, "window.t has the wrong type (bool)"),
-    (["mono_ns"], 1.5, "window.mono_ns has the wrong type (float)"),
-    (["loaders"], {}, "window.loaders has the wrong type (dict)"),
-    (["main"], [], "window.main has the wrong type (list)"),
-    (["loaders", 0], "x", "window.loaders[0] must be a JSON object, got str"),
-    (["loaders", 0, "batches"], True, "window.loaders[0].batches has the wrong type (bool)"),
-    (["loaders", 0, "pin_memory"], 1, "window.loaders[0].pin_memory has the wrong type (int)"),
-    (["loaders", 0, "batch_size"], "32", "window.loaders[0].batch_size has the wrong type (str)"),
-    (["loaders", 0, "queue"], [], "window.loaders[0].queue has the wrong type (list)"),
-    (["loaders", 0, "queue", "ready"], True, "window.loaders[0].queue.ready has the wrong type (bool)"),
-    (["loaders", 0, "workers", 1, "busy_ns"], "9", "window.loaders[0].workers[1].busy_ns has the wrong type (str)"),
-    (["loaders", 0, "workers", 1, "pid"], False, "window.loaders[0].workers[1].pid has the wrong type (bool)"),
-])
+@pytest.mark.parametrize(
+    "path,value,fragment",
+    [
+        (["seq"], "1", "window.seq has the wrong type (str)"),
+        (["seq"], True, "window.seq has the wrong type (bool)"),
+        (["seq"], 1.0, "window.seq has the wrong type (float)"),
+        (["t"], "now", "window.t has the wrong type (str)"),
+        (["t"], False, "window.t has the wrong type (bool)"),
+        (["mono_ns"], 1.5, "window.mono_ns has the wrong type (float)"),
+        (["loaders"], {}, "window.loaders has the wrong type (dict)"),
+        (["main"], [], "window.main has the wrong type (list)"),
+        (["loaders", 0], "x", "window.loaders[0] must be a JSON object, got str"),
+        (["loaders", 0, "batches"], True, "window.loaders[0].batches has the wrong type (bool)"),
+        (["loaders", 0, "pin_memory"], 1, "window.loaders[0].pin_memory has the wrong type (int)"),
+        (["loaders", 0, "batch_size"], "32", "window.loaders[0].batch_size has the wrong type (str)"),
+        (["loaders", 0, "queue"], [], "window.loaders[0].queue has the wrong type (list)"),
+        (["loaders", 0, "queue", "ready"], True, "window.loaders[0].queue.ready has the wrong type (bool)"),
+        (
+            ["loaders", 0, "workers", 1, "busy_ns"],
+            "9",
+            "window.loaders[0].workers[1].busy_ns has the wrong type (str)",
+        ),
+        (
+            ["loaders", 0, "workers", 1, "pid"],
+            False,
+            "window.loaders[0].workers[1].pid has the wrong type (bool)",
+        ),
+    ],
+)
 def test_wrong_field_types(path, value, fragment):
     expect_error(_patched(window_msg(), path, value), fragment)
 
 
-@pytest.mark.parametrize("msg,path,fragment", [
-    (window_msg(), ["loaders"], "window lacks required field 'loaders'"),
-    (window_msg(), ["mono_ns"], "window lacks required field 'mono_ns'"),
-    (window_msg(), ["loaders", 0, "queue"], "window.loaders[0] lacks required field 'queue'"),
-    (window_msg(), ["loaders", 0, "workers", 1, "fetch_ns"],
-     "window.loaders[0].workers[1] lacks required field 'fetch_ns'"),
-    (SERVER_HELLO, ["job", "cmdline"], "hello.job lacks required field 'cmdline'"),
-    (CLIENT_HELLO, ["protocol"], "hello lacks required field 'protocol'"),
-    (ERROR, ["message"], "error lacks required field 'message'"),
-])
+@pytest.mark.parametrize(
+    "msg,path,fragment",
+    [
+        (window_msg(), ["loaders"], "window lacks required field 'loaders'"),
+        (window_msg(), ["mono_ns"], "window lacks required field 'mono_ns'"),
+        (window_msg(), ["loaders", 0, "queue"], "window.loaders[0] lacks required field 'queue'"),
+        (
+            window_msg(),
+            ["loaders", 0, "workers", 1, "fetch_ns"],
+            "window.loaders[0].workers[1] lacks required field 'fetch_ns'",
+        ),
+        (SERVER_HELLO, ["job", "cmdline"], "hello.job lacks required field 'cmdline'"),
+        (CLIENT_HELLO, ["protocol"], "hello lacks required field 'protocol'"),
+        (ERROR, ["message"], "error lacks required field 'message'"),
+    ],
+)
 def test_missing_fields(msg, path, fragment):
     expect_error(_patched(msg, path, delete=True), fragment)
 
@@ -310,6 +365,7 @@ def test_validate_returns_the_same_object_and_rejects_non_dicts():
 
 # --- protocol version -----------------------------------------------------------------------
 
+
 def test_check_protocol():
     wire.check_protocol(CLIENT_HELLO)
     wire.check_protocol(SERVER_HELLO)
@@ -335,8 +391,20 @@ def test_client_hello():
 _chunks = st.lists(
     st.one_of(
         st.binary(max_size=300),
-        st.sampled_from([b"\n", b"{", b"}", b'"', b"\xff", b"[" * 50, b'{"type":"window"}\n',
-                         b"NaN", b"\\u0000", wire.encode(ERROR)]),
+        st.sampled_from(
+            [
+                b"\n",
+                b"{",
+                b"}",
+                b'"',
+                b"\xff",
+                b"[" * 50,
+                b'{"type":"window"}\n',
+                b"NaN",
+                b"\\u0000",
+                wire.encode(ERROR),
+            ]
+        ),
     ),
     max_size=40,
 )
