@@ -26,6 +26,7 @@ from dlwatch import __version__
 from dlwatch.tui import fmt
 from dlwatch.tui.gpu import GpuPanel
 from dlwatch.tui.help import HelpScreen
+from dlwatch.tui.hints import HintDetailScreen
 from dlwatch.tui.hints import HintsPanel
 from dlwatch.tui.host import HostLine
 from dlwatch.tui.jobs import JobList, JobRow, group_jobs, job_state
@@ -46,6 +47,9 @@ FULL_REDRAW_S = 0.95
 # Below this size everything collapses to one line per section (80×24 is the
 # design's floor); from here up the gauge gets big digits and GPUs a graph.
 WIDE_MIN = (120, 35)
+# From this height the data-wait history gets 6 rows instead of 2 (at 120×40
+# the wide layout otherwise leaves ~10 blank lines under one loader).
+TALL_MIN_H = 40
 
 
 def local_time(ts: float) -> str:
@@ -113,8 +117,10 @@ class MonitorScreen(Screen):
     def on_resize(self) -> None:
         w, h = self.size
         wide = w >= WIDE_MIN[0] and h >= WIDE_MIN[1]
-        changed = wide != self.has_class("-wide")
+        tall = wide and h >= TALL_MIN_H
+        changed = wide != self.has_class("-wide") or tall != self.has_class("-tall")
         self.set_class(wide, "-wide")
+        self.set_class(tall, "-tall")
         app = self.app
         if isinstance(app, DlwatchApp):
             app.resize_columns(w)
@@ -132,6 +138,7 @@ class DlwatchApp(App):
         Binding("p", "toggle_pause", "pause"),
         Binding("s", "screenshot", "screenshot"),
         Binding("d", "dismiss_job", "dismiss"),
+        Binding("e", "hint_detail", "hints in full", show=False),
     ]
 
     def __init__(
@@ -473,6 +480,13 @@ class DlwatchApp(App):
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
+
+    def action_hint_detail(self) -> None:
+        if isinstance(self.screen, HintDetailScreen):
+            return
+        job = self.selected_job()
+        pid = fmt.intval(job.get("pid")) if job else None
+        self.push_screen(HintDetailScreen(self.snapshot, pid, self.palette))
 
     def action_screenshot(self) -> None:
         try:

@@ -13,6 +13,7 @@ KEYS = [
     ("tab / ↓ / j", "next job"),
     ("shift+tab / ↑ / k", "previous job"),
     ("pgup / pgdn", "scroll the loader details"),
+    ("e", "every hint of the job in full, with all its evidence"),
     ("p", "pause / resume the display (sampling goes on)"),
     ("s", "save an SVG screenshot in the current directory"),
     ("d", "dismiss the selected exited job"),
@@ -42,7 +43,6 @@ def help_text() -> Text:
     for key, what in LEGEND:
         t.append(f"  {key:<10}", "bold")
         t.append(f"{what}\n")
-    t.append("\nescape, q or ? closes this screen", "dim")
     return t
 
 
@@ -63,7 +63,10 @@ class HelpScreen(ModalScreen[None]):
     """
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll():
+        box = VerticalScroll()
+        # In the border, so that it shows even when 24 rows cut the text.
+        box.border_subtitle = "escape, q or ? closes · ↑↓ scroll"
+        with box:
             yield Static(help_text(), id="help-text")
 
     def action_dismiss(self) -> None:

@@ -6,6 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from dlwatch.tui import fmt
@@ -84,3 +88,70 @@ class HintsPanel(Static):
                 f"\n+{others} hint{'s' if others > 1 else ''} about other jobs (tab to switch)", pal.dim
             )
         set_static(self, out)
+
+
+def hint_detail(h: dict, pal: fmt.Palette) -> Text:
+    """One hint in full: the message, the next step and every evidence item
+    on its own line (the panel shows the first few, cut to the width)."""
+    t = hint_text({k: v for k, v in h.items() if k != "evidence"}, pal, wide=True)
+    ev = fmt.d(h.get("evidence"))
+    if ev:
+        t.append("\n  evidence:", "bold")
+        for k, v in ev.items():
+            t.append(f"\n    {k} = ", pal.dim)
+            t.append(fmt.evidence_value(v) if not isinstance(v, (list, dict)) else _compact(v))
+    return t
+
+
+def _compact(v: Any) -> str:
+    import json
+
+    try:
+        return json.dumps(v, separators=(", ", ": "), default=str)
+    except (TypeError, ValueError):
+        return fmt.NA
+
+
+class HintDetailScreen(ModalScreen[None]):
+    """``e``: every hint of the selected job in full, scrollable."""
+
+    BINDINGS = [
+        Binding("escape", "dismiss", "close"),
+        Binding("e", "dismiss", "close", show=False),
+        Binding("q", "dismiss", "close", show=False),
+    ]
+
+    DEFAULT_CSS = """
+    HintDetailScreen { align: center middle; }
+    HintDetailScreen > VerticalScroll {
+        width: 100; max-width: 100%; height: auto; max-height: 100%;
+        border: round $primary; padding: 0 1; background: $surface;
+    }
+    """
+
+    def __init__(self, snapshot: dict | None, job_pid: int | None, pal: fmt.Palette) -> None:
+        super().__init__()
+        self._body = self._text(snapshot, job_pid, pal)
+        self._title = "hints" + (f" · PID {job_pid}" if job_pid is not None else "")
+
+    @staticmethod
+    def _text(snapshot: dict | None, job_pid: int | None, pal: fmt.Palette) -> Text:
+        hints, _ = relevant_hints(fmt.d(snapshot).get("hints"), job_pid)
+        if not hints:
+            return Text("no hints for this job right now", pal.dim)
+        out = Text()
+        for i, h in enumerate(hints):
+            if i:
+                out.append("\n\n")
+            out.append_text(hint_detail(h, pal))
+        return out
+
+    def compose(self) -> ComposeResult:
+        box = VerticalScroll()
+        box.border_title = self._title
+        box.border_subtitle = "↑↓ scroll · escape closes"
+        with box:
+            yield Static(self._body, id="hint-detail")
+
+    def action_dismiss(self) -> None:
+        self.dismiss(None)

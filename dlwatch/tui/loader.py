@@ -45,19 +45,32 @@ def loader_title(ld: dict, pal: fmt.Palette) -> Text:
 
 
 def loader_stats(ld: dict, pal: fmt.Palette, wide: bool) -> Text:
+    """The rates line. Compact: rates and the epoch on one line (cut with an
+    ellipsis). Wide: the rates only, the epoch figures on ``epoch_stats``'s
+    line below, so that neither is cut at 120 columns."""
     parts: list[Text | str] = [
         Text.assemble((fmt.rate(ld.get("batches_per_s")), "bold"), " batch/s"),
         f"wait {fmt.ms(ld.get('wait_ms_mean'))}",
         f"step {fmt.ms(ld.get('step_ms_mean'))}",
-        f"epoch {fmt.count(ld.get('epoch'))} (start {fmt.ms(ld.get('epoch_start_ms_last'))})",
     ]
     if wide:
-        parts += [
-            f"worker {fmt.ms(ld.get('worker_ms_per_batch'))}/batch",
+        parts.append(f"worker {fmt.ms(ld.get('worker_ms_per_batch'))}/batch")
+    else:
+        parts.append(f"epoch {fmt.count(ld.get('epoch'))} (start {fmt.ms(ld.get('epoch_start_ms_last'))})")
+    return fmt.join(parts, pal=pal)
+
+
+def epoch_stats(ld: dict, pal: fmt.Palette) -> Text:
+    """The epoch line of the wide layout."""
+    return fmt.join(
+        [
+            f"epoch {fmt.count(ld.get('epoch'))}",
+            f"epoch start {fmt.ms(ld.get('epoch_start_ms_last'))}",
             f"last epoch {fmt.ms(ld.get('epoch_ms_last'))}",
             f"{fmt.count(ld.get('batches_total'))} batches",
-        ]
-    return fmt.join(parts, pal=pal)
+        ],
+        pal=pal,
+    )
 
 
 def queue_line(ld: dict, pal: fmt.Palette) -> Text:
@@ -140,6 +153,7 @@ class LoaderPanel(Vertical):
         self._title = TextLine(id="loader-title", classes="line")
         self._gauge = WaitGauge(id="wait-gauge")
         self._stats = TextLine(id="loader-stats", classes="line")
+        self._epochs = TextLine(id="loader-epochs", classes="line")
         self._queue = TextLine(id="loader-queue", classes="line")
         self._table = WorkersTable(id="workers")
         self._no_workers = TextLine(id="no-workers", classes="line")
@@ -150,6 +164,7 @@ class LoaderPanel(Vertical):
             self._title,
             self._gauge,
             self._stats,
+            self._epochs,
             self._queue,
             self._table,
             self._no_workers,
@@ -183,6 +198,9 @@ class LoaderPanel(Vertical):
     def _headline(self, ld: dict, pal: fmt.Palette, wide: bool, history: bool) -> None:
         self._gauge.show(ld, pal, wide, history)
         set_static(self._stats, loader_stats(ld, pal, wide))
+        self._epochs.display = wide
+        if wide:
+            set_static(self._epochs, epoch_stats(ld, pal))
         set_static(self._queue, queue_line(ld, pal))
 
     def _retry(self) -> None:

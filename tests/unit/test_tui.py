@@ -15,7 +15,7 @@ from textual.widgets import Digits, Static
 from dlwatch.tui import fmt
 from dlwatch.tui.app import DlwatchApp, run_tui
 from dlwatch.tui.help import HelpScreen
-from dlwatch.tui.hints import HintsPanel
+from dlwatch.tui.hints import HintDetailScreen, HintsPanel
 from dlwatch.tui.host import HostLine
 from dlwatch.tui.jobs import JobList, group_jobs
 from dlwatch.tui.loader import LoaderPanel
@@ -866,3 +866,60 @@ async def test_between_full_redraws_only_the_headline_moves_and_the_rest_follows
         assert not row_text(table, table.row_keys[0])[2].endswith("11%")  # a once-a-second panel
         # No newer snapshot comes: the partial redraw is finished by the timer.
         await wait_until(pilot, lambda: row_text(table, table.row_keys[0])[2].endswith("11%"), timeout=2.0)
+
+
+@sync
+async def test_wide_layout_cuts_no_figure_and_gives_spare_rows_to_the_history():
+    """At 120×40 the rates and the epoch figures each get a whole line (the
+    single line used to end in "…"), and the history takes the rows that stood
+    empty under one loader."""
+    app = make_app([F.data_bound(with_gpu=True)])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        lines = screen_lines(app)
+        rates = next(line for line in lines if "batch/s · wait" in line)
+        epochs = next(line for line in lines if line.lstrip().startswith("epoch 3 ·"))
+        assert "…" not in rates and "worker 180 ms/batch" in rates
+        assert "…" not in epochs and "last epoch 98 s" in epochs and "1234 batches" in epochs
+        assert app.screen.has_class("-tall")
+        assert app.screen.query_one("#wait-history", FixedSparkline).size.height == 6
+    app = make_app([F.data_bound(with_gpu=True)])
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        assert app.screen.has_class("-wide") and not app.screen.has_class("-tall")
+        assert app.screen.query_one("#wait-history", FixedSparkline).size.height == 2
+
+
+@sync
+async def test_help_at_80x24_always_says_how_to_close_it():
+    app = make_app([F.data_bound()])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("question_mark")
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, HelpScreen)
+        assert "escape, q or ? closes" in screen_lines(app)[-1]
+        await pilot.press("escape")
+        await pilot.pause(0.1)
+        assert not isinstance(app.screen, HelpScreen)
+
+
+@sync
+async def test_e_opens_every_hint_in_full_with_all_its_evidence():
+    """The panel cuts evidence to a few items ("…"); ``e`` shows all of it."""
+    snap = F.data_bound()
+    snap["hints"][0]["evidence"].update(free_cores=1.5, usable_cores=4.0, worker_cpu_cores_mean=0.93)
+    app = make_app([snap])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert "…]" in "\n".join(screen_lines(app))
+        await pilot.press("e")
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, HintDetailScreen)
+        text = app.screen.query_one("#hint-detail", Static).content
+        for key, value in snap["hints"][0]["evidence"].items():
+            assert f"{key} = {fmt.evidence_value(value)}" in str(text)
+        assert "epoch_start_ms = 1840" in str(text)
+        await pilot.press("escape")
+        await pilot.pause(0.1)
+        assert not isinstance(app.screen, HintDetailScreen)
