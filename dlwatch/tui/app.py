@@ -26,8 +26,7 @@ from dlwatch import __version__
 from dlwatch.tui import fmt
 from dlwatch.tui.gpu import GpuPanel
 from dlwatch.tui.help import HelpScreen
-from dlwatch.tui.hints import HintDetailScreen
-from dlwatch.tui.hints import HintsPanel
+from dlwatch.tui.hints import HintDetailScreen, HintsPanel
 from dlwatch.tui.host import HostLine
 from dlwatch.tui.jobs import JobList, JobRow, group_jobs, job_state
 from dlwatch.tui.keyed import set_static
