@@ -56,6 +56,24 @@ def check_dir(path: str) -> None:
         )
 
 
+def creatable_problem(path: str) -> str | None:
+    """Why a job could not create ``path`` as its runtime directory, or None.
+    A monitor looking at a directory that does not exist says this rather than
+    "no jobs found": no job could ever have published there."""
+    parent = os.path.dirname(os.path.abspath(path)) or "/"
+    if not os.path.isdir(parent):
+        return (
+            f"runtime directory {path} does not exist and cannot be created: "
+            f"{parent} is not a directory (check DLWATCH_DIR)"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return (
+            f"runtime directory {path} does not exist and cannot be created: "
+            f"no permission to write in {parent} (check DLWATCH_DIR)"
+        )
+    return None
+
+
 def ensure_dir(path: str | None = None) -> str:
     """Create the runtime directory 0700 if missing, then check it."""
     path = path or runtime_dir()

@@ -1,6 +1,7 @@
 """Deterministic snapshot dicts for the TUI tests (fixed times and numbers).
 
-Shapes follow DESIGN §4 plus docs/CONTRACTS-internal.md. Every builder
+Shapes follow the snapshot contract (dlwatch/snapshot.py), which
+tests/unit/test_snapshot_contract.py checks them against. Every builder
 returns a fresh dict so tests may mutate what they get.
 """
 

@@ -33,25 +33,9 @@ def dir_problem(directory: str | None = None) -> str | None:
     try:
         rundir.check_dir(d)
     except rundir.RuntimeDirError as e:
-        if "does not exist" in str(e):
-            return creatable_problem(d)
+        if not os.path.lexists(d):  # missing, or a path through a non-directory
+            return rundir.creatable_problem(d)
         return str(e)
-    return None
-
-
-def creatable_problem(path: str) -> str | None:
-    """Why a job could not create ``path`` as its runtime directory, or None."""
-    parent = os.path.dirname(os.path.abspath(path)) or "/"
-    if not os.path.isdir(parent):
-        return (
-            f"runtime directory {path} does not exist and cannot be created: "
-            f"{parent} is not a directory (check DLWATCH_DIR)"
-        )
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return (
-            f"runtime directory {path} does not exist and cannot be created: "
-            f"no permission to write in {parent} (check DLWATCH_DIR)"
-        )
     return None
 
 

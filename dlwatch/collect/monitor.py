@@ -20,6 +20,7 @@ snapshot's ``errors`` list, and logged on the ``dlwatch.collect`` logger.
 from __future__ import annotations
 
 import logging
+import os
 import selectors
 import threading
 import time
@@ -152,8 +153,10 @@ class Monitor:
         try:
             rundir.check_dir(self.directory)
         except rundir.RuntimeDirError as e:
-            # A missing directory just means no job has run yet.
-            self.dir_error = None if "does not exist" in str(e) else str(e)
+            # A missing directory just means no job has run yet, unless it
+            # cannot be created either: then no job ever will publish there.
+            missing = not os.path.lexists(self.directory)
+            self.dir_error = rundir.creatable_problem(self.directory) if missing else str(e)
             return
         self.dir_error = None
         for pid, path in discover(self.directory):

@@ -1,4 +1,4 @@
-"""Textual views of the snapshot dict (docs/CONTRACTS-internal.md).
+"""Textual views of the snapshot (dlwatch/snapshot.py).
 
 Public API: ``DlwatchApp``, ``run_tui`` (dlwatch.tui.app) and the sources
 ``Source``, ``StaticSource``, ``ReplaySource`` (dlwatch.tui.sources). They

@@ -63,6 +63,48 @@ def test_insecure_runtime_dir_is_refused():
     os.chmod(d, 0o777)
     r = dlwatch("snapshot", runtime_dir=d)
     assert r.returncode == 1 and "0777" in r.stderr and "Traceback" not in r.stderr
+    # A script reading --json gets the document with the reason, not an empty stdout.
+    r = dlwatch("snapshot", "--json", runtime_dir=d)
+    assert r.returncode == 1 and "0777" in r.stderr
+    snap = json.loads(r.stdout)
+    assert snap["schema_version"] == 1 and snap["jobs"] == [] and "0777" in snap["runtime_dir_error"]
+
+
+@pytest.mark.parametrize("parent", ["file", "readonly"])
+def test_runtime_dir_that_cannot_be_created_says_why(parent):
+    """No job can ever publish in a directory that cannot be created: say so
+    instead of "no dlwatch jobs found"."""
+    d = short_tmpdir()
+    if parent == "file":
+        blocker = os.path.join(d, "not-a-dir")
+        open(blocker, "w").close()
+        target, why = os.path.join(blocker, "dlwatch"), "is not a directory"
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root may write in a read-only directory")
+        os.chmod(d, 0o500)
+        target, why = os.path.join(d, "dlwatch"), "no permission to write"
+    for args in (("snapshot",), ("ls",), ()):
+        r = dlwatch(*args, runtime_dir=target)
+        assert r.returncode == 1, (args, r.stdout)
+        assert "cannot be created" in r.stderr and why in r.stderr and "no dlwatch jobs" not in r.stdout
+
+
+def test_every_subcommand_is_one_module_with_help():
+    """main finds the subcommands in dlwatch/cli/commands; each has a description."""
+    from dlwatch.cli import commands
+    from dlwatch.cli.main import build_parser
+
+    names = [m.NAME for m in commands.modules()]
+    assert names[:4] == ["ls", "snapshot", "run", "demo"]
+    for name in names:
+        r = dlwatch(name, "--help", runtime_dir=short_tmpdir())
+        assert r.returncode == 0 and f"usage: dlwatch {name}" in r.stdout
+    assert "opens the live view" in " ".join(build_parser().format_help().split())
+    r = dlwatch("run", "--help", runtime_dir=short_tmpdir())
+    assert "with no change to the training script" in " ".join(r.stdout.split())
+    r = dlwatch("snapshot", "--help", runtime_dir=short_tmpdir())
+    assert "JSON schema of the README" not in r.stdout and "Snapshot JSON" in r.stdout
 
 
 def _run_cmd(code: str, env_extra: dict, d: str) -> subprocess.CompletedProcess:
