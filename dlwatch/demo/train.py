@@ -80,7 +80,7 @@ def _buffers(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return bufs
 
 
-def _burn_cpu(seconds: float) -> None:
+def _burn_cpu(seconds: float, parallel: bool = False) -> None:
     # Work in torch kernels, as decoding and augmentation libraries do, so the
     # GIL is released while computing: a worker's other threads (torch's fd
     # resource sharer serving the trainer) then answer promptly, and the wait
@@ -88,19 +88,11 @@ def _burn_cpu(seconds: float) -> None:
     # Budgeted in this thread's CPU time, not wall time: when workers fight for
     # cores each sample takes longer in wall time, as real decoding would, so
     # oversubscription loses throughput instead of hiding it.
-    src, out = _buffers(_SERIAL_ELEMENTS)
-    clock = time.thread_time
-    deadline = clock() + seconds
-    while clock() < deadline:
-        torch.sin(src, out=out)
-
-
-def _burn_cpu_parallel(seconds: float) -> None:
-    # The pool's threads really run, like an OpenCV or BLAS pool inside a
-    # worker. Budgeted in process CPU time so a sample costs the same total CPU
-    # whatever the thread count.
-    src, out = _buffers(_PARALLEL_ELEMENTS)
-    clock = time.process_time
+    # ``parallel``: a tensor large enough that torch's intra-op pool really
+    # runs, like an OpenCV or BLAS pool inside a worker, budgeted in process
+    # CPU time so a sample costs the same total CPU whatever the thread count.
+    src, out = _buffers(_PARALLEL_ELEMENTS if parallel else _SERIAL_ELEMENTS)
+    clock = time.process_time if parallel else time.thread_time
     deadline = clock() + seconds
     while clock() < deadline:
         torch.sin(src, out=out)
@@ -110,14 +102,14 @@ def spend(cost: CostSpec, ms: float) -> None:
     if ms <= 0:
         return
     seconds = ms / 1e3
-    burn = _burn_cpu_parallel if cost.threads > 1 else _burn_cpu
+    parallel = cost.threads > 1
     if cost.kind == "sleep":
         time.sleep(seconds)
     elif cost.kind == "cpu":
-        burn(seconds)
+        _burn_cpu(seconds, parallel)
     else:  # mixed: a read followed by decoding what was read
         time.sleep(seconds / 2)
-        burn(seconds / 2)
+        _burn_cpu(seconds / 2, parallel)
 
 
 # --------------------------------------------------------------------------

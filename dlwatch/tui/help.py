@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import VerticalScroll
-from textual.screen import ModalScreen
-from textual.widgets import Static
+
+from dlwatch.tui.textmodal import TextModal
 
 KEYS = [
     ("tab / ↓ / j", "next job"),
@@ -46,28 +44,8 @@ def help_text() -> Text:
     return t
 
 
-class HelpScreen(ModalScreen[None]):
-    BINDINGS = [
-        Binding("escape", "dismiss", "close"),
-        Binding("q", "dismiss", "close", show=False),
-        Binding("question_mark", "dismiss", "close", show=False),
-    ]
+class HelpScreen(TextModal):
+    BINDINGS = [Binding("question_mark", "dismiss", "close", show=False)]
 
-    DEFAULT_CSS = """
-    HelpScreen { align: center middle; }
-    HelpScreen > VerticalScroll {
-        width: 76; max-width: 100%; height: auto; max-height: 100%;
-        border: round $primary; padding: 0 1; background: $surface;
-    }
-    HelpScreen #help-text { width: 100%; }
-    """
-
-    def compose(self) -> ComposeResult:
-        box = VerticalScroll()
-        # In the border, so that it shows even when 24 rows cut the text.
-        box.border_subtitle = "escape, q or ? closes · ↑↓ scroll"
-        with box:
-            yield Static(help_text(), id="help-text")
-
-    def action_dismiss(self) -> None:
-        self.dismiss(None)
+    def __init__(self) -> None:
+        super().__init__(help_text(), closes="escape, q or ? closes", body_id="help-text")

@@ -6,14 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from rich.text import Text
-from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import VerticalScroll
-from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from dlwatch.tui import fmt
 from dlwatch.tui.keyed import set_static
+from dlwatch.tui.textmodal import TextModal
 
 
 def relevant_hints(hints: Any, job_pid: int | None) -> tuple[list[dict], int]:
@@ -112,46 +110,17 @@ def _compact(v: Any) -> str:
         return fmt.NA
 
 
-class HintDetailScreen(ModalScreen[None]):
+class HintDetailScreen(TextModal):
     """``e``: every hint of the selected job in full, scrollable."""
 
-    BINDINGS = [
-        Binding("escape", "dismiss", "close"),
-        Binding("e", "dismiss", "close", show=False),
-        Binding("q", "dismiss", "close", show=False),
-    ]
-
-    DEFAULT_CSS = """
-    HintDetailScreen { align: center middle; }
-    HintDetailScreen > VerticalScroll {
-        width: 100; max-width: 100%; height: auto; max-height: 100%;
-        border: round $primary; padding: 0 1; background: $surface;
-    }
-    """
+    BINDINGS = [Binding("e", "dismiss", "close", show=False)]
 
     def __init__(self, snapshot: dict | None, job_pid: int | None, pal: fmt.Palette) -> None:
-        super().__init__()
-        self._body = self._text(snapshot, job_pid, pal)
-        self._title = "hints" + (f" · PID {job_pid}" if job_pid is not None else "")
-
-    @staticmethod
-    def _text(snapshot: dict | None, job_pid: int | None, pal: fmt.Palette) -> Text:
         hints, _ = relevant_hints(fmt.d(snapshot).get("hints"), job_pid)
-        if not hints:
-            return Text("no hints for this job right now", pal.dim)
-        out = Text()
+        body = Text("no hints for this job right now", pal.dim) if not hints else Text()
         for i, h in enumerate(hints):
             if i:
-                out.append("\n\n")
-            out.append_text(hint_detail(h, pal))
-        return out
-
-    def compose(self) -> ComposeResult:
-        box = VerticalScroll()
-        box.border_title = self._title
-        box.border_subtitle = "↑↓ scroll · escape closes"
-        with box:
-            yield Static(self._body, id="hint-detail")
-
-    def action_dismiss(self) -> None:
-        self.dismiss(None)
+                body.append("\n\n")
+            body.append_text(hint_detail(h, pal))
+        title = "hints" + (f" · PID {job_pid}" if job_pid is not None else "")
+        super().__init__(body, title=title, body_id="hint-detail", width=100)

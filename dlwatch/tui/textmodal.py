@@ -1,0 +1,57 @@
+"""A modal screen that shows one text, scrollable, closed by a few keys: the
+help (``?``) and the hints in full (``e``) are both this."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+
+class TextModal(ModalScreen[None]):
+    # Subclasses add their own opening key as one more way to close.
+    BINDINGS = [
+        Binding("escape", "dismiss", "close"),
+        Binding("q", "dismiss", "close", show=False),
+    ]
+
+    DEFAULT_CSS = """
+    TextModal { align: center middle; }
+    TextModal > VerticalScroll {
+        width: 76; max-width: 100%; height: auto; max-height: 100%;
+        border: round $primary; padding: 0 1; background: $surface;
+    }
+    TextModal .modal-text { width: 100%; }
+    """
+
+    def __init__(
+        self,
+        body: Text,
+        *,
+        title: str = "",
+        closes: str = "escape closes",
+        body_id: str | None = None,
+        width: int | None = None,
+    ) -> None:
+        super().__init__()
+        self._body = body
+        self._title = title
+        self._closes = closes
+        self._body_id = body_id
+        self._width = width
+
+    def compose(self) -> ComposeResult:
+        box = VerticalScroll()
+        box.border_title = self._title
+        # In the border, so that it shows even when a short terminal cuts the text.
+        box.border_subtitle = f"{self._closes} · ↑↓ scroll"
+        if self._width:
+            box.styles.width = self._width
+        with box:
+            yield Static(self._body, id=self._body_id, classes="modal-text")
+
+    def action_dismiss(self) -> None:
+        self.dismiss(None)
