@@ -54,6 +54,25 @@ QUICK = dict(
 )
 
 
+# --- environment -----------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    """/proc/cpuinfo's "model name" (the same on every core here), else platform's guess.
+
+    Overhead figures are per CPU model: the same code costs +0.2 µs on one
+    2-core cloud CPU and +1.2 µs on another (README, Performance).
+    """
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
 # --- statistics ------------------------------------------------------------------
 
 
@@ -549,6 +568,7 @@ def main(argv=None) -> int:
     except OSError:
         load = None
     env = {
+        "cpu_model": cpu_model(),
         "python": platform.python_version(),
         "implementation": platform.python_implementation(),
         "torch": torch.__version__,
@@ -569,6 +589,7 @@ def main(argv=None) -> int:
 
     print(f"dlwatch overhead benchmark ({env['mode']}): torch {env['torch']}, Python {env['python']}, "
           f"{env['cpu_count']} CPUs ({usable} usable), torch threads {env['torch_threads']}")
+    print(f"CPU: {env['cpu_model']}")
     print(f"{env['platform']}; load average {', '.join(f'{x:.1f}' for x in load) if load else 'n/a'}; "
           f"perf_counter_ns() ~{results['clock_ns']:.0f} ns")
     print("ns per batch (or per call): median over A/B-alternated rounds of each arm; added and ratio:"
