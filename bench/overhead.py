@@ -378,7 +378,7 @@ def bench_fetch(cfg, torch, worker):
 
     F, classes = _fetchers()
     saved = {c: c.__dict__.get("fetch") for c in classes}
-    saved_state = (worker._row, worker._i_batches, worker._i_fetch, worker._i_cur, worker._patched)
+    saved_row = worker._row
     slots = worker.make_slots(1)
     try:
         worker.activate(slots, 0)
@@ -414,7 +414,8 @@ def bench_fetch(cfg, torch, worker):
         def noop(self, index):
             return index
 
-        wrapped = worker._timed(noop)
+        scratch = worker.make_slots(1)
+        wrapped = worker._timed(noop, worker.as_int64_view(scratch), worker.as_float64_view(scratch), 0)
         wper, wnb = cfg["wrap_block"], cfg["wrap_blocks"]
         rng = range(wper)
         one = [0]
@@ -433,7 +434,7 @@ def bench_fetch(cfg, torch, worker):
         for c, f in saved.items():
             if f is not None:
                 c.fetch = f
-        (worker._row, worker._i_batches, worker._i_fetch, worker._i_cur, worker._patched) = saved_state
+        worker._row = saved_row
 
 
 def _identity(batch):
