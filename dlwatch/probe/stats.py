@@ -12,7 +12,7 @@ Times here are float seconds of ``time.perf_counter()`` (the clock of
 nanoseconds of the wire. Floats because they are cheaper on the hot path: a
 float comes from a free list where a 2-digit int is allocated, and float
 arithmetic is specialised for any value (bench/hotpath_variants.py: -36 ns of
-219 per batch for the wrapper alone). The resolution is no loss: a reading a
+221 per batch for the wrapper alone). The resolution is no loss: a reading a
 year after boot is exact to 4 ns, and the sums are of differences.
 """
 

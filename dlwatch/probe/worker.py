@@ -20,7 +20,7 @@ view. The fetch keeps its running totals in closure cells and only *stores*
 into shared memory: a memoryview subscript is not specialised by the
 interpreter (~25 ns a read or a store, ~50 ns a ``+=``), a cell is. With float
 seconds (a float store into a 'd' view is ~19 ns, a 2-digit int into a 'q'
-view ~32 ns), the wrapper alone went from +302 to +245 ns per fetch
+view ~32 ns), the wrapper alone went from +301 to +231 ns per fetch
 (bench/hotpath_variants.py, Xeon, 3.11).
 """
 
