@@ -30,7 +30,6 @@ import gc
 import json
 import os
 import platform
-import statistics
 import sys
 import textwrap
 from time import perf_counter_ns
@@ -575,7 +574,7 @@ def trainer_rows(cfg, torch, dl_mod) -> list[dict]:
             stats = _stats_for(name)
             it = _It()
             it._dlw_stats = stats()
-            alone = _alone(make(noop), noop, lambda: (it,), cfg)
+            alone = _alone(make(noop), noop, lambda it=it: (it,), cfg)
             fn = make(orig)
             ep = overhead.ab(epoch(orig, None), epoch(fn, stats), cfg["epoch_rounds"], warmup=2)["median"]
             rows.append({"variant": name, "alone": alone, "epoch": ep})
