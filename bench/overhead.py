@@ -70,6 +70,25 @@ QUICK = dict(
 )
 
 
+# --- environment -----------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    """/proc/cpuinfo's "model name" (the same on every core here), else platform's guess.
+
+    Overhead figures are per CPU model: the same code costs +0.2 µs on one
+    2-core cloud CPU and +1.2 µs on another (README, Performance).
+    """
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
 # --- statistics ------------------------------------------------------------------
 
 
@@ -385,7 +404,7 @@ def bench_fetch(cfg, torch, worker):
 
     F, classes = _fetchers()
     saved = {c: c.__dict__.get("fetch") for c in classes}
-    saved_state = (worker._row, worker._i_batches, worker._i_fetch, worker._i_cur, worker._patched)
+    saved_row = worker._row
     slots = worker.make_slots(1)
     try:
         worker.activate(slots, 0)
@@ -422,7 +441,8 @@ def bench_fetch(cfg, torch, worker):
         def noop(self, index):
             return index
 
-        wrapped = worker._timed(noop)
+        scratch = worker.make_slots(1)
+        wrapped = worker._timed(noop, worker.as_int64_view(scratch), worker.as_float64_view(scratch), 0)
         wper, wnb = cfg["wrap_block"], cfg["wrap_blocks"]
         rng = range(wper)
         one = [0]
@@ -442,7 +462,7 @@ def bench_fetch(cfg, torch, worker):
         for c, f in saved.items():
             if f is not None:
                 c.fetch = f
-        (worker._row, worker._i_batches, worker._i_fetch, worker._i_cur, worker._patched) = saved_state
+        worker._row = saved_row
 
 
 def _identity(batch):
@@ -582,6 +602,7 @@ def main(argv=None) -> int:
     except OSError:
         load = None
     env = {
+        "cpu_model": cpu_model(),
         "python": platform.python_version(),
         "implementation": platform.python_implementation(),
         "torch": torch.__version__,
@@ -604,6 +625,7 @@ def main(argv=None) -> int:
         f"dlwatch overhead benchmark ({env['mode']}): torch {env['torch']}, Python {env['python']}, "
         f"{env['cpu_count']} CPUs ({usable} usable), torch threads {env['torch_threads']}"
     )
+    print(f"CPU: {env['cpu_model']}")
     print(
         f"{env['platform']}; load average {', '.join(f'{x:.1f}' for x in load) if load else 'n/a'}; "
         f"perf_counter_ns() ~{results['clock_ns']:.0f} ns"

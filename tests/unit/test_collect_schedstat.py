@@ -33,8 +33,15 @@ def test_oversubscribed_spinners_wait_in_the_run_queue_and_a_sleeper_does_not():
     cores = len(os.sched_getaffinity(0))
     # Pin 3 spinners per core onto one core: each runs a third of the time.
     spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(3)]
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    # The sleeper says when it sleeps: its interpreter start-up (CPU, and
+    # run-queue wait on a loaded box) must not fall inside the sampled second.
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(30)"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
+        assert sleeper.stdout.readline().strip() == "ready"
         one = {sorted(os.sched_getaffinity(0))[0]}
         for p in spinners:
             os.sched_setaffinity(p.pid, one)
