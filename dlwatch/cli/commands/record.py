@@ -1,0 +1,161 @@
+"""``dlwatch record``: the live collector without a screen, writing every
+snapshot to a JSON Lines file (``dlwatch replay``/``report`` read it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from dlwatch import rundir
+from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, dir_problem, fail
+
+NAME = "record"
+HELP = "record every job's snapshots to a file (replay, report and compare it later)"
+DESCRIPTION = (
+    "Run the collector without a screen and write one snapshot per interval to a JSON Lines file: "
+    "a header line, then the snapshot document of `dlwatch snapshot --json` on each line, with "
+    "hints judged as in the live view (so history-based hints such as worker-memory-growth are "
+    "in it). A name ending in .gz is gzip (the default name is). Ctrl-C or SIGTERM ends the "
+    "recording cleanly; a recording cut short anyway still reads, minus its last line."
+)
+EPILOG = "example: dlwatch record -o overnight.jsonl.gz --interval 2; later: dlwatch report overnight.jsonl.gz"
+ORDER = 50
+
+# Each line's figures cover its own interval: below half a second a window
+# holds too few of the job's frames (10/s) to be a rate; above a minute, more
+# than the collector keeps of a job's stream.
+MIN_INTERVAL_S, MAX_INTERVAL_S = 0.5, 60.0
+
+
+def add_arguments(p) -> None:
+    add_record_arguments(p, output_flags=("-o", "--output"))
+    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
+    p.add_argument(
+        "--pid", type=int, help="only the job with this trainer PID; the recording ends when it exits"
+    )
+
+
+def add_record_arguments(p, output_flags: tuple[str, ...]) -> None:
+    """The options ``record`` shares with ``run --record``."""
+    if output_flags:
+        p.add_argument(
+            *output_flags,
+            dest="output",
+            metavar="FILE",
+            help="where to write (default dlwatch-DATE-TIME.jsonl.gz in the current directory)",
+        )
+    p.add_argument(
+        "--interval",
+        dest="record_interval",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds between recorded snapshots; each covers the S seconds before it (default 1)",
+    )
+    p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+
+
+def check_interval(value: float, prog: str) -> int | None:
+    if not MIN_INTERVAL_S <= value <= MAX_INTERVAL_S:
+        return fail(f"--interval must be between {MIN_INTERVAL_S:g} and {MAX_INTERVAL_S:g} seconds", EXIT_USAGE, prog)
+    return None
+
+
+def make_recorder(path: str, interval: float, force: bool, prog: str, **kwargs):
+    """A Recorder on a fresh live Monitor, or an exit code and its message."""
+    from dlwatch.collect.monitor import Monitor
+    from dlwatch.record.recorder import Recorder
+
+    monitor = Monitor(window_s=interval, interval=interval, only_pid=kwargs.pop("only_pid", None))
+    try:
+        return Recorder(path, monitor, interval=interval, window_s=interval, overwrite=force, **kwargs)
+    except FileExistsError:
+        monitor.stop()
+        return fail(f"{path} exists: choose another name or give --force to overwrite it", EXIT_ERROR, prog)
+    except OSError as e:
+        monitor.stop()
+        return fail(f"cannot write {path}: {e.strerror or e}", EXIT_ERROR, prog)
+
+
+def stop_on_signals(recorder) -> None:
+    """SIGINT and SIGTERM end the recording cleanly (the loop sees the stop,
+    writes nothing torn and closes the file) instead of raising mid-write."""
+
+    def handler(signum, _frame):
+        recorder.stop(f"{signal.Signals(signum).name} received")
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def summary(path: str, stats) -> str:
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        size = stats.bytes
+    jobs = len(stats.jobs)
+    return (
+        f"dlwatch record: {stats.lines} snapshots of {jobs} job{'s' if jobs != 1 else ''} over "
+        f"{stats.elapsed_s:.0f} s in {path} ({size / 1024:.1f} KiB); {stats.reason}"
+    )
+
+
+def run(args) -> int:
+    prog = "dlwatch record"
+    from dlwatch.record.recorder import default_path
+
+    bad = check_interval(args.record_interval, prog)
+    if bad is not None:
+        return bad
+    if args.duration is not None and args.duration <= 0:
+        return fail("--duration must be positive", EXIT_USAGE, prog)
+    problem = dir_problem()
+    if problem:
+        return fail(problem, EXIT_ERROR, prog)
+    until = None
+    if args.pid is not None:
+        from dlwatch.collect.jobs import pid_alive
+
+        if not pid_alive(args.pid):
+            return fail(f"no process with PID {args.pid}", EXIT_ERROR, prog)
+        until = _until_exited(args.pid)
+    path = args.output or default_path()
+    recorder = make_recorder(
+        path,
+        args.record_interval,
+        args.force,
+        prog,
+        duration_s=args.duration,
+        until=until,
+        only_pid=args.pid,
+        meta={"command": "record", "pid": args.pid, "runtime_dir": rundir.runtime_dir()},
+    )
+    if isinstance(recorder, int):
+        return recorder
+    stop_on_signals(recorder)
+    print(
+        f"dlwatch record: writing {path} every {args.record_interval:g} s"
+        f"{'' if args.pid is None else f' (job {args.pid})'}; Ctrl-C ends it",
+        file=sys.stderr,
+    )
+    stats = recorder.run()
+    print(summary(path, stats), file=sys.stderr)
+    return EXIT_OK
+
+
+def _until_exited(pid: int):
+    """Stop once the job is in the snapshot and no longer live, or its
+    process is gone without ever having said hello."""
+    from dlwatch.collect.jobs import pid_alive
+    from dlwatch.snapshot import find_job
+
+    def until(snap) -> str | None:
+        job = find_job(snap, pid)
+        if job is not None and job.get("state") == "exited":
+            return f"job {pid} exited"
+        if job is None and not pid_alive(pid):
+            return f"process {pid} has exited"
+        return None
+
+    return until
