@@ -81,6 +81,15 @@ class Recorder:
         # before any sampling starts.
         self._out = fileformat.open_write(path, exclusive=not overwrite)
 
+    def discard(self) -> None:
+        """Close and remove the file without recording (the job never started)."""
+        self.monitor.stop()
+        self._out.close()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
     def stop(self, reason: str = "stopped") -> None:
         """End the recording (safe from a signal handler or another thread)."""
         self._stop_reason = self._stop_reason or reason

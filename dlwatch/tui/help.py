@@ -21,6 +21,16 @@ KEYS = [
     ("q", "quit"),
 ]
 
+REPLAY_KEYS = [
+    ("p", "pause / play the recording"),
+    ("← / →", "10 s back / forward"),
+    ("< / >", "1 min back / forward (also shift+← / →)"),
+    (", / .", "one recorded snapshot back / forward"),
+    ("n / N", "jump to where the next / previous hint appears"),
+    ("home / end", "the start / the end of the recording"),
+    ("+ / -", "play faster / slower"),
+]
+
 LEGEND = [
     ("data wait", "share of the loop's time spent inside next(loader)"),
     ("", "✓ OK < 10 %  ▲ WARN 10–30 %  ✖ BAD > 30 %"),
@@ -32,12 +42,19 @@ LEGEND = [
 ]
 
 
-def help_text() -> Text:
+def help_text(replay: bool = False) -> Text:
     t = Text()
     t.append("dlwatch keys\n\n", "bold")
     for key, what in KEYS:
+        if replay and key == "p":
+            continue  # the replay's own p is listed below
         t.append(f"  {key:<18}", "bold")
         t.append(f"{what}\n")
+    if replay:
+        t.append("\nreplay\n\n", "bold")
+        for key, what in REPLAY_KEYS:
+            t.append(f"  {key:<18}", "bold")
+            t.append(f"{what}\n")
     t.append("\nlegend\n\n", "bold")
     for key, what in LEGEND:
         t.append(f"  {key:<10}", "bold")
@@ -62,9 +79,13 @@ class HelpScreen(ModalScreen[None]):
     HelpScreen #help-text { width: 100%; }
     """
 
+    def __init__(self, replay: bool = False) -> None:
+        super().__init__()
+        self.replay = replay
+
     def compose(self) -> ComposeResult:
         with VerticalScroll():
-            yield Static(help_text(), id="help-text")
+            yield Static(help_text(self.replay), id="help-text")
 
     def action_dismiss(self) -> None:
         self.dismiss(None)

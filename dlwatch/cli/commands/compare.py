@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dlwatch.cli.commands.report import load, write_html
 from dlwatch.cli.common import EXIT_OK
+from dlwatch.cli.recording import load, write_html
 
 NAME = "compare"
 HELP = "compare two recordings: settings that differ, throughput, data wait, the change in each"

@@ -3,12 +3,17 @@ snapshot to a JSON Lines file (``dlwatch replay``/``report`` read it)."""
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 
 from dlwatch import rundir
 from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, dir_problem, fail
+from dlwatch.cli.recording import (
+    add_record_arguments,
+    check_interval,
+    make_recorder,
+    stop_on_signals,
+    summary,
+)
 
 NAME = "record"
 HELP = "record every job's snapshots to a file (replay, report and compare it later)"
@@ -19,13 +24,8 @@ DESCRIPTION = (
     "in it). A name ending in .gz is gzip (the default name is). Ctrl-C or SIGTERM ends the "
     "recording cleanly; a recording cut short anyway still reads, minus its last line."
 )
-EPILOG = "example: dlwatch record -o overnight.jsonl.gz --interval 2; later: dlwatch report overnight.jsonl.gz"
+EPILOG = "example: dlwatch record -o night.jsonl.gz --interval 2; later: dlwatch report night.jsonl.gz"
 ORDER = 50
-
-# Each line's figures cover its own interval: below half a second a window
-# holds too few of the job's frames (10/s) to be a rate; above a minute, more
-# than the collector keeps of a job's stream.
-MIN_INTERVAL_S, MAX_INTERVAL_S = 0.5, 60.0
 
 
 def add_arguments(p) -> None:
@@ -33,71 +33,6 @@ def add_arguments(p) -> None:
     p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
     p.add_argument(
         "--pid", type=int, help="only the job with this trainer PID; the recording ends when it exits"
-    )
-
-
-def add_record_arguments(p, output_flags: tuple[str, ...]) -> None:
-    """The options ``record`` shares with ``run --record``."""
-    if output_flags:
-        p.add_argument(
-            *output_flags,
-            dest="output",
-            metavar="FILE",
-            help="where to write (default dlwatch-DATE-TIME.jsonl.gz in the current directory)",
-        )
-    p.add_argument(
-        "--interval",
-        dest="record_interval",
-        type=float,
-        default=1.0,
-        metavar="S",
-        help="seconds between recorded snapshots; each covers the S seconds before it (default 1)",
-    )
-    p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
-
-
-def check_interval(value: float, prog: str) -> int | None:
-    if not MIN_INTERVAL_S <= value <= MAX_INTERVAL_S:
-        return fail(f"--interval must be between {MIN_INTERVAL_S:g} and {MAX_INTERVAL_S:g} seconds", EXIT_USAGE, prog)
-    return None
-
-
-def make_recorder(path: str, interval: float, force: bool, prog: str, **kwargs):
-    """A Recorder on a fresh live Monitor, or an exit code and its message."""
-    from dlwatch.collect.monitor import Monitor
-    from dlwatch.record.recorder import Recorder
-
-    monitor = Monitor(window_s=interval, interval=interval, only_pid=kwargs.pop("only_pid", None))
-    try:
-        return Recorder(path, monitor, interval=interval, window_s=interval, overwrite=force, **kwargs)
-    except FileExistsError:
-        monitor.stop()
-        return fail(f"{path} exists: choose another name or give --force to overwrite it", EXIT_ERROR, prog)
-    except OSError as e:
-        monitor.stop()
-        return fail(f"cannot write {path}: {e.strerror or e}", EXIT_ERROR, prog)
-
-
-def stop_on_signals(recorder) -> None:
-    """SIGINT and SIGTERM end the recording cleanly (the loop sees the stop,
-    writes nothing torn and closes the file) instead of raising mid-write."""
-
-    def handler(signum, _frame):
-        recorder.stop(f"{signal.Signals(signum).name} received")
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
-
-
-def summary(path: str, stats) -> str:
-    try:
-        size = os.path.getsize(path)
-    except OSError:
-        size = stats.bytes
-    jobs = len(stats.jobs)
-    return (
-        f"dlwatch record: {stats.lines} snapshots of {jobs} job{'s' if jobs != 1 else ''} over "
-        f"{stats.elapsed_s:.0f} s in {path} ({size / 1024:.1f} KiB); {stats.reason}"
     )
 
 

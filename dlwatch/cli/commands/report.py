@@ -4,9 +4,8 @@ file; with two recordings, the comparison of ``dlwatch compare``."""
 from __future__ import annotations
 
 import os
-import sys
 
-from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, fail
+from dlwatch.cli.recording import load, stem, write_html
 
 NAME = "report"
 HELP = "write a recording (or two, side by side) as one self-contained HTML file"
@@ -30,43 +29,6 @@ def add_arguments(p) -> None:
         metavar="FILE",
         help="HTML file to write (default: the recording's name with .html, or A-vs-B.html)",
     )
-
-
-def load(path: str, prog: str):
-    """The recording's series, or an exit code after a one-line error."""
-    from dlwatch.record import reader, series
-
-    try:
-        rec = reader.read(path)
-    except FileNotFoundError:
-        return fail(f"{path}: no such file", EXIT_ERROR, prog)
-    except IsADirectoryError:
-        return fail(f"{path} is a directory, not a recording", EXIT_ERROR, prog)
-    except OSError as e:
-        return fail(f"cannot read {path}: {e.strerror or e}", EXIT_ERROR, prog)
-    for w in rec.warnings:
-        print(f"{prog}: {path}: {w}", file=sys.stderr)
-    if not rec.snapshots:
-        return fail(f"{path} holds no snapshots", EXIT_ERROR, prog)
-    return series.build(rec)
-
-
-def stem(path: str) -> str:
-    name = os.path.basename(path)
-    for suffix in (".gz", ".jsonl", ".json"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-    return name or "recording"
-
-
-def write_html(path: str, html: str, prog: str) -> int:
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(html)
-    except OSError as e:
-        return fail(f"cannot write {path}: {e.strerror or e}", EXIT_ERROR, prog)
-    print(f"{prog}: wrote {path} ({len(html.encode()) / 1024:.0f} KiB)", file=sys.stderr)
-    return EXIT_OK
 
 
 def run(args) -> int:
