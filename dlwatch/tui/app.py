@@ -138,6 +138,19 @@ class DlwatchApp(App):
         Binding("s", "screenshot", "screenshot"),
         Binding("d", "dismiss_job", "dismiss"),
         Binding("e", "hint_detail", "hints in full", show=False),
+        # Replay only (check_action hides them for a live source).
+        Binding("left", "replay_seek(-10)", "-10 s", key_display="←"),
+        Binding("right", "replay_seek(10)", "+10 s", key_display="→"),
+        Binding("shift+left,less_than_sign", "replay_seek(-60)", "-1 min", show=False),
+        Binding("shift+right,greater_than_sign", "replay_seek(60)", "+1 min", show=False),
+        Binding("comma", "replay_step(-1)", "line back", show=False),
+        Binding("full_stop", "replay_step(1)", "line forward", show=False),
+        Binding("home", "replay_edge(0)", "start", show=False),
+        Binding("end", "replay_edge(1)", "end", show=False),
+        Binding("n", "replay_hint(1)", "next hint"),
+        Binding("N", "replay_hint(-1)", "previous hint", show=False),
+        Binding("plus,equals_sign", "replay_speed(2)", "faster", show=False),
+        Binding("minus", "replay_speed(0.5)", "slower", show=False),
     ]
 
     def __init__(
@@ -346,6 +359,7 @@ class DlwatchApp(App):
                 time_format=self.time_format,
                 pal=self.palette,
                 source_error=self.source_error,
+                replay=self._replay_status(),
             ),
         )
         error = screen.ref("#error", Static)
@@ -412,6 +426,8 @@ class DlwatchApp(App):
             if self.source_error:
                 return Text(f"no data from the collector: {self.source_error}", pal.bad)
             return Text("waiting for data…", pal.dim)
+        if self.is_replay:
+            return Text("no job was recorded at this moment of the recording (→ or n moves on)", pal.dim)
         where = self.runtime_dir
         if where is None:
             try:
@@ -471,6 +487,11 @@ class DlwatchApp(App):
         self._move(-1)
 
     def action_toggle_pause(self) -> None:
+        if self.is_replay:
+            # Replay pauses the playback itself: the display keeps following
+            # it, so seeking while paused shows where it lands.
+            self._replay_control("toggle_pause")
+            return
         self.paused = not self.paused
         self._guard("status", self._draw_status)
         if not self.paused:
@@ -478,7 +499,58 @@ class DlwatchApp(App):
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
+            self.push_screen(HelpScreen(replay=self.is_replay))
+
+    # ------------------------------------------------------------ replay
+
+    @property
+    def is_replay(self) -> bool:
+        """The source plays a recording (``ReplaySource``): no job is reachable,
+        and the replay keys move through it."""
+        return getattr(self.source, "replay", False) is True
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action.startswith("replay_"):
+            return self.is_replay
+        return True
+
+    def _replay_status(self) -> str | None:
+        if not self.is_replay:
+            return None
+        try:
+            return str(self.source.status())  # type: ignore[attr-defined]
+        except Exception as e:
+            return f"replay ({type(e).__name__}: {e})"
+
+    def _replay_control(self, name: str, *args):
+        try:
+            result = getattr(self.source, name)(*args)
+        except Exception as e:
+            self.notify(f"replay: {type(e).__name__}: {e}", severity="error")
+            return None
+        self.tick()
+        self._guard("status", self._draw_status)
+        return result
+
+    def action_replay_seek(self, seconds: float) -> None:
+        self._replay_control("seek", float(seconds))
+
+    def action_replay_step(self, lines: int) -> None:
+        self._replay_control("step", int(lines))
+
+    def action_replay_edge(self, end: int) -> None:
+        self._replay_control("step", (1 if end else -1) * (1 << 40))
+
+    def action_replay_speed(self, factor: float) -> None:
+        speed = float(getattr(self.source, "speed", 1.0))
+        self._replay_control("set_speed", speed * float(factor))
+
+    def action_replay_hint(self, direction: int) -> None:
+        ids = self._replay_control("jump_hint", int(direction))
+        if ids is None:
+            self.notify(f"no {'later' if direction > 0 else 'earlier'} hint in this recording", timeout=3)
+        else:
+            self.notify(f"{', '.join(ids)} starts here", title="hint", timeout=3)
 
     def action_hint_detail(self) -> None:
         if isinstance(self.screen, HintDetailScreen):

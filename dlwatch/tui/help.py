@@ -20,6 +20,16 @@ KEYS = [
     ("q", "quit"),
 ]
 
+REPLAY_KEYS = [
+    ("p", "pause / play the recording"),
+    ("← / →", "10 s back / forward"),
+    ("< / >", "1 min back / forward (also shift+← / →)"),
+    (", / .", "one recorded snapshot back / forward"),
+    ("n / N", "jump to where the next / previous hint appears"),
+    ("home / end", "the start / the end of the recording"),
+    ("+ / -", "play faster / slower"),
+]
+
 LEGEND = [
     ("data wait", "share of the loop's time spent inside next(loader)"),
     ("", "✓ OK < 10 %  ▲ WARN 10–30 %  ✖ BAD > 30 %"),
@@ -31,12 +41,19 @@ LEGEND = [
 ]
 
 
-def help_text() -> Text:
+def help_text(replay: bool = False) -> Text:
     t = Text()
     t.append("dlwatch keys\n\n", "bold")
     for key, what in KEYS:
+        if replay and key == "p":
+            continue  # the replay's own p is listed below
         t.append(f"  {key:<18}", "bold")
         t.append(f"{what}\n")
+    if replay:
+        t.append("\nreplay\n\n", "bold")
+        for key, what in REPLAY_KEYS:
+            t.append(f"  {key:<18}", "bold")
+            t.append(f"{what}\n")
     t.append("\nlegend\n\n", "bold")
     for key, what in LEGEND:
         t.append(f"  {key:<10}", "bold")
@@ -47,5 +64,5 @@ def help_text() -> Text:
 class HelpScreen(TextModal):
     BINDINGS = [Binding("question_mark", "dismiss", "close", show=False)]
 
-    def __init__(self) -> None:
-        super().__init__(help_text(), closes="escape, q or ? closes", body_id="help-text")
+    def __init__(self, replay: bool = False) -> None:
+        super().__init__(help_text(replay), closes="escape, q or ? closes", body_id="help-text")

@@ -22,7 +22,11 @@ def status_text(
     time_format: Callable[[float], str],
     pal: fmt.Palette,
     source_error: str | None = None,
+    replay: str | None = None,
 ) -> Text:
+    """The top line. ``replay``: the replay's position and state; it takes
+    the place of the refresh interval, and a recorded snapshot's age is not
+    staleness."""
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append(f"dlwatch {version}", "bold")
     parts: list[Text | str] = [t]
@@ -33,7 +37,10 @@ def status_text(
         if exited:
             jt.append(f" ({exited} exited)", pal.dim)
         parts.append(jt)
-    parts.append(f"every {interval:g} s")
+    if replay is not None:
+        parts.append(Text(replay, f"bold reverse {pal.info}"))
+    else:
+        parts.append(f"every {interval:g} s")
     if paused:
         parts.append(Text("⏸ PAUSED (p resumes)", f"bold reverse {pal.warn}"))
     if source_error:
@@ -49,11 +56,11 @@ def status_text(
                 stamp = time_format(ts)
             except (ValueError, OverflowError, OSError):
                 stamp = fmt.NA
-            parts.append(Text(f"updated {stamp}", pal.dim))
+            parts.append(Text(f"{'recorded' if replay is not None else 'updated'} {stamp}", pal.dim))
             age = now - ts
             # Freshness bar is 1 s; several missed samples mean the collector
             # is stuck, which must not look like a quiet job.
-            if age > max(3.0, 5 * interval):
+            if replay is None and age > max(3.0, 5 * interval):
                 parts.append(Text(f"⚠ STALE {fmt.duration(age)} old", f"bold {pal.warn}"))
     return fmt.join(parts, pal=pal)
 

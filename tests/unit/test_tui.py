@@ -757,9 +757,10 @@ def test_static_source_serves_in_order_and_hides_dismissed():
 def test_replay_source_plays_jsonl_and_skips_bad_lines(tmp_path):
     path = tmp_path / "rec.jsonl"
     first, second = F.data_bound(), F.with_exited(F.data_bound())
+    second["time"] = first["time"] + 0.01
     path.write_text(json.dumps(first) + "\n{truncated\n\n[1]\n" + json.dumps(second) + "\n", encoding="utf-8")
-    src = ReplaySource(str(path), period=0.01)
-    assert len(src) == 2 and src.skipped == 2
+    src = ReplaySource.from_file(str(path))
+    assert len(src) == 2 and len(src.warnings) == 3  # two bad lines, no header
     assert src.latest() is None
     src.start()
     try:
@@ -783,23 +784,6 @@ def test_run_tui_returns_exit_code(monkeypatch):
     monkeypatch.setattr(DlwatchApp, "run", fake_run)
     assert run_tui(StaticSource([F.data_bound()]), interval=0.25) == 0
     assert ran["interval"] == 0.25
-
-
-def test_replay_entry_point(tmp_path, monkeypatch):
-    from dlwatch.tui import __main__ as replay
-
-    assert replay.main([str(tmp_path / "missing.jsonl")]) == 1
-    empty = tmp_path / "empty.jsonl"
-    empty.write_text("\n", encoding="utf-8")
-    assert replay.main([str(empty)]) == 1
-    rec = tmp_path / "rec.jsonl"
-    rec.write_text(json.dumps(F.data_bound()) + "\n", encoding="utf-8")
-    seen = {}
-    monkeypatch.setattr(
-        replay, "run_tui", lambda source, interval: seen.update(n=len(source), i=interval) or 0
-    )
-    assert replay.main([str(rec), "--interval", "1"]) == 0
-    assert seen == {"n": 1, "i": 1.0}
 
 
 def test_fixtures_are_fresh_copies():

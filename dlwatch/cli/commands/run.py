@@ -1,9 +1,13 @@
-"""``dlwatch run [--] CMD [ARGS...]``: a command with the hook in every Python process."""
+"""``dlwatch run [--record FILE] [--] CMD [ARGS...]``: a command with the hook
+in every Python process; with ``--record``, its jobs recorded for its lifetime."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
+import sys
+import time
 
 from dlwatch.cli.common import (
     EXIT_ERROR,
@@ -11,8 +15,10 @@ from dlwatch.cli.common import (
     EXIT_NOT_FOUND,
     EXIT_USAGE,
     bootstrap_env,
+    dir_problem,
     fail,
 )
+from dlwatch.cli.recording import add_record_arguments, check_interval, make_recorder, summary
 
 NAME = "run"
 HELP = "run a command with the hook active in every Python process it starts"
@@ -20,13 +26,30 @@ DESCRIPTION = (
     "Run CMD with dlwatch's hook active in every Python process it starts (torchrun ranks "
     "and DataLoader workers included), with no change to the training script: the hook is "
     "imported through a sitecustomize on PYTHONPATH. Then watch the job with `dlwatch` in "
-    "another terminal. The command replaces this process (same PID, signals and exit code)."
+    "another terminal. The command replaces this process (same PID, signals and exit code). "
+    "With --record FILE, dlwatch instead starts CMD as its child, records every job CMD starts "
+    "(as `dlwatch record` does) until CMD exits, passes SIGINT/SIGTERM on to it and exits "
+    "with its status."
 )
-EPILOG = "example: dlwatch run -- torchrun --nproc-per-node 2 train.py --epochs 3"
+EPILOG = (
+    "examples: dlwatch run -- torchrun --nproc-per-node 2 train.py --epochs 3; "
+    "dlwatch run --record before.jsonl.gz -- python train.py"
+)
 ORDER = 30
+PROG = "dlwatch run"
+# After CMD exits, at most this long for its jobs' last figures (the
+# collector sees the socket close within a build or two).
+FINAL_S = 3.0
 
 
 def add_arguments(p) -> None:
+    p.add_argument(
+        "--record",
+        metavar="FILE",
+        help="record the jobs CMD starts to FILE until CMD exits (.gz: compressed); "
+        "read it with dlwatch replay/report",
+    )
+    add_record_arguments(p, output_flags=())
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD [ARGS...]")
 
 
@@ -35,13 +58,126 @@ def run(args) -> int:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        return fail(
-            "give the command to run, e.g. `dlwatch run -- python train.py`", EXIT_USAGE, "dlwatch run"
-        )
+        return fail("give the command to run, e.g. `dlwatch run -- python train.py`", EXIT_USAGE, PROG)
+    if args.record:
+        return run_recorded(cmd, args)
     try:
         os.execvpe(cmd[0], cmd, bootstrap_env())
     except FileNotFoundError:
-        return fail(f"command not found: {cmd[0]}", EXIT_NOT_FOUND, "dlwatch run")
+        return fail(f"command not found: {cmd[0]}", EXIT_NOT_FOUND, PROG)
     except PermissionError:
-        return fail(f"permission denied: {cmd[0]}", EXIT_NOT_EXECUTABLE, "dlwatch run")
+        return fail(f"permission denied: {cmd[0]}", EXIT_NOT_EXECUTABLE, PROG)
     return EXIT_ERROR  # not reached: exec replaced us
+
+
+def run_recorded(cmd: list[str], args) -> int:
+    import subprocess
+
+    from dlwatch import rundir
+
+    bad = check_interval(args.record_interval, PROG)
+    if bad is not None:
+        return bad
+    problem = dir_problem()
+    if problem:
+        return fail(problem, EXIT_ERROR, PROG)
+    ours = JobsOf()
+    recorder = make_recorder(
+        args.record,
+        args.record_interval,
+        args.force,
+        PROG,
+        keep_job=ours,
+        until=ours.until_done,
+        meta={"command": "run", "argv": cmd, "runtime_dir": rundir.runtime_dir()},
+    )
+    if isinstance(recorder, int):
+        return recorder
+    try:
+        child = subprocess.Popen(cmd, env=bootstrap_env())
+    except (FileNotFoundError, PermissionError) as e:
+        recorder.discard()
+        if isinstance(e, FileNotFoundError):
+            return fail(f"command not found: {cmd[0]}", EXIT_NOT_FOUND, PROG)
+        return fail(f"permission denied: {cmd[0]}", EXIT_NOT_EXECUTABLE, PROG)
+    ours.child = child
+    forward_signals(child)
+    print(f"{PROG}: recording pid {child.pid} and its jobs to {args.record}", file=sys.stderr)
+    try:
+        stats = recorder.run()
+    finally:
+        # The recorder ends when CMD does; if it ended otherwise (an error),
+        # CMD is still waited for: its exit status is ours.
+        rc = child.wait()
+    print(summary(args.record, stats, PROG), file=sys.stderr)
+    return 128 - rc if rc < 0 else rc
+
+
+class JobsOf:
+    """Which jobs belong to the command: its own process and every
+    descendant (torchrun's ranks, a shell's python). A PID's answer is kept:
+    a job that has exited is still ours, and a PID is looked up once."""
+
+    def __init__(self) -> None:
+        self.child = None
+        self._known: dict[int, bool] = {}
+        self._exited_at: float | None = None
+
+    def __call__(self, pid: int) -> bool:
+        if self.child is None:
+            return False
+        known = self._known.get(pid)
+        if known is None:
+            known = self._known[pid] = pid == self.child.pid or self._descends(pid)
+        return known
+
+    def _descends(self, pid: int) -> bool:
+        import psutil
+
+        try:
+            return any(p.pid == self.child.pid for p in psutil.Process(pid).parents())
+        except (psutil.Error, OSError):
+            return False
+
+    def until_done(self, snap) -> str | None:
+        """Once CMD has exited: stop when its jobs are shown as ended (their
+        last figures are in the file), or after ``FINAL_S`` at most."""
+        from dlwatch.snapshot import is_live, records
+
+        if self.child is None or self.child.poll() is None:
+            return None
+        if self._exited_at is None:
+            self._exited_at = time.monotonic()
+        reason = f"the command exited with status {self.child.returncode}"
+        if not any(is_live(j) for j in records(snap.get("jobs"))):
+            return reason
+        return reason if time.monotonic() - self._exited_at >= FINAL_S else None
+
+
+def forward_signals(child) -> None:
+    """SIGTERM goes on to CMD. So does SIGINT, except from the terminal:
+    Ctrl-C reaches every process of the foreground group, CMD included, and
+    a second SIGINT would cut its own clean-up short. The recording ends
+    when CMD exits, whatever made it exit."""
+
+    def handler(signum, _frame):
+        if signum == signal.SIGINT and _terminal_sent_it():
+            return
+        try:
+            child.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _terminal_sent_it() -> bool:
+    """Whether this process is in its terminal's foreground group (a Ctrl-C
+    there went to CMD too)."""
+    for fd in (0, 1, 2):
+        try:
+            return os.tcgetpgrp(fd) == os.getpgrp()
+        except OSError:
+            continue
+    return False

@@ -1,0 +1,96 @@
+"""``dlwatch record``: the live collector without a screen, writing every
+snapshot to a JSON Lines file (``dlwatch replay``/``report`` read it)."""
+
+from __future__ import annotations
+
+import sys
+
+from dlwatch import rundir
+from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, dir_problem, fail
+from dlwatch.cli.recording import (
+    add_record_arguments,
+    check_interval,
+    make_recorder,
+    stop_on_signals,
+    summary,
+)
+
+NAME = "record"
+HELP = "record every job's snapshots to a file (replay, report and compare it later)"
+DESCRIPTION = (
+    "Run the collector without a screen and write one snapshot per interval to a JSON Lines file: "
+    "a header line, then the snapshot document of `dlwatch snapshot --json` on each line, with "
+    "hints judged as in the live view (so history-based hints such as worker-memory-growth are "
+    "in it). A name ending in .gz is gzip (the default name is). Ctrl-C or SIGTERM ends the "
+    "recording cleanly; a recording cut short anyway still reads, minus its last line."
+)
+EPILOG = "example: dlwatch record -o night.jsonl.gz --interval 2; later: dlwatch report night.jsonl.gz"
+ORDER = 50
+
+
+def add_arguments(p) -> None:
+    add_record_arguments(p, output_flags=("-o", "--output"))
+    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
+    p.add_argument(
+        "--pid", type=int, help="only the job with this trainer PID; the recording ends when it exits"
+    )
+
+
+def run(args) -> int:
+    prog = "dlwatch record"
+    from dlwatch.record.recorder import default_path
+
+    bad = check_interval(args.record_interval, prog)
+    if bad is not None:
+        return bad
+    if args.duration is not None and args.duration <= 0:
+        return fail("--duration must be positive", EXIT_USAGE, prog)
+    problem = dir_problem()
+    if problem:
+        return fail(problem, EXIT_ERROR, prog)
+    until = None
+    if args.pid is not None:
+        from dlwatch.collect.jobs import pid_alive
+
+        if not pid_alive(args.pid):
+            return fail(f"no process with PID {args.pid}", EXIT_ERROR, prog)
+        until = _until_exited(args.pid)
+    path = args.output or default_path()
+    recorder = make_recorder(
+        path,
+        args.record_interval,
+        args.force,
+        prog,
+        duration_s=args.duration,
+        until=until,
+        only_pid=args.pid,
+        meta={"command": "record", "pid": args.pid, "runtime_dir": rundir.runtime_dir()},
+    )
+    if isinstance(recorder, int):
+        return recorder
+    stop_on_signals(recorder)
+    print(
+        f"dlwatch record: writing {path} every {args.record_interval:g} s"
+        f"{'' if args.pid is None else f' (job {args.pid})'}; Ctrl-C ends it",
+        file=sys.stderr,
+    )
+    stats = recorder.run()
+    print(summary(path, stats), file=sys.stderr)
+    return EXIT_OK
+
+
+def _until_exited(pid: int):
+    """Stop once the job is in the snapshot and no longer live, or its
+    process is gone without ever having said hello."""
+    from dlwatch.collect.jobs import pid_alive
+    from dlwatch.snapshot import find_job
+
+    def until(snap) -> str | None:
+        job = find_job(snap, pid)
+        if job is not None and job.get("state") == "exited":
+            return f"job {pid} exited"
+        if job is None and not pid_alive(pid):
+            return f"process {pid} has exited"
+        return None
+
+    return until

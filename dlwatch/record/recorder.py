@@ -1,0 +1,176 @@
+"""``dlwatch record``: the live collector, headless, writing what it builds.
+
+The recorder is one more consumer of ``Monitor``: the same builds, the same
+default stateful ``Diagnoser`` (hysteresis, the memory-growth slope over
+minutes of samples), so a hint appears in a recording exactly when it would
+have appeared on screen. Each line is the snapshot as built
+(``fileformat.compact``); the recorder adds nothing of its own to it.
+
+Stopping: ``stop()`` (a signal handler calls it), ``duration_s``, or
+``until()`` saying so (``dlwatch record --pid`` stops when the job has
+exited; ``dlwatch run --record`` when its command has). The last snapshot
+before the stop is written, the file is closed, and nothing is left torn.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dlwatch import __version__
+from dlwatch.record import fileformat
+from dlwatch.snapshot import SCHEMA_VERSION, Snapshot, as_int, records
+
+# How many builds the recorder may fall behind before a line is written
+# anyway: a missed notification (none is lost, but be safe) costs a line's
+# delay, never a stall.
+WAKE_SLACK = 2.0
+
+
+@dataclass
+class RecordStats:
+    lines: int = 0  # snapshots written
+    bytes: int = 0  # uncompressed
+    jobs: frozenset[int] = frozenset()
+    elapsed_s: float = 0.0
+    reason: str = ""
+
+
+class Recorder:
+    """Write ``monitor``'s snapshots to ``path`` until stopped.
+
+    ``keep_job(pid)`` picks the jobs that go into the file (all by default);
+    hints about jobs that are left out are left out too, hints about no job
+    (the host's) stay. The monitor is started and stopped here.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        monitor,
+        *,
+        interval: float,
+        window_s: float,
+        duration_s: float | None = None,
+        until: Callable[[Snapshot], str | None] | None = None,
+        keep_job: Callable[[int], bool] | None = None,
+        overwrite: bool = False,
+        meta: dict | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.path = path
+        self.monitor = monitor
+        self.interval = interval
+        self.window_s = window_s
+        self.duration_s = duration_s
+        self.until = until
+        self.keep_job = keep_job
+        self.meta = meta or {}
+        self.clock = clock
+        self.stats = RecordStats()
+        self._stop = threading.Event()
+        self._stop_reason = ""
+        self._built = threading.Event()
+        # Opened here, so that a path that cannot be written is an error
+        # before any sampling starts.
+        self._out = fileformat.open_write(path, exclusive=not overwrite)
+
+    def discard(self) -> None:
+        """Close and remove the file without recording (the job never started)."""
+        self.monitor.stop()
+        self._out.close()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+    def stop(self, reason: str = "stopped") -> None:
+        """End the recording (safe from a signal handler or another thread)."""
+        self._stop_reason = self._stop_reason or reason
+        self._stop.set()
+        self._built.set()
+
+    def run(self) -> RecordStats:
+        started = self.clock()
+        self._write(
+            fileformat.header(
+                schema_version=SCHEMA_VERSION,
+                dlwatch_version=__version__,
+                start_time=round(time.time(), 3),
+                interval_s=self.interval,
+                window_s=self.window_s,
+                host={
+                    "hostname": socket.gethostname(),
+                    "platform": platform.platform(),
+                    "python": platform.python_version(),
+                    "logical_cpus": os.cpu_count(),
+                },
+                **self.meta,
+            )
+        )
+        jobs: set[int] = set()
+        self.monitor.subscribe(self._built.set)
+        self.monitor.start()
+        last = None
+        reason = ""
+        try:
+            while True:
+                self._built.wait(self.interval * WAKE_SLACK)
+                self._built.clear()
+                snap = self.monitor.latest()
+                if snap is not None and snap is not last and not self._stop.is_set():
+                    last = snap
+                    kept = self._kept(snap)
+                    jobs.update(p for p in (as_int(j.get("pid")) for j in kept["jobs"]) if p is not None)
+                    self._write(fileformat.compact(kept))
+                    self.stats.lines += 1
+                    if self.until is not None:
+                        reason = self.until(kept) or ""
+                if self._stop.is_set():
+                    reason = self._stop_reason
+                elif self.duration_s is not None and self.clock() - started >= self.duration_s:
+                    reason = f"--duration {self.duration_s:g} s reached"
+                if reason:
+                    break
+        finally:
+            self.monitor.stop()
+            self._out.close()
+            self.stats.jobs = frozenset(jobs)
+            self.stats.elapsed_s = self.clock() - started
+            self.stats.reason = reason or self._stop_reason or "ended"
+        return self.stats
+
+    def _kept(self, snap: Snapshot) -> Snapshot:
+        if self.keep_job is None:
+            return snap
+        keep = {
+            p
+            for j in records(snap.get("jobs"))
+            if (p := as_int(j.get("pid"))) is not None and self.keep_job(p)
+        }
+        return dict(  # type: ignore[return-value]
+            snap,
+            jobs=[j for j in records(snap.get("jobs")) if as_int(j.get("pid")) in keep],
+            hints=[
+                h for h in records(snap.get("hints")) if h.get("job_pid") is None or h.get("job_pid") in keep
+            ],
+        )
+
+    def _write(self, obj: dict) -> None:
+        line = json.dumps(obj, separators=(",", ":"), default=str) + "\n"
+        self._out.write(line)
+        # Every line reaches the file now: a recorder killed at any moment
+        # leaves at most one torn line (gzip: a sync flush per line).
+        self._out.flush()
+        self.stats.bytes += len(line)
+
+
+def default_path(compress: bool = True, now: float | None = None) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    return f"dlwatch-{stamp}.jsonl" + (".gz" if compress else "")

@@ -1,0 +1,383 @@
+"""Recordings of real jobs: record, replay, report, compare, and the ways a
+recording ends (the job exits, Ctrl-C, SIGTERM, the recorder killed)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from dlwatch.record import reader
+from dlwatch.record.compare import compare
+from dlwatch.record.series import build, summary
+from tests.e2e_util import JOB, Job, truth_in_window
+
+pytestmark = pytest.mark.slow
+
+
+def dlwatch_proc(*args: str, runtime_dir: str, cwd: str | None = None) -> subprocess.Popen:
+    env = dict(os.environ, DLWATCH_DIR=runtime_dir)
+    return subprocess.Popen(
+        [sys.executable, "-m", "dlwatch", *args],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def lines_in(path: str) -> int:
+    try:
+        return len(reader.read(path).snapshots)
+    except OSError:
+        return 0
+
+
+def wait_lines(path: str, n: int, timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while lines_in(path) < n:
+        assert time.monotonic() < end, f"{path}: fewer than {n} snapshots after {timeout} s"
+        time.sleep(0.2)
+
+
+def test_recording_of_a_real_job_matches_the_loop_and_replays_to_the_same_figures(short_tmpdir):
+    path = os.path.join(short_tmpdir, "rec.jsonl")
+    job = Job("--duration", "7", "--sample-ms", "5", "--step-ms", "5")
+    try:
+        job.wait_socket()
+        rec = dlwatch_proc("record", "-o", path, "--pid", str(job.proc.pid), runtime_dir=job.dir)
+        result = job.finish()
+        _, err = rec.communicate(timeout=30)
+    finally:
+        job.cleanup()
+    # --pid: the recording ends by itself when the job exits.
+    assert rec.returncode == 0, err
+    assert f"job {job.proc.pid} exited" in err
+    r = reader.read(path)
+    assert r.warnings == [] and r.header["dlwatch_recording"] == 1 and r.header["interval_s"] == 1.0
+    live = []
+    for snap in r.snapshots:
+        assert snap["schema_version"] == 1
+        for j in snap["jobs"]:
+            assert j["pid"] == job.proc.pid
+            if j["state"] == "live" and j["loaders"] and j["loaders"][0]["data_wait_fraction"] is not None:
+                live.append(j["loaders"][0])
+    assert len(live) >= 4, r.snapshots
+    # Each line's figures are the loop's own over that line's window (the
+    # snapshot's contract), after the recorder's rounding.
+    batches = result["recs"]["train"]["batches"]
+    checked = 0
+    for ld in live:
+        start, end = ld["window_mono_ns"]
+        if start < batches[0][1] or end > batches[-1][2]:
+            continue  # the first batch or the end of the job inside the window
+        truth = truth_in_window(batches, start, end)
+        assert ld["data_wait_fraction"] == pytest.approx(truth["data_wait_fraction"], abs=0.02)
+        checked += 1
+    assert checked >= 3
+
+    # Replayed in the live view, each line shows its own figures.
+    from dlwatch.tui import fmt
+    from dlwatch.tui.app import DlwatchApp
+    from dlwatch.tui.sources import ReplaySource
+    from dlwatch.tui.textline import TextLine
+    from tests.tui_fixtures import plain
+
+    src = ReplaySource.from_file(path)
+    target = next(i for i, s in enumerate(r.snapshots) if s["jobs"] and s["jobs"][0]["state"] == "live")
+
+    async def play() -> list[tuple[dict, str]]:
+        seen = []
+        app = DlwatchApp(src, interval=0.1)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("p")  # pause: the keys move, not the clock
+            await pilot.press("home")
+            for _ in range(target):
+                await pilot.press("full_stop")
+            for _ in range(3):
+                await pilot.pause(0.05)
+                seen.append((app.snapshot, plain(app.screen.query_one("#loader-stats", TextLine))))
+                await pilot.press("full_stop")
+        return seen
+
+    shown = asyncio.run(play())
+    for snap, text in shown:
+        recorded = next(s for s in r.snapshots if s["time"] == snap["time"])
+        ld_rec = recorded["jobs"][0]["loaders"][0] if recorded["jobs"][0]["loaders"] else None
+        ld = snap["jobs"][0]["loaders"][0] if snap["jobs"][0]["loaders"] else None
+        for key in ("data_wait_fraction", "batches_per_s", "wait_ms_mean", "step_ms_mean", "workers"):
+            assert (ld or {}).get(key) == (ld_rec or {}).get(key)
+        if ld is not None and ld["data_wait_fraction"] is not None:
+            assert fmt.rate(ld["batches_per_s"]) in text
+
+
+def test_ctrl_c_ends_a_recording_cleanly_and_a_killed_one_still_reads(short_tmpdir):
+    job = Job("--duration", "30")
+    try:
+        job.wait_socket()
+        gz = os.path.join(short_tmpdir, "a.jsonl.gz")
+        rec = dlwatch_proc("record", "-o", gz, runtime_dir=job.dir)
+        wait_lines(gz, 3)
+        rec.send_signal(signal.SIGINT)
+        _, err = rec.communicate(timeout=15)
+        assert rec.returncode == 0, err
+        assert "SIGINT received" in err and "Traceback" not in err
+        r = reader.read(gz)
+        assert r.warnings == [] and len(r.snapshots) >= 3
+        assert any(j["pid"] == job.proc.pid for j in r.snapshots[-1]["jobs"])
+
+        # SIGTERM too.
+        plain = os.path.join(short_tmpdir, "b.jsonl")
+        rec = dlwatch_proc("record", "-o", plain, runtime_dir=job.dir)
+        wait_lines(plain, 2)
+        rec.send_signal(signal.SIGTERM)
+        _, err = rec.communicate(timeout=15)
+        assert rec.returncode == 0 and "SIGTERM received" in err, err
+
+        # Killed outright mid-recording: what was flushed reads; a torn last
+        # line costs that line and a warning, never the file.
+        killed = os.path.join(short_tmpdir, "c.jsonl.gz")
+        rec = dlwatch_proc("record", "-o", killed, runtime_dir=job.dir)
+        wait_lines(killed, 3)
+        rec.kill()
+        rec.communicate(timeout=15)
+        assert len(reader.read(killed).snapshots) >= 3
+        with open(plain, "a", encoding="utf-8") as f:
+            f.write('{"schema_version": 1, "time": 12')  # a line the recorder never finished
+        torn = reader.read(plain)
+        assert len(torn.snapshots) >= 2
+        assert [w for w in torn.warnings if "last line is torn" in w], torn.warnings
+        out = os.path.join(short_tmpdir, "torn.html")
+        r2 = subprocess.run(
+            [sys.executable, "-m", "dlwatch", "report", plain, "-o", out], capture_output=True, text=True
+        )
+        assert r2.returncode == 0 and "torn" in r2.stderr and os.path.getsize(out) > 0, r2.stderr
+    finally:
+        job.cleanup()
+
+
+def test_run_record_records_the_commands_jobs_and_passes_on_its_exit_status(short_tmpdir):
+    path = os.path.join(short_tmpdir, "run.jsonl.gz")
+    d = short_tmpdir
+    code = (
+        "import subprocess, sys\n"
+        f"r = subprocess.run([sys.executable, {str(JOB)!r}, '--out', sys.argv[1], '--duration', '3'])\n"
+        "sys.exit(r.returncode or 7)\n"
+    )
+    out = os.path.join(tempfile.mkdtemp(prefix="dlwo", dir="/tmp"), "o.json")
+    try:
+        p = dlwatch_proc(
+            "run", "--record", path, "--", sys.executable, "-c", code, out, runtime_dir=os.path.join(d, "rt")
+        )
+        _, err = p.communicate(timeout=90)
+    finally:
+        shutil.rmtree(os.path.dirname(out), ignore_errors=True)
+    # The command's status (7) is ours; the job is the command's grandchild.
+    assert p.returncode == 7, err
+    assert "the command exited with status 7" in err
+    r = reader.read(path)
+    assert r.warnings == [] and r.header["command"] == "run"
+    pids = {j["pid"] for s in r.snapshots for j in s["jobs"]}
+    assert len(pids) == 1, pids
+    assert any(ld["batches_total"] > 0 for s in r.snapshots for j in s["jobs"] for ld in j["loaders"])
+    assert r.snapshots[-1]["jobs"][0]["state"] != "live"
+
+
+def io_bound(d: str, path: str, workers: int) -> subprocess.Popen:
+    return dlwatch_proc(
+        "run",
+        "--record",
+        path,
+        "--",
+        sys.executable,
+        "-m",
+        "dlwatch.demo.train",
+        "--scenario",
+        "io-bound",
+        "--num-workers",
+        str(workers),
+        "--quiet",
+        "--device",
+        "cpu",
+        "--duration",
+        "10",
+        runtime_dir=d,
+    )
+
+
+def test_compare_one_vs_four_workers_of_an_io_bound_job_and_the_html_report(short_tmpdir):
+    a, b = os.path.join(short_tmpdir, "one.jsonl.gz"), os.path.join(short_tmpdir, "four.jsonl.gz")
+    rt = short_tmpdir + "/rt"
+    pa, pb = io_bound(rt, a, 1), io_bound(rt, b, 4)
+    for p in (pa, pb):
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    r = subprocess.run(
+        [sys.executable, "-m", "dlwatch", "compare", a, b, "-o", os.path.join(short_tmpdir, "c.html")],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    row = next(line for line in r.stdout.splitlines() if line.startswith("num_workers"))
+    assert row.split()[1:] == ["1", "4", "differs"], r.stdout
+    assert not [
+        line for line in r.stdout.splitlines() if line.endswith("differs") and "num_workers" not in line
+    ]
+    tput = next(line for line in r.stdout.splitlines() if line.startswith("throughput"))
+    # Sleep-bound loading: 4 workers overlap 4 reads, so throughput grows
+    # ~4x (the step caps it); anything under 2.5x means the figures are off.
+    c = compare(build(reader.read(a)), build(reader.read(b)))
+    ta, tb = c.metrics[0][2], c.metrics[0][3]
+    assert tb > 2.5 * ta, r.stdout
+    assert re.search(r"\+\d+ % \(×[3-9]\.\d\d\)", tput), tput
+    wait = next(m for m in c.metrics if m[0] == "data wait, mean")
+    assert wait[3] < wait[2]
+    html = open(os.path.join(short_tmpdir, "c.html"), encoding="utf-8").read()
+    assert "num_workers" in html and 'class="differs"' in html and "<svg" in html
+
+    # The single report, rendered by a real browser.
+    out = os.path.join(short_tmpdir, "four.html")
+    r = subprocess.run(
+        [sys.executable, "-m", "dlwatch", "report", b, "-o", out], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    html = open(out, encoding="utf-8").read()
+    assert not re.search(r"(https?:|//)[^ \"'<]*\.", _without_text(html)), "an external URL in the report"
+    assert not re.search(r"<(script|link|img|iframe)\b", html)
+    assert html.count("<svg") >= 6 and "io-bound" in html
+    s = summary(build(reader.read(b)).main_loader())
+    assert f"{s['batches_per_s']:.2f}" in html
+    shot = screenshot(out, short_tmpdir)
+    assert_chart_pixels(shot)
+
+
+def _without_text(html: str) -> str:
+    """The markup only: a command line shown as text may contain anything."""
+    return re.sub(r">[^<]*<", "><", html)
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def screenshot(html: str, workdir: str) -> str:
+    if CHROMIUM is None:
+        pytest.skip("no chromium on this machine (.ci/run installs it from the system packages)")
+    png = os.path.join(workdir, "report.png")
+    profile = os.path.join(workdir, "chromium-profile")
+    subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile}",
+            f"--screenshot={png}",
+            "--window-size=1280,2000",
+            "file://" + html,
+        ],
+        capture_output=True,
+        timeout=120,
+    )
+    assert os.path.exists(png), "chromium wrote no screenshot"
+    return png
+
+
+def assert_chart_pixels(png: str) -> None:
+    """The charts were drawn: the screenshot holds the lines' colours (the
+    first series' blue and the hint bar's amber), not just text on white."""
+    import zlib
+
+    data = open(png, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    color_type = data[25]
+    idat = b""
+    pos = 8
+    while pos < len(data):
+        n = int.from_bytes(data[pos : pos + 4], "big")
+        kind = data[pos + 4 : pos + 8]
+        if kind == b"IDAT":
+            idat += data[pos + 8 : pos + 8 + n]
+        pos += 12 + n
+    raw = zlib.decompress(idat)
+    bpp = 4 if color_type == 6 else 3
+    stride = width * bpp
+    rows = []
+    prev = bytearray(stride)
+    i = 0
+    for _ in range(height):
+        f, line = raw[i], bytearray(raw[i + 1 : i + 1 + stride])
+        i += 1 + stride
+        for x in range(stride):
+            a = line[x - bpp] if x >= bpp else 0
+            b, c = prev[x], prev[x - bpp] if x >= bpp else 0
+            if f == 1:
+                line[x] = (line[x] + a) & 255
+            elif f == 2:
+                line[x] = (line[x] + b) & 255
+            elif f == 3:
+                line[x] = (line[x] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[x] = (line[x] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append(bytes(line))
+        prev = line
+    counts = {"blue": 0, "amber": 0}
+    for row in rows[::2]:
+        for x in range(0, stride, bpp * 2):
+            r, g, b = row[x], row[x + 1], row[x + 2]
+            if abs(r - 0x00) < 40 and abs(g - 0x72) < 40 and abs(b - 0xB2) < 40:
+                counts["blue"] += 1
+            elif abs(r - 0xE6) < 40 and abs(g - 0x9F) < 40 and abs(b - 0x00) < 50:
+                counts["amber"] += 1
+    assert counts["blue"] > 200 and counts["amber"] > 50, counts
+
+
+@pytest.mark.timeout(240)
+def test_a_recording_of_copy_on_read_growth_carries_worker_memory_growth(short_tmpdir):
+    """The rule wants >= 60 s of USS samples after a worker's first 10 s:
+    the recording must carry the hint the live view would show."""
+    path = os.path.join(short_tmpdir, "mem.jsonl.gz")
+    p = dlwatch_proc(
+        "run",
+        "--record",
+        path,
+        "--interval",
+        "2",
+        "--",
+        sys.executable,
+        "-m",
+        "dlwatch.demo.train",
+        "--scenario",
+        "worker-memory-growth",
+        "--quiet",
+        "--device",
+        "cpu",
+        "--duration",
+        "85",
+        runtime_dir=short_tmpdir + "/rt",
+    )
+    _, err = p.communicate(timeout=200)
+    assert p.returncode == 0, err
+    s = build(reader.read(path))
+    spans = [h for h in s.hints if h.id == "worker-memory-growth"]
+    assert spans, f"no worker-memory-growth in {[h.id for h in s.hints]}"
+    assert spans[0].start >= 60, "a minute of samples before the hint"
+    assert spans[0].evidence and spans[0].suggestion
+    warns = {h.id for h in s.hints if h.severity in ("warn", "critical")}
+    assert warns == {"worker-memory-growth"}, warns
+    assert summary(s.main_loader())["worker_uss_growth_max"] > 32 * 2**20
