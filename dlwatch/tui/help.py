@@ -16,6 +16,7 @@ KEYS = [
     ("p", "pause / resume the display (sampling goes on)"),
     ("s", "save an SVG screenshot in the current directory"),
     ("d", "dismiss the selected exited job"),
+    ("P", "profile 10 steps of the selected job (torch.profiler): verdict + trace"),
     ("ctrl+p", "command palette (the same actions, by name)"),
     ("?", "this help"),
     ("q", "quit"),
