@@ -29,6 +29,9 @@ PROCESSING_GRACE_S = 60.0
 QUIET_EVERY = 100
 
 
+_REFUSALS = {"busy": "is busy", "unsupported": "does not support profiling", "rejected": "refused the burst"}
+
+
 class ProfileError(Exception):
     def __init__(self, message: str, kind: str) -> None:
         super().__init__(message)
@@ -135,8 +138,10 @@ def _converse(sock, pid, steps, max_s, out_dir, on_status, cancelled) -> dict:
                     deadline = time.monotonic() + max_s + PROCESSING_GRACE_S
                 elif kind == "profile_status":
                     state = msg["state"]
-                    if state in ("busy", "unsupported", "rejected"):
-                        raise ProfileError(f"job {pid}: {msg.get('message') or state}", state)
+                    if state in _REFUSALS:
+                        raise ProfileError(
+                            f"job {pid} {_REFUSALS[state]}: {msg.get('message') or state}", state
+                        )
                     progress["steps_done"] = msg.get("steps_done") or 0
                     if on_status is not None:
                         on_status(msg)
@@ -164,7 +169,7 @@ def _check_hello(pid: int, msg: dict) -> None:
 
 def _hung_up(pid: int, requested: bool, progress: dict, steps: int) -> None:
     # The job may be exiting: give it a moment to be reaped before deciding.
-    for _ in range(10):
+    for _ in range(60):
         if not pid_alive(pid):
             break
         time.sleep(0.05)

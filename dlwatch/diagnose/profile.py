@@ -167,6 +167,7 @@ def summary(pid: int, result: dict | None, error: str | None) -> dict:
         "trace_truncated": fig.get("trace_truncated") is True,
         "trace_note": fig.get("trace_note") if isinstance(fig.get("trace_note"), str) else None,
         "window_mono_ns": [as_int(x) for x in as_list(fig.get("window_mono_ns"))] or None,
+        "done_mono_ns": as_int(fig.get("done_mono_ns")),
         "error": error,
     }
 

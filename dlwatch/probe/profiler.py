@@ -20,6 +20,7 @@ trains on.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -440,7 +441,37 @@ def start(
         burst = Burst(target, steps, max_s, out_dir, fallback_dir, loader)
         burst.install()
         _current = burst
+        _arm_exit_hook()
         return burst, None
+
+
+_exit_hook_armed = False
+
+
+def _arm_exit_hook() -> None:
+    global _exit_hook_armed
+    if not _exit_hook_armed:
+        _exit_hook_armed = True
+        atexit.register(_stop_at_exit)
+
+
+def _stop_at_exit() -> None:
+    # An interpreter that exits with Kineto still recording dies in its
+    # teardown (measured: a non-zero exit after the job's last line ran).
+    # atexit runs on the main thread, usually the training thread: stop there.
+    b = _current
+    if b is None or b.state not in (ARMED, RUNNING):
+        return
+    with b._lock:
+        b._uninstall()
+        prof, b._prof = b._prof, None
+        note = f"the job exited during the burst ({b.steps_done} of {b.steps} steps collected)"
+        b._finish(error=note)
+    if prof is not None:
+        try:
+            prof.stop()
+        except Exception:
+            pass
 
 
 def release(burst: Burst) -> None:

@@ -194,6 +194,7 @@ class Publisher:
         t = self._thread
         if t is not None and t.is_alive() and t is not threading.current_thread():
             t.join(timeout=1.0)
+        self._farewell()
         self._close_sockets()
         self._unlink_own()
 
@@ -434,6 +435,23 @@ class Publisher:
             return
         self._burst, self._burst_client = burst, c
         self._queue(c, wire.encode(burst.status()))
+
+    def _farewell(self) -> None:
+        """The job is exiting mid-burst: tell the monitor that asked, best effort."""
+        b, c = self._burst, self._burst_client
+        if b is None or c is None:
+            return
+        try:
+            if b.state == profiler.DONE:  # stopped by the profiler's own exit hook
+                msgs = [m for m in b.poll() if m.get("type") == "profile_result"]
+            else:
+                why = f"the job exited during the burst ({b.steps_done} of {b.steps} steps collected)"
+                result = {"steps": b.steps_done, "steps_requested": b.steps}
+                msgs = [{"type": "profile_result", "result": result, "error": why}]
+            data = bytes(c.out) + b"".join(wire.encode(m) for m in msgs)
+            c.sock.send(data, socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
+        except Exception:
+            pass
 
     def _busiest_loader(self):
         """The live loader with the most batches over the last second (ties:

@@ -97,8 +97,11 @@ def run(args) -> int:
         print(json.dumps(doc, indent=2))
     else:
         print("\r" + " " * 60 + "\r", end="", file=sys.stderr, flush=True)
-        print("\n".join(summary_lines(doc)))
-    return EXIT_ERROR if doc.get("error") else EXIT_OK
+        if not doc.get("error"):
+            print("\n".join(summary_lines(doc)))
+    if doc.get("error"):
+        return fail(f"PID {pid}: {doc['error']}", EXIT_ERROR, prog)
+    return EXIT_OK
 
 
 def _only_job() -> tuple[int | None, str]:
