@@ -351,3 +351,11 @@ def test_no_socket_live_pid_is_not_instrumented_dead_pid_is_not_found():
     with pytest.raises(ProfileError, match="no dlwatch job with PID") as e:
         request_profile(2**22 + 12345, directory=d)
     assert e.value.kind == "not-found"
+
+
+def test_main_loop_cpu_bound_suggests_a_burst():
+    from tests.unit.test_diagnose_rules import evaluate, gpu, one
+
+    snap = one(job_kw={"main_thread_cpu": 98.0}, gpus=[gpu(util=30.0)])
+    (h,) = [h for h in evaluate(snap) if h["id"] == "main-loop-cpu-bound"]
+    assert f"dlwatch profile --pid {h['job_pid']}" in h["suggestion"]
