@@ -24,3 +24,16 @@ for sc in data-bound enable-pin-memory main-loop-cpu-bound healthy; do
   python3 -m dlwatch snapshot --json --pid "$pid" > "$OUT/snapshot_$sc.json" 2>&1
   wait "$pid"
 done
+# Profiler bursts (dlwatch profile) on the two CUDA-only verdicts: a loop of
+# thousands of tiny CUDA ops per step (launch-bound) and one of large matmuls
+# (gpu-bound). The summaries go in the issue note.
+for mode in launch-bound gpu-bound; do
+  if [ "$mode" = gpu-bound ]; then extra=--big; else extra="--ops 3000"; fi
+  python3 tests/jobs/tiny_ops_job.py --device cuda $extra --duration 60 --out "$OUT/profile_$mode" > "$OUT/profile_$mode.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 300); do [ -e "$OUT/profile_$mode.ready" ] && break; sleep 0.1; done
+  sleep 3  # past CUDA warm-up; the busiest loader needs a second of batches
+  { echo "=== profile $mode"; python3 -m dlwatch profile --pid "$pid" --steps 20 --out "$OUT"; } >> "$OUT/profiles.txt" 2>&1
+  python3 -m dlwatch profile --pid "$pid" --steps 20 --out "$OUT" --json > "$OUT/profile_$mode.json" 2>&1
+  kill "$pid"; wait "$pid" 2>/dev/null
+done

@@ -12,6 +12,17 @@ Conversation::
     server -> N x {"type": "window", ...}   (recent history, oldest first)
     server -> {"type": "window", ...}       (about 10 per second, live)
 
+A server that can run a profiler burst lists ``"profile"`` in its hello's
+``features`` (a job whose hello lacks it predates bursts, or was started with
+``DLWATCH_PROFILE=0``). Then, on the same connection::
+
+    client -> {"type": "profile", "steps": 10, "max_s": 60, "out_dir": "/abs/dir"}
+    server -> {"type": "profile_status", "state": "armed" | "running" | "processing", ...}
+    server -> {"type": "profile_result", "result": {...}}   (or with "error")
+
+or a single ``profile_status`` with state ``busy`` / ``unsupported`` /
+``rejected`` when the burst cannot start at all.
+
 A version mismatch is answered with ``{"type": "error", ...}`` and the
 connection is closed; so is a malformed or oversized frame.
 """
@@ -27,8 +38,20 @@ PROTOCOL_VERSION = 1
 # a few KiB. 1 MiB leaves room for anything real and bounds what a peer can
 # make the other side buffer.
 MAX_FRAME_BYTES = 1 << 20
-# What a client may send: only a hello. Anything longer is an attack or a bug.
+# What a client may send: a hello or a profile request (its out_dir is at
+# most MAX_OUT_DIR_CHARS). Anything longer is an attack or a bug.
 MAX_CLIENT_FRAME_BYTES = 4096
+MAX_OUT_DIR_CHARS = 1024
+# What a server that runs profiler bursts announces in its hello.
+FEATURE_PROFILE = "profile"
+# Profiler bursts: bounded so that a request can never make the job record
+# (and hold in memory) more than a minute of events.
+PROFILE_DEFAULT_STEPS = 10
+PROFILE_MAX_STEPS = 200
+PROFILE_MAX_SECONDS = 60.0
+# The states of a burst as ``profile_status`` reports them; the last three
+# are final answers to a request that will not run.
+PROFILE_STATES = ("armed", "running", "processing", "busy", "unsupported", "rejected")
 
 
 class WireError(ValueError):
@@ -129,7 +152,7 @@ _DICT = (dict,)
 
 HELLO_CLIENT = {"protocol": _INT}
 HELLO_SERVER = {"protocol": _INT, "job": _DICT}
-HELLO_SERVER_OPTIONAL = {"history": _INT}
+HELLO_SERVER_OPTIONAL = {"history": _INT, "features": _LIST}
 JOB = {"pid": _INT, "cmdline": _STR}
 JOB_OPTIONAL = {
     "rank": _INT,
@@ -174,6 +197,12 @@ QUEUE_OPTIONAL = {"ready": _INT, "in_flight": _INT, "capacity": _INT}
 WORKER = {"id": _INT, "pid": _INT, "batches": _INT, "fetch_ns": _INT, "busy_ns": _INT}
 WORKER_OPTIONAL = {"started_ns": _INT}
 ERROR = {"message": _STR}
+PROFILE = {"steps": _INT}
+PROFILE_OPTIONAL = {"max_s": _NUM, "out_dir": _STR}
+PROFILE_STATUS = {"state": _STR}
+PROFILE_STATUS_OPTIONAL = {"steps": _INT, "steps_done": _INT, "message": _STR, "loader": _DICT}
+PROFILE_RESULT = {"result": _DICT}
+PROFILE_RESULT_OPTIONAL = {"error": _STR}
 
 
 def _check(obj: Any, required: dict, optional: dict | None, what: str | Callable[[], str]) -> None:
@@ -229,9 +258,43 @@ def validate(msg: Any) -> dict[str, Any]:
                 _check(w, WORKER, WORKER_OPTIONAL, lambda i=i, j=j: f"window.loaders[{i}].workers[{j}]")
     elif kind == "error":
         _check(msg, ERROR, None, "error")
+    elif kind == "profile":
+        _check(msg, PROFILE, PROFILE_OPTIONAL, "profile")
+        _check_profile_request(msg)
+    elif kind == "profile_status":
+        _check(msg, PROFILE_STATUS, PROFILE_STATUS_OPTIONAL, "profile_status")
+        if msg["state"] not in PROFILE_STATES:
+            raise WireError(f"profile_status.state {msg['state'][:40]!r} is not one of {PROFILE_STATES}")
+    elif kind == "profile_result":
+        _check(msg, PROFILE_RESULT, PROFILE_RESULT_OPTIONAL, "profile_result")
     else:
         raise WireError(f"unknown message type {kind!r}")
     return msg
+
+
+def _check_profile_request(msg: dict[str, Any]) -> None:
+    steps = msg["steps"]
+    if not 1 <= steps <= PROFILE_MAX_STEPS:
+        raise WireError(f"profile.steps must be 1..{PROFILE_MAX_STEPS}, got {steps}")
+    max_s = msg.get("max_s")
+    if max_s is not None and not 0 < max_s <= PROFILE_MAX_SECONDS:
+        raise WireError(f"profile.max_s must be in (0, {PROFILE_MAX_SECONDS:g}], got {max_s}")
+    out_dir = msg.get("out_dir")
+    if out_dir is not None:
+        if len(out_dir) > MAX_OUT_DIR_CHARS:
+            raise WireError(f"profile.out_dir is longer than {MAX_OUT_DIR_CHARS} characters")
+        if not out_dir.startswith("/") or "\x00" in out_dir:
+            raise WireError("profile.out_dir must be an absolute path")
+
+
+def profile_request(steps: int, max_s: float | None = None, out_dir: str | None = None) -> dict[str, Any]:
+    """A monitor's request for a profiler burst of ``steps`` training steps."""
+    msg: dict[str, Any] = {"type": "profile", "steps": steps}
+    if max_s is not None:
+        msg["max_s"] = max_s
+    if out_dir is not None:
+        msg["out_dir"] = out_dir
+    return validate(msg)
 
 
 def client_hello(client: str, every: int | None = None) -> dict[str, Any]:

@@ -85,8 +85,8 @@ def rule_main_loop_cpu_bound(ctx: Context) -> list[dict]:
             f"core: the Python side cannot launch kernels fast enough."
         )
         sugg = (
-            "profile one step with torch.profiler; then use larger batches, torch.compile, "
-            "or CUDA graphs to cut per-kernel launch overhead"
+            f"profile a few steps: `dlwatch profile --pid {pid}` (or P in the live view); then use "
+            "larger batches, torch.compile, or CUDA graphs to cut per-kernel launch overhead"
         )
         ev = {
             "data_wait_fraction_max": r(wait),

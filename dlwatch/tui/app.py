@@ -31,6 +31,7 @@ from dlwatch.tui.host import HostLine
 from dlwatch.tui.jobs import JobList, JobRow, group_jobs, job_state
 from dlwatch.tui.keyed import set_static
 from dlwatch.tui.loader import LoaderPanel
+from dlwatch.tui.profile import ProfileScreen, Runner
 from dlwatch.tui.sources import Source
 from dlwatch.tui.status import job_header, status_text
 from dlwatch.tui.textline import TextLine
@@ -151,6 +152,7 @@ class DlwatchApp(App):
         Binding("N", "replay_hint(-1)", "previous hint", show=False),
         Binding("plus,equals_sign", "replay_speed(2)", "faster", show=False),
         Binding("minus", "replay_speed(0.5)", "slower", show=False),
+        Binding("P", "profile", "profile", key_display="P"),
     ]
 
     def __init__(
@@ -162,6 +164,7 @@ class DlwatchApp(App):
         clock: Callable[[], float] = time.time,
         time_format: Callable[[float], str] = local_time,
         version: str = __version__,
+        profiler: Runner | None = None,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
@@ -171,6 +174,7 @@ class DlwatchApp(App):
         self.clock = clock
         self.time_format = time_format
         self.version = version
+        self.profiler = profiler
         self.paused = False
         self.snapshot: dict | None = None
         self.rows: list[JobRow] = []
@@ -512,6 +516,8 @@ class DlwatchApp(App):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action.startswith("replay_"):
             return self.is_replay
+        if action == "profile":
+            return not self.is_replay  # a recording has no job to ask
         return True
 
     def _replay_status(self) -> str | None:
@@ -590,6 +596,25 @@ class DlwatchApp(App):
         self._drawn = None
         self.redraw(full=True)
 
+    def action_profile(self) -> None:
+        job = self.selected_job()
+        pid = fmt.intval(job.get("pid")) if job else None
+        if pid is None:
+            self.notify("no job selected", severity="warning")
+            return
+        if job_state(job) != "live":
+            self.notify("only a live job can be profiled", severity="warning")
+            return
+        if isinstance(self.screen, ProfileScreen):
+            return
+        self.push_screen(ProfileScreen(pid, self.profiler or self._request_profile))
+
+    def _request_profile(self, pid: int, **kwargs) -> dict:
+        from dlwatch.collect.control import request_profile
+
+        directory = getattr(self.source, "directory", None) or self.runtime_dir
+        return request_profile(pid, directory=directory, **kwargs)
+
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         # Ours replace Textual's "Keys" and "Screenshot", which do the same
         # thing differently (a side panel; a file name we do not notify).
@@ -608,6 +633,11 @@ class DlwatchApp(App):
         yield SystemCommand("Previous job", "Select the previous job (shift+tab, k)", self.action_prev_job)
         yield SystemCommand(
             "Dismiss exited job", "Forget the selected exited job (d)", self.action_dismiss_job
+        )
+        yield SystemCommand(
+            "Profile job",
+            "torch.profiler over 10 steps of the selected job: verdict and trace (P)",
+            self.action_profile,
         )
         yield SystemCommand("Keys", "Show the key bindings and the legend (?)", self.action_help)
 

@@ -96,7 +96,7 @@ def test_every_subcommand_is_one_module_with_help():
     from dlwatch.cli.main import build_parser
 
     names = [m.NAME for m in commands.modules()]
-    assert names[:4] == ["ls", "snapshot", "run", "demo"]
+    assert names[:2] == ["ls", "snapshot"] and {"run", "demo"} <= set(names)
     for name in names:
         r = dlwatch(name, "--help", runtime_dir=short_tmpdir())
         assert r.returncode == 0 and f"usage: dlwatch {name}" in r.stdout

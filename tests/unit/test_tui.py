@@ -7,6 +7,7 @@ import asyncio
 import copy
 import functools
 import json
+import threading
 import time
 
 import pytest
@@ -907,3 +908,98 @@ async def test_e_opens_every_hint_in_full_with_all_its_evidence():
         await pilot.press("escape")
         await pilot.pause(0.1)
         assert not isinstance(app.screen, HintDetailScreen)
+
+
+# ------------------------------------------------------------------ profiler burst (P)
+
+
+@sync
+async def test_profile_key_shows_progress_then_summary_while_the_view_stays_live():
+    from dlwatch.tui.profile import ProfileScreen
+
+    go = threading.Event()
+    calls = []
+
+    def runner(pid, on_status, cancelled):
+        calls.append(pid)
+        on_status({"type": "profile_status", "state": "running", "steps": 10, "steps_done": 4})
+        go.wait(5)
+        return {
+            "pid": pid,
+            "steps": 10,
+            "step_ms_mean": 12.5,
+            "data_wait_fraction": 0.02,
+            "verdict": "dispatch-bound",
+            "reason": "4000 torch operators per step at 3.0 µs each",
+            "suggestion": "batch the work",
+            "top_ops": [{"name": "aten::add", "calls": 40000, "self_cpu_ms": 90.0}],
+            "cuda": None,
+            "trace_path": "/tmp/t.json",
+            "trace_bytes": 1000,
+            "error": None,
+        }
+
+    source = StaticSource([F.data_bound()])
+    app = make_app(source, interval=FAST, profiler=runner)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(pilot)
+        await pilot.press("P")
+        await wait_until(pilot, lambda: isinstance(app.screen, ProfileScreen))
+        text = lambda: plain(app.screen.query_one("#profile-text", Static))  # noqa: E731
+        await wait_until(pilot, lambda: "4/10 steps" in text())
+        # the live screen underneath keeps taking snapshots
+        before = source.calls
+        await wait_until(pilot, lambda: source.calls > before + 2)
+        go.set()
+        await wait_until(pilot, lambda: "dispatch-bound" in text())
+        assert "aten::add" in text() and "/tmp/t.json" in text() and "batch the work" in text()
+        assert calls == [4242]
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not isinstance(app.screen, ProfileScreen))
+
+
+@sync
+async def test_profile_key_reports_a_failure_and_escape_cancels():
+    from dlwatch.tui.profile import ProfileScreen
+
+    seen_cancel = threading.Event()
+
+    def failing(pid, on_status, cancelled):
+        raise RuntimeError("job 4242 does not support profiling: its dlwatch predates profiler bursts")
+
+    app = make_app(StaticSource([F.data_bound()]), interval=FAST, profiler=failing)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(pilot)
+        await pilot.press("P")
+        await wait_until(pilot, lambda: isinstance(app.screen, ProfileScreen))
+        text = lambda: plain(app.screen.query_one("#profile-text", Static))  # noqa: E731
+        await wait_until(pilot, lambda: "predates" in text())
+        await pilot.press("escape")
+
+    def slow(pid, on_status, cancelled):
+        while not cancelled():
+            time.sleep(0.01)
+        seen_cancel.set()
+        raise RuntimeError("cancelled")
+
+    app = make_app(StaticSource([F.data_bound()]), interval=FAST, profiler=slow)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(pilot)
+        await pilot.press("P")
+        await wait_until(pilot, lambda: isinstance(app.screen, ProfileScreen))
+        await pilot.press("escape")
+        await wait_until(pilot, seen_cancel.is_set)
+
+
+@sync
+async def test_profile_key_needs_a_live_job():
+    from dlwatch.tui.profile import ProfileScreen
+
+    app = make_app(
+        StaticSource([F.with_exited(F.data_bound(), 4242)]), interval=FAST, profiler=lambda *a, **k: {}
+    )
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(pilot)
+        await pilot.press("P")
+        await settle(pilot)
+        assert not isinstance(app.screen, ProfileScreen)

@@ -1,0 +1,117 @@
+"""``dlwatch profile``: a torch.profiler burst of N steps of a running job."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from dlwatch import wire
+from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, dir_problem, fail, no_jobs_message
+
+NAME = "profile"
+HELP = "run torch.profiler over a few training steps of a job; print the verdict"
+ORDER = 30
+DESCRIPTION = (
+    "Ask a running job for a torch.profiler burst of --steps training steps (counted at the "
+    "busiest DataLoader's next()), without stopping it. Prints why its steps are slow "
+    "(data-bound, launch-bound, dispatch-bound, gpu-bound or cpu-bound), the numbers behind "
+    "it and one next step, and writes a Chrome trace (Perfetto, chrome://tracing)."
+)
+EPILOG = (
+    "The job writes the trace (mode 0600) in --out, by default this command's working "
+    "directory, or in the runtime directory if it cannot write there (the output says so). "
+    f"Bounds: at most {wire.PROFILE_MAX_STEPS} steps and {wire.PROFILE_MAX_SECONDS:g} s. "
+    "Exit codes: 0 done, 1 the burst could not run, 2 usage."
+)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--pid", type=int, help="the trainer PID (default: the only job there is)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=wire.PROFILE_DEFAULT_STEPS,
+        metavar="N",
+        help=f"training steps to profile (default {wire.PROFILE_DEFAULT_STEPS}, "
+        f"at most {wire.PROFILE_MAX_STEPS})",
+    )
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        default=wire.PROFILE_MAX_SECONDS,
+        metavar="S",
+        help="stop after this long even if fewer steps ran "
+        f"(default and at most {wire.PROFILE_MAX_SECONDS:g})",
+    )
+    p.add_argument("--out", metavar="DIR", help="directory for the trace (default: the current directory)")
+    p.add_argument(
+        "--json", action="store_true", help="print the summary as JSON (README, 'Profiler bursts')"
+    )
+
+
+def run(args) -> int:
+    from dlwatch.collect.control import ProfileError, request_profile
+    from dlwatch.diagnose.profile import summary_lines
+
+    prog = "dlwatch profile"
+    if not 1 <= args.steps <= wire.PROFILE_MAX_STEPS:
+        return fail(f"--steps must be between 1 and {wire.PROFILE_MAX_STEPS}", EXIT_USAGE, prog)
+    if not 0 < args.max_seconds <= wire.PROFILE_MAX_SECONDS:
+        return fail(f"--max-seconds must be in (0, {wire.PROFILE_MAX_SECONDS:g}]", EXIT_USAGE, prog)
+    out_dir = None
+    if args.out is not None:
+        out_dir = os.path.abspath(args.out)
+        if not os.path.isdir(out_dir):
+            return fail(f"--out {args.out}: not a directory", EXIT_USAGE, prog)
+    problem = dir_problem()
+    if problem:
+        return fail(problem, EXIT_ERROR, prog)
+    pid = args.pid
+    if pid is None:
+        pid, message = _only_job()
+        if pid is None:
+            return fail(message, EXIT_ERROR if "no dlwatch jobs" in message else EXIT_USAGE, prog)
+
+    def progress(msg: dict) -> None:
+        if args.json:
+            return
+        done, total = msg.get("steps_done") or 0, msg.get("steps") or args.steps
+        state = msg.get("state")
+        what = "waiting for the loop's next batch" if state == "armed" else f"{done}/{total} steps"
+        if state == "processing":
+            what = "reading the profile and writing the trace"
+        print(f"\rprofiling PID {pid}: {what}".ljust(60), end="", file=sys.stderr, flush=True)
+
+    try:
+        doc = request_profile(pid, args.steps, args.max_seconds, out_dir, on_status=progress)
+    except ProfileError as e:
+        if not args.json:
+            print(file=sys.stderr)
+        if args.json:
+            from dlwatch.diagnose.profile import summary
+
+            print(json.dumps(summary(pid, None, str(e)), indent=2))
+        return fail(str(e), EXIT_USAGE if e.kind == "usage" else EXIT_ERROR, prog)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print("\r" + " " * 60 + "\r", end="", file=sys.stderr, flush=True)
+        if not doc.get("error"):
+            print("\n".join(summary_lines(doc)))
+    if doc.get("error"):
+        return fail(f"PID {pid}: {doc['error']}", EXIT_ERROR, prog)
+    return EXIT_OK
+
+
+def _only_job() -> tuple[int | None, str]:
+    from dlwatch import rundir
+    from dlwatch.collect.jobs import discover
+
+    jobs = discover(rundir.runtime_dir())
+    if not jobs:
+        return None, no_jobs_message()
+    if len(jobs) > 1:
+        pids = ", ".join(str(p) for p, _ in sorted(jobs))
+        return None, f"{len(jobs)} jobs are running ({pids}): name one with --pid"
+    return jobs[0][0], ""

@@ -1,0 +1,184 @@
+"""Asking a job for a profiler burst, over a connection of its own.
+
+The live collector's connections only read; a burst is a request and an
+answer a minute later, so it gets its own socket to the job (the same uid
+check on the job's side), asks for one frame in a hundred so the stream
+costs nothing, and waits for the ``profile_result``. Every way this can go
+wrong becomes a ``ProfileError`` with a readable message and a ``kind``
+(``not-found``, ``unsupported``, ``busy``, ``rejected``, ``exited``,
+``timeout``, ``connection``, ``cancelled``).
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import time
+from collections.abc import Callable
+
+from dlwatch import __version__, rundir, wire
+from dlwatch.collect.jobs import pid_alive
+from dlwatch.diagnose.profile import summary
+
+HELLO_TIMEOUT_S = 5.0
+# After the burst's own bound: reading Kineto's events and writing the trace
+# (seconds for the largest bursts on a busy box).
+PROCESSING_GRACE_S = 60.0
+# The burst's stream of windows is not needed: one frame in this many.
+QUIET_EVERY = 100
+
+
+_REFUSALS = {"busy": "is busy", "unsupported": "does not support profiling", "rejected": "refused the burst"}
+
+
+class ProfileError(Exception):
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def request_profile(
+    pid: int,
+    steps: int = wire.PROFILE_DEFAULT_STEPS,
+    max_s: float = wire.PROFILE_MAX_SECONDS,
+    out_dir: str | None = None,
+    directory: str | None = None,
+    on_status: Callable[[dict], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> dict:
+    """Profile ``steps`` training steps of job ``pid``; the summary document
+    (``dlwatch.diagnose.profile.summary``). ``out_dir``: where the job writes
+    the trace (absolute; default this process's working directory).
+    ``on_status`` gets each ``profile_status`` (progress); ``cancelled`` is
+    polled and, when true, hangs up (the job then drops the burst)."""
+    if not 1 <= steps <= wire.PROFILE_MAX_STEPS:
+        raise ProfileError(f"--steps must be 1..{wire.PROFILE_MAX_STEPS}", "usage")
+    if not 0 < max_s <= wire.PROFILE_MAX_SECONDS:
+        raise ProfileError(f"the time bound must be in (0, {wire.PROFILE_MAX_SECONDS:g}] s", "usage")
+    directory = directory or rundir.runtime_dir()
+    out_dir = os.path.abspath(out_dir or os.getcwd())
+    path = rundir.socket_path(directory, pid)
+    sock = _connect(pid, path, directory)
+    try:
+        return _converse(sock, pid, steps, max_s, out_dir, on_status, cancelled)
+    finally:
+        sock.close()
+
+
+def _connect(pid: int, path: str, directory: str) -> socket.socket:
+    if not os.path.exists(path):
+        if pid_alive(pid):
+            raise ProfileError(
+                f"PID {pid} is not instrumented by dlwatch (no socket in {directory}): a job started "
+                "with DLWATCH_DISABLE=1 or without the hook cannot be profiled (profiling not supported)",
+                "unsupported",
+            )
+        raise ProfileError(f"no dlwatch job with PID {pid} in {directory}", "not-found")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(HELLO_TIMEOUT_S)
+    try:
+        s.connect(path)
+        hello = wire.client_hello(f"dlwatch {__version__} profile", every=QUIET_EVERY)
+        hello["history_frames"] = 0
+        s.sendall(wire.encode(hello))
+    except OSError as e:
+        s.close()
+        if not pid_alive(pid):
+            raise ProfileError(f"the job with PID {pid} has exited", "exited") from None
+        raise ProfileError(
+            f"cannot connect to job {pid} at {path}: {e.strerror or e}", "connection"
+        ) from None
+    s.setblocking(False)
+    return s
+
+
+def _converse(sock, pid, steps, max_s, out_dir, on_status, cancelled) -> dict:
+    decoder = wire.FrameDecoder()
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    hello_by = time.monotonic() + HELLO_TIMEOUT_S
+    deadline = None
+    progress = {"steps_done": 0}
+    try:
+        while True:
+            if cancelled is not None and cancelled():
+                raise ProfileError("cancelled", "cancelled")
+            now = time.monotonic()
+            limit = hello_by if deadline is None else deadline
+            if now > limit:
+                if deadline is None:
+                    raise ProfileError(f"job {pid} sent no hello within {HELLO_TIMEOUT_S:g} s", "timeout")
+                raise ProfileError(
+                    f"job {pid} sent no profile result within {max_s + PROCESSING_GRACE_S:g} s "
+                    f"({progress['steps_done']} of {steps} steps were collected); is its loop stalled?",
+                    "timeout",
+                )
+            if not sel.select(min(0.2, max(0.0, limit - now))):
+                continue
+            try:
+                data = sock.recv(1 << 16)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                _hung_up(pid, deadline is not None, progress, steps)
+            for msg in decoder.feed(data):
+                if isinstance(msg, wire.WireError):
+                    continue  # one bad frame costs that frame
+                kind = msg.get("type")
+                if kind == "error":
+                    raise ProfileError(f"job {pid} refused the connection: {msg['message']}", "connection")
+                if kind == "hello" and "job" in msg and deadline is None:
+                    _check_hello(pid, msg)
+                    sock.setblocking(True)
+                    sock.sendall(wire.encode(wire.profile_request(steps, max_s, out_dir)))
+                    sock.setblocking(False)
+                    deadline = time.monotonic() + max_s + PROCESSING_GRACE_S
+                elif kind == "profile_status":
+                    state = msg["state"]
+                    if state in _REFUSALS:
+                        raise ProfileError(
+                            f"job {pid} {_REFUSALS[state]}: {msg.get('message') or state}", state
+                        )
+                    progress["steps_done"] = msg.get("steps_done") or 0
+                    if on_status is not None:
+                        on_status(msg)
+                elif kind == "profile_result":
+                    return summary(pid, msg["result"], msg.get("error"))
+    finally:
+        sel.close()
+
+
+def _check_hello(pid: int, msg: dict) -> None:
+    try:
+        wire.check_protocol(msg)
+    except wire.WireError as e:
+        raise ProfileError(f"job {pid}: {e}", "unsupported") from None
+    features = msg.get("features") or []
+    if wire.FEATURE_PROFILE in features:
+        return
+    version = msg["job"].get("dlwatch_version") or "unknown"
+    if "features" in msg:
+        why = "profiling is disabled in that job (DLWATCH_PROFILE=0)"
+    else:
+        why = f"its dlwatch ({version}) predates profiler bursts; restart it with dlwatch {__version__}"
+    raise ProfileError(f"job {pid} does not support profiling: {why}", "unsupported")
+
+
+def _hung_up(pid: int, requested: bool, progress: dict, steps: int) -> None:
+    # The job may be exiting: give it a moment to be reaped before deciding.
+    for _ in range(60):
+        if not pid_alive(pid):
+            break
+        time.sleep(0.05)
+    if not pid_alive(pid):
+        if requested:
+            raise ProfileError(
+                f"the job with PID {pid} exited during the burst "
+                f"({progress['steps_done']} of {steps} steps collected; no result)",
+                "exited",
+            )
+        raise ProfileError(f"the job with PID {pid} has exited", "exited")
+    raise ProfileError(f"job {pid} closed the connection", "connection")

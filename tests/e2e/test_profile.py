@@ -1,0 +1,195 @@
+"""Profiler bursts on real jobs: `dlwatch profile` against real training
+loops (real DataLoaders, sockets and subprocesses), CPU only."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dlwatch.probe.profiler import MAX_TRACE_BYTES
+from tests.e2e_util import Job, dlwatch, short_tmpdir, stop_sessions
+
+TINY = Path(__file__).resolve().parents[1] / "jobs" / "tiny_ops_job.py"
+
+
+def wait_file(path: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while not os.path.exists(path):
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:] if proc.stderr else "exited"
+        assert time.monotonic() < end, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def profile_cmd(d: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "dlwatch", "profile", *args],
+        env=dict(os.environ, DLWATCH_DIR=d),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_tiny_ops_loop_is_dispatch_bound_with_a_valid_private_trace_and_one_burst_at_a_time():
+    d, out = short_tmpdir(), short_tmpdir("dlwout")
+    ready = os.path.join(out, "job")
+    job = subprocess.Popen(
+        [sys.executable, str(TINY), "--ops", "2000", "--duration", "60", "--out", ready],
+        env=dict(os.environ, DLWATCH_DIR=d),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        wait_file(ready + ".ready", job)
+        time.sleep(1.0)  # the busiest loader needs a second of batches
+        # Two monitors at once: one burst runs, the other is told it is busy.
+        first = profile_cmd(d, "--pid", str(job.pid), "--steps", "8", "--out", out, "--json")
+        time.sleep(0.3)
+        second = profile_cmd(d, "--pid", str(job.pid), "--steps", "8", "--out", out)
+        r2 = second.communicate(timeout=120)
+        r1 = first.communicate(timeout=120)
+        assert first.returncode == 0, r1[1]
+        assert second.returncode == 1 and "busy" in r2[1] and "Traceback" not in r2[1], r2
+        doc = json.loads(r1[0])
+        assert doc["verdict"] == "dispatch-bound", doc
+        assert doc["steps"] == 8 and doc["error"] is None
+        assert doc["ops_per_step"] >= 2000 and doc["mean_op_us"] < 20
+        assert doc["top_ops"][0]["name"] == "aten::add"
+        assert "aten::add" in doc["reason"] and "torch.compile" in doc["suggestion"]
+        assert doc["data_wait_fraction"] < 0.2 and doc["cuda"] is None
+        # The trace: ours (0600), in --out, under the cap, valid Chrome-trace JSON.
+        path = doc["trace_path"]
+        assert os.path.dirname(path) == out
+        st = os.stat(path)
+        assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_size == doc["trace_bytes"] <= MAX_TRACE_BYTES
+        with open(path) as f:
+            trace = json.load(f)
+        events = trace["traceEvents"]
+        spans = [e for e in events if e.get("ph") == "X"]
+        assert sum(e["name"] == "aten::add" for e in spans) >= 8 * 2000
+        assert all(isinstance(e["ts"], (int, float)) and e["dur"] >= 0 for e in spans)
+        assert sum(e["name"].startswith("ProfilerStep#") for e in spans) == 8
+        # Done: the next request is accepted (text output this time).
+        r = dlwatch(
+            "profile", "--pid", str(job.pid), "--steps", "3", "--out", out, runtime_dir=d, timeout=120
+        )
+        assert r.returncode == 0, r.stderr
+        assert "verdict: dispatch-bound" in r.stdout and "trace: " + out in r.stdout
+        assert job.poll() is None  # the job trains on
+    finally:
+        stop_sessions([job])
+
+
+def test_data_bound_demo_wait_share_matches_the_snapshot():
+    from dlwatch.collect.monitor import Monitor
+
+    d, out = short_tmpdir(), short_tmpdir("dlwout")
+    job = subprocess.Popen(
+        [sys.executable, "-m", "dlwatch.demo.train", "--scenario", "data-bound", "--quiet", "--hook"]
+        + ["--device", "cpu", "--duration", "120"],
+        env=dict(os.environ, DLWATCH_DIR=d),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    m = Monitor(directory=d, gpu=False, procs=False, host=False, diagnoser=False, only_pid=job.pid)
+    try:
+        wait_file(os.path.join(d, f"{job.pid}.sock"), job)
+        m.start()
+        time.sleep(4.0)  # past worker start-up, into the steady state
+        r = dlwatch("profile", "--pid", str(job.pid), "--steps", "40", "--out", out, "--json", runtime_dir=d)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        # The snapshot over the same span of the shared monotonic clock: from
+        # the burst's first step to now (the burst, then its trace writing).
+        window_s = (time.perf_counter_ns() - doc["window_mono_ns"][0]) / 1e9
+        snap = m.sample_now(window_s=window_s, settle_s=0.2)
+        snap_wait = snap["jobs"][0]["loaders"][0]["data_wait_fraction"]
+        assert doc["verdict"] == "data-bound", doc
+        assert abs(doc["data_wait_fraction"] - snap_wait) <= 0.05, (
+            doc["data_wait_fraction"],
+            snap_wait,
+            window_s,
+        )
+        assert f"{doc['data_wait_fraction']:.0%}" in doc["reason"]
+        assert doc["top_ops"][0]["name"].startswith("enumerate(DataLoader)")
+    finally:
+        m.stop()
+        stop_sessions([job])
+
+
+def test_batches_and_pace_after_a_burst_match_an_untouched_twin():
+    # Sleep-paced steps (5 ms), no workers: the pace is the loop's own, the
+    # batches a pure function of the seed.
+    args = ("--workers", "0", "--sample-ms", "0", "--step-ms", "5", "--shuffle", "--seed", "3")
+    args += ("--checksum", "--duration", "9", "--size", "20000")
+    d = short_tmpdir()
+    profiled, twin = Job(*args, runtime_dir=d), Job(*args, runtime_dir=short_tmpdir())
+    try:
+        profiled.wait_ready(settle=2.5)
+        r = dlwatch("profile", "--pid", str(profiled.proc.pid), "--steps", "20", "--json", runtime_dir=d)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        a, b = profiled.finish(), twin.finish()
+    finally:
+        profiled.cleanup()
+        twin.cleanup()
+    os.unlink(doc["trace_path"]) if doc["trace_path"] and os.path.exists(doc["trace_path"]) else None
+    n = min(len(a["digest"]), len(b["digest"]))
+    assert n > 500 and a["digest"][:n] == b["digest"][:n]
+    # Pace outside the burst (from its first step until the job had written
+    # the trace) against the twin over the same span of the shared monotonic
+    # clock: medians of the batch-to-batch time.
+    start, done = doc["window_mono_ns"][0] - int(0.1e9), doc["done_mono_ns"] + int(0.1e9)
+
+    def intervals(res):
+        ts = [t1 for _, _, t1 in res["recs"]["train"]["batches"]]
+        return [y - x for x, y in zip(ts, ts[1:]) if y < start or x > done]
+
+    ratio = statistics.median(intervals(a)) / statistics.median(intervals(b))
+    assert abs(ratio - 1) <= 0.02, ratio
+
+
+def test_job_that_exits_mid_burst():
+    d = short_tmpdir()
+    job = Job("--workers", "0", "--sample-ms", "0", "--step-ms", "50", "--duration", "4", runtime_dir=d)
+    try:
+        job.wait_ready(settle=0.5)
+        r = dlwatch("profile", "--pid", str(job.proc.pid), "--steps", "200", runtime_dir=d, timeout=90)
+        assert r.returncode == 1
+        assert "exited during the burst" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert "of 200 steps collected" in r.stderr
+        # Exit 0 with its own results written (an interpreter that exits with
+        # Kineto recording dies in teardown unless the burst stops it first).
+        res = job.finish()
+        assert res["error"] is None and len(res["recs"]["train"]["batches"]) > 5
+    finally:
+        job.cleanup()
+
+
+def test_a_job_without_the_hook_is_not_supported():
+    d = short_tmpdir()
+    job = Job("--workers", "0", "--duration", "20", runtime_dir=d, disable=True)
+    try:
+        time.sleep(1.0)
+        r = dlwatch("profile", "--pid", str(job.proc.pid), runtime_dir=d)
+        assert r.returncode == 1 and "not supported" in r.stderr and "DLWATCH_DISABLE" in r.stderr
+    finally:
+        job.cleanup()
+
+
+@pytest.mark.parametrize(
+    "args, code", [(("--steps", "0"), 2), (("--steps", "201"), 2), (("--out", "/nonexistent/x"), 2)]
+)
+def test_usage_errors(args, code):
+    r = dlwatch("profile", "--pid", "1", *args, runtime_dir=short_tmpdir())
+    assert r.returncode == code and r.stderr.startswith("dlwatch profile:") and "Traceback" not in r.stderr
