@@ -299,7 +299,12 @@ class TrialMeter:
             "cuda_initialized": (self.job or {}).get("cuda_initialized"),
             "hints": sorted(self.hint_ids),
             "loaders_seen": [
-                {"id": i, "dataset": x.get("dataset"), "batch_size": as_int(x.get("batch_size"))}
+                {
+                    "id": i,
+                    "dataset": x.get("dataset"),
+                    "batch_size": as_int(x.get("batch_size")),
+                    "num_workers": as_int(x.get("num_workers")),
+                }
                 for i, x in sorted(self.loaders.items())
             ],
         }
