@@ -60,7 +60,7 @@ def test_the_selected_loader_and_only_it_gets_the_settings():
     os.environ[overrides.ENV_VAR] = overrides.encode(
         {
             "loader": {"index": 1, "dataset": "TensorDataset", "batch_size": 4},
-            "num_workers": 3,
+            "num_workers": 2,
             "prefetch_factor": 5,
             "persistent_workers": True,
         }  # fmt: skip
