@@ -135,11 +135,11 @@ def run(args) -> int:
         all_loaders=args.loader == "all",
     )
     tty = sys.stderr.isatty()
-    state = {"index": 0, "config": {}}
+    state = {"index": 0, "config": {}, "drawn": False}
 
     def on_trial_start(index: int, config: dict, why: str) -> None:
         state.update(index=index, config=config)
-        _end_line(tty)
+        _end_line(state)
         print(f"trial {index + 1}: {report.config_text(config)} ({why})", file=sys.stderr, flush=True)
 
     last = {"t": -1.0}
@@ -155,12 +155,13 @@ def run(args) -> int:
         if tty:
             width = shutil.get_terminal_size().columns
             print("\r" + line[: width - 1].ljust(width - 1), end="", file=sys.stderr, flush=True)
+            state["drawn"] = True
         else:
             print(line, file=sys.stderr, flush=True)
 
     sweep = Sweep(cmd, bootstrap_env(), opts, on_trial_start=on_trial_start, on_progress=on_progress)
     doc = sweep.run()
-    _end_line(tty)
+    _end_line(state)
     if args.json:
         print(json.dumps(doc, indent=2, default=str))
     else:
@@ -171,6 +172,8 @@ def run(args) -> int:
     return EXIT_OK if base.get("status") == "ok" else EXIT_ERROR
 
 
-def _end_line(tty: bool) -> None:
-    if tty:
+def _end_line(state: dict) -> None:
+    """Finish a progress line redrawn in place, if one is on screen."""
+    if state["drawn"]:
         print(file=sys.stderr, flush=True)
+        state["drawn"] = False
