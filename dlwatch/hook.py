@@ -4,7 +4,8 @@ Importing only installs class-level patches (or, if torch is not imported
 yet, an import hook that patches it when it is). No thread, socket or file
 exists until a DataLoader is first iterated in a trainer process. Safe to
 import many times, and in DataLoader workers (spawn re-imports the script).
-Set ``DLWATCH_DISABLE=1`` to make it a no-op.
+Set ``DLWATCH_DISABLE=1`` to make it a no-op. ``DLWATCH_OVERRIDES`` (set by
+``dlwatch tune``) also overrides DataLoader settings; unset, nothing changes.
 """
 
 import os as _os
@@ -18,3 +19,10 @@ if _os.environ.get("DLWATCH_DISABLE", "").strip() in ("", "0", "false", "no"):
         _patches.install()
     except Exception:  # the job must train on whatever happens here
         pass
+    if _os.environ.get("DLWATCH_OVERRIDES"):
+        try:
+            from dlwatch.probe import overrides as _overrides
+
+            _overrides.install()
+        except Exception:
+            pass

@@ -41,6 +41,7 @@ from .facts import (
     build_context,
     num,
 )
+from .render import with_tune_command
 
 # A condition must hold this long before its hint shows (brief: ≈ 3 s): longer
 # than one epoch-boundary blip, short enough to feel live.
@@ -236,7 +237,7 @@ def _run_rules(ctx: Context) -> tuple[dict, dict]:
     for rid, fn in RULES.items():
         try:
             for h in fn(ctx):
-                fired[(h["id"], h["job_pid"], h["loader_id"])] = h
+                fired[(h["id"], h["job_pid"], h["loader_id"])] = with_tune_command(h, ctx.snapshot)
         except Exception as e:  # noqa: BLE001 - see docstring
             errors[rid] = f"{type(e).__name__}: {e}"
     return _precedence(fired), errors

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from dlwatch.snapshot import as_int, find_job, records
+
 # Evidence keys worth a line in text output, most telling first; the rest are
 # in the JSON output. Keeps a hint to three or four lines on an 80-column screen.
 KEY_EVIDENCE = (
@@ -66,3 +68,42 @@ def format_hints(hints: Iterable[Mapping]) -> str:
     if not blocks:
         return "No hints: nothing in the input pipeline needs attention."
     return "\n".join(blocks)
+
+
+# Hints whose advice is a DataLoader setting `dlwatch tune` can measure.
+TUNABLE_HINTS = frozenset(
+    {"no-workers", "add-workers", "io-bound", "pipeline-has-headroom", "enable-persistent-workers"}
+)
+
+
+def tune_command(job: Mapping, config: Mapping) -> str | None:
+    """The ``dlwatch tune`` command line that measures ``config`` against the
+    job's own settings on the job's own command (None without a command).
+    ``config``: ``num_workers`` (the recommended count) and ``current`` (the
+    loader's count now); without a count, the guided search (which tries
+    persistent_workers and prefetch_factor itself)."""
+    cmdline = job.get("cmdline")
+    if not isinstance(cmdline, str) or not cmdline.strip():
+        return None
+    opts = ""
+    rec, cur = config.get("num_workers"), config.get("current")
+    if isinstance(rec, int) and isinstance(cur, int) and rec != cur:
+        opts = f" --workers {','.join(str(n) for n in sorted({cur, rec}))}"
+    return f"dlwatch tune{opts} -- {cmdline.strip()}"
+
+
+def with_tune_command(h: dict, snapshot: Mapping) -> dict:
+    """``h`` with its suggestion ending in the command that verifies it."""
+    if h.get("id") not in TUNABLE_HINTS or not isinstance(snapshot, Mapping):
+        return h
+    job = find_job(snapshot, h.get("job_pid"))
+    if job is None:
+        return h
+    ev = h.get("evidence") or {}
+    loader = next((ld for ld in records(job.get("loaders")) if ld.get("id") == h.get("loader_id")), {})
+    cmd = tune_command(
+        job, {"num_workers": ev.get("recommended_num_workers"), "current": as_int(loader.get("num_workers"))}
+    )
+    if cmd is None:
+        return h
+    return dict(h, suggestion=f"{h.get('suggestion', '')}; verify with `{cmd}`")

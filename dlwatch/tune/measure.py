@@ -1,0 +1,348 @@
+"""What one trial measured, from the stream of snapshots of its job.
+
+``TrialMeter`` is fed every snapshot the trial's collector builds and decides
+when warm-up is over, when the steady state has lasted long enough (or is
+stable), and what the figures are. Pure: the only clock is the snapshots'
+own (their ``time`` and each loader's ``window_mono_ns``, the job's monotonic
+clock at the end of its window), so a test drives it with made-up snapshots.
+
+Throughput is the difference of a loader's cumulative batch counter between
+the first and the last steady snapshot, over the job's own clock between the
+two frames: exact to the batch, whatever the collector's jitter. Epoch
+starts inside the steady state are part of it on purpose: they are what
+``persistent_workers`` saves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from dlwatch.snapshot import (
+    PERCENT_PER_CORE,
+    as_dict,
+    as_int,
+    as_list,
+    is_live,
+    live_workers,
+    num,
+    numbers,
+    records,
+)
+
+# After the first batch, the queue fills and the first window still holds
+# the start-up stall: steady state starts this much later.
+WARMUP_AFTER_FIRST_BATCH_S = 2.0
+# A trial that has produced no batch this long after its start is reported
+# as such rather than waited on forever.
+FIRST_BATCH_TIMEOUT_S = 120.0
+# Early stop: the two halves of the steady state agree within this, and at
+# least this share of --trial-seconds has passed.
+STABLE_TOLERANCE = 0.02
+STABLE_MIN_SHARE = 0.5
+STABLE_MIN_S = 3.0
+
+
+def _median(values: list[float]) -> float | None:
+    vals = sorted(values)
+    if not vals:
+        return None
+    mid = len(vals) // 2
+    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+@dataclass
+class _Point:
+    """One steady snapshot of one loader."""
+
+    t: float  # snapshot time (collector clock)
+    mono_ns: int | None  # the job's clock at the end of the loader's window
+    batches: int
+    epoch: int
+    wait: float | None
+    wait_ms: float | None
+    step_ms: float | None
+    worker_ms: float | None
+    busy: float | None  # mean over live workers
+    cpu_per_worker: float | None  # cores
+    rq_per_worker: float  # cores' worth of run-queue wait
+
+
+@dataclass
+class _Job:
+    cpu_cores: list[float] = field(default_factory=list)
+    worker_uss: int | None = None
+    worker_rss: int | None = None
+
+
+def job_of(snapshot: Mapping) -> dict | None:
+    """The trial's trainer: the live job with loaders (the first by rank when
+    a launcher starts several)."""
+    jobs = [j for j in records(snapshot.get("jobs")) if is_live(j) and records(j.get("loaders"))]
+    if not jobs:
+        return None
+    return min(jobs, key=lambda j: (as_int(j.get("rank")) or 0, as_int(j.get("pid")) or 0))
+
+
+def loader_settings(ld: Mapping) -> dict:
+    """The four knobs as the probe read them from the DataLoader."""
+    nw = as_int(ld.get("num_workers")) or 0
+    return {
+        "num_workers": nw,
+        "prefetch_factor": as_int(ld.get("prefetch_factor")) if nw else None,
+        "pin_memory": ld.get("pin_memory") is True,
+        "persistent_workers": ld.get("persistent_workers") is True and nw > 0,
+    }
+
+
+class TrialMeter:
+    """Feed snapshots in time order; read ``phase``, ``done`` and ``figures()``.
+
+    ``loader_id``: the loader to measure (later trials); None: every loader
+    is followed and the busiest (the most loop time spent on it) is reported.
+    """
+
+    def __init__(self, trial_s: float, loader_id: int | None = None, warmup_s: float | None = None) -> None:
+        self.trial_s = trial_s
+        self.loader_id = loader_id
+        self.warmup_s = WARMUP_AFTER_FIRST_BATCH_S if warmup_s is None else warmup_s
+        self.started: float | None = None
+        self.first_batch_at: float | None = None
+        self.steady_from: float | None = None
+        self.last_t: float | None = None
+        self.points: dict[int, list[_Point]] = {}
+        self.loaders: dict[int, dict] = {}  # the last record of each loader
+        self.job: dict | None = None
+        self.usable_cores: float | None = None
+        self.hint_ids: set[str] = set()
+        self.hints: dict[str, dict] = {}
+        self._job = _Job()
+
+    # --- feeding ---------------------------------------------------------------
+
+    def feed(self, snapshot: Mapping) -> None:
+        t = num(snapshot.get("time"))
+        if t is None:
+            return
+        if self.started is None:
+            self.started = t
+        self.last_t = t
+        uc = num(as_dict(snapshot.get("host")).get("usable_cores"))
+        if uc is not None and uc > 0:
+            self.usable_cores = uc
+        job = job_of(snapshot)
+        if job is None:
+            return
+        self.job = job
+        lds = {as_int(ld.get("id")): ld for ld in records(job.get("loaders"))}
+        lds.pop(None, None)
+        self.loaders.update(lds)
+        watched = [lds[self.loader_id]] if self.loader_id in lds else list(lds.values())
+        if self.loader_id is not None and self.loader_id not in lds:
+            watched = []
+        if self.first_batch_at is None:
+            if any((as_int(ld.get("batches_total")) or 0) > 0 for ld in watched):
+                self.first_batch_at = t
+            return
+        if self.steady_from is None:
+            if t - self.first_batch_at < self.warmup_s:
+                return
+            self.steady_from = t
+        for ld in watched:
+            self.points.setdefault(as_int(ld["id"]), []).append(_point(t, ld))
+        for h in records(snapshot.get("hints")):
+            if as_int(h.get("job_pid")) == as_int(job.get("pid")) and isinstance(h.get("id"), str):
+                self.hint_ids.add(h["id"])
+                self.hints[h["id"]] = h
+        cpu = num(job.get("main_cpu_percent"))
+        ws = [w for ld in lds.values() for w in live_workers(ld)]
+        wcpu = numbers(w.get("cpu_percent") for w in ws)
+        if cpu is not None:
+            self._job.cpu_cores.append((cpu + sum(wcpu)) / PERCENT_PER_CORE)
+        uss = numbers(w.get("uss_bytes") for w in ws)
+        rss = numbers(w.get("rss_bytes") for w in ws)
+        if uss:
+            self._job.worker_uss = max(self._job.worker_uss or 0, int(sum(uss)))
+        if rss:
+            self._job.worker_rss = max(self._job.worker_rss or 0, int(sum(rss)))
+
+    # --- state -----------------------------------------------------------------
+
+    @property
+    def phase(self) -> str:
+        if self.first_batch_at is None:
+            return "starting"
+        if self.steady_from is None:
+            return "warm-up"
+        return "steady"
+
+    @property
+    def steady_s(self) -> float:
+        if self.steady_from is None or self.last_t is None:
+            return 0.0
+        return self.last_t - self.steady_from
+
+    @property
+    def done(self) -> bool:
+        """Enough steady state: ``trial_s`` of it, or stable figures after
+        half of it."""
+        s = self.steady_s
+        if s >= self.trial_s:
+            return True
+        if s < max(STABLE_MIN_S, STABLE_MIN_SHARE * self.trial_s):
+            return False
+        pts = self.points.get(self.busiest() if self.loader_id is None else self.loader_id, [])
+        half = len(pts) // 2
+        if half < 2:
+            return False
+        a, b = _rate(pts[: half + 1]), _rate(pts[half:])
+        return (
+            a is not None and b is not None and max(a, b) > 0 and abs(a - b) / max(a, b) <= STABLE_TOLERANCE
+        )
+
+    @property
+    def stuck(self) -> bool:
+        return (
+            self.first_batch_at is None
+            and self.started is not None
+            and self.last_t is not None
+            and self.last_t - self.started > FIRST_BATCH_TIMEOUT_S
+        )
+
+    def busiest(self) -> int | None:
+        """The loader the loop spent the most time on over the steady state
+        (batches x (wait + step) per batch)."""
+        if self.loader_id is not None:
+            return self.loader_id
+        best, best_s = None, -1.0
+        for lid, pts in self.points.items():
+            spent = 0.0
+            for p0, p1 in zip(pts, pts[1:]):
+                per = (p1.wait_ms or 0.0) + (p1.step_ms or 0.0)
+                spent += max(0, p1.batches - p0.batches) * per
+            if spent > best_s or (spent == best_s and best is not None and lid < best):
+                best, best_s = lid, spent
+        return best
+
+    def live_rate(self) -> float | None:
+        """batches/s of the measured loader over the steady state so far (the
+        last window's rate before that)."""
+        lid = self.busiest()
+        pts = self.points.get(lid) if lid is not None else None
+        if pts and len(pts) >= 2:
+            return _rate(pts)
+        ld = self.loaders.get(lid) if lid is not None else None
+        if ld is None and self.loaders:
+            ld = max(self.loaders.values(), key=lambda x: num(x.get("batches_per_s")) or 0.0)
+        return num(ld.get("batches_per_s")) if ld else None
+
+    def live_wait(self) -> float | None:
+        lid = self.busiest()
+        pts = self.points.get(lid) if lid is not None else None
+        if pts:
+            return _mean(numbers(p.wait for p in pts))
+        ld = self.loaders.get(lid) if lid is not None else None
+        return num(ld.get("data_wait_fraction")) if ld else None
+
+    # --- the result ------------------------------------------------------------
+
+    def figures(self) -> dict:
+        """The trial's figures (README "Tune"); None where not measured."""
+        lid = self.busiest()
+        pts = self.points.get(lid, []) if lid is not None else []
+        ld = self.loaders.get(lid, {}) if lid is not None else {}
+        rate = _rate(pts) if len(pts) >= 2 else None
+        bs = as_int(ld.get("batch_size"))
+        workers = [p for p in pts if p.cpu_per_worker is not None]
+        busy = _mean(numbers(p.busy for p in workers))
+        cpu_w = _mean([p.cpu_per_worker for p in workers])  # type: ignore[misc]
+        rq_w = _mean([p.rq_per_worker for p in workers])
+        share = None
+        if busy and cpu_w is not None and busy > 0:
+            share = (cpu_w + (rq_w or 0.0)) / busy
+        starts = numbers(as_list(ld.get("epoch_start_ms")))
+        epochs = numbers(as_list(ld.get("epoch_ms")))
+        return {
+            "loader_id": lid,
+            "loader": {
+                "dataset": ld.get("dataset"),
+                "batch_size": bs,
+                **loader_settings(ld),
+            }
+            if ld
+            else None,
+            "batches_per_s": _round(rate, 3),
+            "samples_per_s": _round(rate * bs, 1) if rate is not None and bs else None,
+            "data_wait_fraction": _round(_mean(numbers(p.wait for p in pts)), 4),
+            "cpu_cores": _round(_mean(self._job.cpu_cores), 2),
+            "worker_uss_bytes": self._job.worker_uss,
+            "worker_rss_bytes": self._job.worker_rss,
+            "epoch_start_ms": _round(_median(starts[1:] or starts), 1),
+            "first_epoch_start_ms": _round(starts[0], 1) if starts else None,
+            "epoch_ms": _round(_median(epochs), 1),
+            "epochs": (pts[-1].epoch - pts[0].epoch) if len(pts) >= 2 else 0,
+            "batches": (pts[-1].batches - pts[0].batches) if len(pts) >= 2 else 0,
+            "steady_s": _round(self.steady_s, 2),
+            "warmup_s": _round(self.steady_from - self.started, 2)
+            if self.steady_from is not None and self.started is not None
+            else None,
+            "wait_ms_mean": _round(_mean(numbers(p.wait_ms for p in pts)), 2),
+            "step_ms_mean": _round(_mean(numbers(p.step_ms for p in pts)), 2),
+            "worker_ms_per_batch": _round(_mean(numbers(p.worker_ms for p in pts)), 2),
+            "worker_busy_fraction": _round(busy, 3),
+            "worker_cpu_share_of_busy": _round(share, 3),
+            "usable_cores": self.usable_cores,
+            "cuda_initialized": (self.job or {}).get("cuda_initialized"),
+            "hints": sorted(self.hint_ids),
+            "loaders_seen": [
+                {
+                    "id": i,
+                    "dataset": x.get("dataset"),
+                    "batch_size": as_int(x.get("batch_size")),
+                    "num_workers": as_int(x.get("num_workers")),
+                }
+                for i, x in sorted(self.loaders.items())
+            ],
+        }
+
+
+def _point(t: float, ld: Mapping) -> _Point:
+    ws = live_workers(ld)
+    busy = numbers(w.get("busy_fraction") for w in ws)
+    cpu = numbers(w.get("cpu_percent") for w in ws)
+    rq = numbers(w.get("runqueue_percent") for w in ws)
+    mono = as_list(ld.get("window_mono_ns"))
+    return _Point(
+        t=t,
+        mono_ns=as_int(mono[1]) if len(mono) == 2 else None,
+        batches=as_int(ld.get("batches_total")) or 0,
+        epoch=as_int(ld.get("epoch")) or 0,
+        wait=num(ld.get("data_wait_fraction")),
+        wait_ms=num(ld.get("wait_ms_mean")),
+        step_ms=num(ld.get("step_ms_mean")),
+        worker_ms=num(ld.get("worker_ms_per_batch")),
+        busy=_mean(busy),
+        cpu_per_worker=(_mean(cpu) / PERCENT_PER_CORE) if cpu else None,  # type: ignore[operator]
+        rq_per_worker=(sum(rq) / PERCENT_PER_CORE / len(ws)) if rq and ws else 0.0,
+    )
+
+
+def _rate(pts: list[_Point]) -> float | None:
+    """batches/s between the first and last point, on the job's clock when
+    both frames carry it (else the collector's)."""
+    if len(pts) < 2:
+        return None
+    a, b = pts[0], pts[-1]
+    if a.mono_ns is not None and b.mono_ns is not None and b.mono_ns > a.mono_ns:
+        dt = (b.mono_ns - a.mono_ns) / 1e9
+    else:
+        dt = b.t - a.t
+    return (b.batches - a.batches) / dt if dt > 0 else None
+
+
+def _round(v: float | None, nd: int) -> float | None:
+    return None if v is None else round(v, nd)

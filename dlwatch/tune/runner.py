@@ -1,0 +1,233 @@
+"""One trial: the user's command, run once with some DataLoader settings.
+
+The command starts in a session of its own (so the tuner can stop all of it,
+DataLoader workers included, and the terminal's Ctrl-C reaches only the
+tuner), under ``dlwatch run``'s environment plus ``DLWATCH_OVERRIDES`` and a
+private ``DLWATCH_DIR``, so the collector of this trial sees this job and no
+other. A ``Monitor`` on that directory feeds a ``TrialMeter`` until the meter
+has its steady state; then the process group is stopped the way a terminal
+would (SIGINT), then SIGTERM, then SIGKILL, each after a grace period, and
+the trial checks that no process of the group and no socket is left.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from dlwatch.probe import overrides
+from dlwatch.tune.measure import TrialMeter
+
+# The collector's cadence during a trial: windows that tile the steady state.
+INTERVAL_S = 1.0
+# How long the job gets to stop after each signal.
+SIGINT_GRACE_S = 5.0
+SIGTERM_GRACE_S = 3.0
+STDERR_TAIL_LINES = 15
+
+
+@dataclass
+class TrialOutcome:
+    status: str  # "ok" | "crashed" | "exited" | "no-batches" | "interrupted" | "failed"
+    figures: dict
+    returncode: int | None = None
+    stderr_tail: list[str] = field(default_factory=list)
+    reason: str = ""
+    elapsed_s: float = 0.0
+    cleanup: list[str] = field(default_factory=list)  # what had to be forced or was left over
+
+
+def run_trial(
+    cmd: list[str],
+    env: dict[str, str],
+    override: dict | None,
+    trial_s: float,
+    loader_id: int | None = None,
+    warmup_s: float | None = None,
+    on_progress: Callable[[TrialMeter, float], None] | None = None,
+    monitor_factory: Callable[[str], object] | None = None,
+) -> TrialOutcome:
+    """Run ``cmd`` until ``trial_s`` of steady state (or it ends). ``env`` is
+    the bootstrap environment; ``override`` the DLWATCH_OVERRIDES document
+    (None: the script's own settings). KeyboardInterrupt stops the job, then
+    propagates with the partial outcome in ``exc.outcome``."""
+    workdir = tempfile.mkdtemp(prefix="dlwtune-", dir="/tmp")  # socket paths must be short
+    os.chmod(workdir, 0o700)
+    rdir = os.path.join(workdir, "run")
+    os.mkdir(rdir, 0o700)
+    err_path = os.path.join(workdir, "stderr")
+    env = dict(env, DLWATCH_DIR=rdir)
+    env.pop("DLWATCH_DISABLE", None)
+    env.pop(overrides.ENV_VAR, None)
+    if override is not None:
+        env[overrides.ENV_VAR] = overrides.encode(override)
+    meter = TrialMeter(trial_s, loader_id=loader_id, warmup_s=warmup_s)
+    t0 = time.monotonic()
+    err = open(err_path, "wb")
+    try:
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+    except OSError as e:
+        err.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+        return TrialOutcome("failed", meter.figures(), reason=f"cannot start {cmd[0]}: {e.strerror or e}")
+    monitor = (monitor_factory or _monitor)(rdir)
+    monitor.start()  # type: ignore[attr-defined]
+    status, reason = "ok", ""
+    try:
+        seen = None
+        while True:
+            if proc.poll() is not None:
+                # Read what the collector has so far, then judge the exit.
+                status = "crashed" if proc.returncode != 0 else "exited"
+                reason = _exit_reason(proc.returncode, meter)
+                break
+            snap = monitor.latest()  # type: ignore[attr-defined]
+            if snap is not None and snap is not seen:
+                seen = snap
+                meter.feed(snap)
+                if on_progress is not None:
+                    on_progress(meter, time.monotonic() - t0)
+                if meter.done:
+                    break
+                if meter.stuck:
+                    status, reason = "no-batches", "no batch within the first-batch timeout"
+                    break
+            time.sleep(0.1)
+    except KeyboardInterrupt as e:
+        outcome = _finish(proc, monitor, err, err_path, workdir, meter, "interrupted", "interrupted", t0)
+        e.outcome = outcome  # type: ignore[attr-defined]
+        raise
+    return _finish(proc, monitor, err, err_path, workdir, meter, status, reason, t0)
+
+
+def _monitor(directory: str):
+    from dlwatch.collect.monitor import Monitor
+
+    # No GPU sampling: NVML's figures are not part of a trial's result and its
+    # first call can take a second.
+    return Monitor(directory=directory, window_s=INTERVAL_S, interval=INTERVAL_S, gpu=False)
+
+
+def _exit_reason(code: int, meter: TrialMeter) -> str:
+    when = {"starting": "before its first batch", "warm-up": "during warm-up"}.get(
+        meter.phase, f"after {meter.steady_s:.1f} s of steady state"
+    )
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name} {when}"
+    return f"exited with code {code} {when}"
+
+
+def _finish(proc, monitor, err, err_path, workdir, meter, status, reason, t0) -> TrialOutcome:
+    cleanup = stop_group(proc)
+    try:
+        monitor.stop()
+    finally:
+        err.close()
+    tail = _tail(err_path)
+    left = [n for n in _listdir(os.path.join(workdir, "run")) if n.endswith(".sock")]
+    if left:
+        cleanup.append(f"removed {len(left)} leftover socket(s)")
+    shutil.rmtree(workdir, ignore_errors=True)
+    figures = meter.figures()
+    if status == "ok" and figures["batches_per_s"] is None:
+        status, reason = "no-batches", "no steady-state batches were measured"
+    return TrialOutcome(
+        status=status,
+        figures=figures,
+        returncode=proc.returncode,
+        stderr_tail=tail if status != "ok" else [],
+        reason=reason,
+        elapsed_s=round(time.monotonic() - t0, 2),
+        cleanup=cleanup,
+    )
+
+
+def stop_group(proc: subprocess.Popen) -> list[str]:
+    """Stop ``proc``'s process group: SIGINT (a terminal's Ctrl-C), then
+    SIGTERM, then SIGKILL, each after its grace; wait for every member, not
+    just the leader (DataLoader workers outlive a killed trainer for a
+    moment). Returns what had to be forced, for the report."""
+    notes: list[str] = []
+    pgid = proc.pid
+    for sig, grace in (
+        (signal.SIGINT, SIGINT_GRACE_S),
+        (signal.SIGTERM, SIGTERM_GRACE_S),
+        (signal.SIGKILL, 5.0),
+    ):
+        if not group_members(pgid) and proc.poll() is not None:
+            break
+        if sig != signal.SIGINT:
+            notes.append(f"sent {sig.name}")
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        end = time.monotonic() + grace
+        while time.monotonic() < end:
+            proc.poll()
+            if proc.returncode is not None and not group_members(pgid):
+                break
+            time.sleep(0.05)
+    try:
+        proc.wait(timeout=1.0)
+    except subprocess.TimeoutExpired:
+        notes.append("the command did not exit")
+    left = group_members(pgid)
+    if left:
+        notes.append(f"{len(left)} process(es) of the group still running: {sorted(left)}")
+    return notes
+
+
+def group_members(pgid: int) -> set[int]:
+    """PIDs whose process group is ``pgid`` (zombies not counted: the kernel
+    reaps them with their parent)."""
+    out: set[int] = set()
+    for name in _listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        rest = stat[stat.rfind(b")") + 2 :].split()
+        if len(rest) > 2 and rest[0] != b"Z" and int(rest[2]) == pgid:
+            out.add(int(name))
+    return out
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _tail(path: str) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 16384))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return []
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return lines[-STDERR_TAIL_LINES:]

@@ -1,0 +1,362 @@
+"""Which trial to run next, and which setting to recommend: pure functions of
+the trials measured so far.
+
+A trial here is the dict of the result document (README "Tune"): ``config``
+(the knobs it overrode), ``settings`` (the loader's four knobs as the probe
+read them), ``status`` and the figures of ``measure.TrialMeter``.
+
+The search follows the baseline's diagnosis rather than a grid:
+
+1. The baseline (the script's own settings). If its loop waits for data less
+   than the diagnosis' data-bound threshold, nothing here can speed it up:
+   stop after one trial.
+2. ``num_workers``: first the Little's-law count (the worker time one batch
+   costs over the loop's step time), capped at the usable cores when workers
+   are CPU-bound and not when they sleep on I/O (their waits overlap). Then up
+   (doubling) while the best is still the largest tried and the loop still
+   waits, or down (halfway to the next smaller tried count) once the loop no
+   longer waits, to find the fewest workers that keep up. A baseline with 0
+   workers tells nothing about CPU vs I/O: it is treated as CPU-bound until a
+   trial with workers says otherwise.
+3. On the best so far, each of ``persistent_workers`` (when epoch starts
+   cost time), ``prefetch_factor`` (when the loop still waits) and
+   ``pin_memory`` (only with CUDA), once.
+4. The leading settings are measured again, so their spread is known.
+
+The recommendation is the setting with the fewest workers (then the fewest
+changes) among those within noise of the fastest: fewer processes, less
+memory, for the same speed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from dlwatch.diagnose.rules_workers import (
+    CPU_BOUND_MIN_SHARE,
+    DATA_BOUND_WAIT,
+    IO_MAX_RECOMMENDED_WORKERS,
+    little_workers,
+)
+from dlwatch.probe.overrides import KNOBS, resolve
+from dlwatch.snapshot import num
+
+# The loop still waits for data above this after a change: more of the same
+# may help (under it the pipeline keeps up; the rest is epoch boundaries and
+# IPC, DATA_BOUND_WAIT's "material" is 10 %).
+STILL_WAITING = 0.05
+# Two settings whose batches/s differ by less than this are "within noise":
+# repeated trials of one setting on a quiet 2-core box differ by 1-4 %.
+# When repeats show a wider spread, that spread is the noise (up to the cap:
+# beyond it a "within noise" pick could cost a real slow-down).
+NOISE_FLOOR = 0.05
+NOISE_CAP = 0.10
+# persistent_workers is worth a trial when later epoch starts cost this share
+# of an epoch (the hint's bar is 10 % and 500 ms: a trial can measure less).
+PERSIST_MIN_SHARE = 0.02
+PERSIST_MIN_STALL_MS = 20.0
+PREFETCH_TRY = 4
+# Leading settings repeated once each (the best and the runner-up).
+REPEAT_LEADERS = 2
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the diagnosis of a trial says about its loader."""
+
+    data_wait: float | None
+    data_bound: bool
+    kind: str | None  # "cpu" | "io" | None (no workers to judge by)
+    little: int | None  # workers Little's law asks for
+    usable_cores: float | None
+    num_workers: int
+
+
+def facts(trial: dict) -> Facts:
+    s = trial.get("settings") or {}
+    nw = int(s.get("num_workers") or 0)
+    wait = num(trial.get("data_wait_fraction"))
+    step = num(trial.get("step_ms_mean"))
+    kind = None
+    little = None
+    if nw > 0:
+        share = num(trial.get("worker_cpu_share_of_busy"))
+        if share is not None:
+            kind = "cpu" if share >= CPU_BOUND_MIN_SHARE else "io"
+        wms = num(trial.get("worker_ms_per_batch"))
+        if wms and step and step > 0:
+            little = little_workers(wms, step)
+    else:
+        # The loop loads in __next__: its wait per batch is one worker's time.
+        wms = num(trial.get("wait_ms_mean"))
+        if wms and step and step > 0:
+            little = little_workers(wms, step)
+    return Facts(
+        data_wait=wait,
+        data_bound=wait is not None and wait >= DATA_BOUND_WAIT,
+        kind=kind,
+        little=little,
+        usable_cores=num(trial.get("usable_cores")),
+        num_workers=nw,
+    )
+
+
+def settings_key(settings: dict) -> tuple:
+    return tuple(settings.get(k) for k in KNOBS)
+
+
+def apply(base: dict, config: dict, cuda: bool) -> dict:
+    """The loader's settings once ``config`` overrides ``base`` (as the probe
+    will make them: valid for torch)."""
+    out = resolve(dict(base), config, lambda: cuda)
+    out.pop("multiprocessing_context", None)
+    if out.get("num_workers") and out.get("prefetch_factor") is None:
+        out["prefetch_factor"] = 2  # torch's default, as the probe reads it back
+    return {k: out.get(k) for k in KNOBS}
+
+
+def ok(trials: Sequence[dict]) -> list[dict]:
+    return [t for t in trials if t.get("status") == "ok" and num(t.get("batches_per_s")) is not None]
+
+
+@dataclass
+class Group:
+    """All ok trials of one setting."""
+
+    key: tuple
+    settings: dict
+    config: dict
+    trials: list[dict]
+
+    @property
+    def rates(self) -> list[float]:
+        return [float(t["batches_per_s"]) for t in self.trials]
+
+    @property
+    def mean(self) -> float:
+        return sum(self.rates) / len(self.rates)
+
+    @property
+    def spread(self) -> float | None:
+        """Half the range over the mean (None with one trial)."""
+        r = self.rates
+        if len(r) < 2 or self.mean <= 0:
+            return None
+        return (max(r) - min(r)) / 2 / self.mean
+
+    @property
+    def wait(self) -> float | None:
+        w = [x for x in (num(t.get("data_wait_fraction")) for t in self.trials) if x is not None]
+        return sum(w) / len(w) if w else None
+
+
+def groups(trials: Sequence[dict]) -> list[Group]:
+    out: dict[tuple, Group] = {}
+    for t in ok(trials):
+        k = settings_key(t["settings"])
+        g = out.get(k)
+        if g is None:
+            out[k] = Group(k, t["settings"], t.get("config") or {}, [t])
+        else:
+            g.trials.append(t)
+    return list(out.values())
+
+
+def noise(a: Group, b: Group) -> float:
+    return min(NOISE_CAP, max(NOISE_FLOOR, a.spread or 0.0, b.spread or 0.0))
+
+
+def changes(settings: dict, base: dict) -> int:
+    return sum(1 for k in KNOBS if k != "num_workers" and settings.get(k) != base.get(k))
+
+
+def choose(trials: Sequence[dict]) -> Group | None:
+    """The recommendation: fewest workers, then fewest changes, among the
+    settings within noise of the fastest."""
+    gs = groups(trials)
+    if not gs:
+        return None
+    base = trials[0].get("settings") or {}
+    top = max(gs, key=lambda g: g.mean)
+    near = [g for g in gs if g.mean >= top.mean * (1 - noise(g, top))]
+    return min(near, key=lambda g: (g.settings.get("num_workers") or 0, changes(g.settings, base), -g.mean))
+
+
+def fastest(trials: Sequence[dict]) -> Group | None:
+    gs = groups(trials)
+    return max(gs, key=lambda g: g.mean) if gs else None
+
+
+@dataclass
+class Options:
+    cuda: bool = False
+    workers: list[int] | None = None  # an explicit grid replaces the search
+
+
+Proposal = tuple[dict | None, str]  # (config to try, why) or (None, why the search stops)
+
+
+def propose(trials: Sequence[dict], opts: Options) -> Proposal:
+    if not trials:
+        return {}, "baseline: the script's own settings"
+    base = trials[0]
+    if base.get("status") != "ok":
+        return None, f"the baseline trial did not measure ({base.get('status')}: {base.get('reason', '')})"
+    bf = facts(base)
+    if not bf.data_bound:
+        wait = "n/a" if bf.data_wait is None else f"{bf.data_wait * 100:.0f} %"
+        return None, (
+            f"not data-bound: the training loop waits for data {wait} of the time "
+            f"(under {DATA_BOUND_WAIT * 100:.0f} %), so no DataLoader setting can make it faster"
+        )
+    base_s = base["settings"]
+    # A setting counts as tried once asked for, whatever came of it (a crash
+    # is not retried) and whatever the loader reported.
+    tried = {settings_key(apply(base_s, t.get("config") or {}, opts.cuda)) for t in trials}
+
+    def new(config: dict) -> bool:
+        return settings_key(apply(base_s, config, opts.cuda)) not in tried
+
+    if opts.workers is not None:
+        for n in opts.workers:
+            if new({"num_workers": n}):
+                return {"num_workers": n}, "--workers grid"
+        return _repeat(trials) or (None, "every setting of the --workers grid was measured")
+    for step in (_workers_step, _knobs_step):
+        p = step(trials, base_s, bf, opts, new)
+        if p is not None:
+            return p
+    return _repeat(trials) or (None, "converged: no untried setting is likely to be faster")
+
+
+def _kind(trials: Sequence[dict], bf: Facts) -> tuple[str | None, Facts]:
+    """CPU or I/O, judged on the first measured trial with workers."""
+    if bf.kind is not None:
+        return bf.kind, bf
+    for t in ok(trials):
+        f = facts(t)
+        if f.kind is not None:
+            return f.kind, f
+    return None, bf
+
+
+def cpu_cap(usable_cores: float | None) -> int:
+    """Workers for CPU-bound loading: one per usable core (0.75 of a core counts)."""
+    if usable_cores is None:
+        return 1
+    return max(1, math.floor(usable_cores + 0.25))
+
+
+def _workers_step(trials, base_s, bf: Facts, opts: Options, new: Callable[[dict], bool]) -> Proposal | None:
+    kind, kf = _kind(trials, bf)
+    cap = IO_MAX_RECOMMENDED_WORKERS if kind == "io" else cpu_cap(bf.usable_cores)
+    why_cap = (
+        "I/O-bound workers (they sleep on reads, so their waits overlap past the core count)"
+        if kind == "io"
+        else f"CPU-bound workers: at most one per usable core ({cap})"
+        if kind == "cpu"
+        else f"no workers to judge CPU vs I/O by yet: at most one per usable core ({cap})"
+    )
+    # The num_workers ladder: the settings that differ from the baseline's in num_workers only.
+    ladder = [g for g in groups(trials) if g.key == _nw_key(base_s, g.settings["num_workers"], opts.cuda)]
+    nw0 = bf.num_workers
+    if len(ladder) <= 1:
+        little = kf.little or bf.little
+        first = min(cap, max(little or 2 * nw0 or 2, nw0 + 1))
+        if first > nw0 and new({"num_workers": first}):
+            return {"num_workers": first}, (
+                f"Little's law asks for {little} workers; {why_cap}" if little else why_cap
+            )
+    if not ladder:
+        return None
+    best = _best_of(ladder)
+    nw = best.settings["num_workers"]
+    counts = sorted(g.settings["num_workers"] for g in ladder)
+    wait = best.wait
+    if nw == counts[-1] and wait is not None and wait >= STILL_WAITING and nw < cap:
+        up = min(cap, max(nw + 1, nw * 2))
+        if new({"num_workers": up}):
+            return {"num_workers": up}, (
+                f"{nw} workers were the fastest so far and the loop still waits "
+                f"{wait * 100:.0f} % of the time; {why_cap}"
+            )
+    if wait is not None and wait < STILL_WAITING:
+        lower = [c for c in counts if c < nw]
+        lo = lower[-1] if lower else 0
+        mid = (lo + nw) // 2
+        if lo < mid < nw and new({"num_workers": mid}):
+            return {"num_workers": mid}, (
+                f"with {nw} workers the loop no longer waits ({wait * 100:.0f} %): fewer may keep up"
+            )
+    return None
+
+
+def _nw_key(base_s: dict, nw: int, cuda: bool) -> tuple:
+    return settings_key(apply(base_s, {"num_workers": nw}, cuda))
+
+
+def _best_of(gs: list[Group]) -> Group:
+    top = max(gs, key=lambda g: g.mean)
+    near = [g for g in gs if g.mean >= top.mean * (1 - noise(g, top))]
+    return min(near, key=lambda g: g.settings.get("num_workers") or 0)
+
+
+def _knobs_step(trials, base_s, bf: Facts, opts: Options, new: Callable[[dict], bool]) -> Proposal | None:
+    best = fastest(trials)
+    if best is None:
+        return None
+    s = best.settings
+    nw = s.get("num_workers") or 0
+    if nw == 0:
+        return None
+    tried_knobs = {k for t in trials for k in (t.get("config") or {}) if k != "num_workers"}
+    t = max(best.trials, key=lambda x: x.get("steady_s") or 0)
+    cfg = {k: s[k] for k in KNOBS if s.get(k) != base_s.get(k)}
+    cfg["num_workers"] = nw
+    stall, epoch = num(t.get("epoch_start_ms")), num(t.get("epoch_ms"))
+    if (
+        "persistent_workers" not in tried_knobs
+        and not s.get("persistent_workers")
+        and stall is not None
+        and epoch
+        and stall >= PERSIST_MIN_STALL_MS
+        and stall / epoch >= PERSIST_MIN_SHARE
+    ):
+        c = dict(cfg, persistent_workers=True)
+        if new(c):
+            return c, (
+                f"every epoch starts with a {stall:.0f} ms stall ({stall / epoch * 100:.0f} % of an epoch) "
+                "while workers re-spawn"
+            )
+    wait = best.wait
+    pf = s.get("prefetch_factor") or 2
+    if (
+        "prefetch_factor" not in tried_knobs
+        and wait is not None
+        and wait >= STILL_WAITING
+        and pf < PREFETCH_TRY
+    ):
+        c = dict(cfg, prefetch_factor=max(PREFETCH_TRY, pf * 2))
+        if new(c):
+            return (
+                c,
+                f"the loop still waits {wait * 100:.0f} % of the time: a deeper queue absorbs slow batches",
+            )
+    if opts.cuda and "pin_memory" not in tried_knobs and not s.get("pin_memory"):
+        c = dict(cfg, pin_memory=True)
+        if new(c):
+            return c, "the job uses CUDA: page-locked batches copy to the GPU faster and asynchronously"
+    return None
+
+
+def _repeat(trials: Sequence[dict]) -> Proposal | None:
+    """Measure the leading settings a second time (their spread is the noise)."""
+    gs = sorted(groups(trials), key=lambda g: -g.mean)
+    if len(gs) < 2:
+        return None
+    for g in gs[:REPEAT_LEADERS]:
+        if len(g.trials) < 2:
+            return dict(g.config), "repeat a leading setting to measure its spread"
+    return None
