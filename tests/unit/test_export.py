@@ -140,6 +140,7 @@ def with_totals(snap: dict) -> dict:
             ld.update(wait_s_total=12.5, step_s_total=20.25)
             for w in ld["workers"]:
                 w["busy_s_total"] = 30.0 + w["id"]
+                w["runqueue_percent"] = 12.5
     return snap
 
 
@@ -311,3 +312,20 @@ def test_export_is_listed_in_help(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "export" in capsys.readouterr().out
+
+
+def test_the_grafana_dashboard_uses_only_metrics_the_exporter_serves():
+    import json
+    import re
+
+    path = Path(__file__).resolve().parents[2] / "contrib" / "grafana" / "dlwatch-dashboard.json"
+    dash = json.loads(path.read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs += [v["definition"] for v in dash["templating"]["list"] if "definition" in v]
+    used = {m for e in exprs for m in re.findall(r"\bdlwatch_[a-z_]+", e)}
+    snap = with_totals(F.several_jobs())
+    snap["jobs"][0]["hostname"] = "node-1"
+    served = {name for name in scrape(collector_of(snap)[0]) if name != "__types__"}
+    assert used and used <= served, used - served
+    core = {"dlwatch_data_wait_seconds_total", "dlwatch_worker_busy_seconds_total", "dlwatch_hint_active"}
+    assert core <= used
