@@ -175,14 +175,15 @@ def by_pid(result: list[dict]) -> dict[str, float]:
 
 
 def test_prometheus_reads_data_wait_from_the_exporter_and_sees_jobs_come_and_go(stack):
-    # A data-bound job (~40 % wait) that exits by itself, a loop-bound one that
-    # is killed mid-run, and two hostile sockets: garbage, then a hang-up.
+    # A data-bound job (~40 % wait) that exits by itself, one that loads its
+    # batches itself (num_workers=0, ~80 % wait: the "no-workers" hint) and is
+    # killed mid-run, and two hostile sockets: garbage, then a hang-up.
     a = Job(
-        "--workers", "2", "--persistent", "--sample-ms", "5", "--step-ms", "6", "--duration", "14",
+        "--workers", "2", "--persistent", "--sample-ms", "5", "--step-ms", "6", "--duration", "16",
         runtime_dir=stack.dir,
     )  # fmt: skip
     b = Job(
-        "--workers", "2", "--persistent", "--sample-ms", "2", "--step-ms", "20", "--duration", "60",
+        "--workers", "0", "--sample-ms", "5", "--step-ms", "5", "--duration", "60",
         runtime_dir=stack.dir,
     )  # fmt: skip
 
@@ -207,7 +208,15 @@ def test_prometheus_reads_data_wait_from_the_exporter_and_sees_jobs_come_and_go(
             30,
             "both jobs reach Prometheus",
         )
-        time.sleep(11)  # a full 10 s rate window of scrapes
+        t_both = time.monotonic()
+        # The diagnosis reaches Prometheus too, with the job's labels.
+        stack.wait_for(
+            f'dlwatch_hint_active{{hint="no-workers", pid="{b.proc.pid}"}}',
+            lambda r: len(r) == 1 and r[0]["metric"]["severity"] in ("warn", "critical"),
+            10,
+            "the no-workers hint of the job without workers",
+        )
+        time.sleep(max(0.0, t_both + 11 - time.monotonic()))  # a full 10 s rate window of scrapes
         t_query = time.time()
         mono_at_query = time.monotonic_ns()
         ratios = by_pid(stack.query(WAIT_RATIO, at=t_query))
@@ -234,7 +243,7 @@ def test_prometheus_reads_data_wait_from_the_exporter_and_sees_jobs_come_and_go(
     print(f"PromQL data wait {got:.4f}, the job's own {truth['data_wait_fraction']:.4f}")
     assert 0.2 < truth["data_wait_fraction"] < 0.7, truth  # the job was data-bound, as built
     assert abs(got - truth["data_wait_fraction"]) <= 0.03, (got, truth)
-    assert ratios[str(b.proc.pid)] < 0.15  # the loop-bound job
+    assert ratios[str(b.proc.pid)] > 0.5  # the job without workers
 
     # Both series go: A (exited) and B (killed) within the grace period and a
     # few scrapes, after being reported down at least once.
