@@ -311,3 +311,47 @@ def test_every_query_of_the_grafana_dashboard_runs_on_prometheus(stack):
         for var in ("host", "run_id", "pid"):
             promql = promql.replace(f"${var}", ".*")
         stack.query(promql)  # asserts status "success": no syntax or type error
+
+
+def test_lifetime_counters_only_rise_across_epochs_of_new_worker_processes():
+    """Non-persistent workers: new processes every epoch, whose own counters
+    restart at zero, and an epoch-ending next() that the job re-books from
+    wait to teardown. The exporter's counters (the snapshot's lifetime keys)
+    must still only rise, or Prometheus's rate() would read a reset."""
+    from dlwatch.collect.monitor import Monitor
+
+    job = Job(
+        "--workers", "2", "--sample-ms", "3", "--step-ms", "3", "--epochs", "40", "--batches-per-epoch", "25",
+        "--duration", "10",
+    )  # fmt: skip
+    m = Monitor(directory=job.dir, interval=0.2, gpu=False, diagnoser=False)
+    seen: dict = {}
+    worker_pids: dict = {}
+    try:
+        job.wait_ready(settle=0)
+        m.start()
+        end = time.monotonic() + 8
+        while time.monotonic() < end and job.proc.poll() is None:
+            snap = m.latest()
+            for j in (snap or {}).get("jobs", []):
+                for ld in j["loaders"]:
+                    figures = {("wait", ld["id"]): ld["wait_s_total"], ("step", ld["id"]): ld["step_s_total"]}
+                    for w in ld["workers"]:
+                        figures[("busy", ld["id"], w["id"])] = w["busy_s_total"]
+                        worker_pids.setdefault(w["id"], set()).add(w["pid"])
+                    for key, v in figures.items():
+                        if v is None:
+                            continue
+                        assert v >= seen.get(key, 0.0), (key, v, seen.get(key))
+                        seen[key] = v
+            time.sleep(0.1)
+        result = job.finish()
+    finally:
+        m.stop()
+        job.cleanup()
+    epochs = len(result["recs"]["train"]["worker_pids"])
+    assert epochs >= 4, epochs
+    # Several processes held each worker slot, and the slot's counter outgrew
+    # any single epoch's share.
+    assert all(len(p - {0}) >= 3 for p in worker_pids.values()), worker_pids
+    assert seen[("busy", 0, 0)] > 0 and seen[("wait", 0)] > 0 and seen[("step", 0)] > 0
