@@ -48,7 +48,7 @@ def add_arguments(p) -> None:
         type=float,
         default=3.0,
         metavar="S",
-        help="seconds dlwatch_data_wait_ratio and the CPU figures cover (default 3)",
+        help="seconds dlwatch_data_wait_ratio covers (default 3; the counters need no window: use rate())",
     )
     p.add_argument(
         "--grace",
