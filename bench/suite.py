@@ -14,6 +14,7 @@ as subprocesses with ``--json`` (and ``--quick`` when given):
     freshness      bench/freshness.py      change in the job -> visible in the monitor
     scale          bench/scale.py          8 jobs x 16 workers; 50k batches/s; 1-32 fake jobs
     tui_footprint  bench/tui_footprint.py  the live TUI's CPU and memory
+    export_footprint bench/export_footprint.py  the Prometheus exporter's CPU and scrape latency
 
 Each script's table goes to ``bench/results/<name>.txt`` and its JSON into
 the combined file; then one table: metric, value, target, PASS/MISS (INFO for
@@ -43,6 +44,7 @@ STEPS = [
     ("freshness", "freshness.py", 150, 60),
     ("scale", "scale.py", 300, 110),
     ("tui_footprint", "tui_footprint.py", 240, 80),
+    ("export_footprint", "export_footprint.py", 180, 90),
 ]
 
 
@@ -268,12 +270,42 @@ def rows_tui(d: dict) -> list[dict]:
     return out
 
 
+def rows_export(d: dict) -> list[dict]:
+    t = d["target_cpu_percent_of_core"]
+    tag = f"{d['jobs']} jobs x {d['workers']} workers"
+    out = []
+    for r in d["rows"]:
+        if r["phase"] == "scraped":
+            out.append(
+                _row(
+                    f"footprint: dlwatch export scraped every 1 s, {tag}",
+                    f"{r['cpu_percent']:.2f} % of a core, {d['rss_mib']:.0f} MiB peak",
+                    f"<= {t:g} %",
+                    r["cpu_percent"] <= t,
+                )
+            )
+            out.append(
+                _row(
+                    f"footprint: dlwatch export scrape latency, {tag}",
+                    f"median {r['latency_ms_median']:.1f} ms, max {r['latency_ms_max']:.1f} ms",
+                    "",
+                    None,
+                )
+            )
+        else:
+            out.append(
+                _row(f"footprint: dlwatch export not scraped, {tag}", f"{r['cpu_percent']:.2f} %", "", None)
+            )
+    return out
+
+
 SUMMARIZERS = {
     "overhead": rows_overhead,
     "accuracy": rows_accuracy,
     "freshness": rows_freshness,
     "scale": rows_scale,
     "tui_footprint": rows_tui,
+    "export_footprint": rows_export,
 }
 
 

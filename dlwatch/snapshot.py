@@ -68,6 +68,9 @@ class Worker(_WorkerRequired, total=False):
     runqueue_percent: float | None  # runnable but not running (CPU-starved), 100 = one core
     state: str  # process state, "gone" once it exited, "n/a" unsampled
     error: str | None  # why figures are missing ("no permission to read ...")
+    # Seconds inside the dataset fetch since the loader began, over every
+    # process that held this worker slot (monotonic: the exporter's counter).
+    busy_s_total: float | None
 
 
 class History(TypedDict, total=False):
@@ -104,6 +107,10 @@ class Loader(_LoaderRequired, total=False):
     queue_mean: dict[str, float | None]
     worker_ms_per_batch: float | None  # dataset fetch time one batch costs one worker
     window_mono_ns: list[int | None]  # the job's monotonic clock span of the window
+    # Lifetime seconds blocked in next() / in the loop's own work since the
+    # loader was first iterated; monotonic (the exporter's counters).
+    wait_s_total: float | None
+    step_s_total: float | None
     history: History
 
 
@@ -121,6 +128,7 @@ class _JobRequired(TypedDict):
 
 class Job(_JobRequired, total=False):
     run_id: str | None  # torchrun's run id: ranks of one run share it
+    hostname: str | None  # the job's own socket.gethostname()
     state: str  # "live" | "connecting" | "exited" | "unreachable" | "incompatible"
     state_reason: str
     age_s: float

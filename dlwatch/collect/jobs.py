@@ -14,6 +14,7 @@ import time
 from collections import deque
 
 from dlwatch import __version__, rundir, wire
+from dlwatch.collect.totals import Totals
 
 # Jobs publish ten frames a second. A monitor may ask for every Nth only
 # (half the decoding at N=2), but each frame skipped delays what the screen
@@ -78,6 +79,8 @@ class JobConnection:
         self.frames: deque[dict] = deque(maxlen=max_frames)
         # loader id -> (newest frame's mono_ns when computed, 1 s history series)
         self.history_cache: dict[int, tuple[int, dict]] = {}
+        # Lifetime counters kept monotonic across epochs (the exporter's).
+        self.totals = Totals()
         self.state = "connecting"
         self.reason = ""
         self.bad_frames = 0
@@ -203,6 +206,7 @@ class JobConnection:
             if self.frames and msg["mono_ns"] <= self.frames[-1]["mono_ns"]:
                 return 0  # duplicates after a reconnect's history replay
             self.frames.append(msg)
+            self.totals.add(msg)
             return 1
         return 0
 

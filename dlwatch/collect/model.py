@@ -14,6 +14,7 @@ from typing import Any
 
 from dlwatch.collect import window as win
 from dlwatch.collect.jobs import JobConnection
+from dlwatch.collect.totals import Totals
 from dlwatch.snapshot import SCHEMA_VERSION, Gpu, Host, Job, Snapshot
 
 HISTORY_POINTS = 120
@@ -92,6 +93,7 @@ def job_dict(c: JobConnection, window_s: float, procs: dict, now: float, history
         "local_rank": job.get("local_rank"),
         "world_size": job.get("world_size"),
         "run_id": job.get("run_id"),
+        "hostname": job.get("hostname"),
         "torch_version": job.get("torch_version", "unknown"),
         "start_method": job.get("start_method", "unknown"),
         "state": job_state(c),
@@ -115,7 +117,14 @@ def job_dict(c: JobConnection, window_s: float, procs: dict, now: float, history
         return out
     for ld in last["loaders"]:
         out["loaders"].append(
-            loader_dict(frames, ld, window_s, procs if c.live else {}, _history(c, frames, ld["id"], history))
+            loader_dict(
+                frames,
+                ld,
+                window_s,
+                procs if c.live else {},
+                _history(c, frames, ld["id"], history),
+                c.totals,
+            )
         )
     return out
 
@@ -137,8 +146,11 @@ def _history(c: JobConnection, frames: list[dict], loader_id: int, full: bool) -
     return {k: v[-WARMUP_POINTS:] for k, v in series.items()}
 
 
-def loader_dict(frames: list[dict], ld: dict, window_s: float, procs: dict, history: dict) -> dict:
+def loader_dict(
+    frames: list[dict], ld: dict, window_s: float, procs: dict, history: dict, totals: Totals | None = None
+) -> dict:
     w = win.loader_window(frames, ld["id"], window_s) or {}
+    lifetime = (totals.loader(ld["id"]) if totals is not None else None) or {}
     esm = ld.get("epoch_start_ms") or []
     em = ld.get("epoch_ms") or []
     workers = []
@@ -152,6 +164,7 @@ def loader_dict(frames: list[dict], ld: dict, window_s: float, procs: dict, hist
                 "busy_fraction": wk["busy_fraction"],
                 "fetch_ms_mean": wk["fetch_ms_mean"],
                 "batches": wk["batches"],
+                "busy_s_total": totals.worker_busy_s(ld["id"], wk["id"]) if totals is not None else None,
                 "rss_bytes": p.get("rss_bytes"),
                 "uss_bytes": p.get("uss_bytes"),
                 "threads": p.get("threads"),
@@ -174,6 +187,8 @@ def loader_dict(frames: list[dict], ld: dict, window_s: float, procs: dict, hist
         "active": bool(ld.get("active", False)),
         "epoch": ld["epoch"],
         "batches_total": ld["batches"],
+        "wait_s_total": lifetime.get("wait_s_total"),
+        "step_s_total": lifetime.get("step_s_total"),
         "batches_per_s": w.get("batches_per_s", 0.0),
         "data_wait_fraction": w.get("data_wait_fraction"),
         "wait_ms_mean": w.get("wait_ms_mean"),

@@ -1,0 +1,324 @@
+"""The snapshot as Prometheus metrics (``dlwatch export``).
+
+``SnapshotCollector`` is a ``prometheus_client`` custom collector: on each
+scrape it reads the collector's latest snapshot and yields metric families.
+A scrape does no I/O against the jobs (the monitor thread does that, on its
+own cadence), so a slow or broken job never slows a scrape, and two
+Prometheus servers scraping the same exporter cost one collector.
+
+Naming follows Prometheus's conventions: counters in base units ending in
+``_total`` (lifetime figures the collector keeps monotonic, see
+``collect/totals.py``, so ``rate()`` works across epochs and worker
+restarts), gauges for ratios (0..1) and state. Labels: ``host``, ``pid``,
+``rank``, ``run_id``, ``loader`` (the loader's index in its process) and
+``worker`` (the worker's index, never its PID, which changes every epoch
+with non-persistent workers). There is no label named ``job``: Prometheus
+sets that one itself to the scrape job's name. A missing figure (None in
+the snapshot) is a missing sample, never NaN or 0.
+
+A job that exits keeps its series for ``grace_s`` (its last counters get
+scraped, ``dlwatch_job_up`` reads 0), then they disappear; a new PID is a new
+set of series.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from dlwatch.snapshot import (
+    PERCENT_PER_CORE,
+    as_dict,
+    as_int,
+    as_str,
+    is_live,
+    num,
+    records,
+)
+
+DEFAULT_GRACE_S = 60.0
+JOB_LABELS = ("host", "pid", "rank", "run_id")
+LOADER_LABELS = (*JOB_LABELS, "loader")
+WORKER_LABELS = (*LOADER_LABELS, "worker")
+QUEUE_STATES = ("ready", "in_flight", "capacity")
+# Loader settings carried by the info metric (a change of settings is a new
+# series, as a change of version is for build_info metrics).
+LOADER_SETTINGS = (
+    "num_workers",
+    "batch_size",
+    "prefetch_factor",
+    "pin_memory",
+    "persistent_workers",
+    "start_method",
+    "kind",
+    "dataset",
+)
+
+
+def _label(v: Any) -> str:
+    """A label value: "" for None (Prometheus's "no such label"), lower-case
+    booleans, the rest as text."""
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+class _Families:
+    """The metric families of one scrape, each created once."""
+
+    def __init__(self) -> None:
+        job, loader, worker = list(JOB_LABELS), list(LOADER_LABELS), list(WORKER_LABELS)
+        self.job_up = GaugeMetricFamily(
+            "dlwatch_job_up", "1 while the job is connected, 0 after it exited (until dropped)", labels=job
+        )
+        self.job_info = InfoMetricFamily(
+            "dlwatch_job",
+            "The training process: world size, local rank, torch version",
+            labels=job,
+        )
+        self.main_cpu = GaugeMetricFamily(
+            "dlwatch_main_cpu_ratio",
+            "CPU of the trainer's main process (1 = one core)",
+            labels=job,
+            unit="ratio",
+        )
+        self.loader_info = InfoMetricFamily("dlwatch_loader", "DataLoader settings", labels=loader)
+        self.epoch = GaugeMetricFamily("dlwatch_epoch", "Epochs started by the loader", labels=loader)
+        self.batches = CounterMetricFamily(
+            "dlwatch_batches", "Batches the loader returned since it was first iterated", labels=loader
+        )
+        self.wait = CounterMetricFamily(
+            "dlwatch_data_wait_seconds",
+            "Time the training loop spent blocked in next() on the loader",
+            labels=loader,
+            unit="seconds",
+        )
+        self.step = CounterMetricFamily(
+            "dlwatch_step_seconds",
+            "Time the training loop spent between batches (its own work)",
+            labels=loader,
+            unit="seconds",
+        )
+        self.wait_ratio = GaugeMetricFamily(
+            "dlwatch_data_wait_ratio",
+            "Data-wait fraction of the loop over the collector's window (0..1)",
+            labels=loader,
+            unit="ratio",
+        )
+        self.queue = GaugeMetricFamily(
+            "dlwatch_prefetch_queue_batches",
+            "Prefetch queue: batches ready, in flight in workers, and its capacity",
+            labels=[*loader, "state"],
+        )
+        self.busy = CounterMetricFamily(
+            "dlwatch_worker_busy_seconds",
+            "Time the worker slot spent inside the dataset fetch, over every process that held it",
+            labels=worker,
+            unit="seconds",
+        )
+        self.worker_cpu = GaugeMetricFamily(
+            "dlwatch_worker_cpu_ratio",
+            "CPU of the worker process (1 = one core)",
+            labels=worker,
+            unit="ratio",
+        )
+        self.runqueue = GaugeMetricFamily(
+            "dlwatch_worker_runqueue_ratio",
+            "Time the worker was runnable but waiting for a core (1 = one core)",
+            labels=worker,
+            unit="ratio",
+        )
+        self.uss = GaugeMetricFamily(
+            "dlwatch_worker_uss_bytes",
+            "Unique set size of the worker process (memory only it holds)",
+            labels=worker,
+            unit="bytes",
+        )
+        self.rss = GaugeMetricFamily(
+            "dlwatch_worker_rss_bytes", "Resident set size of the worker process", labels=worker, unit="bytes"
+        )
+        self.hint = GaugeMetricFamily(
+            "dlwatch_hint_active",
+            "1 while a diagnosis hint holds (series gone when it clears)",
+            labels=[*LOADER_LABELS, "hint", "severity"],
+        )
+        self.cores = GaugeMetricFamily(
+            "dlwatch_host_usable_cores",
+            "Cores this host's jobs may use (CPU affinity and cgroup quota)",
+            labels=["host"],
+        )
+        self.jobs = GaugeMetricFamily(
+            "dlwatch_exporter_jobs", "Jobs the exporter follows, by state", labels=["host", "state"]
+        )
+        self.age = GaugeMetricFamily(
+            "dlwatch_exporter_snapshot_age_seconds",
+            "Age of the snapshot this scrape was read from",
+            labels=["host"],
+            unit="seconds",
+        )
+
+    def all(self) -> list[Metric]:
+        return [v for v in vars(self).values() if isinstance(v, Metric)]
+
+
+class SnapshotCollector(Collector):
+    """Metric families from ``latest()`` (``Monitor.latest``), on each scrape.
+
+    ``hostname`` overrides the ``host`` label (a node name in Kubernetes,
+    where a pod's own hostname is the pod's); by default each job's own
+    hostname, else this machine's. ``wall`` is the clock of the snapshot's
+    ``time`` (tests pass their own)."""
+
+    def __init__(
+        self,
+        latest: Callable[[], dict | None],
+        hostname: str | None = None,
+        grace_s: float = DEFAULT_GRACE_S,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self._latest = latest
+        self._hostname = hostname
+        self._default_host = hostname or socket.gethostname()
+        self.grace_s = grace_s
+        self._wall = wall
+        # pid -> the snapshot time it was first seen ended; scrapes may run
+        # on several server threads at once.
+        self._ended: dict[int, float] = {}
+        self._lock = threading.Lock()
+
+    def describe(self) -> list:
+        # No dry-run scrape at registration: the families depend on the jobs.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._latest()
+        fam = _Families()
+        if isinstance(snap, dict):
+            self._fill(snap, fam)
+        yield from fam.all()
+
+    def _fill(self, snap: dict, fam: _Families) -> None:
+        t = num(snap.get("time"))
+        host = self._default_host
+        if t is not None:
+            fam.age.add_metric([host], max(0.0, self._wall() - t))
+        cores = num(as_dict(snap.get("host")).get("usable_cores"))
+        if cores is not None:
+            fam.cores.add_metric([host], cores)
+        states: dict[str, int] = {}
+        jobs = self._visible(records(snap.get("jobs")), t)
+        for job in records(snap.get("jobs")):
+            state = as_str(job.get("state"), "live")
+            states[state] = states.get(state, 0) + 1
+        for state, n in sorted(states.items()):
+            fam.jobs.add_metric([host, state], n)
+        labels_of: dict[int, list[str]] = {}
+        for job in jobs:
+            jl = self._job_labels(job)
+            pid = as_int(job.get("pid"))
+            if pid is not None:
+                labels_of[pid] = jl
+            self._job(job, jl, fam)
+        for h in records(snap.get("hints")):
+            pid = as_int(h.get("job_pid"))
+            if pid is not None and pid not in labels_of:
+                continue  # a job whose series were dropped (or never shown)
+            jl = labels_of.get(pid) if pid is not None else [host, "", "", ""]
+            fam.hint.add_metric(
+                [*jl, _label(as_int(h.get("loader_id"))), as_str(h.get("id")), as_str(h.get("severity"))], 1
+            )
+
+    def _visible(self, jobs: list[dict], t: float | None) -> list[dict]:
+        """Live jobs, and ended ones for ``grace_s`` of snapshot time."""
+        out = []
+        with self._lock:
+            present = set()
+            for job in jobs:
+                pid = as_int(job.get("pid"))
+                if pid is None:
+                    continue
+                present.add(pid)
+                if is_live(job):
+                    self._ended.pop(pid, None)
+                    out.append(job)
+                    continue
+                if t is None:
+                    continue
+                ended = self._ended.setdefault(pid, t)
+                if t - ended <= self.grace_s:
+                    out.append(job)
+            for pid in [p for p in self._ended if p not in present]:
+                del self._ended[pid]
+        return out
+
+    def _job_labels(self, job: dict) -> list[str]:
+        host = self._hostname or as_str(job.get("hostname")) or self._default_host
+        pid, rank = _label(as_int(job.get("pid"))), _label(as_int(job.get("rank")))
+        return [host, pid, rank, _label(job.get("run_id"))]
+
+    def _job(self, job: dict, jl: list[str], fam: _Families) -> None:
+        fam.job_up.add_metric(jl, 1 if is_live(job) else 0)
+        fam.job_info.add_metric(
+            jl,
+            {
+                "world_size": _label(as_int(job.get("world_size"))),
+                "local_rank": _label(as_int(job.get("local_rank"))),
+                "torch_version": as_str(job.get("torch_version")),
+                "start_method": as_str(job.get("start_method")),
+            },
+        )
+        _add(fam.main_cpu, jl, _ratio(job.get("main_cpu_percent")))
+        for ld in records(job.get("loaders")):
+            lid = as_int(ld.get("id"))
+            if lid is None:
+                continue
+            ll = [*jl, str(lid)]
+            fam.loader_info.add_metric(ll, {k: _label(ld.get(k)) for k in LOADER_SETTINGS})
+            _add(fam.epoch, ll, num(ld.get("epoch")))
+            _add(fam.batches, ll, num(ld.get("batches_total")))
+            _add(fam.wait, ll, num(ld.get("wait_s_total")))
+            _add(fam.step, ll, num(ld.get("step_s_total")))
+            _add(fam.wait_ratio, ll, num(ld.get("data_wait_fraction")))
+            q = as_dict(ld.get("queue"))
+            for state in QUEUE_STATES:
+                _add(fam.queue, [*ll, state], num(q.get(state)))
+            for w in records(ld.get("workers")):
+                wid = as_int(w.get("id"))
+                if wid is None:
+                    continue
+                wl = [*ll, str(wid)]
+                _add(fam.busy, wl, num(w.get("busy_s_total")))
+                _add(fam.worker_cpu, wl, _ratio(w.get("cpu_percent")))
+                _add(fam.runqueue, wl, _ratio(w.get("runqueue_percent")))
+                _add(fam.uss, wl, num(w.get("uss_bytes")))
+                _add(fam.rss, wl, num(w.get("rss_bytes")))
+
+
+def _ratio(percent: Any) -> float | None:
+    p = num(percent)
+    return None if p is None else p / PERCENT_PER_CORE
+
+
+def _add(family: Metric, labels: list[str], value: float | None) -> None:
+    if value is not None:
+        family.add_metric(labels, value)  # type: ignore[attr-defined]
+
+
+def serve(collector: Collector, port: int, addr: str = "127.0.0.1") -> tuple[Any, threading.Thread]:
+    """Serve ``/metrics`` on a daemon thread: ``collector`` and the standard
+    ``process_*`` metrics of the exporter itself (its CPU and memory, as
+    every exporter reports them). Raises OSError when the address cannot be
+    bound. Returns (server, thread); ``server.shutdown()`` stops it."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    ProcessCollector(registry=registry)
+    return start_http_server(port, addr=addr, registry=registry)

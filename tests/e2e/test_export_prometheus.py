@@ -1,0 +1,357 @@
+"""``dlwatch export`` scraped by a real Prometheus server, with real jobs.
+
+One exporter (a ``dlwatch export`` subprocess) and one Prometheus (Debian's
+``/usr/bin/prometheus`` with a temp config and storage, scraping every 1 s,
+on 127.0.0.1 only) serve both tests; what the tests assert is read back
+through Prometheus's HTTP API, as a Grafana panel would read it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from dlwatch import wire
+from tests.e2e.test_faults_monitor import FakeJob, hello, window
+from tests.e2e_util import Job, short_tmpdir, truth_in_window
+
+pytestmark = pytest.mark.slow
+
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+RANKED_JOB = Path(__file__).resolve().parent.parent / "jobs" / "ranked_job.py"
+GRACE_S = 2.0
+# The issue's query, verbatim: one ratio per loader series.
+WAIT_RATIO = (
+    "rate(dlwatch_data_wait_seconds_total[10s]) / (rate(dlwatch_data_wait_seconds_total[10s])"
+    " + rate(dlwatch_step_seconds_total[10s]))"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 5.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read()
+
+
+class Stack:
+    """The exporter and the Prometheus server scraping it."""
+
+    def __init__(self) -> None:
+        self.dir = short_tmpdir()
+        self.work = short_tmpdir("dlwprom")
+        env = dict(os.environ, DLWATCH_DIR=self.dir)
+        self.exporter = subprocess.Popen(
+            [sys.executable, "-m", "dlwatch", "export", "--port", "0", "--grace", str(GRACE_S)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.metrics_url = self._exporter_url()
+        self.prom_port = free_port()
+        target = urllib.parse.urlsplit(self.metrics_url).netloc
+        config = os.path.join(self.work, "prometheus.yml")
+        with open(config, "w") as f:
+            f.write(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+                "scrape_configs:\n  - job_name: dlwatch\n"
+                f"    static_configs:\n      - targets: ['{target}']\n"
+            )
+        self.prom_log = open(os.path.join(self.work, "prometheus.log"), "wb")
+        self.prometheus = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={os.path.join(self.work, 'tsdb')}",
+                f"--web.listen-address=127.0.0.1:{self.prom_port}",
+                "--log.level=warn",
+            ],
+            stdout=self.prom_log,
+            stderr=subprocess.STDOUT,
+            cwd=self.work,
+        )
+        self._wait_prometheus()
+
+    def _exporter_url(self) -> str:
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: lines.put(self.exporter.stdout.readline()), daemon=True).start()
+        try:
+            line = lines.get(timeout=30)
+        except queue.Empty:
+            raise AssertionError("dlwatch export printed no address in 30 s") from None
+        assert line.startswith("dlwatch export: serving http://127.0.0.1:"), (line, self.exporter.stderr)
+        return line.split()[3]
+
+    def _wait_prometheus(self) -> None:
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            if self.prometheus.poll() is not None:
+                raise AssertionError(f"prometheus exited: {self.log()}")
+            try:
+                if http_get(f"http://127.0.0.1:{self.prom_port}/-/ready", 1) is not None:
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError(f"prometheus never got ready: {self.log()}")
+
+    def log(self) -> str:
+        with open(os.path.join(self.work, "prometheus.log"), errors="replace") as f:
+            return f.read()[-2000:]
+
+    def query(self, promql: str, at: float | None = None) -> list[dict]:
+        args = {"query": promql}
+        if at is not None:
+            args["time"] = f"{at:.3f}"
+        url = f"http://127.0.0.1:{self.prom_port}/api/v1/query?" + urllib.parse.urlencode(args)
+        body = json.loads(http_get(url))
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def wait_for(self, promql: str, ok, timeout: float, what: str) -> list[dict]:
+        end = time.monotonic() + timeout
+        result: list[dict] = []
+        while time.monotonic() < end:
+            result = self.query(promql)
+            if ok(result):
+                return result
+            time.sleep(0.5)
+        raise AssertionError(f"{what}: {promql} -> {result}")
+
+    def close(self) -> int | None:
+        """Stop both; the exporter's exit status on SIGTERM (None: it had to be killed)."""
+        codes = []
+        for p in (self.prometheus, self.exporter):
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+                    codes.append(None)
+                    continue
+            codes.append(p.returncode)
+        self.prom_log.close()
+        shutil.rmtree(self.work, ignore_errors=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return codes[1]
+
+
+@pytest.fixture(scope="module")
+def stack():
+    if not os.access(PROMETHEUS, os.X_OK):
+        pytest.skip(
+            "no prometheus binary: Debian's prometheus package is not installed "
+            "(.ci/run installs it; apt-get install prometheus)"
+        )
+    s = Stack()
+    try:
+        yield s
+    finally:
+        code = s.close()
+    assert code == 0, f"dlwatch export did not stop cleanly on SIGTERM: {code}"
+
+
+def by_pid(result: list[dict]) -> dict[str, float]:
+    return {r["metric"]["pid"]: float(r["value"][1]) for r in result}
+
+
+def test_prometheus_reads_data_wait_from_the_exporter_and_sees_jobs_come_and_go(stack):
+    # A data-bound job (~40 % wait) that exits by itself, one that loads its
+    # batches itself (num_workers=0, ~80 % wait: the "no-workers" hint) and is
+    # killed mid-run, and two hostile sockets: garbage, then a hang-up.
+    a = Job(
+        "--workers", "2", "--persistent", "--sample-ms", "5", "--step-ms", "6", "--duration", "16",
+        runtime_dir=stack.dir,
+    )  # fmt: skip
+    b = Job(
+        "--workers", "0", "--sample-ms", "5", "--step-ms", "5", "--duration", "60",
+        runtime_dir=stack.dir,
+    )  # fmt: skip
+
+    def garbage(conn, fake):
+        conn.sendall(hello(fake.pid) + window(1))
+        conn.sendall(b"\x00\xffnot json\n" + b'{"type":"window","seq":"x"}\n' + b"[" * 5000 + b"\n")
+        conn.sendall(b"x" * (wire.MAX_FRAME_BYTES + 10) + b"\n" + window(2))
+        fake.go.wait(60)
+
+    def hang_up(conn, fake):
+        conn.sendall(hello(fake.pid)[:10])
+        conn.close()
+
+    fakes = [FakeJob(stack.dir, garbage), FakeJob(stack.dir, hang_up)]
+    try:
+        a.wait_ready(settle=0)
+        b.wait_ready(settle=0)
+        pids = {str(a.proc.pid), str(b.proc.pid)}
+        stack.wait_for(
+            "dlwatch_batches_total",
+            lambda r: pids <= set(by_pid(r)),
+            30,
+            "both jobs reach Prometheus",
+        )
+        t_both = time.monotonic()
+        # The diagnosis reaches Prometheus too, with the job's labels.
+        stack.wait_for(
+            f'dlwatch_hint_active{{hint="no-workers", pid="{b.proc.pid}"}}',
+            lambda r: len(r) == 1 and r[0]["metric"]["severity"] in ("warn", "critical"),
+            10,
+            "the no-workers hint of the job without workers",
+        )
+        time.sleep(max(0.0, t_both + 11 - time.monotonic()))  # a full 10 s rate window of scrapes
+        t_query = time.time()
+        mono_at_query = time.monotonic_ns()
+        ratios = by_pid(stack.query(WAIT_RATIO, at=t_query))
+        # Two jobs, told apart by their pid label; the fakes' loader too.
+        assert pids <= set(ratios), ratios
+        batches = stack.query("dlwatch_batches_total")
+        assert len({tuple(sorted(r["metric"].items())) for r in batches}) == len(batches)
+        b.kill()  # dies: no clean exit, no goodbye
+        result = a.finish()
+    finally:
+        for f in fakes:
+            f.go.set()
+            f.close()
+        b.cleanup()
+
+    # The job's own data wait over the same 10 s (its clock is the monotonic
+    # one); the figures Prometheus stored lag its scrapes by up to a
+    # collector interval (1 s), hence the window's end half a second early.
+    lag = 500_000_000
+    truth = truth_in_window(
+        result["recs"]["train"]["batches"], mono_at_query - lag - 10_000_000_000, mono_at_query - lag
+    )
+    got = ratios[str(a.proc.pid)]
+    print(f"PromQL data wait {got:.4f}, the job's own {truth['data_wait_fraction']:.4f}")
+    assert 0.2 < truth["data_wait_fraction"] < 0.7, truth  # the job was data-bound, as built
+    assert abs(got - truth["data_wait_fraction"]) <= 0.03, (got, truth)
+    assert ratios[str(b.proc.pid)] > 0.5  # the job without workers
+
+    # Both series go: A (exited) and B (killed) within the grace period and a
+    # few scrapes, after being reported down at least once.
+    stack.wait_for(
+        "dlwatch_batches_total",
+        lambda r: not pids & set(by_pid(r)),
+        GRACE_S + 15,
+        "the series of exited jobs disappear",
+    )
+    down = by_pid(stack.query(f'min_over_time(dlwatch_job_up{{pid="{a.proc.pid}"}}[60s])'))
+    assert down == {str(a.proc.pid): 0.0}
+    a.cleanup()
+
+    # The exporter lived through all of it and still answers.
+    assert stack.exporter.poll() is None
+    assert b"dlwatch_exporter_jobs" in http_get(stack.metrics_url)
+    (up,) = stack.query('up{job="dlwatch"}')
+    assert up["value"][1] == "1"
+
+
+def test_prometheus_tells_the_ranks_of_a_torchrun_run_apart(stack):
+    work = short_tmpdir("dlwtr")
+    stop = os.path.join(work, "stop")
+    env = dict(os.environ, DLWATCH_DIR=stack.dir, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    p = subprocess.Popen(
+        [sys.executable, "-m", "dlwatch", "run", "--", *cmd, str(RANKED_JOB), stop],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=work,
+        start_new_session=True,
+    )
+    try:
+        ranks = stack.wait_for(
+            'dlwatch_batches_total{run_id!=""} > 0',
+            lambda r: len(r) == 2,
+            90,
+            "both ranks reach Prometheus",
+        )
+    finally:
+        open(stop, "w").close()
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        shutil.rmtree(work, ignore_errors=True)
+    labels = [r["metric"] for r in ranks]
+    assert sorted(m["rank"] for m in labels) == ["0", "1"]
+    assert len({m["run_id"] for m in labels}) == 1
+    assert len({m["pid"] for m in labels}) == 2
+    assert len({m["host"] for m in labels}) == 1 and labels[0]["host"]
+    assert all("worker" not in m and m["loader"] == "0" for m in labels)
+
+
+def test_every_query_of_the_grafana_dashboard_runs_on_prometheus(stack):
+    dash = json.loads(
+        (Path(__file__).resolve().parents[2] / "contrib/grafana/dlwatch-dashboard.json").read_text()
+    )
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    assert exprs
+    for e in exprs:
+        promql = e.replace("$__rate_interval", "10s")
+        for var in ("host", "run_id", "pid"):
+            promql = promql.replace(f"${var}", ".*")
+        stack.query(promql)  # asserts status "success": no syntax or type error
+
+
+def test_lifetime_counters_only_rise_across_epochs_of_new_worker_processes():
+    """Non-persistent workers: new processes every epoch, whose own counters
+    restart at zero, and an epoch-ending next() that the job re-books from
+    wait to teardown. The exporter's counters (the snapshot's lifetime keys)
+    must still only rise, or Prometheus's rate() would read a reset."""
+    from dlwatch.collect.monitor import Monitor
+
+    job = Job(
+        "--workers", "2", "--sample-ms", "3", "--step-ms", "3", "--epochs", "40", "--batches-per-epoch", "25",
+        "--duration", "10",
+    )  # fmt: skip
+    m = Monitor(directory=job.dir, interval=0.2, gpu=False, diagnoser=False)
+    seen: dict = {}
+    worker_pids: dict = {}
+    try:
+        job.wait_ready(settle=0)
+        m.start()
+        end = time.monotonic() + 8
+        while time.monotonic() < end and job.proc.poll() is None:
+            snap = m.latest()
+            for j in (snap or {}).get("jobs", []):
+                for ld in j["loaders"]:
+                    figures = {("wait", ld["id"]): ld["wait_s_total"], ("step", ld["id"]): ld["step_s_total"]}
+                    for w in ld["workers"]:
+                        figures[("busy", ld["id"], w["id"])] = w["busy_s_total"]
+                        worker_pids.setdefault(w["id"], set()).add(w["pid"])
+                    for key, v in figures.items():
+                        if v is None:
+                            continue
+                        assert v >= seen.get(key, 0.0), (key, v, seen.get(key))
+                        seen[key] = v
+            time.sleep(0.1)
+        result = job.finish()
+    finally:
+        m.stop()
+        job.cleanup()
+    epochs = len(result["recs"]["train"]["worker_pids"])
+    assert epochs >= 4, epochs
+    # Several processes held each worker slot, and the slot's counter outgrew
+    # any single epoch's share.
+    assert all(len(p - {0}) >= 3 for p in worker_pids.values()), worker_pids
+    assert seen[("busy", 0, 0)] > 0 and seen[("wait", 0)] > 0 and seen[("step", 0)] > 0
