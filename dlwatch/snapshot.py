@@ -133,6 +133,7 @@ class Job(_JobRequired, total=False):
     state_reason: str
     age_s: float
     main_thread_cpu_percent: float | None
+    main_runqueue_percent: float | None  # trainer threads runnable but waiting for a core
     threads: int | None
     rss_bytes: int | None
     cuda_initialized: bool | None
@@ -150,6 +151,9 @@ class _HostRequired(TypedDict):
 class Host(_HostRequired, total=False):
     cores_reason: str
     load_percent_of_usable: float | None
+    busy_cores: float | None  # busy time on the affinity CPUs, in cores
+    jobs_cpu_cores: float | None  # measured CPU of every live job's trainers and workers
+    other_cpu_cores: float | None  # everyone else's CPU on our cores (busy minus the jobs')
 
 
 class _GpuRequired(TypedDict):

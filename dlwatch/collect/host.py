@@ -253,6 +253,13 @@ def affinity_cores() -> int:
         return os.cpu_count() or 1
 
 
+def _affinity_set() -> set[int]:
+    try:
+        return set(os.sched_getaffinity(0))
+    except AttributeError:
+        return set(range(os.cpu_count() or 1))
+
+
 class CoreBudget(NamedTuple):
     usable: float
     affinity: int
@@ -332,13 +339,49 @@ class HostSampler:
         cpu_times: Callable[[], CpuTimes] = psutil.cpu_times,
         budget: Callable[[], CoreBudget] = core_budget,
         shm: Callable[[], int | None] = shm_free_bytes,
+        percpu_times: Callable[[], list[CpuTimes]] | None = None,
+        affinity: Callable[[], set[int]] = _affinity_set,
     ) -> None:
         self._cpu_times = cpu_times
         self._budget = budget
         self._shm = shm
+        self._percpu = percpu_times or (lambda: psutil.cpu_times(percpu=True))
+        self._affinity = affinity
         self._prev = cpu_times()
         self._prev_t = time.monotonic()
         self._last_percent: float | None = None
+        self._prev_percpu = self._read_percpu()
+        self._last_busy_cores: float | None = None
+
+    def _read_percpu(self) -> list[CpuTimes] | None:
+        try:
+            return list(self._percpu())
+        except (OSError, psutil.Error):
+            return None
+
+    def _busy_cores(self) -> float | None:
+        """Cores' worth of busy time on the CPUs this process may run on.
+
+        The diagnosis subtracts every process's load from the usable cores;
+        load on CPUs outside the affinity mask takes nothing from them."""
+        cur = self._read_percpu()
+        prev, self._prev_percpu = self._prev_percpu, cur
+        if cur is None or prev is None or len(cur) != len(prev):
+            return self._last_busy_cores
+        try:
+            allowed = self._affinity()
+        except OSError:
+            allowed = set(range(len(cur)))
+        total, seen = 0.0, False
+        for i in sorted(allowed):
+            if i < len(cur):
+                f = busy_fraction(prev[i], cur[i])
+                if f is not None:
+                    total += f
+                    seen = True
+        if seen:
+            self._last_busy_cores = total
+        return self._last_busy_cores
 
     def sample(self) -> dict:
         cur, now = self._cpu_times(), time.monotonic()
@@ -358,6 +401,9 @@ class HostSampler:
         b = self._budget()
         busy_cores = self._last_percent / 100.0 * logical
         return {
+            # Busy cores on the affinity CPUs over the same interval: what the
+            # diagnosis takes every process on the box (ours and others') to use.
+            "busy_cores": self._busy_cores(),
             "logical_cpus": logical,
             "usable_cores": b.usable,
             "cpu_percent": self._last_percent,

@@ -40,14 +40,15 @@ def snapshot_dict(
     ranks of one torchrun run sit together. ``hints`` is left empty: the
     diagnosis fills it. ``errors`` appears only when the collector had faults,
     so the document of a healthy collector is the schema's and nothing more."""
+    conns = ordered(conns)
     snap: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "time": now,
         "window_s": window_s,
-        "host": host_dict(host),
+        "host": host_dict(host) | cpu_accounting(host, conns, procs),
         "gpu_status": gpu_status,
         "gpus": gpus,
-        "jobs": [job_dict(c, window_s, procs, now) for c in ordered(conns)],
+        "jobs": [job_dict(c, window_s, procs, now) for c in conns],
         "hints": [],
         "runtime_dir": runtime_dir,
         "runtime_dir_error": runtime_dir_error,
@@ -73,6 +74,44 @@ def host_dict(h: dict) -> Host:
     for k, v in h.items():
         out.setdefault(k, v)
     return out
+
+
+def cpu_accounting(host: dict, conns: list[JobConnection], procs: dict) -> dict:
+    """Who uses the usable cores, in cores (1.0 = one core), over one interval.
+
+    ``jobs_cpu_cores``: the measured CPU of every live job's processes
+    (trainers with all their threads, and workers); ``other_cpu_cores``: what
+    the rest of the box uses on our CPUs, the host's busy cores minus those.
+    The collector samples processes and host together, so both cover the same
+    interval. Under a CPU quota smaller than the affinity mask, other tenants
+    only count as far as they leave less idle time than the quota would let
+    us use. None where a figure is missing: the rules then fall back to the
+    jobs' own figures and say so.
+    """
+    pids = []
+    for c in conns:
+        if not c.live:
+            continue
+        pids.append(c.pid)
+        if c.frames:
+            for ld in c.frames[-1]["loaders"]:
+                pids.extend(w["pid"] for w in ld["workers"] if w.get("pid"))
+    cpu = [(procs.get(p) or {}).get("cpu_percent") for p in pids]
+    known = [v for v in cpu if isinstance(v, (int, float))]
+    jobs = sum(known) / 100.0 if pids and len(known) == len(cpu) else None
+    busy = host.get("busy_cores")
+    others = None
+    if isinstance(busy, (int, float)) and (jobs is not None or not pids):
+        affinity = host.get("affinity_cores")
+        usable = host.get("usable_cores")
+        slack = 0.0
+        if isinstance(affinity, (int, float)) and isinstance(usable, (int, float)):
+            slack = max(0.0, affinity - usable)
+        others = round(max(0.0, busy - (jobs or 0.0) - slack), 3)
+    return {
+        "jobs_cpu_cores": None if jobs is None else round(jobs, 3),
+        "other_cpu_cores": others,
+    }
 
 
 def job_state(c: JobConnection) -> str:
@@ -106,6 +145,9 @@ def job_dict(c: JobConnection, window_s: float, procs: dict, now: float, history
         "age_s": round(max(0.0, now - float(job.get("started") or now)), 1),
         "main_cpu_percent": main.get("cpu_percent"),
         "main_thread_cpu_percent": main.get("main_thread_cpu_percent"),
+        # Time the trainer's threads were runnable but waited for a core: with
+        # main_cpu_percent, its CPU demand.
+        "main_runqueue_percent": main.get("runqueue_percent"),
         "threads": main.get("threads"),
         "rss_bytes": main.get("rss_bytes"),
         "cuda_initialized": (last or {}).get("main", {}).get("cuda_initialized"),

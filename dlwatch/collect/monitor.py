@@ -52,8 +52,9 @@ DIAGNOSE_EVERY_S = 1.0
 # refresh faster: the figures stay from the last sample). A new PID is sampled
 # at once.
 PROC_EVERY_S = 1.0
-# Run-queue wait (/proc/PID/task/*/schedstat, a file per thread) only feeds
-# the diagnosis, which judges 3 s windows: sampled every 2 s.
+# Run-queue wait (/proc/PID/task/*/schedstat, a file per thread) of workers
+# and trainers only feeds the diagnosis, which judges 3 s windows: sampled
+# every 2 s.
 SCHED_EVERY_S = 2.0
 # USS reads /proc/PID/smaps_rollup: milliseconds of kernel time per torch
 # process, so each worker's is read every 10 s, the workers at phases spread
@@ -222,8 +223,11 @@ class Monitor:
             if c.job is not None or c.state != "connecting" or time.time() - c.first_seen > HELLO_GRACE_S
         ]
         mains, workers = self._pids(conns)
+        procs_at = self._proc_cache_at
         procs = self._sample_procs(mains, workers, reuse_procs) if self._procs else {}
-        host = self._sample_host(reuse_procs)
+        # Host load with the processes' figures, over the same interval: the
+        # diagnosis subtracts one from the other ("everyone else's" CPU).
+        host = self._sample_host(reuse_procs and self._proc_cache_at == procs_at)
         self._sample_gpu()
         status, gpus = self._gpu_state
         snap = model.snapshot_dict(
@@ -320,11 +324,11 @@ class Monitor:
                 not reuse
                 or self._sched_at is None
                 or t - self._sched_at >= SCHED_EVERY_S
-                or not workers.issubset(self._sched_cache)
+                or not pids.issubset(self._sched_cache)
             ):
-                self._sched_cache = self._safe("run-queue", lambda: self._sched.sample(sorted(workers)), {})
+                self._sched_cache = self._safe("run-queue", lambda: self._sched.sample(sorted(pids)), {})
                 self._sched_at = t
-            waits = {p: v for p, v in self._sched_cache.items() if p in workers}
+            waits = {p: v for p, v in self._sched_cache.items() if p in pids}
             for pid, v in waits.items():
                 if pid in procs and isinstance(procs[pid], dict):
                     procs[pid] = dict(procs[pid], runqueue_percent=v)

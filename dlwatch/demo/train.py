@@ -288,7 +288,13 @@ def _busy_wait_until(deadline: float) -> None:
 
 class Trainer:
     def __init__(
-        self, model: torch.nn.Module, device: torch.device, non_blocking: bool, step_ms: float, step_kind: str
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        non_blocking: bool,
+        step_ms: float,
+        step_kind: str,
+        step_threads: int | None = None,
     ) -> None:
         self.model = model.to(device)
         self.device = device
@@ -296,6 +302,7 @@ class Trainer:
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         self.step_ms = step_ms
         self.step_kind = step_kind
+        self.step_threads = step_threads
         self.last_loss = math.nan
         self._gpu_cycles_per_ms = 0.0
         self._gpu_model_ms = 0.0  # running estimate of the model's own GPU time
@@ -321,7 +328,14 @@ class Trainer:
         if target_ms <= 0:
             return
         deadline = started + target_ms / 1e3
-        if self.step_kind == "cpu":
+        if self.step_kind == "cpu" and self.step_threads:
+            # A compute step: a fixed amount of CPU work on the intra-op pool,
+            # so processes competing for the cores stretch it in wall time.
+            spend(
+                CostSpec(target_ms * self.step_threads, "cpu", self.step_threads),
+                target_ms * self.step_threads,
+            )
+        elif self.step_kind == "cpu":
             _busy_wait_until(deadline)
         else:
             remaining = deadline - time.perf_counter()
@@ -774,6 +788,13 @@ def build_parser() -> argparse.ArgumentParser:
         "on a GPU), cpu (busy main thread), gpu (spin kernel); "
         "auto: gpu on CUDA, else sleep",
     )
+    g.add_argument(
+        "--step-threads",
+        type=_pos_int,
+        default=None,
+        help="with --step-kind cpu: the step is N x --step-ms of CPU work on torch's intra-op "
+        "pool of N threads (a CPU training step: other processes on the cores stretch it)",
+    )
 
     g = p.add_argument_group("run")
     g.add_argument("--epochs", type=_nonneg_int, default=2, help="0: until stopped")
@@ -924,7 +945,8 @@ def main(argv: list[str] | None = None) -> int:
     # would only add overhead (tens of ms per step on 2 cores) and compete with
     # the workers whose load the demo is meant to show. Without workers the
     # trainer is the one loading data, so --worker-threads applies to it.
-    torch.set_num_threads(args.worker_threads if args.num_workers == 0 and args.worker_threads else 1)
+    threads = args.worker_threads if args.num_workers == 0 and args.worker_threads else 1
+    torch.set_num_threads(args.step_threads or threads)
 
     if args.hook:
         problem = _import_hook()
@@ -964,7 +986,12 @@ def main(argv: list[str] | None = None) -> int:
         val_loader = make_loader(args, dataset_cls(val_spec), collate, worker_init, None, False, pin_memory)
 
     trainer = Trainer(
-        build_model(spec.channels, spec.num_classes), device, pin_memory, args.step_ms, step_kind
+        build_model(spec.channels, spec.num_classes),
+        device,
+        pin_memory,
+        args.step_ms,
+        step_kind,
+        args.step_threads if step_kind == "cpu" else None,
     )
     trainer.warm_up((args.batch_size, spec.channels, spec.image_size, spec.image_size), spec.num_classes)
     config = dict(vars(args))

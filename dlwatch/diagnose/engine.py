@@ -243,16 +243,66 @@ def _run_rules(ctx: Context) -> tuple[dict, dict]:
     return _precedence(fired), errors
 
 
+# One worker count per loader: where two hints recommend different counts for
+# the same loader, the earlier one here wins and the other defers to it (its
+# evidence says so, its suggestion repeats the winner's count). Cores first
+# (a count measured on starved workers is not one to follow), then the
+# data-bound rules, then the advice to save resources.
+WORKER_COUNT_PRECEDENCE = (
+    "workers-oversubscribe-cores",
+    "no-workers",
+    "add-workers",
+    "io-bound",
+    "pipeline-has-headroom",
+)
+
+
 def _precedence(fired: dict) -> dict:
     host_wide = any(k[0] == OVERSUBSCRIPTION[0] for k in fired)
     threaded = {(k[1], k[2]) for k in fired if k[0] == OVERSUBSCRIPTION[1]}
-    if not host_wide and not threaded:
-        return fired
-    return {
-        k: h
-        for k, h in fired.items()
-        if not (k[0] in SUPERSEDED_BY_OVERSUBSCRIPTION and (host_wide or (k[1], k[2]) in threaded))
-    }
+    if host_wide or threaded:
+        fired = {
+            k: h
+            for k, h in fired.items()
+            if not (k[0] in SUPERSEDED_BY_OVERSUBSCRIPTION and (host_wide or (k[1], k[2]) in threaded))
+        }
+    return _one_count_per_loader(fired)
+
+
+def _one_count_per_loader(fired: dict) -> dict:
+    rank = {rid: i for i, rid in enumerate(WORKER_COUNT_PRECEDENCE)}
+    counts: dict[tuple, list[tuple[int, str, int]]] = {}
+    for (rid, pid, lid), h in fired.items():
+        ev = as_dict(h.get("evidence"))
+        if rid == WORKER_COUNT_PRECEDENCE[0]:
+            for e in as_list(ev.get("recommended_num_workers_by_loader")):
+                e = as_dict(e)
+                n = as_int(e.get("recommended_num_workers"))
+                if n is not None:
+                    counts.setdefault((e.get("job_pid"), e.get("loader_id")), []).append((0, rid, n))
+        elif rid in rank:
+            n = as_int(ev.get("recommended_num_workers"))
+            if n is not None:
+                counts.setdefault((pid, lid), []).append((rank[rid], rid, n))
+    out = dict(fired)
+    for (pid, lid), cands in counts.items():
+        cands.sort()
+        _, winner, n_win = cands[0]
+        for _, rid, n in cands[1:]:
+            if n == n_win:
+                continue
+            key = (rid, pid, lid)
+            h = _copy_hint(out[key])
+            h["evidence"].update(
+                defers_to=winner, own_recommended_num_workers=n, recommended_num_workers=n_win
+            )
+            h["severity"] = "info"
+            h["suggestion"] = (
+                f"num_workers={n_win}, as {winner} recommends for this loader (it takes "
+                f"precedence; on its own this hint would say num_workers={n})"
+            )
+            out[key] = h
+    return out
 
 
 def _sorted(hints: list[dict]) -> list[dict]:

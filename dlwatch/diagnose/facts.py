@@ -126,7 +126,9 @@ class LoaderView:
 
         ~1: CPU-bound (decoding, augmentation); well below 1: the worker is
         "busy" inside ``fetch`` but sleeping on storage, network or locks.
-        Above 1 means the worker runs several threads at once: CPU-bound too.
+        Above 1 means the worker runs several threads at once: CPU-bound too
+        (evidence shows it as threads, ``threads_cores_while_busy``, never
+        as a share above 100 %).
         Time spent runnable but waiting for a core (run-queue wait, from
         /proc/PID/schedstat) counts as CPU demand: a worker starved by
         oversubscribed cores is not waiting on storage, and more workers
@@ -157,38 +159,17 @@ class Context:
 
     @property
     def main_loops(self) -> int:
-        # One busy main loop per trainer process: the brief's accounting, and
-        # a trainer waiting for data still wakes up for every batch.
+        # Trainer processes, for messages and evidence only: their CPU is
+        # measured (capacity.py), not assumed to be one core each.
         return len(self.live_jobs)
-
-    @property
-    def main_loop_cores(self) -> float:
-        """Cores the trainers' main processes actually use (unknown: a full core).
-
-        A trainer whose step waits on the GPU leaves its core to the workers;
-        counting it as a whole core would cap every recommendation one short.
-        """
-        total = 0.0
-        for job in self.live_jobs:
-            v = num(job.get("main_cpu_percent"))
-            total += 1.0 if v is None else min(1.0, max(0.0, v / PERCENT_PER_CORE))
-        return total
 
     def loaders_of(self, pid: int) -> list[LoaderView]:
         return [lv for lv in self.loaders if lv.pid == pid]
 
-    def other_workers_cpu(self, exclude: LoaderView | None) -> float:
-        """CPU cores used by the workers of every other live loader.
-
-        A worker without a CPU figure counts as one full core: this sum only
-        ever shrinks the "free cores" estimate, so unknown means pessimistic.
-        """
-        total = 0.0
-        for lv in self.loaders:
-            if lv is exclude:
-                continue
-            total += lv.cpu_sum + lv.cpu_missing
-        return total
+    @property
+    def has_gpu(self) -> bool:
+        """A GPU the snapshot can see: GPU advice is for boxes that have one."""
+        return self.gpu_ok and bool(self.gpus)
 
     def usable_cores_source(self) -> str:
         # collect/host.py reports it as "cores_reason"; accept either name.

@@ -11,9 +11,8 @@ importing torch for a second or two, which is not a steady oversubscription.
 
 from __future__ import annotations
 
-import math
-
-from .facts import Context, cores, hint, median, num, r, worker_values
+from . import capacity
+from .facts import Context, LoaderView, cores, hint, median, num, pct, r, whole_cores, worker_values
 
 # A worker below 10 % of a core is parked (a persistent worker between epochs,
 # or one blocked on a full prefetch queue): it costs memory, not CPU time, so
@@ -35,25 +34,33 @@ THREAD_OVERSUB_FACTOR = 2.0
 THREAD_CPU_CORES_PER_WORKER = 1.2
 
 
-# A trainer main process below this CPU share is mostly waiting (on its GPU, or
-# on data) and does not compete with the workers for a core.
-BUSY_MAIN_LOOP_CPU_PERCENT = 50.0
+OVERSUB_SLACK_CORES = 0.5
+# Run-queue wait (workers and trainers, in cores) from which an
+# oversubscription costs throughput: below a tenth of the usable cores the
+# runnable processes hardly ever wait for a core, so the hint is info.
+HARMFUL_RUNQUEUE_FRACTION = 0.10
 
 
-def _demand(ctx: Context, loaders) -> tuple[float, int]:
-    """Measured cores used by these loaders' workers + all main loops, and how
-    many main loops lacked a CPU figure (those count as zero: this sum only
-    ever makes a rule fire, so unknown must not push it up)."""
-    # Run-queue wait counts as demand: workers starved of a core want one.
-    total = sum(lv.cpu_sum + lv.rq_sum for lv in loaders)
-    missing = 0
-    for job in ctx.live_jobs:
-        v = num(job.get("main_cpu_percent"))
-        if v is None:
-            missing += 1
-        else:
-            total += v / 100.0
-    return total, missing
+def _demand(ctx: Context, loaders) -> tuple[float, capacity.Account]:
+    """Cores wanted by these loaders' workers, every trainer (measured CPU of
+    all its threads, plus run-queue wait) and everyone else on the box."""
+    acc = capacity.account(ctx, list(loaders))
+    return acc.demand, acc
+
+
+def _runqueue_cores(ctx: Context, loaders) -> float:
+    return sum(lv.rq_sum for lv in loaders) + sum(capacity.trainer_runqueue(j) for j in ctx.live_jobs)
+
+
+def _per_loader(acc: capacity.Account, with_workers: list[LoaderView]) -> tuple[int, dict]:
+    """Workers each loader with workers fits in, and the loaders that have
+    more: the cores left once everyone else and the trainers (their CPU, not
+    the time they wait for a core, which the cut removes) are served, shared
+    equally."""
+    left = acc.usable - acc.others - (acc.trainers - acc.trainers_runqueue)
+    share = max(1, whole_cores(left / max(1, len(with_workers))))
+    cut = {(lv.pid, lv.lid): share for lv in with_workers if (lv.num_workers or 0) > share}
+    return share, cut
 
 
 def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict]:
@@ -65,44 +72,57 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict]:
         busy_workers += sum(
             1 for v in worker_values(lv.workers, "cpu_percent") if v >= IDLE_WORKER_CPU_PERCENT
         )
-    # A main loop that waits on its GPU (or sleeps) leaves its core to the
-    # workers: count it as a competitor only when it uses half a core or more
-    # (unknown: it counts). Otherwise 2 workers next to an idle trainer on 2
-    # cores would read as oversubscribed.
-    busy_mains = sum(
-        1
-        for j in ctx.live_jobs
-        if (
-            num(j.get("main_cpu_percent")) is None
-            or num(j.get("main_cpu_percent")) >= BUSY_MAIN_LOOP_CPU_PERCENT
-        )
-    )
-    procs = busy_workers + busy_mains
-    if procs <= ctx.usable_cores:
+    demand, acc = _demand(ctx, steady)
+    # Runnable things against cores: busy workers, plus the cores the trainers
+    # (all threads) and other processes measurably use. A trainer waiting on
+    # its GPU counts for the tenth of a core it uses, a CPU step with
+    # intra-op threads for all of them.
+    # Half a core of slack: a trainer's few percent next to fully busy
+    # workers is not an oversubscription worth a line (the old rule counted a
+    # trainer from 50 % of a core).
+    wanted = busy_workers + acc.trainers + acc.others
+    if wanted <= ctx.usable_cores + OVERSUB_SLACK_CORES or busy_workers == 0:
         return []
-    demand, _ = _demand(ctx, steady)
     if demand < OVERSUB_DEMAND_FRACTION * ctx.usable_cores:
         return []
     total_workers = sum(len(lv.workers) for lv in ctx.loaders)
     jobs = sorted(int(j["pid"]) for j in ctx.live_jobs)
     with_workers = [lv for lv in steady if lv.workers]
-    per_loader = max(1, math.floor((ctx.usable_cores - ctx.main_loops) / max(1, len(with_workers))))
+    per_loader, cut = _per_loader(acc, with_workers)
+    rq = _runqueue_cores(ctx, steady)
+    harmful = rq >= HARMFUL_RUNQUEUE_FRACTION * ctx.usable_cores
     usable = cores(ctx.usable_cores)
-    msg = (
-        f"{busy_workers} busy DataLoader workers plus {ctx.main_loops} training main "
-        f"loop{'s' if ctx.main_loops != 1 else ''} ({len(jobs)} job{'s' if len(jobs) != 1 else ''}) "
-        f"compete for {usable} usable cores; they use {cores(round(demand, 1))} cores between "
-        f"them, so every extra worker only adds context switches."
+    parts = [f"{busy_workers} busy DataLoader workers use {cores(round(acc.workers, 1))}"]
+    parts.append(
+        f"{ctx.main_loops} trainer process{'es' if ctx.main_loops != 1 else ''} "
+        f"{cores(round(acc.trainers, 1))} (all threads)"
     )
+    if acc.others_measured and acc.others >= 0.05:
+        parts.append(f"other processes {cores(round(acc.others, 1))}")
+    msg = (
+        f"Cores are oversubscribed ({len(jobs)} job{'s' if len(jobs) != 1 else ''}): "
+        f"{'; '.join(parts)} — {cores(round(demand, 1))} cores of CPU plus run-queue wait "
+        f"on {usable} usable cores."
+    )
+    if harmful:
+        msg += (
+            f" Runnable threads wait {cores(round(rq, 1))} cores' worth for a CPU "
+            f"({pct(rq / ctx.usable_cores)} of the cores): every extra worker only adds context switches."
+        )
+    else:
+        msg += (
+            f" It costs no measurable throughput yet: run-queue wait is only {cores(round(rq, 2))} cores "
+            f"(< {pct(HARMFUL_RUNQUEUE_FRACTION)} of the cores), so this is worth knowing, not fixing."
+        )
     if len(with_workers) == 1:
-        sugg = f"lower num_workers so workers + main loops ≤ {usable}: num_workers={per_loader}"
+        sugg = f"lower num_workers so workers + trainers fit {usable} cores: num_workers={per_loader}"
     elif with_workers:
         sugg = (
-            f"lower num_workers so workers + main loops ≤ {usable}: about num_workers="
+            f"lower num_workers so workers + trainers fit {usable} cores: about num_workers="
             f"{per_loader} for each of the {len(with_workers)} loaders with workers"
         )
     else:
-        sugg = f"lower num_workers so workers + main loops ≤ {usable}"
+        sugg = f"lower num_workers so workers + trainers fit {usable} cores"
     logical = num(ctx.host.get("logical_cpus"))
     ev = {
         "total_workers": total_workers,
@@ -113,10 +133,18 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict]:
         "usable_cores_source": ctx.usable_cores_source(),
         "logical_cpus": int(logical) if logical is not None else None,
         "cpu_demand_cores": r(demand, 2),
+        "runqueue_cores": r(rq, 2),
+        "costs_throughput": harmful,
         "suggested_num_workers_per_loader": per_loader,
+        # What engine.py's precedence compares with the per-loader hints.
+        "recommended_num_workers_by_loader": [
+            {"job_pid": pid, "loader_id": lid, "recommended_num_workers": n}
+            for (pid, lid), n in sorted(cut.items())
+        ],
         "busy_worker_cpu_percent_min": IDLE_WORKER_CPU_PERCENT,
+        "cpu_accounting": acc.evidence(),
     }
-    return [hint("workers-oversubscribe-cores", "warn", None, None, msg, sugg, ev)]
+    return [hint("workers-oversubscribe-cores", "warn" if harmful else "info", None, None, msg, sugg, ev)]
 
 
 def rule_worker_thread_oversubscription(ctx: Context) -> list[dict]:
@@ -129,7 +157,7 @@ def rule_worker_thread_oversubscription(ctx: Context) -> list[dict]:
         total_threads += int(sum(worker_values(lv.workers, "threads")))
     if total_threads <= THREAD_OVERSUB_FACTOR * ctx.usable_cores:
         return []
-    demand, _ = _demand(ctx, ctx.loaders)
+    demand, _acc = _demand(ctx, ctx.loaders)
     saturated = demand >= OVERSUB_DEMAND_FRACTION * ctx.usable_cores
     out = []
     for lv in ctx.loaders:
@@ -145,7 +173,7 @@ def rule_worker_thread_oversubscription(ctx: Context) -> list[dict]:
             why = f"each worker uses {lv.cpu_mean:.1f} cores on average"
         else:
             why = (
-                f"workers and main loops use {cores(round(demand, 1))} of "
+                f"workers, trainers and other processes want {cores(round(demand, 1))} of "
                 f"{cores(ctx.usable_cores)} usable cores"
             )
         msg = (

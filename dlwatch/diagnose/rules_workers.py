@@ -15,6 +15,7 @@ limit and the same arithmetic holds past the core count.
 
 from __future__ import annotations
 
+from . import capacity
 from .facts import (
     Context,
     LoaderView,
@@ -52,6 +53,10 @@ LITTLE_SAFETY = 1.0
 # Cores counted as saturated when worker CPU + main loops reach this fraction
 # of the usable cores (psutil never reads exactly 100 % of a quota).
 CORES_SATURATED_FRACTION = 0.90
+# Expected speed-up below which a worker-count hint is info at most: under
+# ~10 % the change is within run-to-run noise of a real job and not worth a
+# warning (the issue's bar).
+MIN_WORTHWHILE_SPEEDUP = 1.10
 # Sanity ceiling for the uncapped I/O-bound recommendation: a tiny step time
 # must not turn into "use 400 workers" (every worker costs memory and a pid).
 IO_MAX_RECOMMENDED_WORKERS = 64
@@ -71,28 +76,18 @@ HEADROOM_SAFETY = 1.5
 HEADROOM_TARGET_BUSY = 0.70
 
 
-def _free_cores_for(ctx: Context, lv: LoaderView) -> float | None:
-    """Cores this loader's workers may use: usable minus main loops minus the
-    CPU that every other loader's workers use now."""
-    if ctx.usable_cores is None:
-        return None
-    return ctx.usable_cores - ctx.main_loop_cores - ctx.other_workers_cpu(lv)
-
-
-def _workers_cpu_demand(ctx: Context) -> float:
-    """Cores wanted by all live workers plus one per main loop (brief's accounting)."""
-    return sum(lv.cpu_sum for lv in ctx.loaders) + ctx.main_loops
-
-
 def _bound_kind(lv: LoaderView) -> tuple[bool, str] | None:
     share = lv.cpu_share_of_busy
     if share is None:
         return None
     cpu_bound = share >= CPU_BOUND_MIN_SHARE
-    why = (
-        f"worker CPU {pct(min(share, 9.99))} of busy time "
-        f"({'≥' if cpu_bound else '<'} {pct(CPU_BOUND_MIN_SHARE)})"
-    )
+    if share > 1.0:
+        why = (
+            f"workers on a CPU all their busy time, with several threads: "
+            f"{share:.1f} cores each while busy (≥ {pct(CPU_BOUND_MIN_SHARE)})"
+        )
+    else:
+        why = f"worker CPU {pct(share)} of busy time ({'≥' if cpu_bound else '<'} {pct(CPU_BOUND_MIN_SHARE)})"
     return cpu_bound, why
 
 
@@ -115,15 +110,50 @@ def little_workers(worker_ms: float, step_ms: float) -> int:
 
 
 def _common_evidence(lv: LoaderView) -> dict:
-    return {
+    share = lv.cpu_share_of_busy
+    ev = {
         "data_wait_fraction": r(lv.wait),
         "num_workers": lv.num_workers,
         "worker_busy_fraction": r(lv.busy_mean),
         "worker_cpu_cores_mean": r(lv.cpu_mean),
-        "worker_cpu_share_of_busy": r(lv.cpu_share_of_busy),
+        # A fraction: CPU time (plus run-queue wait) per busy second, at most 1.
+        "worker_cpu_share_of_busy": r(None if share is None else min(share, 1.0)),
         "worker_ms_per_batch": r(lv.worker_ms, 1),
         "step_ms_mean": r(lv.step_ms, 1),
     }
+    if share is not None and share > 1.0:
+        # More CPU than busy time: several threads per worker, said as such.
+        ev["threads_cores_while_busy"] = r(share, 2)
+    return ev
+
+
+def _gain(pred: capacity.Prediction | None) -> tuple[bool, str]:
+    """Whether the predicted gain is worth a warning, and the sentence saying it."""
+    if pred is None:
+        return True, ""
+    text = f" Changing it: {pred.phrase()}"
+    if pred.speedup < MIN_WORTHWHILE_SPEEDUP:
+        text += f"; under {pct(MIN_WORTHWHILE_SPEEDUP - 1)} gain, so this is only worth knowing"
+    return pred.speedup >= MIN_WORTHWHILE_SPEEDUP, text + "."
+
+
+def _prediction_evidence(pred: capacity.Prediction | None) -> dict:
+    if pred is None:
+        return {"expected_speedup": None}
+    return pred.evidence()
+
+
+def _loading_cpu(lv: LoaderView, job_cpu_main_thread: float | None) -> tuple[float, str]:
+    """CPU the trainer spends loading with num_workers=0 (cores), and how it
+    was found: the main thread loads during the wait, so it is at most the
+    wait fraction and at most the main thread's measured CPU."""
+    wait = lv.wait or 0.0
+    if job_cpu_main_thread is None:
+        return wait, "assumed: the main thread is on a CPU for the whole wait"
+    return (
+        min(wait, job_cpu_main_thread),
+        "measured bound: min(data wait fraction, main thread CPU)",
+    )
 
 
 def rule_no_workers(ctx: Context) -> list[dict]:
@@ -133,18 +163,27 @@ def rule_no_workers(ctx: Context) -> list[dict]:
             continue
         if lv.wait < NO_WORKERS_INFO_WAIT:
             continue
-        severity = "warn" if lv.wait >= DATA_BOUND_WAIT else "info"
         # With num_workers=0 the loop loads inside __next__: the wait per batch
         # is what one worker would spend per batch.
         wait_ms = num(lv.loader.get("wait_ms_mean"))
-        rec = None
-        cap = None
+        main_thread = num(lv.job.get("main_thread_cpu_percent"))
+        load_cpu, load_how = _loading_cpu(lv, None if main_thread is None else main_thread / 100.0)
+        # Loading that keeps the main thread on a CPU needs a core per worker.
+        cpu_loading = load_cpu >= CPU_BOUND_MIN_SHARE * lv.wait
+        rec = cap = free = little = None
+        acc = None
+        pred = None
         if wait_ms is not None and wait_ms > 0 and lv.step_ms is not None and lv.step_ms > 0:
-            rec = little_workers(wait_ms, lv.step_ms)
-            free = _free_cores_for(ctx, lv)
-            if free is not None:
-                cap = max(1, whole_cores(free))
-                rec = min(rec, cap)
+            rec = little = little_workers(wait_ms, lv.step_ms)
+            got = capacity.free_cores_for(ctx, lv, released=load_cpu)
+            if got is not None:
+                free, acc = got
+                if cpu_loading:
+                    cap = max(1, whole_cores(free))
+                    rec = min(rec, cap)
+            pred = capacity.predict(ctx, lv, rec, wait_ms)
+        worth, gain_text = _gain(pred)
+        severity = "warn" if lv.wait >= DATA_BOUND_WAIT and worth else "info"
         msg = (
             f"{lv.title} spends {pct(lv.wait)} of the loop waiting for data "
             f"with num_workers=0: the training loop loads every batch itself"
@@ -152,11 +191,16 @@ def rule_no_workers(ctx: Context) -> list[dict]:
         if wait_ms is not None and lv.step_ms is not None:
             msg += f" ({ms(wait_ms)} loading vs {ms(lv.step_ms)} computing per batch)"
         msg += "."
+        if free is not None and rec is not None and little is not None and rec < little:
+            msg += f" The free cores ({cores(round(max(free, 0.0), 1))}) allow {rec}."
+        msg += gain_text
         if rec is not None:
             sugg = (
                 f"set num_workers={rec} in DataLoader(...) so batches load in the "
                 f"background while the loop computes"
             )
+            if not worth:
+                sugg += "; or, since the CPU is the limit, make loading cheaper (cache decoded samples)"
         else:
             sugg = (
                 "set num_workers=2 in DataLoader(...) to load in the background, "
@@ -170,7 +214,13 @@ def rule_no_workers(ctx: Context) -> list[dict]:
             "recommended_num_workers": rec,
             "usable_cores": ctx.usable_cores,
             "core_cap": cap,
+            "free_cores": r(free, 2),
+            "loading_cpu_cores": r(load_cpu, 2),
+            "loading_cpu_basis": load_how,
         }
+        ev |= _prediction_evidence(pred)
+        if acc is not None:
+            ev["cpu_accounting"] = acc.evidence()
         out.append(hint("no-workers", severity, lv.pid, lv.lid, msg, sugg, ev))
     return out
 
@@ -192,9 +242,10 @@ def _sizable(ctx: Context, cpu_bound: bool):
 def rule_add_workers(ctx: Context) -> list[dict]:
     out = []
     for lv, why, little in _sizable(ctx, cpu_bound=True):
-        free = _free_cores_for(ctx, lv)
-        if free is None:
+        got = capacity.free_cores_for(ctx, lv)
+        if got is None:
             continue
+        free, acc = got
         nw = lv.num_workers
         # Little's law can say "enough" while the loop still waits (the fetch
         # time misses IPC/unpickling): one more worker is then the measured
@@ -204,6 +255,8 @@ def rule_add_workers(ctx: Context) -> list[dict]:
         rec = min(needed, cap)
         if rec <= nw:
             continue  # no whole core free: cpu-bound-preprocessing's case
+        pred = capacity.predict(ctx, lv, rec, lv.worker_ms)
+        worth, gain_text = _gain(pred)
         msg = (
             f"{lv.title} waits for data {pct(lv.wait)} of the time; its "
             f"{nw} worker{'s are' if nw != 1 else ' is'} busy {pct(lv.busy_mean)} of the time "
@@ -213,13 +266,13 @@ def rule_add_workers(ctx: Context) -> list[dict]:
         if little > nw:
             msg += f": keeping up needs {little} workers"
             if rec < little:
-                msg += f", and the free cores allow {rec}"
+                msg += f", and the free cores ({cores(round(free, 1))}) allow {rec}"
         else:
             msg += (
                 f": by fetch time alone {nw} should keep up, yet the loop waits, so "
                 f"per-batch overhead outside the fetch (IPC, collate) is the rest"
             )
-        msg += "."
+        msg += "." + gain_text
         sugg = f"set num_workers={rec} in DataLoader(...)"
         ev = _common_evidence(lv) | {
             "recommended_num_workers": rec,
@@ -230,8 +283,10 @@ def rule_add_workers(ctx: Context) -> list[dict]:
             "free_cores": r(free, 2),
             "cpu_bound": True,
             "cpu_bound_reason": why,
+            "cpu_accounting": acc.evidence(),
         }
-        out.append(hint("add-workers", "warn", lv.pid, lv.lid, msg, sugg, ev))
+        ev |= _prediction_evidence(pred)
+        out.append(hint("add-workers", "warn" if worth else "info", lv.pid, lv.lid, msg, sugg, ev))
     return out
 
 
@@ -245,10 +300,13 @@ def rule_io_bound(ctx: Context) -> list[dict]:
         msg = (
             f"{lv.title} waits for data {pct(lv.wait)} of the time; its {nw} "
             f"worker{'s are' if nw != 1 else ' is'} busy {pct(lv.busy_mean)} of the time but on a "
-            f"CPU only {pct(lv.cpu_share_of_busy)} of it: loading waits on storage or network. "
+            f"CPU only {pct(min(lv.cpu_share_of_busy, 1.0))} of it: loading waits on storage or network. "
             f"One batch takes a worker {ms(lv.worker_ms)} and the loop uses one every "
             f"{ms(lv.step_ms)}."
         )
+        pred = capacity.predict(ctx, lv, rec, lv.worker_ms)
+        worth, gain_text = _gain(pred)
+        msg += gain_text
         sugg = (
             f"set num_workers={rec} in DataLoader(...) (I/O waits overlap, so this may exceed "
             f"the core count), or cache the dataset on local SSD / in RAM"
@@ -260,7 +318,8 @@ def rule_io_bound(ctx: Context) -> list[dict]:
             "cpu_bound": False,
             "cpu_bound_reason": why,
         }
-        out.append(hint("io-bound", "warn", lv.pid, lv.lid, msg, sugg, ev))
+        ev |= _prediction_evidence(pred)
+        out.append(hint("io-bound", "warn" if worth else "info", lv.pid, lv.lid, msg, sugg, ev))
     return out
 
 
@@ -272,25 +331,41 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict]:
         kind = _bound_kind(lv)
         if kind is None or not kind[0]:
             continue
-        free = _free_cores_for(ctx, lv)
-        if free is None:
+        got = capacity.free_cores_for(ctx, lv)
+        if got is None:
             continue
+        free, _ = got
         if whole_cores(free) > lv.num_workers:
             continue  # a core is free: add-workers applies instead
-        demand = _workers_cpu_demand(ctx)
+        acc = capacity.account(ctx)
+        demand = acc.demand
         if demand < CORES_SATURATED_FRACTION * ctx.usable_cores:
             continue
+        more = capacity.predict(ctx, lv, lv.num_workers + 1, lv.worker_ms)
+        # The most cheaper batches could give: no wait at all, the job's CPU
+        # then only the trainer's.
+        upside = _speedup_if_loading_free(ctx, lv)
+        worth = upside is None or upside >= MIN_WORTHWHILE_SPEEDUP
+        parts = [f"the workers {cores(round(acc.workers, 1))}"]
+        parts.append(f"the trainer{'s' if ctx.main_loops != 1 else ''} {cores(round(acc.trainers, 1))}")
+        if acc.others_measured:
+            parts.append(f"other processes {cores(round(acc.others, 1))}")
         msg = (
             f"{lv.title} waits for data {pct(lv.wait)} of the time while its "
             f"{lv.num_workers} CPU-bound workers are busy {pct(lv.busy_mean)} of the time, and "
-            f"workers plus main loops already use {cores(round(demand, 1))} of "
-            f"{cores(ctx.usable_cores)} usable cores: more workers cannot help."
+            f"the cores are taken: {', '.join(parts)} of {cores(ctx.usable_cores)} usable cores "
+            f"(measured CPU plus run-queue wait). More workers cannot help"
         )
-        sugg = (
-            "make each batch cheaper: decode/resize once and cache the result, use lighter "
-            "transforms, or move augmentation to the GPU (e.g. torchvision.transforms.v2 on "
-            "CUDA tensors, DALI)"
-        )
+        if more is not None:
+            msg += f" (one more: expected ≈ {more.speedup:.2f}×)"
+        msg += "."
+        if upside is not None:
+            msg += f" Cheaper batches could give up to ≈ {upside:.2f}× throughput."
+        sugg = "make each batch cheaper: decode/resize once and cache the result, use lighter transforms"
+        if ctx.has_gpu:
+            sugg += ", or move augmentation to the GPU (e.g. torchvision.transforms.v2 on CUDA tensors, DALI)"
+        else:
+            sugg += ", or a faster decoder (e.g. Pillow-SIMD, decoding at reduced size)"
         ev = _common_evidence(lv) | {
             "usable_cores": ctx.usable_cores,
             "usable_cores_source": ctx.usable_cores_source(),
@@ -298,9 +373,27 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict]:
             "cpu_demand_cores": r(demand, 2),
             "cpu_bound": True,
             "cpu_bound_reason": kind[1],
+            "cpu_accounting": acc.evidence(),
+            "speedup_if_loading_free": r(upside, 2),
         }
-        out.append(hint("cpu-bound-preprocessing", "warn", lv.pid, lv.lid, msg, sugg, ev))
+        ev |= _prediction_evidence(more)
+        out.append(
+            hint("cpu-bound-preprocessing", "warn" if worth else "info", lv.pid, lv.lid, msg, sugg, ev)
+        )
     return out
+
+
+def _speedup_if_loading_free(ctx: Context, lv: LoaderView) -> float | None:
+    wait_ms = num(lv.loader.get("wait_ms_mean"))
+    if wait_ms is None or lv.step_ms is None or lv.step_ms <= 0:
+        return None
+    before = wait_ms + lv.step_ms
+    after = lv.step_ms
+    trainer = capacity.trainer_cpu(lv.job)
+    cap = capacity.job_capacity(ctx, lv)
+    if trainer is not None and cap:
+        after = max(after, trainer * before / cap)
+    return before / after
 
 
 def rule_pipeline_has_headroom(ctx: Context) -> list[dict]:
@@ -329,11 +422,14 @@ def rule_pipeline_has_headroom(ctx: Context) -> list[dict]:
         if rec >= nw:
             continue
         idle_cpu = sum(worker_values(lv.workers, "cpu_percent")) / 100.0
+        pred = capacity.predict(ctx, lv, rec, lv.worker_ms)
         msg = (
             f"{lv.title} has its prefetch queue full ({int(ready)}/{int(cap)} "
             f"batches ready), the loop waits {pct(lv.wait)} of the time and its {nw} workers are "
             f"busy only {pct(lv.busy_mean)} of the time."
         )
+        if pred is not None:
+            msg += f" With {rec}: {pred.phrase()}."
         sugg = f"num_workers={rec} would keep up and free CPU and memory for other work"
         ev = _common_evidence(lv) | {
             "recommended_num_workers": rec,
@@ -342,6 +438,7 @@ def rule_pipeline_has_headroom(ctx: Context) -> list[dict]:
             "queue_capacity": int(cap),
             "worker_cpu_cores_total": r(idle_cpu, 2),
         }
+        ev |= _prediction_evidence(pred)
         out.append(hint("pipeline-has-headroom", "info", lv.pid, lv.lid, msg, sugg, ev))
     return out
 

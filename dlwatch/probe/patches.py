@@ -16,9 +16,11 @@ run; a descriptor sees every assignment). Originals are kept for
 
 from __future__ import annotations
 
+import dis
 import importlib.abc
 import importlib.machinery
 import sys
+import types
 from time import perf_counter as _clock  # float seconds: see stats.py
 
 from dlwatch.probe import worker as _worker
@@ -125,11 +127,14 @@ def _patch(mod) -> None:
     _originals["_worker_init_fn"] = cls.__dict__.get("_worker_init_fn", _MISSING)
     _originals["_dlw_stats"] = cls.__dict__.get("_dlw_stats", _MISSING)
 
+    # Locals, not module globals: the wrappers run with torch's globals (below).
+    clock, on_new = _clock, _on_new_iterator
+
     def __init__(self, loader, *args, **kwargs):
-        t0 = _clock()
+        t0 = clock()
         orig_init(self, loader, *args, **kwargs)
         try:
-            _on_new_iterator(self, loader, t0)
+            on_new(self, loader, t0)
         except Exception:
             pass
 
@@ -138,11 +143,17 @@ def _patch(mod) -> None:
             st = self._dlw_stats
             if st is not None:
                 try:
-                    st.begin_epoch(self, _clock())
+                    st.begin_epoch(self, clock())
                 except Exception:
                     pass
         return orig_reset(self, loader, first_iter, *args, **kwargs)
 
+    # torch warns from these with stacklevel=2 (pin_memory without an
+    # accelerator, ...): the frame it then names is the caller's, which our
+    # wrapper would otherwise be. Dressed as the original, the wrapper frame
+    # reads as torch's own code, as it would without dlwatch.
+    __init__ = _as_frame_of(__init__, orig_init, mod)
+    _reset = _as_frame_of(_reset, orig_reset, mod)
     __next__ = _wrap_next(orig_next)
 
     __init__._dlwatch_orig = orig_init
@@ -203,6 +214,46 @@ def _wrap_next(orig_next):
 
     __next__._dlwatch_orig = orig_next
     return __next__
+
+
+def _as_frame_of(wrapper, orig, mod):
+    """``wrapper`` whose frames carry ``orig``'s file, first line and module
+    globals, so ``warnings`` (filename, line, module filters, once-registry)
+    and tracebacks attribute them to torch, never to a dlwatch file. The
+    wrapper must reach everything through its closure. Unchanged if ``orig``
+    is not plain Python code (another patcher's callable)."""
+    code = getattr(orig, "__code__", None)
+    if code is None or not isinstance(getattr(mod, "__dict__", None), dict):
+        return wrapper
+    try:
+        w = wrapper.__code__
+        # Line numbers are stored relative to the first line: shifting it
+        # makes every line of the wrapper read as the original's ``def`` line
+        # region; the call to the original lands on that line.
+        call = _call_line(w)
+        dressed = w.replace(
+            co_filename=code.co_filename,
+            co_firstlineno=max(1, code.co_firstlineno - (call - w.co_firstlineno)),
+        )
+        f = types.FunctionType(
+            dressed, mod.__dict__, wrapper.__name__, wrapper.__defaults__, wrapper.__closure__
+        )
+    except Exception:
+        return wrapper
+    f.__kwdefaults__ = wrapper.__kwdefaults__
+    f.__qualname__ = getattr(orig, "__qualname__", wrapper.__qualname__)
+    return f
+
+
+def _call_line(code) -> int:
+    """The line of the wrapper that calls the original (the first line that
+    loads the closure variable ``orig_*``)."""
+    for instr in dis.get_instructions(code):
+        if instr.opname == "LOAD_DEREF" and str(instr.argval).startswith("orig_"):
+            line = instr.positions.lineno if instr.positions else None
+            if line:
+                return line
+    return code.co_firstlineno
 
 
 def _in_worker_process() -> bool:

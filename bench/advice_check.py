@@ -1,0 +1,170 @@
+"""Predicted vs measured speed-up of dlwatch's worker-count advice.
+
+For each workload: run it watched by the live Monitor, take the worker-count
+hint it shows (its ``expected_speedup`` and ``recommended_num_workers``),
+rerun with that count, and compare the workloads' own throughput meters.
+The image pipeline runs unmodified under ``dlwatch run``.
+
+    .venv/bin/python bench/advice_check.py            # all workloads, ~3 minutes
+    .venv/bin/python bench/advice_check.py --only image
+
+Timings on a shared box follow its load: the table also prints the other
+processes' CPU dlwatch measured during the first run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from dlwatch.collect.monitor import Monitor
+
+HINTS = ("no-workers", "add-workers", "io-bound", "pipeline-has-headroom", "cpu-bound-preprocessing")
+DEMO = [sys.executable, "-m", "dlwatch.demo.train", "--quiet", "--hook", "--device", "cpu", "--epochs", "0"]
+DEMO += ["--dataset-size", "1000000"]
+WORKLOADS = {
+    "a: loop fills the cores": "--batch-size 15 --sample-ms 1 --cost-kind cpu --step-ms 30 "
+    "--step-kind cpu --step-threads 2",
+    "b: a free core": "--batch-size 20 --sample-ms 1 --cost-kind cpu --step-ms 30 --step-kind sleep",
+    "image: timm-style JPEG pipeline": None,
+}
+
+
+def demo_cmd(args: str, nw: int, seconds: float, report: str) -> list[str]:
+    return [
+        *DEMO,
+        *args.split(),
+        "--num-workers",
+        str(nw),
+        "--duration",
+        str(seconds),
+        "--report",
+        report,
+        "--report-interval",
+        "0.5",
+    ]
+
+
+def image_cmd(nw: int, seconds: float, out: str) -> list[str]:
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "image_pipeline.py")
+    return [
+        sys.executable,
+        "-m",
+        "dlwatch",
+        "run",
+        "--",
+        sys.executable,
+        script,
+        "--num-workers",
+        str(nw),
+        "--seconds",
+        str(seconds),
+        "--json",
+        out,
+    ]
+
+
+def run(cmd: list[str], d: str, watch: bool, skip_s: float, report: str | None) -> tuple[dict, dict | None]:
+    env = dict(os.environ, DLWATCH_DIR=d)
+    if not watch:
+        env["DLWATCH_DISABLE"] = "1"
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    m = Monitor(directory=d, interval=0.5) if watch else None
+    if m:
+        m.start()
+    hints, last, early, t0 = {}, None, None, time.monotonic()
+    while proc.poll() is None:
+        time.sleep(0.25)
+        if report and early is None and time.monotonic() - t0 >= skip_s:
+            early = _read(report)
+        s = m.latest() if m else None
+        if s and s["jobs"] and s["jobs"][0].get("state") == "live":
+            last = s
+            hints.update({h["id"]: h for h in s["hints"] if h["id"] in HINTS})
+    if m:
+        m.stop()
+    return {"hints": hints, "snapshot": last, "early": early}, _read(report) if report else None
+
+
+def _read(p: str) -> dict | None:
+    try:
+        with open(p) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def demo_tp(early: dict, final: dict) -> float:
+    busy = final["wait_s"] + final["compute_s"] - early["wait_s"] - early["compute_s"]
+    return (final["batches"] - early["batches"]) / busy
+
+
+def measure(name: str, args: str | None, seconds: float) -> dict:
+    d = tempfile.mkdtemp(prefix="dlwadv", dir="/tmp")
+    out = os.path.join(d, "out.json")
+    try:
+        if args is None:
+            first, _ = run(image_cmd(0, seconds, out), d, True, 0, None)
+            before = _read(out)["images_per_s"]
+        else:
+            first, final = run(demo_cmd(args, 0, seconds, out), d, True, 5.0, out)
+            before = demo_tp(first["early"], final)
+        hint = next((first["hints"][h] for h in HINTS if h in first["hints"]), None)
+        row = {
+            "workload": name,
+            "before": before,
+            "hint": hint and hint["id"],
+            "severity": hint and hint["severity"],
+            "others": (first["snapshot"] or {}).get("host", {}).get("other_cpu_cores"),
+        }
+        if not hint or hint["evidence"].get("expected_speedup") is None:
+            return row
+        ev = hint["evidence"]
+        n = ev["recommended_num_workers"]
+        if args is None:
+            run(image_cmd(n, seconds, out), d, False, 0, None)
+            after = _read(out)["images_per_s"]
+        else:
+            second, final = run(demo_cmd(args, n, seconds, out), d, False, 5.0, out)
+            after = demo_tp(second["early"], final)
+        row.update(
+            workers=n,
+            predicted=ev["expected_speedup"],
+            bound=ev.get("expected_bound"),
+            after=after,
+            measured=after / before,
+        )
+        return row
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--only", help="run the workloads whose name contains this")
+    p.add_argument("--json")
+    a = p.parse_args()
+    rows = [measure(n, args, a.seconds) for n, args in WORKLOADS.items() if not a.only or a.only in n]
+    head = f"{'workload':<34} {'hint':<12} {'sev':<5} {'nw':>3} {'predicted':>9} {'measured':>9}"
+    print(f"{head} {'bound':<13} others")
+    for r in rows:
+        pred = f"{r['predicted']:.2f}x" if r.get("predicted") else "-"
+        meas = f"{r['measured']:.2f}x" if r.get("measured") else "-"
+        print(
+            f"{r['workload']:<34} {r['hint'] or '-':<12} {r['severity'] or '-':<5} "
+            f"{r.get('workers', '-'):>3} {pred:>9} {meas:>9} {r.get('bound') or '-':<13} {r['others']}"
+        )
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

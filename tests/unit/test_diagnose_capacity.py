@@ -1,0 +1,197 @@
+"""CPU accounting from measurement and the predicted gain of worker-count hints.
+
+The numbers mirror the issue's real-box findings: a trainer whose intra-op
+threads use 1.7 of 2 cores has no free core for a worker; a sleeping step
+leaves one; other processes' load is no one's free core."""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+
+from dlwatch.collect import host as host_mod
+from dlwatch.collect.model import cpu_accounting
+from dlwatch.diagnose import evaluate
+from tests.unit.test_diagnose_rules import (
+    cpu_bound_loader,
+    get,
+    ids,
+    job,
+    loader,
+    one,
+    snap,
+    worker,
+)
+
+
+def no_workers(main_cpu, main_thread, *, wait_ms=30.0, step_ms=60.0, **snap_kw):
+    wait = wait_ms / (wait_ms + step_ms)
+    ld = loader(nw=0, wait=wait, step_ms=step_ms, wait_ms=wait_ms)
+    return one(ld, job_kw={"main_cpu": main_cpu, "main_thread_cpu": main_thread, "cuda": False}, **snap_kw)
+
+
+def test_no_workers_promises_nothing_when_the_loops_threads_fill_the_cores():
+    # 30 ms loading + 60 ms step on 2 intra-op threads: 150 core-ms per 90 ms
+    # batch (1.67 cores) on 2 cores. A worker can only bring it to 75 ms: 1.2x.
+    s = no_workers(167.0, 100.0, usable=2.0, gpus=[], gpu_status="n/a", other_cpu_cores=0.0)
+    h = get(evaluate(s), "no-workers")
+    ev = h["evidence"]
+    assert ev["recommended_num_workers"] == 1
+    assert ev["expected_speedup"] == pytest.approx(1.2, abs=0.02)
+    assert ev["expected_bound"] == "CPU"
+    assert "expected ≈ 1.20×" in h["message"]
+    assert ev["cpu_accounting"]["trainer_cpu_cores"] == pytest.approx(1.67)
+
+
+def test_no_workers_saturated_by_others_is_info_and_says_why():
+    s = no_workers(100.0, 60.0, usable=2.0, other_cpu_cores=1.0, gpus=[], gpu_status="n/a")
+    h = get(evaluate(s), "no-workers")
+    assert h["evidence"]["expected_speedup"] < 1.1
+    assert h["severity"] == "info" and "under 10 % gain" in h["message"]
+
+
+def test_no_workers_with_a_free_core_predicts_the_hidden_wait():
+    # 40 ms loading on the main thread, a 60 ms step sleeping (GPU-like): one
+    # worker hides the loading: 100 ms -> 60 ms per batch.
+    s = no_workers(40.0, 40.0, wait_ms=40.0, step_ms=60.0, usable=2.0, other_cpu_cores=0.0)
+    h = get(evaluate(s), "no-workers")
+    ev = h["evidence"]
+    assert h["severity"] == "warn"
+    assert ev["recommended_num_workers"] == 1 and ev["expected_speedup"] == pytest.approx(100 / 60, abs=0.02)
+    assert ev["expected_bound"] in ("compute step", "workers")
+    assert "other processes' CPU (host busy cores minus the jobs')" in ev["cpu_accounting"]["measured"]
+
+
+def test_unmeasured_others_are_stated_as_assumed():
+    ev = get(evaluate(no_workers(40.0, 40.0, usable=2.0)), "no-workers")["evidence"]
+    assert ev["cpu_accounting"]["other_cpu_cores"] is None
+    assert any("no other process" in a for a in ev["cpu_accounting"]["assumed"])
+
+
+def test_cores_used_by_other_processes_are_not_free():
+    # 1 worker, trainer at 10 %, 2 cores: a second worker fits on an idle box,
+    # not beside another process using a core.
+    idle = one(cpu_bound_loader(nw=1), job_kw={"main_cpu": 10.0}, usable=2.0, other_cpu_cores=0.0)
+    assert get(evaluate(idle), "add-workers")["evidence"]["recommended_num_workers"] == 2
+    busy = one(cpu_bound_loader(nw=1), job_kw={"main_cpu": 10.0}, usable=2.0, other_cpu_cores=1.0)
+    hints = evaluate(busy)
+    assert "add-workers" not in ids(hints)
+    h = get(hints, "cpu-bound-preprocessing")
+    assert "other processes 1" in h["message"]
+
+
+def test_trainer_threads_count_in_full_not_as_one_core():
+    # A trainer at 180 % (intra-op pool) on 4 cores with 1 busy worker: 1.2
+    # cores free, so 1 more worker at most (one core per main loop said 2).
+    s = one(cpu_bound_loader(nw=1), job_kw={"main_cpu": 180.0}, usable=4.0, other_cpu_cores=0.0)
+    ev = get(evaluate(s), "add-workers")["evidence"]
+    assert ev["recommended_num_workers"] == 2 and ev["free_cores"] == pytest.approx(2.2 - 0.0, abs=0.05)
+
+
+def test_trainer_runqueue_wait_is_demand():
+    s = one(
+        cpu_bound_loader(nw=1),
+        job_kw={"main_cpu": 100.0, "main_runqueue_percent": 100.0},
+        usable=4.0,
+        other_cpu_cores=0.0,
+    )
+    ev = get(evaluate(s), "add-workers")["evidence"]
+    assert ev["cpu_accounting"]["trainer_runqueue_cores"] == 1.0
+    assert ev["free_cores"] == pytest.approx(2.0)
+
+
+def test_add_workers_carries_expected_speedup():
+    h = get(evaluate(one(cpu_bound_loader(), other_cpu_cores=0.0)), "add-workers")
+    ev = h["evidence"]
+    # 2 -> 4 workers at 40 ms a batch: 10 ms per batch, the step's pace; now 20 ms.
+    assert ev["expected_speedup"] == pytest.approx(2.0, abs=0.05)
+    assert "expected ≈ 2.00×" in h["message"]
+
+
+def test_multithreaded_workers_say_threads_not_a_share_above_one():
+    ws = [worker(i, pid=5000 + i, cpu=171.0, busy=1.0, fetch_ms=40.0) for i in range(2)]
+    s = one(loader(nw=2, wait=0.5, step_ms=10.0, worker_ms=40.0, workers=ws), usable=16.0)
+    for h in evaluate(s):
+        ev = h["evidence"]
+        if "worker_cpu_share_of_busy" in ev:
+            assert ev["worker_cpu_share_of_busy"] <= 1.0
+            assert ev["threads_cores_while_busy"] == pytest.approx(1.71)
+            assert "several threads" in ev.get("cpu_bound_reason", "several threads")
+
+
+def test_no_gpu_advice_without_a_gpu():
+    kw = dict(job_kw={"main_cpu": 10.0}, usable=2.0, other_cpu_cores=1.0)
+    s = one(cpu_bound_loader(nw=1), gpus=[], gpu_status="n/a: NVML not found", **kw)
+    h = get(evaluate(s), "cpu-bound-preprocessing")
+    assert "GPU" not in h["suggestion"] and "CUDA" not in h["suggestion"]
+    with_gpu = get(evaluate(one(cpu_bound_loader(nw=1), **kw)), "cpu-bound-preprocessing")
+    assert "GPU" in with_gpu["suggestion"]
+
+
+def oversubscribed(rq):
+    # 8 workers at 45 % + a trainer at 90 % on 4 cores.
+    return one(
+        loader(nw=8, ready=16, worker_kw=dict(cpu=45.0, busy=0.1, fetch_ms=5.0, runqueue_percent=rq)),
+        job_kw={"main_cpu": 90.0},
+        usable=4.0,
+        other_cpu_cores=0.0,
+    )
+
+
+def test_oversubscription_without_runqueue_wait_is_info():
+    h = get(evaluate(oversubscribed(0.0)), "workers-oversubscribe-cores")
+    assert h["severity"] == "info" and h["evidence"]["costs_throughput"] is False
+    assert "costs no measurable throughput" in h["message"]
+    h = get(evaluate(oversubscribed(20.0)), "workers-oversubscribe-cores")
+    assert h["severity"] == "warn" and h["evidence"]["runqueue_cores"] == pytest.approx(1.6)
+
+
+def test_one_worker_count_per_loader():
+    hints = evaluate(oversubscribed(20.0))
+    over = get(hints, "workers-oversubscribe-cores")
+    head = get(hints, "pipeline-has-headroom")
+    (entry,) = over["evidence"]["recommended_num_workers_by_loader"]
+    assert head["evidence"]["recommended_num_workers"] == entry["recommended_num_workers"]
+    assert head["evidence"]["defers_to"] == "workers-oversubscribe-cores"
+    assert head["evidence"]["own_recommended_num_workers"] != entry["recommended_num_workers"]
+    assert f"num_workers={entry['recommended_num_workers']}" in head["suggestion"]
+    assert head["severity"] == "info"
+
+
+class _Conn:
+    def __init__(self, pid, workers, live=True):
+        self.pid, self.live = pid, live
+        self.frames = [{"loaders": [{"workers": [{"pid": w} for w in workers]}]}]
+
+
+def test_model_others_are_host_busy_minus_the_jobs():
+    host = {"busy_cores": 1.9, "affinity_cores": 2, "usable_cores": 2.0}
+    procs = {10: {"cpu_percent": 60.0}, 11: {"cpu_percent": 40.0}}
+    acc = cpu_accounting(host, [_Conn(10, [11])], procs)
+    assert acc == {"jobs_cpu_cores": 1.0, "other_cpu_cores": 0.9}
+    # Under a 1-core quota on 2 CPUs, others count only past the idle time we could not use anyway.
+    acc = cpu_accounting(dict(host, usable_cores=1.0), [_Conn(10, [11])], procs)
+    assert acc["other_cpu_cores"] == 0.0
+    assert cpu_accounting(host, [_Conn(10, [11])], {10: {"cpu_percent": None}})["other_cpu_cores"] is None
+
+
+CPU_TIMES = type(psutil.cpu_times())
+
+
+def test_host_busy_cores_only_on_affinity_cpus():
+    def cpu(user, idle):
+        return CPU_TIMES(**{f: {"user": user, "idle": idle}.get(f, 0.0) for f in CPU_TIMES._fields})
+
+    seq = iter([[cpu(0, 0), cpu(0, 0)], [cpu(10, 0), cpu(0, 10)]])
+    s = host_mod.HostSampler(percpu_times=lambda: next(seq), affinity=lambda: {0, 1})
+    assert s.sample()["busy_cores"] == pytest.approx(1.0)
+    seq2 = iter([[cpu(0, 0), cpu(0, 0)], [cpu(0, 10), cpu(10, 0)]])
+    s = host_mod.HostSampler(percpu_times=lambda: next(seq2), affinity=lambda: {0})
+    assert s.sample()["busy_cores"] == pytest.approx(0.0)
+
+
+def test_other_jobs_trainers_are_demand_too():
+    other = job(2000, loaders=[loader(nw=0, pid_base=6000)], main_cpu=150.0)
+    s = snap([job(loaders=[cpu_bound_loader(nw=1)], main_cpu=10.0), other], usable=4.0, other_cpu_cores=0.0)
+    ev = get(evaluate(s), "add-workers")["evidence"]
+    assert ev["free_cores"] == pytest.approx(4.0 - 0.1 - 1.5, abs=0.01)
