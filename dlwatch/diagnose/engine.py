@@ -32,7 +32,7 @@ from typing import Any
 
 from dlwatch.snapshot import severity_rank
 
-from . import rules_cores, rules_epochs, rules_gpu, rules_memory, rules_workers
+from . import rules_cores, rules_epochs, rules_gpu, rules_memory, rules_ranks, rules_workers
 from .facts import (
     INACTIVE,
     STEADY,
@@ -72,6 +72,7 @@ RULES: dict[str, Callable[[Context], list[dict]]] = {
     **rules_epochs.RULES,
     **rules_memory.RULES,
     **rules_gpu.RULES,
+    **rules_ranks.RULES,
 }
 
 # Loader-level rules that judge window rates: frozen while their loader warms up.
@@ -84,6 +85,7 @@ LOADER_RATE_RULES = frozenset(
         "pipeline-has-headroom",
         "worker-thread-oversubscription",
         "enable-pin-memory",
+        "straggler-rank",
     }
 )
 # Job-level rate rules: frozen while the job has no steady loader but one warming.
