@@ -69,6 +69,8 @@ def test_a_slow_step_job_without_workers_gets_no_workers_and_a_true_figure():
     spans = result["recs"]["train"]["batches"]
     whole = truth_in_window(spans, spans[0][1], spans[-1][1])
     assert abs(wait - whole["data_wait_fraction"]) <= 0.03, (wait, whole)
+    print(f"wait {wait:.4f}, the loop's own: {truth['data_wait_fraction']:.4f} in the window,", end=" ")
+    print(f"{whole['data_wait_fraction']:.4f} over the run")
 
 
 @pytest.mark.parametrize("persistent", [False, True])
