@@ -88,7 +88,7 @@ class _LoaderRequired(TypedDict):
     epoch: int
     batches_total: int
     batches_per_s: float
-    data_wait_fraction: float | None  # 0..1 over the window; None: no batch in it
+    data_wait_fraction: float | None  # 0..1 over the window; None: no batch in it (no_batch_reason)
     wait_ms_mean: float | None
     step_ms_mean: float | None
     epoch_start_ms_last: float | None  # iter() to first batch, last epoch
@@ -104,6 +104,11 @@ class Loader(_LoaderRequired, total=False):
     epoch_start_ms: list[float]  # recent epochs, oldest first
     epoch_ms: list[float]  # recent completed epoch durations
     epoch_ms_last: float | None
+    epoch_batches: list[int]  # batches of each epoch in epoch_ms (exhausted, replaced or dropped)
+    window_s: float | None  # seconds this loader's rates cover: >= the snapshot's window_s
+    window_batches: int  # batches completed in it (>= 5 where the frames held allow)
+    no_batch_reason: str | None  # why data_wait_fraction is None (no batch completed in the window)
+    epoch_first_batch_age_s: float | None  # since the current epoch's first batch (None: none yet)
     queue_mean: dict[str, float | None]
     worker_ms_per_batch: float | None  # dataset fetch time one batch costs one worker
     window_mono_ns: list[int | None]  # the job's monotonic clock span of the window

@@ -189,6 +189,7 @@ LOADER_OPTIONAL = {
     "active": _BOOL,
     "epoch_start_ms": _LIST,
     "epoch_ms": _LIST,
+    "epoch_batches": _LIST,
     "teardown_ns": _INT,
     "iterator": _STR,
     "dataset": _STR,

@@ -109,6 +109,11 @@ def _loader_lines(ld: dict) -> list[str]:
         f"    data wait {_pct(ld.get('data_wait_fraction'))}   {ld.get('batches_per_s', 0):.1f} batches/s   "
         f"wait {wait}   step {step}   epoch {ld.get('epoch')}   epoch start {start}",
     ]
+    span, n = num(ld.get("window_s")), ld.get("window_batches")
+    if span is not None and isinstance(n, int):
+        lines[-1] += f"   (over {span:.0f} s, {n} batch{'es' if n != 1 else ''})"
+    if num(ld.get("data_wait_fraction")) is None and ld.get("no_batch_reason"):
+        lines.append(f"    data wait n/a: {ld['no_batch_reason']}")
     q = ld.get("queue", {})
     if q.get("capacity") is not None:
         lines.append(

@@ -14,16 +14,17 @@ from typing import Any
 NS = 1e9
 
 
-def pick_base(frames: Sequence[dict], window_s: float) -> int:
-    """Index of the frame that starts a window of ``window_s`` ending at the
-    newest frame: the newest frame at least ``window_s`` older, else the oldest."""
+def pick_base(frames: Sequence[dict], window_s: float, end: int | None = None) -> int:
+    """Index of the frame that starts a window of ``window_s`` ending at frame
+    ``end`` (default: the newest): the newest frame at least ``window_s``
+    older, else the oldest."""
     if not frames:
         raise ValueError("no frames")
-    target = frames[-1]["mono_ns"] - int(window_s * NS)
+    e = len(frames) - 1 if end is None else end
+    target = frames[e]["mono_ns"] - int(window_s * NS)
     # O(log n) reads of the stamps, not a list of every stamp on each call.
-    n = len(frames)
-    i = bisect_left(frames, target, key=_stamp)
-    if i < n and frames[i]["mono_ns"] == target:
+    i = bisect_left(frames, target, hi=e + 1, key=_stamp)
+    if i <= e and frames[i]["mono_ns"] == target:
         return i
     return max(0, i - 1)
 
@@ -43,17 +44,106 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
-def loader_window(frames: Sequence[dict], loader_id: int, window_s: float) -> dict[str, Any] | None:
-    """Rates and means of one loader over the last ``window_s`` seconds.
+# A rate figure covers at least this many completed batches as well as its
+# time window (up to the frames held): a 2 s step in a 1 s window reads 0 or
+# 100 % by turns, five of them read the same figure every time. Five: the
+# window of a 2 s/step job is then 10 s, still short enough to see a change
+# of regime within one screen of history.
+MIN_WINDOW_BATCHES = 5
 
-    Returns None if the loader is not in the newest frame.
+
+def _batch_key(loader_id: int):
+    def key(frame: dict) -> int:
+        ld = _loader_in(frame, loader_id)
+        return -1 if ld is None else ld["batches"]
+
+    return key
+
+
+def window_base(
+    frames: Sequence[dict], loader_id: int, window_s: float, min_batches: int = 0, end: int | None = None
+) -> int:
+    """Index of the frame that starts a loader's window ending at ``end``
+    (default: the newest frame).
+
+    The window covers at least ``window_s`` and ``min_batches`` completed
+    batches, as far back as the frames go. When batches are slower than
+    frames, its start is moved back to the same point of a batch cycle as its
+    end (the same time after a batch was returned), so that it spans whole
+    cycles of wait + step: a figure that does not saw-tooth with the phase.
+    """
+    e = len(frames) - 1 if end is None else end
+    i = pick_base(frames, window_s, e)
+    if min_batches <= 0:
+        return i
+    key = _batch_key(loader_id)
+    b_end = key(frames[e])
+    if b_end < 0:
+        return i
+    if b_end - max(0, key(frames[i])) < min_batches:
+        # The newest frame with at most b_end - min_batches batches (counters
+        # are cumulative: a binary search); none held: the oldest frame.
+        j = bisect_right(frames, b_end - min_batches, hi=i + 1, key=key) - 1
+        i = max(0, min(i, j))
+    return _align_phase(frames, key, i, e)
+
+
+def _align_phase(frames: Sequence[dict], key, i: int, e: int) -> int:
+    b_end = key(frames[e])
+    if 2 * (b_end - key(frames[i])) > e - i:
+        return i  # a batch every other frame or faster: the frames' own 0.1 s grid is finer
+    first_of_end = bisect_left(frames, b_end, hi=e + 1, key=key)
+    if first_of_end == 0:
+        return i  # the newest batch is older than the frames: no phase to match
+    phase = frames[e]["mono_ns"] - frames[first_of_end]["mono_ns"]
+    b_i = key(frames[i])
+    k0 = bisect_left(frames, b_i, hi=i + 1, key=key)
+    if b_i < 0 or k0 == 0:
+        return i
+    target = frames[k0]["mono_ns"] + phase
+    lo, hi = k0, i
+    if target > frames[i]["mono_ns"]:
+        # i sits earlier in its cycle than the end does: one cycle further back.
+        k1 = bisect_left(frames, key(frames[k0 - 1]), hi=k0, key=key)
+        if k1 == 0 or key(frames[k1]) < 0:
+            return i
+        target = frames[k1]["mono_ns"] + phase
+        if target >= frames[k0]["mono_ns"]:
+            return i  # the batch in progress is longer than a whole earlier cycle: a stall, no phase
+        lo, hi = k1, k0 - 1
+    j = bisect_left(frames, target, lo=lo, hi=hi + 1, key=_stamp)
+    if j > lo and (j > hi or target - frames[j - 1]["mono_ns"] <= frames[j]["mono_ns"] - target):
+        j -= 1
+    return min(j, hi)
+
+
+def _no_batch_reason(d_wait: int, d_step: int, dt: float, total: int) -> str:
+    what = "no batch yet" if total <= 0 else f"no batch completed in the last {dt:.0f} s"
+    if d_wait > 0 and d_step == 0:
+        return what + ": the loop is waiting for data inside next()"
+    if d_step > 0 and d_wait == 0:
+        return what + ": the loop is busy outside the loader (a long step, validation, a checkpoint?)"
+    if d_wait == 0 and d_step == 0:
+        return what + ": the loader is not being iterated"
+    return what
+
+
+def loader_window(
+    frames: Sequence[dict], loader_id: int, window_s: float, min_batches: int = MIN_WINDOW_BATCHES
+) -> dict[str, Any] | None:
+    """Rates and means of one loader over the last ``window_s`` seconds and at
+    least ``min_batches`` batches (``window_base``).
+
+    Returns None if the loader is not in the newest frame. A window without a
+    completed batch has no data-wait fraction (None, and ``no_batch_reason``
+    says why): its time is all in one phase, and 0 % there is no figure.
     """
     if not frames:
         return None
     new = _loader_in(frames[-1], loader_id)
     if new is None:
         return None
-    i = pick_base(frames, window_s)
+    i = window_base(frames, loader_id, window_s, min_batches)
     old = None
     # A loader created inside the window starts at its first frame.
     for j in range(i, len(frames) - 1):
@@ -72,14 +162,17 @@ def loader_window(frames: Sequence[dict], loader_id: int, window_s: float) -> di
     busy_total = d_wait + d_step
     out: dict[str, Any] = {
         "window_s": round(dt, 3),
+        "window_batches": d_b,
         # The job's own monotonic clock: lets a caller line the window up with
         # timestamps taken inside the job.
         "start_mono_ns": t_old,
         "end_mono_ns": t_new,
         "batches_per_s": round(d_b / dt, 3) if dt > 0 else 0.0,
-        "data_wait_fraction": _round(_ratio(d_wait, busy_total), 4),
+        "data_wait_fraction": _round(_ratio(d_wait, busy_total), 4) if d_b else None,
+        "no_batch_reason": None if d_b else _no_batch_reason(d_wait, d_step, dt, new["batches"]),
         "wait_ms_mean": _round(_ratio(d_wait / 1e6, d_b), 3),
         "step_ms_mean": _round(_ratio(d_step / 1e6, d_b), 3),
+        "epoch_first_batch_age_s": epoch_first_batch_age(frames, loader_id),
     }
     out["workers"] = [worker_window(frames, i, loader_id, w) for w in new.get("workers", ())]
     fetch = [
@@ -91,6 +184,30 @@ def loader_window(frames: Sequence[dict], loader_id: int, window_s: float) -> di
     out["worker_ms_per_batch"] = round(sum(m * b for m, b in fetch) / n, 3) if n else None
     out["queue_mean"] = queue_means(frames[i:], loader_id)
     return out
+
+
+def epoch_first_batch_age(frames: Sequence[dict], loader_id: int) -> float | None:
+    """Seconds from the current epoch's first batch to the newest frame: how
+    far a window may reach back before it holds the epoch's start-up stall.
+    An epoch that began before the oldest frame held: the frames' span (a
+    lower bound). None: the epoch has no batch yet."""
+    new = _loader_in(frames[-1], loader_id)
+    if new is None:
+        return None
+
+    def epoch(frame: dict) -> int:
+        ld = _loader_in(frame, loader_id)
+        return -1 if ld is None else ld.get("epoch", 0)
+
+    t_new = frames[-1]["mono_ns"]
+    k = bisect_left(frames, new.get("epoch", 0), key=epoch)
+    if k == 0:
+        return round((t_new - frames[0]["mono_ns"]) / NS, 3)
+    before = max(0, _batch_key(loader_id)(frames[k - 1]))
+    first = bisect_right(frames, before, lo=k, key=_batch_key(loader_id))
+    if first >= len(frames):
+        return None
+    return round((t_new - frames[first]["mono_ns"]) / NS, 3)
 
 
 def worker_window(frames: Sequence[dict], base: int, loader_id: int, w_new: dict) -> dict[str, Any]:
@@ -154,9 +271,17 @@ def queue_means(frames: Sequence[dict], loader_id: int) -> dict[str, float | Non
 
 
 def series(
-    frames: Sequence[dict], loader_id: int, step_s: float = 1.0, max_points: int = 120
+    frames: Sequence[dict],
+    loader_id: int,
+    step_s: float = 1.0,
+    max_points: int = 120,
+    min_batches: int = MIN_WINDOW_BATCHES,
 ) -> dict[str, list]:
-    """Per-``step_s`` history of data-wait fraction and batch rate, oldest first."""
+    """Per-``step_s`` history of data-wait fraction and batch rate, oldest
+    first. Each point is the figure of a window ending there that covers at
+    least ``step_s`` and ``min_batches`` batches (``window_base``), like the
+    live figure: a slow job's history does not alternate 0 and 100 %, and a
+    point without a completed batch has no data-wait fraction (None)."""
     out: dict[str, list] = {"t": [], "data_wait_fraction": [], "batches_per_s": []}
     if len(frames) < 2:
         return out
@@ -174,20 +299,25 @@ def series(
         t -= step * ((t - stamps[j]) // step + 1)
     marks.reverse()
     for a, b in zip(marks, marks[1:]):
-        fa, fb = frames[a], frames[b]
-        la, lb = _loader_in(fa, loader_id), _loader_in(fb, loader_id)
+        lb = _loader_in(frames[b], loader_id)
         if lb is None:
             continue
-        if la is None:
-            la = {"batches": 0, "wait_ns": 0, "step_ns": 0}
-        dt = (fb["mono_ns"] - fa["mono_ns"]) / NS
+        la = _loader_in(frames[a], loader_id) or {"batches": 0, "wait_ns": 0, "step_ns": 0}
+        base = a
+        if lb["batches"] - la["batches"] < min_batches:
+            span = (stamps[b] - stamps[a]) / NS
+            base = min(a, window_base(frames, loader_id, span, min_batches, end=b))
+            la = _loader_in(frames[base], loader_id) or {"batches": 0, "wait_ns": 0, "step_ns": 0}
+        fa = frames[base]
+        dt = (frames[b]["mono_ns"] - fa["mono_ns"]) / NS
         if dt <= 0:
             continue
+        d_b = max(0, lb["batches"] - la["batches"])
         d_wait = max(0, lb["wait_ns"] - la["wait_ns"])
         d_step = max(0, lb["step_ns"] - la["step_ns"])
-        out["t"].append(fb["t"])
-        out["data_wait_fraction"].append(_round(_ratio(d_wait, d_wait + d_step), 4))
-        out["batches_per_s"].append(round(max(0, lb["batches"] - la["batches"]) / dt, 3))
+        out["t"].append(frames[b]["t"])
+        out["data_wait_fraction"].append(_round(_ratio(d_wait, d_wait + d_step), 4) if d_b else None)
+        out["batches_per_s"].append(round(d_b / dt, 3))
     return out
 
 

@@ -7,10 +7,13 @@ layer adds the memory a human reader needs:
 
 - a condition must hold for ``HOLD_ON_S`` before its hint appears, and be clear
   for ``HOLD_OFF_S`` before it disappears;
-- a loader's rate figures are not judged while it warms up (the first
-  ``WARMUP_MIN_BATCHES`` batches, and ``WARMUP_STEADY_S`` — or one snapshot
-  window, if longer — after the first batch of an epoch whose workers were
-  just spawned): the window then still contains the start-up stall;
+- a loader's rate figures are not judged while it warms up: its first
+  batches (``WARMUP_RATE_S`` seconds' worth at its own batch rate, at least
+  ``WARMUP_FEW_BATCHES`` and at most ``WARMUP_MIN_BATCHES``), and until
+  ``WARMUP_STEADY_S`` — or the loader's own window, if longer — have passed
+  since the first batch of an epoch whose workers were just spawned: the
+  window then still contains the start-up stall. A job at 0.5 batch/s leaves
+  warm-up after ~5 steps, one at 100 batch/s after 20 batches;
 - while warming up, a hint already on screen stays and a pending one is
   forgotten (it must re-earn its hold on steady figures);
 - a job that is not "live" gets no new hints; its shown ones fade after
@@ -29,7 +32,7 @@ from typing import Any
 
 from dlwatch.snapshot import severity_rank
 
-from . import rules_cores, rules_epochs, rules_gpu, rules_memory, rules_workers
+from . import rules_cores, rules_epochs, rules_gpu, rules_memory, rules_ranks, rules_workers
 from .facts import (
     INACTIVE,
     STEADY,
@@ -49,8 +52,14 @@ HOLD_ON_S = 3.0
 # ... and be clear this long before the hint goes (brief: ≈ 5 s): longer than
 # HOLD_ON_S so a borderline condition shows steadily instead of blinking.
 HOLD_OFF_S = 5.0
-# A loader's first batches are dominated by worker start-up and cold caches.
+# A loader's first batches are dominated by worker start-up and cold caches:
+# a fast loader waits for 20 of them, a slow one for WARMUP_RATE_S seconds'
+# worth at its own rate, but never fewer than one full window of batches
+# (collect/window.py's MIN_WINDOW_BATCHES): a 2 s/step job is judged after
+# 5 steps, not after 20 (40 s) nor never.
 WARMUP_MIN_BATCHES = 20
+WARMUP_FEW_BATCHES = 5
+WARMUP_RATE_S = 10.0
 # Seconds of steady batches after an epoch's first batch before its window
 # figures are judged (the window, if longer, must also have slid past the stall).
 WARMUP_STEADY_S = 3.0
@@ -64,6 +73,7 @@ RULES: dict[str, Callable[[Context], list[dict]]] = {
     **rules_epochs.RULES,
     **rules_memory.RULES,
     **rules_gpu.RULES,
+    **rules_ranks.RULES,
 }
 
 # Loader-level rules that judge window rates: frozen while their loader warms up.
@@ -76,6 +86,7 @@ LOADER_RATE_RULES = frozenset(
         "pipeline-has-headroom",
         "worker-thread-oversubscription",
         "enable-pin-memory",
+        "straggler-rank",
     }
 )
 # Job-level rate rules: frozen while the job has no steady loader but one warming.
@@ -122,6 +133,22 @@ def _grace(window_s: float | None) -> float:
     return max(WARMUP_STEADY_S, window_s or 0.0)
 
 
+def loader_grace(loader: Mapping, window_s: float | None) -> float:
+    """Seconds after an epoch's first batch before the loader's window has slid
+    past the start-up stall: its own window (which stretches to cover enough
+    batches of a slow job) when the collector says how long it is."""
+    return _grace(max(window_s or 0.0, num(loader.get("window_s")) or 0.0))
+
+
+def warmup_batches(loader: Mapping) -> int:
+    """Batches a loader must have returned before its rates are judged,
+    relative to its own batch rate (a rate unknown: the full count)."""
+    rate = num(loader.get("batches_per_s"))
+    if rate is None or rate <= 0:
+        return WARMUP_MIN_BATCHES
+    return max(WARMUP_FEW_BATCHES, min(WARMUP_MIN_BATCHES, math.ceil(rate * WARMUP_RATE_S)))
+
+
 def _respawns_workers(loader: Mapping) -> bool:
     """Whether an epoch start re-creates workers (and stalls the loop)."""
     nw = as_int(loader.get("num_workers"))
@@ -129,11 +156,21 @@ def _respawns_workers(loader: Mapping) -> bool:
 
 
 def history_says_steady(loader: Mapping, window_s: float | None) -> bool:
-    """Stateless warm-up test: enough batches, and batches flowed in each of
-    the last few one-second history samples (no stall inside the window)."""
+    """Stateless warm-up test: enough batches (``warmup_batches``), and the
+    current epoch's first batch is older than the loader's window
+    (``epoch_first_batch_age_s``): the window holds no start-up stall.
+    Snapshots from before that key: batches flowed in each of the last few
+    one-second history samples."""
     batches = as_int(loader.get("batches_total"))
-    if batches is None or batches < WARMUP_MIN_BATCHES:
+    if batches is None or batches < warmup_batches(loader):
         return False
+    if "epoch_first_batch_age_s" in loader:
+        age = num(loader.get("epoch_first_batch_age_s"))
+        if age is not None and age >= loader_grace(loader, window_s):
+            return True
+        # A persistent loader's later epochs start without a re-spawn: no stall to wait out.
+        epoch = as_int(loader.get("epoch"))
+        return age is not None and not _respawns_workers(loader) and epoch is not None and epoch > 1
     rates = [num(x) for x in as_list(as_dict(loader.get("history")).get("batches_per_s"))]
     need = math.ceil(_grace(window_s))
     recent = rates[-need:]
@@ -169,7 +206,6 @@ def _track_loaders(
 ) -> tuple[dict, dict]:
     """Advance each loader's warm-up clock; return (phases, new tracks)."""
     window = num(snapshot.get("window_s"))
-    grace = _grace(window)
     phases: dict[tuple[int, int], str] = {}
     tracks: dict[tuple[int, int], LoaderTrack] = {}
     for _job, pid, ld, lid in _iter_loaders(snapshot):
@@ -180,7 +216,7 @@ def _track_loaders(
         if tr is None:
             # Attached mid-run: trust the job's own recent history rather than
             # making the user wait through a warm-up that already happened.
-            start = t - grace if history_says_steady(ld, window) else None
+            start = t - loader_grace(ld, window) if history_says_steady(ld, window) else None
             tr = LoaderTrack(epoch, batches, start)
         elif epoch != tr.epoch and _respawns_workers(ld):
             tr = LoaderTrack(epoch, batches, None, tr.was_steady)
@@ -191,9 +227,9 @@ def _track_loaders(
             tr = LoaderTrack(epoch, batches, start, tr.was_steady)
         steady = (
             batches is not None
-            and batches >= WARMUP_MIN_BATCHES
+            and batches >= warmup_batches(ld)
             and tr.first_batch_at is not None
-            and t - tr.first_batch_at >= grace
+            and t - tr.first_batch_at >= loader_grace(ld, window)
         )
         if steady and not tr.was_steady:
             tr = replace(tr, was_steady=True)

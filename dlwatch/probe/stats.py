@@ -22,6 +22,7 @@ import multiprocessing
 import threading
 import weakref
 from collections import deque
+from time import perf_counter as _clock  # float seconds, as the hot path's
 
 from dlwatch.probe import worker as _worker
 
@@ -51,6 +52,8 @@ class LoaderStats:
         "first_pending",
         "epoch_start_ms",
         "epoch_ms",
+        "epoch_b0",
+        "epoch_batches",
         "iter_ref",
         "slots",
         "slots_view",
@@ -75,6 +78,8 @@ class LoaderStats:
         self.first_pending = False
         self.epoch_start_ms: deque[float] = deque(maxlen=EPOCH_HISTORY)
         self.epoch_ms: deque[float] = deque(maxlen=EPOCH_HISTORY)
+        self.epoch_b0 = 0  # self.batches when the epoch began
+        self.epoch_batches: deque[int] = deque(maxlen=EPOCH_HISTORY)  # beside epoch_ms
         self.iter_ref = None
         self.slots = None
         self.slots_view = None  # int64 view of the workers' table
@@ -85,12 +90,43 @@ class LoaderStats:
     # --- called from the patched iterator (trainer main thread) -------------
 
     def begin_epoch(self, it, t0: float) -> None:
+        # A new iter() while the previous epoch is open (its loop left with
+        # ``break`` and kept the iterator, or a persistent iterator's _reset):
+        # the replacement ends it.
+        self.cut_epoch(t0)
         self.epoch += 1
         self.epoch_t0 = t0
+        self.epoch_b0 = self.batches
         self.first_pending = True
         self.t_last = 0.0
         self.t_enter = 0.0
-        self.iter_ref = _weak(it)
+        self.iter_ref = _weak(it, self._iterator_dropped)
+
+    def _iterator_dropped(self, ref) -> None:
+        # weakref callback: the epoch's iterator was garbage-collected (a loop
+        # that left with ``break``: steps-per-epoch limits, Lightning's
+        # limit_train_batches). Runs after the iterator's __del__, so a
+        # non-persistent loader's worker shutdown counts in the epoch, as
+        # iter() (worker start) does. Never raises into the job.
+        try:
+            if ref is self.iter_ref:
+                self.cut_epoch(_clock())
+        except Exception:
+            pass
+
+    def cut_epoch(self, t: float) -> None:
+        """End the open epoch at ``t`` without a StopIteration. The loop's
+        work after its last batch counts as step time, as end_epoch does. An
+        epoch that never produced a batch is not an epoch worth a duration."""
+        if not self.epoch_t0 or self.first_pending or t < self.epoch_t0:
+            return
+        if self.t_last and self.t_enter <= self.t_last and t > self.t_last:
+            self.step_s += t - self.t_last
+        self.epoch_ms.append((t - self.epoch_t0) * 1e3)
+        self.epoch_batches.append(self.batches - self.epoch_b0)
+        self.t_last = 0.0
+        self.t_enter = 0.0
+        self.epoch_t0 = 0.0
 
     def first_batch(self, t1: float) -> None:
         # The hot path calls this for any batch returned while t_last is 0:
@@ -108,6 +144,7 @@ class LoaderStats:
         self.teardown_s += t1 - t0
         if self.epoch_t0:
             self.epoch_ms.append((t0 - self.epoch_t0) * 1e3)
+            self.epoch_batches.append(self.batches - self.epoch_b0)
         self.t_last = 0.0
         self.t_enter = 0.0
         self.epoch_t0 = 0.0
@@ -147,6 +184,7 @@ class LoaderStats:
                 "active": it is not None and loader_alive,
                 "epoch_start_ms": [round(x, 3) for x in self.epoch_start_ms],
                 "epoch_ms": [round(x, 3) for x in self.epoch_ms],
+                "epoch_batches": list(self.epoch_batches),
                 "queue": _queue_state(it, self.num_workers),
                 "workers": workers,
             }
@@ -158,9 +196,9 @@ def _ns(seconds: float) -> int:
     return round(seconds * 1e9)
 
 
-def _weak(obj):
+def _weak(obj, callback=None):
     try:
-        return weakref.ref(obj)
+        return weakref.ref(obj, callback)
     except TypeError:
         return None
 

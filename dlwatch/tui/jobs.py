@@ -49,9 +49,20 @@ class JobRow:
 
     @property
     def data_wait(self) -> float | None:
-        vals = [fmt.num(primary_loader(j).get("data_wait_fraction")) for j in self.jobs]
-        vals = [v for v in vals if v is not None]
-        return sum(vals) / len(vals) if vals else None
+        """The job's figure; for a run, its slowest rank's (the one every rank
+        waits for at the collective), not a mean that hides it."""
+        slowest = self.slowest
+        return None if slowest is None else fmt.num(primary_loader(slowest).get("data_wait_fraction"))
+
+    @property
+    def slowest(self) -> dict | None:
+        """The job whose loader waits the most (None: no figure anywhere)."""
+        best, best_v = None, None
+        for j in self.jobs:
+            v = fmt.num(primary_loader(j).get("data_wait_fraction"))
+            if v is not None and (best_v is None or v > best_v):
+                best, best_v = j, v
+        return best
 
     @property
     def batches_per_s(self) -> float | None:
@@ -152,7 +163,9 @@ class JobList(LineTable):
                 label += f"/{row.world_size}"
             label_cell: tuple | str = ((label, "bold"),)
             cmd = fmt.truncate(f"{row.run_id} · " + fmt.s(job.get("cmdline")), 200)
-            wait_prefix = "⌀ "
+            slowest = fmt.intval(fmt.d(row.slowest).get("rank"))
+            # The slowest rank's wait, named: "r1 38%".
+            wait_prefix = f"r{slowest} " if slowest is not None else ""
         else:
             pid = fmt.intval(job.get("pid"))
             rank = fmt.intval(job.get("rank"))

@@ -53,6 +53,13 @@ def loader_stats(ld: dict, pal: fmt.Palette, wide: bool) -> Text:
         f"wait {fmt.ms(ld.get('wait_ms_mean'))}",
         f"step {fmt.ms(ld.get('step_ms_mean'))}",
     ]
+    cover = window_note(ld)
+    if cover:
+        parts.append(Text(cover, pal.dim))
+    reason = fmt.s(ld.get("no_batch_reason"))
+    if fmt.num(ld.get("data_wait_fraction")) is None and reason:
+        # Why the gauge reads n/a: a window without a batch is no figure, not 0 %.
+        parts.append(Text(reason, pal.warn))
     if wide:
         parts.append(f"worker {fmt.ms(ld.get('worker_ms_per_batch'))}/batch")
     else:
@@ -71,6 +78,15 @@ def epoch_stats(ld: dict, pal: fmt.Palette) -> Text:
         ],
         pal=pal,
     )
+
+
+def window_note(ld: dict) -> str:
+    """What the rate figures cover, when the collector says: a slow job's
+    window stretches to five batches, so "over 10 s · 5 batches"."""
+    span, n = fmt.num(ld.get("window_s")), fmt.intval(ld.get("window_batches"))
+    if span is None or n is None:
+        return ""
+    return f"over {span:.0f} s · {n} batch{'es' if n != 1 else ''}"
 
 
 def queue_line(ld: dict, pal: fmt.Palette) -> Text:

@@ -179,3 +179,18 @@ def test_hook_import_is_light_and_side_effect_free():
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[] 0 []"
+
+
+def test_snapshot_text_says_what_a_window_covers_and_why_a_figure_is_missing():
+    from dlwatch.cli.text import render_snapshot
+    from tests import tui_fixtures as F
+
+    snap = F.data_bound()
+    ld = snap["jobs"][0]["loaders"][0]
+    ld.update(window_s=10.2, window_batches=5)
+    out = render_snapshot(snap)
+    assert "data wait 62.0 %" in out and "(over 10 s, 5 batches)" in out
+    ld.update(data_wait_fraction=None, window_batches=0, no_batch_reason="no batch yet: the loop is waiting")
+    out = render_snapshot(snap)
+    assert "data wait n/a" in out and "data wait n/a: no batch yet: the loop is waiting" in out
+    assert "0.0 %" not in out

@@ -336,3 +336,48 @@ def test_diagnose_imports_nothing_heavy():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# --- warm-up relative to the job's own rate ------------------------------------------
+
+
+def slow(k, **kw):
+    """A 2 s/step loop (0.5 batch/s) with num_workers=0 waiting 25 %, whose
+    first batch came at second 2: its window covers 5 batches, 10 s."""
+    kw = dict(
+        dict(
+            nw=0,
+            wait=0.25,
+            step_ms=1500.0,
+            batches=k // 2,
+            batches_per_s=0.5,
+            window_s=10.0,
+            steady_history=False,
+        ),
+        **kw,
+    )
+    return one(loader(**kw), t=T0 + k)
+
+
+def test_a_slow_loader_leaves_warm_up_after_a_few_steps():
+    shown, _ = timeline([(k, slow(k)) for k in range(30)])
+    # 5 batches at k=10, its 10 s window past the first batch at k=12, held 3 s.
+    assert not any("no-workers" in shown[k] for k in range(15))
+    assert "no-workers" in shown[15]
+    # At 20 batches whatever the rate (the old gate) it would have taken 40 s.
+    assert engine.warmup_batches({"batches_per_s": 0.5}) == 5
+    assert engine.warmup_batches({"batches_per_s": 100.0}) == engine.WARMUP_MIN_BATCHES
+    assert engine.warmup_batches({"batches_per_s": None}) == engine.WARMUP_MIN_BATCHES
+
+
+def test_one_shot_warm_up_reads_the_epoch_age_against_the_loaders_window():
+    def hints(**kw):
+        return {h["id"] for h in engine.evaluate(slow(12, epoch=1, **kw))}
+
+    assert "no-workers" in hints(batches=6, epoch_first_batch_age_s=10.5)
+    # The window (10 s) still reaches back to the epoch's first batch: warming.
+    assert "no-workers" not in hints(batches=6, epoch_first_batch_age_s=8.0)
+    assert "no-workers" not in hints(batches=4, epoch_first_batch_age_s=30.0)  # too few batches
+    assert "no-workers" not in hints(batches=6, epoch_first_batch_age_s=None)  # no batch this epoch
+    # A later epoch of a loader that spawns no workers has no start-up stall to wait out.
+    assert "no-workers" in {h["id"] for h in engine.evaluate(slow(12, epoch=3, epoch_first_batch_age_s=1.0))}

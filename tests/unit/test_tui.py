@@ -90,6 +90,27 @@ async def test_headline_figures_and_workers_match_snapshot():
 
 
 @sync
+async def test_a_window_without_a_batch_is_never_zero_or_ok():
+    snap = F.data_bound()
+    ld = snap["jobs"][0]["loaders"][0]
+    reason = "no batch completed in the last 62 s: the loop is busy outside the loader"
+    ld.update(data_wait_fraction=None, no_batch_reason=reason, window_s=62.0, window_batches=0)
+    ld["history"]["data_wait_fraction"][-1] = None
+    app = make_app([snap])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        label = plain(app.screen.query_one("#wait-label", TextLine))
+        assert "n/a" in label and "OK" not in label and "0%" not in label
+        assert app.screen.query_one("#wait-digits", Digits).value == "--"
+        stats = plain(app.screen.query_one("#loader-stats", TextLine))
+        assert reason in stats and "over 62 s · 0 batches" in stats
+        history = app.screen.query_one("#wait-history", FixedSparkline)
+        assert history.values[-1] is None  # a gap, not a zero
+        row = row_text(app.screen.query_one(JobList), "job:4242")
+        assert "n/a" in row[3] and "0%" not in row[3]
+
+
+@sync
 async def test_compact_layout_shows_gauge_workers_and_hints_at_80x24():
     app = make_app([F.data_bound()])
     async with app.run_test(size=(80, 24)) as pilot:
@@ -226,7 +247,7 @@ async def test_ranks_of_one_run_are_grouped_under_an_aggregate_row():
         assert keys == ["run:a1b2c3:2", "job:5001", "job:5002", "job:4242", "job:6001"]
         agg = row_text(jobs, "run:a1b2c3:2")
         assert agg[0].startswith("▾ run ×2")
-        assert "30%" in agg[3]  # mean of 40 % and 20 %
+        assert agg[3].startswith("r0 40%")  # the slowest rank (40 % vs 20 %), named
         assert agg[4].strip() == "21.0"  # 10 + 11 batches/s
         assert row_text(jobs, "job:5002")[0].strip() == "r1 5002"
 

@@ -411,3 +411,85 @@ def test_series_loader_appearing_late():
     assert 4 <= len(s["t"]) <= 5
     assert all(v == 0.5 for v in s["data_wait_fraction"])
     assert all(0 < v <= 10.0 for v in s["batches_per_s"])
+
+
+# --- windows that fit the job ---------------------------------------------------------
+
+
+def slow_job(n: int, wait_ms: int = 500, step_ms: int = 1500, epoch_at: dict | None = None) -> list[dict]:
+    """n frames (100 ms apart) of a loop that waits ``wait_ms`` in next(), then
+    works ``step_ms``, with the probe's in-progress accounting in each frame."""
+    cycle = (wait_ms + step_ms) * MS
+    out = []
+    for i in range(n):
+        t = i * DT
+        full, into = divmod(t, cycle)
+        wait = full * wait_ms * MS + min(into, wait_ms * MS)
+        step = full * step_ms * MS + max(0, into - wait_ms * MS)
+        batches = full + (1 if into >= wait_ms * MS else 0)
+        out.append(frame(i, [loader(0, batches, wait, step)]))
+    return out
+
+
+def test_a_slow_job_window_covers_five_batches_and_reads_the_same_at_every_phase():
+    frames = slow_job(400)  # 40 s of 2 s cycles, 25 % waiting
+    seen = []
+    for end in range(200, 221):  # every phase of two cycles
+        w = loader_window(frames[: end + 1], 0, 1.0)
+        assert w["window_batches"] >= 5
+        assert 9.9 <= w["window_s"] <= 12.1, w["window_s"]
+        seen.append(w["data_wait_fraction"])
+    # Whole cycles: within a point of 25 % whatever the phase (frames are 100 ms apart).
+    assert all(abs(v - 0.25) <= 0.01 for v in seen), seen
+    # The time window alone swings from n/a to 10 % to 50 %: what the batches fix.
+    bare = [
+        loader_window(frames[: end + 1], 0, 1.0, min_batches=0)["data_wait_fraction"]
+        for end in range(200, 221)
+    ]
+    figures = [v for v in bare if v is not None]
+    assert max(figures) - min(figures) >= 0.4 and None in bare
+
+
+def test_a_stall_longer_than_a_cycle_is_inside_the_window_not_aligned_away():
+    frames = slow_job(200)  # 20 s, then 6 s inside next() without a batch
+    last = frames[-1]["loaders"][0]
+    for k in range(1, 61):
+        ld = dict(last, wait_ns=last["wait_ns"] + k * DT)
+        frames.append(frame(len(frames), [ld]))
+    w = loader_window(frames, 0, 1.0)
+    assert w["window_batches"] >= 5
+    assert w["data_wait_fraction"] > 0.5  # the stall is what the window shows
+
+
+def test_no_batch_in_all_the_frames_held_is_no_figure_with_a_reason():
+    frames = [frame(i, [loader(0, 0, i * DT, 0)]) for i in range(30)]
+    w = loader_window(frames, 0, 1.0)
+    assert w["data_wait_fraction"] is None
+    assert w["no_batch_reason"] == "no batch yet: the loop is waiting for data inside next()"
+    busy = [frame(i, [loader(0, 3, 0, i * DT)]) for i in range(30)]
+    w = loader_window(busy, 0, 1.0)
+    assert w["data_wait_fraction"] is None and w["window_batches"] == 0
+    assert w["no_batch_reason"].startswith("no batch completed in the last 3 s: the loop is busy outside")
+    ok = loader_window(steady(30), 0, 1.0)
+    assert ok["no_batch_reason"] is None and ok["window_batches"] == 20
+
+
+def test_a_slow_job_history_is_steady_and_a_fast_one_unchanged():
+    s = series(slow_job(400), 0)
+    vals = s["data_wait_fraction"][-20:]
+    assert all(v is not None and abs(v - 0.25) <= 0.02 for v in vals), vals
+    assert all(abs(v - 0.5) <= 0.06 for v in s["batches_per_s"][-20:])
+    assert series(steady(101), 0)["data_wait_fraction"] == [0.3] * 10
+
+
+def test_epoch_first_batch_age():
+    frames = []
+    for i in range(50):
+        epoch = 1 if i < 20 else 2
+        batches = i if i < 20 else 19 + max(0, i - 30)  # epoch 2: first batch at frame 31
+        ld = dict(loader(0, batches, 0, 0), epoch=epoch)
+        frames.append(frame(i, [ld]))
+    w = loader_window(frames, 0, 1.0)
+    assert w["epoch_first_batch_age_s"] == 1.8  # frame 31 -> frame 49
+    assert loader_window(frames[:25], 0, 1.0)["epoch_first_batch_age_s"] is None
+    assert loader_window(frames[:20], 0, 1.0)["epoch_first_batch_age_s"] == 1.9  # older than the frames

@@ -1,0 +1,68 @@
+"""straggler-rank: the ranks of one run side by side."""
+
+from __future__ import annotations
+
+from dlwatch.diagnose import evaluate
+
+from .test_diagnose_rules import get, ids, job, loader, snap
+
+
+def rank(r, *, wait, step_ms, rate=10.0, run_id="run-a", world=2, pid=None, **kw):
+    wait_ms = step_ms * wait / (1 - wait)
+    ld = loader(wait=wait, step_ms=step_ms, wait_ms=wait_ms, batches_per_s=rate, pid_base=6000 + 10 * r, **kw)
+    return job(
+        pid or 2000 + r, loaders=[ld], rank=r, local_rank=r, world_size=world, run_id=run_id, cuda=False
+    )
+
+
+def straggling():
+    # Rank 1 waits 40 ms a batch on a 60 ms compute; rank 0 computes 60 ms too
+    # but its step reads 98 ms: 38 ms a step waiting for rank 1 at the all-reduce.
+    return [rank(0, wait=0.02, step_ms=98.0), rank(1, wait=0.4, step_ms=60.0)]
+
+
+def test_the_slow_rank_is_named_with_what_the_others_lose():
+    hints = evaluate(snap(straggling()))
+    h = get(hints, "straggler-rank")
+    assert h["severity"] == "warn"
+    assert (h["job_pid"], h["loader_id"]) == (2001, 0)
+    ev = h["evidence"]
+    assert ev["slow_rank"] == 1 and ev["slow_pid"] == 2001
+    assert ev["data_wait_fraction"] == 0.4 and ev["wait_ms_mean"] == 40.0
+    assert ev["fastest_compute_ms"] == 60.0 and ev["others_lost_ms_per_step"] == 38.0
+    assert [x["rank"] for x in ev["ranks"]] == [0, 1]
+    assert "Rank 1 (PID 2001)" in h["message"] and "38 ms a step" in h["message"]
+    assert "40 %" in h["message"] and "rank 0" in h["message"]
+    assert "PID 2001" in h["suggestion"] and "num_workers=2" in h["suggestion"]
+
+
+def test_balanced_ranks_get_no_straggler():
+    both_wait = [rank(0, wait=0.35, step_ms=60.0), rank(1, wait=0.4, step_ms=60.0)]
+    assert "straggler-rank" not in ids(evaluate(snap(both_wait)))
+    healthy = [rank(0, wait=0.01, step_ms=60.0), rank(1, wait=0.02, step_ms=61.0)]
+    assert "straggler-rank" not in ids(evaluate(snap(healthy)))
+
+
+def test_ranks_not_in_lockstep_or_of_other_runs_are_not_compared():
+    apart = [rank(0, wait=0.02, step_ms=98.0, rate=20.0), rank(1, wait=0.4, step_ms=60.0, rate=10.0)]
+    assert "straggler-rank" not in ids(evaluate(snap(apart)))
+    two_runs = [rank(0, wait=0.02, step_ms=98.0, run_id="a"), rank(1, wait=0.4, step_ms=60.0, run_id="b")]
+    assert "straggler-rank" not in ids(evaluate(snap(two_runs)))
+    # The others lose nothing: a slow loader, but no rank waits for it.
+    nobody_waits = [rank(0, wait=0.02, step_ms=60.0), rank(1, wait=0.4, step_ms=60.0)]
+    assert "straggler-rank" not in ids(evaluate(snap(nobody_waits)))
+
+
+def test_a_warming_or_gone_rank_is_not_judged():
+    jobs = straggling()
+    jobs[0]["loaders"][0]["batches_total"] = 3  # still warming up
+    assert "straggler-rank" not in ids(evaluate(snap(jobs)))
+    jobs = straggling()
+    jobs[0]["state"] = "exited"
+    assert "straggler-rank" not in ids(evaluate(snap(jobs)))
+
+
+def test_a_run_partly_on_other_machines_says_what_is_compared():
+    jobs = [rank(0, wait=0.02, step_ms=98.0, world=8), rank(1, wait=0.4, step_ms=60.0, world=8)]
+    h = get(evaluate(snap(jobs)), "straggler-rank")
+    assert "Only the 2 of 8 ranks on this machine are compared." in h["message"]
