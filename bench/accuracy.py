@@ -5,7 +5,7 @@
     python bench/accuracy.py --quick          # 6 scenarios x 2 snapshots, 3 at a time (~30 s)
     python bench/accuracy.py --json out.json  # the table, plus every snapshot's figures
 
-DESIGN §5: data-wait fraction within ±2 percentage points of what the loop
+docs/ARCHITECTURE.md §4: data-wait fraction within ±2 percentage points of what the loop
 itself measures; per-worker busy fraction within ±5 points.
 
 Each scenario runs ``tests/jobs/timed_job.py`` (sleep-based costs, so the
@@ -40,7 +40,7 @@ from tests.e2e_util import Job, snapshot_json, truth_in_window, worker_truth  # 
 
 TARGET_WAIT_PP = 2.0
 TARGET_BUSY_PP = 5.0
-TARGET_RATE_REL = 0.10  # what tests/test_e2e_snapshot.py holds it to; not a DESIGN bar
+TARGET_RATE_REL = 0.10  # what tests/test_e2e_snapshot.py holds it to; not a quality bar
 WINDOW_S = 2.0
 
 # name, job args, batch size, what the scenario is

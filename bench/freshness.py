@@ -5,7 +5,7 @@
     python bench/freshness.py --quick          # 2 trials (~40 s)
     python bench/freshness.py --json out.json  # the table, plus every trial
 
-DESIGN §5: "what happens in the job is on screen within 1 s".
+docs/ARCHITECTURE.md §4: "what happens in the job is on screen within 1 s".
 
 The job is ``tests/jobs/scale_job.py --mode switch``: loop-bound (data wait
 ~0) while a trigger file is absent, data-bound (data wait ~50 %) while it

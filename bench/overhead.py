@@ -3,7 +3,7 @@
 
     python bench/overhead.py [--quick] [--json PATH]
 
-DESIGN §5 asks for at most 1 µs median added per batch in the trainer and at
+docs/ARCHITECTURE.md §4 asks for at most 1 µs median added per batch in the trainer and at
 most 1 µs per batch in a worker. Every "with vs without" figure here is an
 A/B alternation inside one process (ABBA order, so a linear drift cancels),
 with the garbage collector off during timed loops, after a warm-up; the
@@ -30,7 +30,7 @@ from time import perf_counter_ns
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# Targets (DESIGN §5).
+# Targets (docs/ARCHITECTURE.md §4).
 TARGET_TRAINER_ADDED_NS = 1000
 TARGET_TRAINER_RATIO = 1.03
 TARGET_WORKER_ADDED_NS = 1000
@@ -532,7 +532,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="smoke-test sizes (< 20 s)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     ap.add_argument(
-        "--strict", action="store_true", help="exit with status 1 when a DESIGN §5 target is missed"
+        "--strict",
+        action="store_true",
+        help="exit with status 1 when a target of docs/ARCHITECTURE.md §4 is missed",
     )
     args = ap.parse_args(argv)
     cfg = QUICK if args.quick else FULL
@@ -691,8 +693,8 @@ def main(argv=None) -> int:
         " (preemption inflates the mean, not the median or the CPU rows)."
     )
     print(
-        "- DESIGN §5: trainer <= 1000 ns median added per batch, ratio <= 1.03 (both checked on the"
-        " median batch row); worker <= 1000 ns (median fetch row)."
+        "- docs/ARCHITECTURE.md §4: trainer <= 1000 ns median added per batch, ratio <= 1.03 "
+        "(both checked on the median batch row); worker <= 1000 ns (median fetch row)."
     )
     for k, v in checks.items():
         print(f"  {'PASS' if v else 'MISS'}  {k}")

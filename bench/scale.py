@@ -50,7 +50,7 @@ from tests.e2e_util import stop_sessions  # noqa: E402
 JOB = os.path.join(ROOT, "tests", "jobs", "scale_job.py")
 
 TARGET_MONITOR_CPU = 2.0  # % of one core: the TUI footprint bar (bench/tui_footprint.py)
-TARGET_SNAPSHOT_S = 1.5  # "within about a second" (DESIGN §4), the CLI's start-up included
+TARGET_SNAPSHOT_S = 1.5  # "within about a second" (README "Command line"), the CLI's start-up included
 
 
 def _rundir(prefix: str) -> str:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Every dlwatch benchmark in one command, with one summary against DESIGN §5.
+"""Every dlwatch benchmark in one command, with one summary against docs/ARCHITECTURE.md §4.
 
     python bench/suite.py                     # full: under 10 minutes
     python bench/suite.py --quick             # smoke sizes: under 3 minutes

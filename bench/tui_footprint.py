@@ -7,7 +7,7 @@ watches several jobs with many workers, at the default refresh (0.5 s).
     python bench/tui_footprint.py --json out.json  # the table, plus every raw figure
     python bench/tui_footprint.py --profile        # + where the time goes (cProfile, both threads)
 
-DESIGN §5: "the TUI uses a few percent of one core at its default refresh";
+docs/ARCHITECTURE.md §4: "the TUI uses a few percent of one core at its default refresh";
 the target checked here is <= 2 % of one core. Exit status 0 whatever the
 numbers (timings on a shared box are not a verdict) unless --strict.
 

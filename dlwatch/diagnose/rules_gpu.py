@@ -10,7 +10,7 @@ from __future__ import annotations
 from .facts import Context, hint, num, pct, r
 
 # Data wait that makes a pageable host-to-device copy worth fixing: the copy
-# happens in the loop, so any material wait (DESIGN's lower 5 %) counts.
+# happens in the loop, so any material wait (the catalog's lower 5 %, README "Hints") counts.
 PIN_MIN_WAIT = 0.05
 # GPU utilisation below this over the snapshot window is "under-used" (brief:
 # ~50 %; the seeds call < 80 % suspicious, 50 % keeps the hint for clear cases).

@@ -4,7 +4,7 @@ cpu-bound-preprocessing, pipeline-has-headroom.
 The arithmetic is Little's law for a producer pool feeding one consumer: a
 worker delivers one batch per ``worker_ms_per_batch`` (its dataset fetch time,
 collate included), the loop takes one per ``step_ms_mean`` (its compute time
-between ``__next__`` calls, data wait excluded — DESIGN §3 "compute = between
+between ``__next__`` calls, data wait excluded — docs/ARCHITECTURE.md §2 "compute = between
 calls"), so keeping up needs ``ceil(worker_ms / step_ms)`` workers.
 
 Whether extra workers can run in parallel depends on what a worker does while
@@ -30,25 +30,25 @@ from .facts import (
     worker_values,
 )
 
-# Loop time spent waiting for data above which the job is "data-bound". DESIGN §4
+# Loop time spent waiting for data above which the job is "data-bound". README "Hints"
 # says "material (≥ 5–10 %)"; 10 % is where a fix buys a visible speed-up and
 # epoch-boundary noise no longer matters.
 DATA_BOUND_WAIT = 0.10
 # num_workers == 0 with wait between this and DATA_BOUND_WAIT: an info hint —
-# worth knowing, not worth a warning (lower edge of DESIGN's 5–10 %).
+# worth knowing, not worth a warning (the lower edge of the catalog's 5–10 %, README "Hints").
 NO_WORKERS_INFO_WAIT = 0.05
 # Mean worker busy fraction from which the workers are "the limit": above it a
-# worker hardly ever sits idle waiting for the next index (brief: ~0.8).
+# worker hardly ever sits idle waiting for the next index (RULES.md: ~0.8).
 WORKERS_SATURATED_BUSY = 0.80
 # Share of busy time a worker spends on a CPU from which loading counts as
-# CPU-bound; below it the worker mostly sleeps inside fetch (I/O). The brief's
+# CPU-bound; below it the worker mostly sleeps inside fetch (I/O). The catalog's
 # io-bound example is "CPU < 50 % of busy time"; one boundary keeps the two
 # hints mutually exclusive.
 CPU_BOUND_MIN_SHARE = 0.50
 # Multiplier on the Little's-law ratio. 1.0: the fetch time is measured under
 # the current contention and the prefetch queue (prefetch_factor batches per
 # worker) already absorbs jitter, so the plain ratio is the honest minimum; the
-# 40 ms / 10 ms -> 4 workers example of the brief holds exactly.
+# 40 ms / 10 ms -> 4 workers example of README "What it does" holds exactly.
 LITTLE_SAFETY = 1.0
 # Cores counted as saturated when worker CPU + main loops reach this fraction
 # of the usable cores (psutil never reads exactly 100 % of a quota).

@@ -1,4 +1,4 @@
-"""Class-level patches of torch's DataLoader iterator (DESIGN §3).
+"""Class-level patches of torch's DataLoader iterator (docs/ARCHITECTURE.md §2).
 
 ``install()`` patches ``_BaseDataLoaderIter`` if torch's dataloader module is
 already imported, else arms an import hook that patches it the moment torch

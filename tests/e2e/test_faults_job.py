@@ -12,7 +12,7 @@ directory): job A is abused, twin B is left alone. Then:
 - A's RSS grows by less than RSS_BOUND during the abuse;
 - afterwards a well-behaved client still gets live frames from A.
 
-Why PACE_TOL is 5 % and not the DESIGN's 2 %: the jobs are loop-bound on a
+Why PACE_TOL is 5 % and not the 2 % of docs/ARCHITECTURE.md §4: the jobs are loop-bound on a
 20 ms sleep per step, so pace = 1 / (20 ms + wake-up latency + Python work).
 On this shared 2-core box, with 6+ processes of the two jobs and the abusers
 competing, wake-up latency differs between two *identical untouched* jobs:

@@ -1,4 +1,4 @@
-"""Transport security (DESIGN §3): a private directory, a private socket, the
+"""Transport security (docs/ARCHITECTURE.md §3): a private directory, a private socket, the
 peer's uid checked, no TCP, and nothing but JSON ever decoded from the wire.
 """
 
@@ -347,7 +347,7 @@ def test_wire_path_never_unpickles_or_evaluates(rel):
             if not (isinstance(base, ast.Name) and base.id == "json" and node.attr in ("loads",)):
                 problems.append(f"line {node.lineno}: .{node.attr}")
     assert not problems, f"{rel}: {problems}"
-    # And the plain-text grep the brief asks for, outside comments and docstrings.
+    # And the plain-text grep for them, outside comments and docstrings.
     code_tokens = _code_words(src)
     for word in ("pickle", "eval", "exec", "marshal"):
         assert word not in code_tokens, f"{rel} uses {word}"
