@@ -72,102 +72,153 @@ def _label(v: Any) -> str:
     return str(v)
 
 
-class _Families:
-    """The metric families of one scrape, each created once."""
+_HOST = ("host",)
+_GAUGE, _COUNTER, _INFO = GaugeMetricFamily, CounterMetricFamily, InfoMetricFamily
+# (key, kind, name, labels, unit, help): every family of a scrape, in the
+# order /metrics lists them.
+FAMILIES: tuple[tuple[str, type[Metric], str, tuple[str, ...], str, str], ...] = (
+    (
+        "job_up",
+        _GAUGE,
+        "dlwatch_job_up",
+        JOB_LABELS,
+        "",
+        "1 while the job is connected, 0 after it exited (until dropped)",
+    ),
+    (
+        "job_info",
+        _INFO,
+        "dlwatch_job",
+        JOB_LABELS,
+        "",
+        "The training process: world size, local rank, torch version",
+    ),
+    (
+        "main_cpu",
+        _GAUGE,
+        "dlwatch_main_cpu_ratio",
+        JOB_LABELS,
+        "ratio",
+        "CPU of the trainer's main process (1 = one core)",
+    ),
+    ("loader_info", _INFO, "dlwatch_loader", LOADER_LABELS, "", "DataLoader settings"),
+    ("epoch", _GAUGE, "dlwatch_epoch", LOADER_LABELS, "", "Epochs started by the loader"),
+    (
+        "batches",
+        _COUNTER,
+        "dlwatch_batches",
+        LOADER_LABELS,
+        "",
+        "Batches the loader returned since it was first iterated",
+    ),
+    (
+        "wait",
+        _COUNTER,
+        "dlwatch_data_wait_seconds",
+        LOADER_LABELS,
+        "seconds",
+        "Time the training loop spent blocked in next() on the loader",
+    ),
+    (
+        "step",
+        _COUNTER,
+        "dlwatch_step_seconds",
+        LOADER_LABELS,
+        "seconds",
+        "Time the training loop spent between batches (its own work)",
+    ),
+    (
+        "wait_ratio",
+        _GAUGE,
+        "dlwatch_data_wait_ratio",
+        LOADER_LABELS,
+        "ratio",
+        "Data-wait fraction of the loop over the collector's window (0..1)",
+    ),
+    (
+        "queue",
+        _GAUGE,
+        "dlwatch_prefetch_queue_batches",
+        (*LOADER_LABELS, "state"),
+        "",
+        "Prefetch queue: batches ready, in flight in workers, and its capacity",
+    ),
+    (
+        "busy",
+        _COUNTER,
+        "dlwatch_worker_busy_seconds",
+        WORKER_LABELS,
+        "seconds",
+        "Time the worker slot spent inside the dataset fetch, over every process that held it",
+    ),
+    (
+        "worker_cpu",
+        _GAUGE,
+        "dlwatch_worker_cpu_ratio",
+        WORKER_LABELS,
+        "ratio",
+        "CPU of the worker process (1 = one core)",
+    ),
+    (
+        "runqueue",
+        _GAUGE,
+        "dlwatch_worker_runqueue_ratio",
+        WORKER_LABELS,
+        "ratio",
+        "Time the worker was runnable but waiting for a core (1 = one core)",
+    ),
+    (
+        "uss",
+        _GAUGE,
+        "dlwatch_worker_uss_bytes",
+        WORKER_LABELS,
+        "bytes",
+        "Unique set size of the worker process (memory only it holds)",
+    ),
+    (
+        "rss",
+        _GAUGE,
+        "dlwatch_worker_rss_bytes",
+        WORKER_LABELS,
+        "bytes",
+        "Resident set size of the worker process",
+    ),
+    (
+        "hint",
+        _GAUGE,
+        "dlwatch_hint_active",
+        (*LOADER_LABELS, "hint", "severity"),
+        "",
+        "1 while a diagnosis hint holds (series gone when it clears)",
+    ),
+    (
+        "cores",
+        _GAUGE,
+        "dlwatch_host_usable_cores",
+        _HOST,
+        "",
+        "Cores this host's jobs may use (CPU affinity and cgroup quota)",
+    ),
+    ("jobs", _GAUGE, "dlwatch_exporter_jobs", (*_HOST, "state"), "", "Jobs the exporter follows, by state"),
+    (
+        "age",
+        _GAUGE,
+        "dlwatch_exporter_snapshot_age_seconds",
+        _HOST,
+        "seconds",
+        "Age of the snapshot this scrape was read from",
+    ),
+)
 
-    def __init__(self) -> None:
-        job, loader, worker = list(JOB_LABELS), list(LOADER_LABELS), list(WORKER_LABELS)
-        self.job_up = GaugeMetricFamily(
-            "dlwatch_job_up", "1 while the job is connected, 0 after it exited (until dropped)", labels=job
-        )
-        self.job_info = InfoMetricFamily(
-            "dlwatch_job",
-            "The training process: world size, local rank, torch version",
-            labels=job,
-        )
-        self.main_cpu = GaugeMetricFamily(
-            "dlwatch_main_cpu_ratio",
-            "CPU of the trainer's main process (1 = one core)",
-            labels=job,
-            unit="ratio",
-        )
-        self.loader_info = InfoMetricFamily("dlwatch_loader", "DataLoader settings", labels=loader)
-        self.epoch = GaugeMetricFamily("dlwatch_epoch", "Epochs started by the loader", labels=loader)
-        self.batches = CounterMetricFamily(
-            "dlwatch_batches", "Batches the loader returned since it was first iterated", labels=loader
-        )
-        self.wait = CounterMetricFamily(
-            "dlwatch_data_wait_seconds",
-            "Time the training loop spent blocked in next() on the loader",
-            labels=loader,
-            unit="seconds",
-        )
-        self.step = CounterMetricFamily(
-            "dlwatch_step_seconds",
-            "Time the training loop spent between batches (its own work)",
-            labels=loader,
-            unit="seconds",
-        )
-        self.wait_ratio = GaugeMetricFamily(
-            "dlwatch_data_wait_ratio",
-            "Data-wait fraction of the loop over the collector's window (0..1)",
-            labels=loader,
-            unit="ratio",
-        )
-        self.queue = GaugeMetricFamily(
-            "dlwatch_prefetch_queue_batches",
-            "Prefetch queue: batches ready, in flight in workers, and its capacity",
-            labels=[*loader, "state"],
-        )
-        self.busy = CounterMetricFamily(
-            "dlwatch_worker_busy_seconds",
-            "Time the worker slot spent inside the dataset fetch, over every process that held it",
-            labels=worker,
-            unit="seconds",
-        )
-        self.worker_cpu = GaugeMetricFamily(
-            "dlwatch_worker_cpu_ratio",
-            "CPU of the worker process (1 = one core)",
-            labels=worker,
-            unit="ratio",
-        )
-        self.runqueue = GaugeMetricFamily(
-            "dlwatch_worker_runqueue_ratio",
-            "Time the worker was runnable but waiting for a core (1 = one core)",
-            labels=worker,
-            unit="ratio",
-        )
-        self.uss = GaugeMetricFamily(
-            "dlwatch_worker_uss_bytes",
-            "Unique set size of the worker process (memory only it holds)",
-            labels=worker,
-            unit="bytes",
-        )
-        self.rss = GaugeMetricFamily(
-            "dlwatch_worker_rss_bytes", "Resident set size of the worker process", labels=worker, unit="bytes"
-        )
-        self.hint = GaugeMetricFamily(
-            "dlwatch_hint_active",
-            "1 while a diagnosis hint holds (series gone when it clears)",
-            labels=[*LOADER_LABELS, "hint", "severity"],
-        )
-        self.cores = GaugeMetricFamily(
-            "dlwatch_host_usable_cores",
-            "Cores this host's jobs may use (CPU affinity and cgroup quota)",
-            labels=["host"],
-        )
-        self.jobs = GaugeMetricFamily(
-            "dlwatch_exporter_jobs", "Jobs the exporter follows, by state", labels=["host", "state"]
-        )
-        self.age = GaugeMetricFamily(
-            "dlwatch_exporter_snapshot_age_seconds",
-            "Age of the snapshot this scrape was read from",
-            labels=["host"],
-            unit="seconds",
-        )
 
-    def all(self) -> list[Metric]:
-        return [v for v in vars(self).values() if isinstance(v, Metric)]
+def _families() -> dict[str, Metric]:
+    """The metric families of one scrape, each created once, by key."""
+    fams: dict[str, Metric] = {}
+    for key, kind, name, labels, unit, doc in FAMILIES:
+        # Info families take no unit.
+        extra = {"unit": unit} if unit else {}
+        fams[key] = kind(name, doc, labels=list(labels), **extra)  # type: ignore[call-arg]
+    return fams
 
 
 class SnapshotCollector(Collector):
@@ -201,26 +252,26 @@ class SnapshotCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snap = self._latest()
-        fam = _Families()
+        fam = _families()
         if isinstance(snap, dict):
             self._fill(snap, fam)
-        yield from fam.all()
+        yield from fam.values()
 
-    def _fill(self, snap: dict, fam: _Families) -> None:
+    def _fill(self, snap: dict, fam: dict[str, Metric]) -> None:
         t = num(snap.get("time"))
         host = self._default_host
         if t is not None:
-            fam.age.add_metric([host], max(0.0, self._wall() - t))
+            _add(fam["age"], [host], max(0.0, self._wall() - t))
         cores = num(as_dict(snap.get("host")).get("usable_cores"))
         if cores is not None:
-            fam.cores.add_metric([host], cores)
+            _add(fam["cores"], [host], cores)
         states: dict[str, int] = {}
         jobs = self._visible(records(snap.get("jobs")), t)
         for job in records(snap.get("jobs")):
             state = as_str(job.get("state"), "live")
             states[state] = states.get(state, 0) + 1
         for state, n in sorted(states.items()):
-            fam.jobs.add_metric([host, state], n)
+            _add(fam["jobs"], [host, state], n)
         labels_of: dict[int, list[str]] = {}
         for job in jobs:
             jl = self._job_labels(job)
@@ -233,9 +284,8 @@ class SnapshotCollector(Collector):
             if pid is not None and pid not in labels_of:
                 continue  # a job whose series were dropped (or never shown)
             jl = labels_of.get(pid) if pid is not None else [host, "", "", ""]
-            fam.hint.add_metric(
-                [*jl, _label(as_int(h.get("loader_id"))), as_str(h.get("id")), as_str(h.get("severity"))], 1
-            )
+            hl = [*jl, _label(as_int(h.get("loader_id"))), as_str(h.get("id")), as_str(h.get("severity"))]
+            _add(fam["hint"], hl, 1)
 
     def _visible(self, jobs: list[dict], t: float | None) -> list[dict]:
         """Live jobs, and ended ones for ``grace_s`` of snapshot time."""
@@ -265,9 +315,10 @@ class SnapshotCollector(Collector):
         pid, rank = _label(as_int(job.get("pid"))), _label(as_int(job.get("rank")))
         return [host, pid, rank, _label(job.get("run_id"))]
 
-    def _job(self, job: dict, jl: list[str], fam: _Families) -> None:
-        fam.job_up.add_metric(jl, 1 if is_live(job) else 0)
-        fam.job_info.add_metric(
+    def _job(self, job: dict, jl: list[str], fam: dict[str, Metric]) -> None:
+        _add(fam["job_up"], jl, 1 if is_live(job) else 0)
+        _add(
+            fam["job_info"],
             jl,
             {
                 "world_size": _label(as_int(job.get("world_size"))),
@@ -276,31 +327,31 @@ class SnapshotCollector(Collector):
                 "start_method": as_str(job.get("start_method")),
             },
         )
-        _add(fam.main_cpu, jl, _ratio(job.get("main_cpu_percent")))
+        _add(fam["main_cpu"], jl, _ratio(job.get("main_cpu_percent")))
         for ld in records(job.get("loaders")):
             lid = as_int(ld.get("id"))
             if lid is None:
                 continue
             ll = [*jl, str(lid)]
-            fam.loader_info.add_metric(ll, {k: _label(ld.get(k)) for k in LOADER_SETTINGS})
-            _add(fam.epoch, ll, num(ld.get("epoch")))
-            _add(fam.batches, ll, num(ld.get("batches_total")))
-            _add(fam.wait, ll, num(ld.get("wait_s_total")))
-            _add(fam.step, ll, num(ld.get("step_s_total")))
-            _add(fam.wait_ratio, ll, num(ld.get("data_wait_fraction")))
+            _add(fam["loader_info"], ll, {k: _label(ld.get(k)) for k in LOADER_SETTINGS})
+            _add(fam["epoch"], ll, num(ld.get("epoch")))
+            _add(fam["batches"], ll, num(ld.get("batches_total")))
+            _add(fam["wait"], ll, num(ld.get("wait_s_total")))
+            _add(fam["step"], ll, num(ld.get("step_s_total")))
+            _add(fam["wait_ratio"], ll, num(ld.get("data_wait_fraction")))
             q = as_dict(ld.get("queue"))
             for state in QUEUE_STATES:
-                _add(fam.queue, [*ll, state], num(q.get(state)))
+                _add(fam["queue"], [*ll, state], num(q.get(state)))
             for w in records(ld.get("workers")):
                 wid = as_int(w.get("id"))
                 if wid is None:
                     continue
                 wl = [*ll, str(wid)]
-                _add(fam.busy, wl, num(w.get("busy_s_total")))
-                _add(fam.worker_cpu, wl, _ratio(w.get("cpu_percent")))
-                _add(fam.runqueue, wl, _ratio(w.get("runqueue_percent")))
-                _add(fam.uss, wl, num(w.get("uss_bytes")))
-                _add(fam.rss, wl, num(w.get("rss_bytes")))
+                _add(fam["busy"], wl, num(w.get("busy_s_total")))
+                _add(fam["worker_cpu"], wl, _ratio(w.get("cpu_percent")))
+                _add(fam["runqueue"], wl, _ratio(w.get("runqueue_percent")))
+                _add(fam["uss"], wl, num(w.get("uss_bytes")))
+                _add(fam["rss"], wl, num(w.get("rss_bytes")))
 
 
 def _ratio(percent: Any) -> float | None:
@@ -308,7 +359,7 @@ def _ratio(percent: Any) -> float | None:
     return None if p is None else p / PERCENT_PER_CORE
 
 
-def _add(family: Metric, labels: list[str], value: float | None) -> None:
+def _add(family: Metric, labels: list[str], value: float | dict[str, str] | None) -> None:
     if value is not None:
         family.add_metric(labels, value)  # type: ignore[attr-defined]
 
