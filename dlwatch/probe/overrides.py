@@ -28,11 +28,12 @@ Stdlib at import; torch only once its dataloader module is imported anyway.
 
 from __future__ import annotations
 
-import importlib.abc
 import json
 import os
 import sys
 import threading
+
+from dlwatch.probe import postimport
 
 ENV_VAR = "DLWATCH_OVERRIDES"
 TARGET_MODULE = "torch.utils.data.dataloader"
@@ -153,67 +154,19 @@ def install() -> None:
     if mod is not None and hasattr(mod, "DataLoader"):
         _patch(mod)
     elif _finder is None:
-        _finder = _PostImportFinder()
-        sys.meta_path.insert(0, _finder)
+        _finder = postimport.arm(TARGET_MODULE, _patch)
 
 
 def uninstall() -> None:
     global _spec, _finder, _orig_init
-    if _finder is not None:
-        try:
-            sys.meta_path.remove(_finder)
-        except ValueError:
-            pass
-        _finder = None
+    postimport.disarm(_finder)
+    _finder = None
     mod = sys.modules.get(TARGET_MODULE)
     if mod is not None and _orig_init is not None:
         mod.DataLoader.__init__ = _orig_init
     _orig_init = None
     _spec = None
     _seen.clear()
-
-
-class _PostImportFinder(importlib.abc.MetaPathFinder):
-    """Wraps the loader of torch's dataloader module so the patch runs right
-    after its body. ``dlwatch.probe.patches`` has a finder of its own for the
-    same module: the guard stops the two from asking each other forever."""
-
-    _busy = threading.local()
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != TARGET_MODULE or getattr(self._busy, "on", False):
-            return None
-        self._busy.on = True
-        try:
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None:
-                    if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                        spec.loader = _PatchingLoader(spec.loader)
-                    return spec
-        finally:
-            self._busy.on = False
-        return None
-
-
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, inner) -> None:
-        self._inner = inner
-
-    def create_module(self, spec):
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        self._inner.exec_module(module)
-        try:
-            _patch(module)
-        except Exception:
-            pass
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
 
 
 def _patch(mod) -> None:

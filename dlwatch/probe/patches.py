@@ -17,12 +17,11 @@ run; a descriptor sees every assignment). Originals are kept for
 from __future__ import annotations
 
 import dis
-import importlib.abc
-import importlib.machinery
 import sys
 import types
 from time import perf_counter as _clock  # float seconds: see stats.py
 
+from dlwatch.probe import postimport
 from dlwatch.probe import worker as _worker
 from dlwatch.probe.stats import Registry
 
@@ -44,8 +43,7 @@ def install() -> None:
         _patch(mod)
         return
     if _finder is None:
-        _finder = _PostImportFinder()
-        sys.meta_path.insert(0, _finder)
+        _finder = postimport.arm(TARGET_MODULE, _patch)
 
 
 def installed() -> bool:
@@ -54,12 +52,8 @@ def installed() -> bool:
 
 def uninstall() -> None:
     global _finder
-    if _finder is not None:
-        try:
-            sys.meta_path.remove(_finder)
-        except ValueError:
-            pass
-        _finder = None
+    postimport.disarm(_finder)
+    _finder = None
     mod = sys.modules.get(TARGET_MODULE)
     if mod is None or not _originals:
         return
@@ -76,42 +70,6 @@ def uninstall() -> None:
 
 
 _MISSING = object()
-
-
-class _PostImportFinder(importlib.abc.MetaPathFinder):
-    """Finds torch's dataloader module through the other finders and wraps
-    its loader so our patch runs right after the module body executes."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != TARGET_MODULE:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader)
-                return spec
-        return None
-
-
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, inner) -> None:
-        self._inner = inner
-
-    def create_module(self, spec):
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        self._inner.exec_module(module)
-        try:
-            _patch(module)
-        except Exception:
-            pass
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
 
 
 def _patch(mod) -> None:
