@@ -52,8 +52,7 @@ class GpuSampler:
         self._retry_after_s = retry_after_s
         self._clock = clock
         self._initialized = False
-        self._failed_at: float | None = None
-        self._failure = ""
+        self._last_failure: tuple[float, str] | None = None  # (when, the status it gave)
 
     # -------------------------------------------------------------- NVML plumbing
 
@@ -75,13 +74,13 @@ class GpuSampler:
         if self._initialized:
             return None
         now = self._clock()
-        if self._failed_at is not None and now - self._failed_at < self._retry_after_s:
-            return self._failure
+        if self._last_failure is not None:
+            failed_at, failure = self._last_failure
+            if now - failed_at < self._retry_after_s:
+                return failure
         status = self._try_init()
-        if status is None:
-            self._initialized, self._failed_at, self._failure = True, None, ""
-        else:
-            self._failed_at, self._failure = now, status
+        self._initialized = status is None
+        self._last_failure = None if status is None else (now, status)
         return status
 
     def _try_init(self) -> str | None:

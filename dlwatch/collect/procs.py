@@ -56,6 +56,24 @@ class _Tracked:
     uss_gap: float = 0.0  # seconds from this USS read to the next (backs off while steady)
 
 
+@dataclass(frozen=True)
+class UssPolicy:
+    """When ``ProcSampler`` reads USS again (its ``uss_*`` arguments)."""
+
+    every: int = 1
+    interval_s: float | None = None
+    max_interval_s: float | None = None
+    cpu_budget: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.every < 1:
+            raise ValueError("uss_every must be >= 1")
+        if self.interval_s is not None and self.interval_s < 0:
+            raise ValueError("uss_interval_s must be >= 0")
+        if self.cpu_budget is not None and not 0 < self.cpu_budget <= 1:
+            raise ValueError("uss_cpu_budget must be a fraction of one core in (0, 1]")
+
+
 class _Failed(Exception):
     """One field could not be read; carries the readable reason."""
 
@@ -154,16 +172,7 @@ class ProcSampler:
         uss_cpu_budget: float | None = None,
         cpu_clock: Callable[[], float] = time.thread_time,
     ) -> None:
-        if uss_every < 1:
-            raise ValueError("uss_every must be >= 1")
-        if uss_interval_s is not None and uss_interval_s < 0:
-            raise ValueError("uss_interval_s must be >= 0")
-        if uss_cpu_budget is not None and not 0 < uss_cpu_budget <= 1:
-            raise ValueError("uss_cpu_budget must be a fraction of one core in (0, 1]")
-        self.uss_every = uss_every
-        self.uss_interval_s = uss_interval_s
-        self.uss_max_interval_s = uss_max_interval_s
-        self.uss_cpu_budget = uss_cpu_budget
+        self.uss_policy = UssPolicy(uss_every, uss_interval_s, uss_max_interval_s, uss_cpu_budget)
         self._clock = clock
         self._cpu_clock = cpu_clock
         self._uss_free_at = float("-inf")  # budget: no repeat read before this time
@@ -203,7 +212,7 @@ class ProcSampler:
         return out
 
     def _budgeted(self) -> bool:
-        return self.uss_cpu_budget is not None and self.uss_interval_s is not None
+        return self.uss_policy.cpu_budget is not None and self.uss_policy.interval_s is not None
 
     def _uss_grant(self, wanted: list[int], ussing: set[int] | None) -> int | None:
         """With a CPU budget: the one process whose repeat USS read may run
@@ -312,14 +321,14 @@ class ProcSampler:
         return res
 
     def _uss_due(self, st: _Tracked, pid: int, now: float) -> bool:
-        if self.uss_interval_s is None:
-            due = st.uss_calls % self.uss_every == 0
+        if self.uss_policy.interval_s is None:
+            due = st.uss_calls % self.uss_policy.every == 0
             st.uss_calls += 1
             return due
         return st.uss_due is None or now >= st.uss_due
 
     def _schedule_uss(self, st: _Tracked, pid: int, now: float, prev: int | None) -> None:
-        base = self.uss_interval_s
+        base = self.uss_policy.interval_s
         if base is None:
             return
         if st.uss_due is None:
@@ -329,7 +338,7 @@ class ProcSampler:
             st.uss_gap = base
             st.uss_due = now + base * (0.5 + 0.5 * _phase(pid))
             return
-        top = self.uss_max_interval_s
+        top = self.uss_policy.max_interval_s
         if (
             top is not None
             and top > base
@@ -366,9 +375,9 @@ class ProcSampler:
                 # The read's own CPU time, paid back at the budget's rate; a
                 # burst of first reads (a job starting) adds at most one
                 # interval on top.
-                cost = max(0.0, self._cpu_clock() - cpu0) / self.uss_cpu_budget
+                cost = max(0.0, self._cpu_clock() - cpu0) / self.uss_policy.cpu_budget
                 self._uss_free_at = min(
-                    max(self._uss_free_at, now) + cost, now + max(cost, self.uss_interval_s or 0.0)
+                    max(self._uss_free_at, now) + cost, now + max(cost, self.uss_policy.interval_s or 0.0)
                 )
             self._schedule_uss(st, pid, now, prev)
         # Between USS reads the last failure still explains the missing figure.

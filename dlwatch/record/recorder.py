@@ -21,7 +21,8 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, InitVar, dataclass
+from typing import Any
 
 from dlwatch import __version__
 from dlwatch.record import fileformat
@@ -42,6 +43,7 @@ class RecordStats:
     reason: str = ""
 
 
+@dataclass(eq=False)
 class Recorder:
     """Write ``monitor``'s snapshots to ``path`` until stopped.
 
@@ -50,36 +52,27 @@ class Recorder:
     (the host's) stay. The monitor is started and stopped here.
     """
 
-    def __init__(
-        self,
-        path: str,
-        monitor,
-        *,
-        interval: float,
-        window_s: float,
-        duration_s: float | None = None,
-        until: Callable[[Snapshot], str | None] | None = None,
-        keep_job: Callable[[int], bool] | None = None,
-        overwrite: bool = False,
-        meta: dict | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.path = path
-        self.monitor = monitor
-        self.interval = interval
-        self.window_s = window_s
-        self.duration_s = duration_s
-        self.until = until
-        self.keep_job = keep_job
-        self.meta = meta or {}
-        self.clock = clock
+    path: str
+    monitor: Any
+    _: KW_ONLY
+    interval: float
+    window_s: float
+    duration_s: float | None = None
+    until: Callable[[Snapshot], str | None] | None = None
+    keep_job: Callable[[int], bool] | None = None
+    overwrite: InitVar[bool] = False
+    meta: dict | None = None
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self, overwrite: bool) -> None:
+        self.meta = self.meta or {}
         self.stats = RecordStats()
         self._stop = threading.Event()
         self._stop_reason = ""
         self._built = threading.Event()
         # Opened here, so that a path that cannot be written is an error
         # before any sampling starts.
-        self._out = fileformat.open_write(path, exclusive=not overwrite)
+        self._out = fileformat.open_write(self.path, exclusive=not overwrite)
 
     def discard(self) -> None:
         """Close and remove the file without recording (the job never started)."""

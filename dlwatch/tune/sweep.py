@@ -34,31 +34,24 @@ class TuneOptions:
     warmup_s: float | None = None
 
 
+@dataclass(eq=False)
 class Sweep:
     """Run it with ``run()``; ``trials`` and ``document()`` are readable at any
     time (Ctrl-C ends ``run`` with what was measured)."""
 
-    def __init__(
-        self,
-        cmd: list[str],
-        env: dict[str, str],
-        opts: TuneOptions,
-        runner: Callable[..., TrialOutcome] = run_trial,
-        on_trial_start: Callable[[int, dict, str], None] | None = None,
-        on_progress: Callable | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.cmd = cmd
-        self.env = env
-        self.opts = opts
-        self.runner = runner
-        self.on_trial_start = on_trial_start
-        self.on_progress = on_progress
-        self.clock = clock
+    cmd: list[str]
+    env: dict[str, str]
+    opts: TuneOptions
+    runner: Callable[..., TrialOutcome] = run_trial
+    on_trial_start: Callable[[int, dict, str], None] | None = None
+    on_progress: Callable | None = None
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
         self.trials: list[dict] = []
         self.stopped_because = ""
         self.interrupted = False
-        self.started = clock()
+        self.started = self.clock()
         self.selector: dict | str | None = None
         self.loader_id: int | None = None
 
