@@ -9,7 +9,7 @@ series (None) is a gap in the line, never a guessed value.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from html import escape
 
 # Colour-blind-safe (Okabe-Ito), then darker repeats for many workers.
@@ -41,6 +41,30 @@ def time_step(span: float) -> float:
     return 43200.0
 
 
+def _svg_open(height: int, label: str) -> str:
+    return (
+        f'<svg class="chart" viewBox="0 0 {W} {height}" width="{W}" height="{height}" '
+        f'role="img" aria-label="{escape(label)}">'
+    )
+
+
+def _ticks(step: float, hi: float) -> Iterator[float]:
+    """0, step, 2 step, ... up to ``hi`` (multiplied, not summed: no drift)."""
+    k = 0
+    while k * step <= hi + 1e-9:
+        yield k * step
+        k += 1
+
+
+def _time_grid(x: Callable[[float], float], t_hi: float, height: int) -> list[str]:
+    """The vertical grid lines over the plot area and their time labels."""
+    out = []
+    for v in _ticks(time_step(t_hi), t_hi):
+        out.append(f'<line class="grid" x1="{x(v):.1f}" x2="{x(v):.1f}" y1="{TOP}" y2="{height - BOTTOM}"/>')
+        out.append(f'<text class="xtick" x="{x(v):.1f}" y="{height - 8}">{clock(v)}</text>')
+    return out
+
+
 def line_chart(
     t: Sequence[float],
     lines: Sequence[tuple[str, Sequence[float | None]]],
@@ -67,23 +91,11 @@ def line_chart(
     def y(v: float) -> float:
         return TOP + ph * (1 - min(max(v, 0.0), top) / top)
 
-    out = [
-        f'<svg class="chart" viewBox="0 0 {W} {height}" width="{W}" height="{height}" '
-        f'role="img" aria-label="{escape(y_label)}">'
-    ]
-    k = 0
-    while k * ystep <= top + 1e-9:
-        v = k * ystep
+    out = [_svg_open(height, y_label)]
+    for v in _ticks(ystep, top):
         out.append(f'<line class="grid" x1="{LEFT}" x2="{W - RIGHT}" y1="{y(v):.1f}" y2="{y(v):.1f}"/>')
         out.append(f'<text class="ytick" x="{LEFT - 6}" y="{y(v) + 4:.1f}">{escape(y_fmt(v))}</text>')
-        k += 1
-    ts = time_step(t_hi)
-    k = 0
-    while k * ts <= t_hi + 1e-9:
-        v = k * ts
-        out.append(f'<line class="grid" x1="{x(v):.1f}" x2="{x(v):.1f}" y1="{TOP}" y2="{TOP + ph}"/>')
-        out.append(f'<text class="xtick" x="{x(v):.1f}" y="{height - 8}">{clock(v)}</text>')
-        k += 1
+    out += _time_grid(x, t_hi, height)
     for i, (label, values) in enumerate(lines):
         color = COLORS[i % len(COLORS)]
         dash = ' stroke-dasharray="5 3"' if i >= len(COLORS) else ""
@@ -139,17 +151,7 @@ def timeline(
     def x(v: float) -> float:
         return left + pw * min(max(v, 0.0), t_hi) / t_hi
 
-    out = [
-        f'<svg class="chart" viewBox="0 0 {W} {height}" width="{W}" height="{height}" '
-        'role="img" aria-label="hints over time">'
-    ]
-    ts = time_step(t_hi)
-    k = 0
-    while k * ts <= t_hi + 1e-9:
-        v = k * ts
-        out.append(f'<line class="grid" x1="{x(v):.1f}" x2="{x(v):.1f}" y1="{TOP}" y2="{height - BOTTOM}"/>')
-        out.append(f'<text class="xtick" x="{x(v):.1f}" y="{height - 8}">{clock(v)}</text>')
-        k += 1
+    out = [_svg_open(height, "hints over time"), *_time_grid(x, t_hi, height)]
     for i, (label, severity, spans) in enumerate(rows):
         yy = TOP + i * row_h
         out.append(f'<text class="rowlabel" x="{left - 8}" y="{yy + 15}">{escape(label)}</text>')
