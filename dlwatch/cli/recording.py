@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable
+from typing import TypeVar
 
 from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, fail
 
@@ -15,6 +17,8 @@ from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, fail
 # holds too few of the job's frames (10/s) to be a rate; above a minute, more
 # than the collector keeps of a job's stream.
 MIN_INTERVAL_S, MAX_INTERVAL_S = 0.5, 60.0
+
+T = TypeVar("T")
 
 
 def add_record_arguments(p, output_flags: tuple[str, ...]) -> None:
@@ -84,12 +88,11 @@ def summary(path: str, stats, prog: str = "dlwatch record") -> str:
     )
 
 
-def load(path: str, prog: str):
-    """The recording's series, or an exit code after a one-line error."""
-    from dlwatch.record import reader, series
-
+def open_recording(path: str, prog: str, read: Callable[[str], T], count: Callable[[T], int]) -> T | int:
+    """``read(path)``, its warnings on stderr; or an exit code after a
+    one-line error, when it cannot be read or ``count`` of it is 0."""
     try:
-        rec = reader.read(path)
+        rec = read(path)
     except FileNotFoundError:
         return fail(f"{path}: no such file", EXIT_ERROR, prog)
     except IsADirectoryError:
@@ -98,9 +101,21 @@ def load(path: str, prog: str):
         return fail(f"cannot read {path}: {e.strerror or e}", EXIT_ERROR, prog)
     for w in rec.warnings:
         print(f"{prog}: {path}: {w}", file=sys.stderr)
-    if not rec.snapshots:
+    if not count(rec):
         return fail(f"{path} holds no snapshots", EXIT_ERROR, prog)
-    return series.build(rec)
+    return rec
+
+
+def load(path: str, prog: str):
+    """The recording's series, or an exit code after a one-line error."""
+    from dlwatch.record import reader, series
+
+    rec = open_recording(path, prog, reader.read, lambda r: len(r.snapshots))
+    return rec if isinstance(rec, int) else series.build(rec)
+
+
+def add_recording_argument(p) -> None:
+    p.add_argument("recording", help="a file written by `dlwatch record` (.jsonl or .jsonl.gz)")
 
 
 def stem(path: str) -> str:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-
-from dlwatch.cli.common import EXIT_ERROR, EXIT_USAGE, fail
+from dlwatch.cli.common import EXIT_USAGE, fail
+from dlwatch.cli.recording import add_recording_argument, open_recording
 
 NAME = "replay"
 HELP = "open the live view on a recording (pause, seek, jump to the next hint)"
@@ -19,7 +18,7 @@ ORDER = 60
 
 
 def add_arguments(p) -> None:
-    p.add_argument("recording", help="a file written by `dlwatch record` (.jsonl or .jsonl.gz)")
+    add_recording_argument(p)
     p.add_argument(
         "--speed", type=float, default=1.0, metavar="X", help="play X times as fast as recorded (default 1)"
     )
@@ -32,18 +31,11 @@ def run(args) -> int:
         return fail("--speed must be between 1/16 and 64", EXIT_USAGE, prog)
     from dlwatch.tui.sources import ReplaySource
 
-    try:
-        source = ReplaySource.from_file(args.recording, speed=args.speed, loop=args.loop)
-    except FileNotFoundError:
-        return fail(f"{args.recording}: no such file", EXIT_ERROR, prog)
-    except IsADirectoryError:
-        return fail(f"{args.recording} is a directory, not a recording", EXIT_ERROR, prog)
-    except OSError as e:
-        return fail(f"cannot read {args.recording}: {e.strerror or e}", EXIT_ERROR, prog)
-    for w in source.warnings:
-        print(f"{prog}: {args.recording}: {w}", file=sys.stderr)
-    if not len(source):
-        return fail(f"{args.recording} holds no snapshots", EXIT_ERROR, prog)
+    source = open_recording(
+        args.recording, prog, lambda path: ReplaySource.from_file(path, speed=args.speed, loop=args.loop), len
+    )
+    if isinstance(source, int):
+        return source
     from dlwatch.tui.app import run_tui
 
     return run_tui(source, interval=0.5)

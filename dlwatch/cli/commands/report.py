@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from dlwatch.cli.recording import load, stem, write_html
+from dlwatch.cli.recording import add_recording_argument, load, stem, write_html
 
 NAME = "report"
 HELP = "write a recording (or two, side by side) as one self-contained HTML file"
@@ -21,7 +21,7 @@ ORDER = 70
 
 
 def add_arguments(p) -> None:
-    p.add_argument("recording", help="a file written by `dlwatch record` (.jsonl or .jsonl.gz)")
+    add_recording_argument(p)
     p.add_argument("other", nargs="?", help="a second recording: compare the two (A = first, B = second)")
     p.add_argument(
         "-o",
