@@ -25,6 +25,25 @@ def fail(message: str, code: int = EXIT_ERROR, prog: str = "dlwatch") -> int:
     return code
 
 
+def command_from(remainder: list[str], verb: str, prog: str) -> list[str] | int:
+    """CMD from an ``argparse.REMAINDER`` (which keeps a leading ``--``), or
+    the usage exit code when there is none."""
+    cmd = list(remainder)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        return fail(f"give the command to {verb}, e.g. `dlwatch {verb} -- python train.py`", EXIT_USAGE, prog)
+    return cmd
+
+
+def cannot_start(cmd: list[str], error: OSError, prog: str) -> int:
+    """The exit code a shell gives when CMD cannot be started (``error`` from
+    exec or Popen), after a one-line message."""
+    if isinstance(error, FileNotFoundError):
+        return fail(f"command not found: {cmd[0]}", EXIT_NOT_FOUND, prog)
+    return fail(f"permission denied: {cmd[0]}", EXIT_NOT_EXECUTABLE, prog)
+
+
 def dir_problem(directory: str | None = None) -> str | None:
     """Why the runtime directory cannot be used, or None. A directory that
     does not exist yet is fine (no job has run) unless it cannot be created

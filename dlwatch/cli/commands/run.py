@@ -11,10 +11,9 @@ import time
 
 from dlwatch.cli.common import (
     EXIT_ERROR,
-    EXIT_NOT_EXECUTABLE,
-    EXIT_NOT_FOUND,
-    EXIT_USAGE,
     bootstrap_env,
+    cannot_start,
+    command_from,
     dir_problem,
     fail,
 )
@@ -37,9 +36,6 @@ EPILOG = (
 )
 ORDER = 30
 PROG = "dlwatch run"
-# After CMD exits, at most this long for its jobs' last figures (the
-# collector sees the socket close within a build or two).
-FINAL_S = 3.0
 
 
 def add_arguments(p) -> None:
@@ -54,19 +50,15 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    cmd = list(args.cmd)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
-    if not cmd:
-        return fail("give the command to run, e.g. `dlwatch run -- python train.py`", EXIT_USAGE, PROG)
+    cmd = command_from(args.cmd, "run", PROG)
+    if isinstance(cmd, int):
+        return cmd
     if args.record:
         return run_recorded(cmd, args)
     try:
         os.execvpe(cmd[0], cmd, bootstrap_env())
-    except FileNotFoundError:
-        return fail(f"command not found: {cmd[0]}", EXIT_NOT_FOUND, PROG)
-    except PermissionError:
-        return fail(f"permission denied: {cmd[0]}", EXIT_NOT_EXECUTABLE, PROG)
+    except (FileNotFoundError, PermissionError) as e:
+        return cannot_start(cmd, e, PROG)
     return EXIT_ERROR  # not reached: exec replaced us
 
 
@@ -97,9 +89,7 @@ def run_recorded(cmd: list[str], args) -> int:
         child = subprocess.Popen(cmd, env=bootstrap_env())
     except (FileNotFoundError, PermissionError) as e:
         recorder.discard()
-        if isinstance(e, FileNotFoundError):
-            return fail(f"command not found: {cmd[0]}", EXIT_NOT_FOUND, PROG)
-        return fail(f"permission denied: {cmd[0]}", EXIT_NOT_EXECUTABLE, PROG)
+        return cannot_start(cmd, e, PROG)
     ours.child = child
     forward_signals(child)
     print(f"{PROG}: recording pid {child.pid} and its jobs to {args.record}", file=sys.stderr)
@@ -117,6 +107,10 @@ class JobsOf:
     """Which jobs belong to the command: its own process and every
     descendant (torchrun's ranks, a shell's python). A PID's answer is kept:
     a job that has exited is still ours, and a PID is looked up once."""
+
+    # After CMD exits, at most this long for its jobs' last figures (the
+    # collector sees the socket close within a build or two).
+    FINAL_S = 3.0
 
     def __init__(self) -> None:
         self.child = None
@@ -151,7 +145,7 @@ class JobsOf:
         reason = f"the command exited with status {self.child.returncode}"
         if not any(is_live(j) for j in records(snap.get("jobs"))):
             return reason
-        return reason if time.monotonic() - self._exited_at >= FINAL_S else None
+        return reason if time.monotonic() - self._exited_at >= self.FINAL_S else None
 
 
 def forward_signals(child) -> None:
