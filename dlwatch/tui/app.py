@@ -621,25 +621,25 @@ class DlwatchApp(App):
         for command in super().get_system_commands(screen):
             if command.title not in ("Keys", "Screenshot"):
                 yield command
-        yield SystemCommand(
-            "Pause / resume", "Stop or restart updating the display (p)", self.action_toggle_pause
+        ours = (
+            ("Pause / resume", "Stop or restart updating the display (p)", self.action_toggle_pause),
+            (
+                "Save screenshot",
+                "Write an SVG of the screen to the current directory (s)",
+                self.action_screenshot,
+            ),
+            ("Next job", "Select the next job (tab, j)", self.action_next_job),
+            ("Previous job", "Select the previous job (shift+tab, k)", self.action_prev_job),
+            ("Dismiss exited job", "Forget the selected exited job (d)", self.action_dismiss_job),
+            (
+                "Profile job",
+                "torch.profiler over 10 steps of the selected job: verdict and trace (P)",
+                self.action_profile,
+            ),
+            ("Keys", "Show the key bindings and the legend (?)", self.action_help),
         )
-        yield SystemCommand(
-            "Save screenshot",
-            "Write an SVG of the screen to the current directory (s)",
-            self.action_screenshot,
-        )
-        yield SystemCommand("Next job", "Select the next job (tab, j)", self.action_next_job)
-        yield SystemCommand("Previous job", "Select the previous job (shift+tab, k)", self.action_prev_job)
-        yield SystemCommand(
-            "Dismiss exited job", "Forget the selected exited job (d)", self.action_dismiss_job
-        )
-        yield SystemCommand(
-            "Profile job",
-            "torch.profiler over 10 steps of the selected job: verdict and trace (P)",
-            self.action_profile,
-        )
-        yield SystemCommand("Keys", "Show the key bindings and the legend (?)", self.action_help)
+        for title, help_text, action in ours:
+            yield SystemCommand(title, help_text, action)
 
 
 def run_tui(source: Source, interval: float = 0.5) -> int:
