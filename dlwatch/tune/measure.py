@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from dlwatch.diagnose.facts import mean, median
 from dlwatch.snapshot import (
     PERCENT_PER_CORE,
     as_dict,
@@ -41,18 +42,6 @@ FIRST_BATCH_TIMEOUT_S = 120.0
 STABLE_TOLERANCE = 0.02
 STABLE_MIN_SHARE = 0.5
 STABLE_MIN_S = 3.0
-
-
-def _median(values: list[float]) -> float | None:
-    vals = sorted(values)
-    if not vals:
-        return None
-    mid = len(vals) // 2
-    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
-
-
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
 
 
 @dataclass
@@ -244,7 +233,7 @@ class TrialMeter:
         lid = self.busiest()
         pts = self.points.get(lid) if lid is not None else None
         if pts:
-            return _mean(numbers(p.wait for p in pts))
+            return mean(numbers(p.wait for p in pts))
         ld = self.loaders.get(lid) if lid is not None else None
         return num(ld.get("data_wait_fraction")) if ld else None
 
@@ -258,9 +247,9 @@ class TrialMeter:
         rate = _rate(pts) if len(pts) >= 2 else None
         bs = as_int(ld.get("batch_size"))
         workers = [p for p in pts if p.cpu_per_worker is not None]
-        busy = _mean(numbers(p.busy for p in workers))
-        cpu_w = _mean([p.cpu_per_worker for p in workers])  # type: ignore[misc]
-        rq_w = _mean([p.rq_per_worker for p in workers])
+        busy = mean(numbers(p.busy for p in workers))
+        cpu_w = mean([p.cpu_per_worker for p in workers])  # type: ignore[misc]
+        rq_w = mean([p.rq_per_worker for p in workers])
         share = None
         if busy and cpu_w is not None and busy > 0:
             share = (cpu_w + (rq_w or 0.0)) / busy
@@ -277,22 +266,22 @@ class TrialMeter:
             else None,
             "batches_per_s": _round(rate, 3),
             "samples_per_s": _round(rate * bs, 1) if rate is not None and bs else None,
-            "data_wait_fraction": _round(_mean(numbers(p.wait for p in pts)), 4),
-            "cpu_cores": _round(_mean(self._job.cpu_cores), 2),
+            "data_wait_fraction": _round(mean(numbers(p.wait for p in pts)), 4),
+            "cpu_cores": _round(mean(self._job.cpu_cores), 2),
             "worker_uss_bytes": self._job.worker_uss,
             "worker_rss_bytes": self._job.worker_rss,
-            "epoch_start_ms": _round(_median(starts[1:] or starts), 1),
+            "epoch_start_ms": _round(median(starts[1:] or starts), 1),
             "first_epoch_start_ms": _round(starts[0], 1) if starts else None,
-            "epoch_ms": _round(_median(epochs), 1),
+            "epoch_ms": _round(median(epochs), 1),
             "epochs": (pts[-1].epoch - pts[0].epoch) if len(pts) >= 2 else 0,
             "batches": (pts[-1].batches - pts[0].batches) if len(pts) >= 2 else 0,
             "steady_s": _round(self.steady_s, 2),
             "warmup_s": _round(self.steady_from - self.started, 2)
             if self.steady_from is not None and self.started is not None
             else None,
-            "wait_ms_mean": _round(_mean(numbers(p.wait_ms for p in pts)), 2),
-            "step_ms_mean": _round(_mean(numbers(p.step_ms for p in pts)), 2),
-            "worker_ms_per_batch": _round(_mean(numbers(p.worker_ms for p in pts)), 2),
+            "wait_ms_mean": _round(mean(numbers(p.wait_ms for p in pts)), 2),
+            "step_ms_mean": _round(mean(numbers(p.step_ms for p in pts)), 2),
+            "worker_ms_per_batch": _round(mean(numbers(p.worker_ms for p in pts)), 2),
             "worker_busy_fraction": _round(busy, 3),
             "worker_cpu_share_of_busy": _round(share, 3),
             "usable_cores": self.usable_cores,
@@ -325,8 +314,8 @@ def _point(t: float, ld: Mapping) -> _Point:
         wait_ms=num(ld.get("wait_ms_mean")),
         step_ms=num(ld.get("step_ms_mean")),
         worker_ms=num(ld.get("worker_ms_per_batch")),
-        busy=_mean(busy),
-        cpu_per_worker=(_mean(cpu) / PERCENT_PER_CORE) if cpu else None,  # type: ignore[operator]
+        busy=mean(busy),
+        cpu_per_worker=(mean(cpu) / PERCENT_PER_CORE) if cpu else None,  # type: ignore[operator]
         rq_per_worker=(sum(rq) / PERCENT_PER_CORE / len(ws)) if rq and ws else 0.0,
     )
 
