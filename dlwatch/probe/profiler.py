@@ -21,6 +21,7 @@ trains on.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import sys
@@ -266,10 +267,8 @@ class Burst:
         self._uninstall()
         prof, self._prof = self._prof, None
         if prof is not None:
-            try:
+            with contextlib.suppress(Exception):
                 prof.stop()
-            except Exception:
-                pass
         self._finish(error=reason)
 
     def _uninstall(self) -> None:
@@ -417,10 +416,8 @@ def _after_fork_in_child() -> None:
     _current = None
     _lock = threading.Lock()
     if b is not None:
-        try:
+        with contextlib.suppress(Exception):
             b._uninstall()
-        except Exception:
-            pass
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
