@@ -16,7 +16,6 @@ from typing import TypeVar
 from rich.style import Style
 from rich.text import Text
 from textual.app import App, ComposeResult, SystemCommand
-from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
@@ -30,6 +29,7 @@ from dlwatch.tui.hints import HintDetailScreen, HintsPanel
 from dlwatch.tui.host import HostLine
 from dlwatch.tui.jobs import JobList, JobRow, group_jobs, job_state
 from dlwatch.tui.keyed import set_static
+from dlwatch.tui.keys import APP_KEYS, SCREEN_KEYS
 from dlwatch.tui.loader import LoaderPanel
 from dlwatch.tui.profile import ProfileScreen, Runner
 from dlwatch.tui.sources import Source
@@ -64,14 +64,7 @@ class MonitorScreen(Screen):
     """The main screen. Job switching is bound here, not on the app, so that
     tab/j/k stay ordinary keys in the command palette and the help screen."""
 
-    BINDINGS = [
-        Binding("tab", "app.next_job", "next job", show=True),
-        Binding("shift+tab", "app.prev_job", "prev job", show=False),
-        Binding("j,down", "app.next_job", "next job", show=False),
-        Binding("k,up", "app.prev_job", "prev job", show=False),
-        Binding("pagedown", "page(1)", "scroll", show=False),
-        Binding("pageup", "page(-1)", "scroll", show=False),
-    ]
+    BINDINGS = [k.binding() for k in SCREEN_KEYS]
 
     def compose(self) -> ComposeResult:
         yield TextLine(id="status")
@@ -132,28 +125,7 @@ class DlwatchApp(App):
     CSS_PATH = "app.tcss"
     TITLE = "dlwatch"
 
-    BINDINGS = [
-        Binding("q", "quit", "quit"),
-        Binding("question_mark", "help", "help", key_display="?"),
-        Binding("p", "toggle_pause", "pause"),
-        Binding("s", "screenshot", "screenshot"),
-        Binding("d", "dismiss_job", "dismiss"),
-        Binding("e", "hint_detail", "hints in full", show=False),
-        # Replay only (check_action hides them for a live source).
-        Binding("left", "replay_seek(-10)", "-10 s", key_display="←"),
-        Binding("right", "replay_seek(10)", "+10 s", key_display="→"),
-        Binding("shift+left,less_than_sign", "replay_seek(-60)", "-1 min", show=False),
-        Binding("shift+right,greater_than_sign", "replay_seek(60)", "+1 min", show=False),
-        Binding("comma", "replay_step(-1)", "line back", show=False),
-        Binding("full_stop", "replay_step(1)", "line forward", show=False),
-        Binding("home", "replay_edge(0)", "start", show=False),
-        Binding("end", "replay_edge(1)", "end", show=False),
-        Binding("n", "replay_hint(1)", "next hint"),
-        Binding("N", "replay_hint(-1)", "previous hint", show=False),
-        Binding("plus,equals_sign", "replay_speed(2)", "faster", show=False),
-        Binding("minus", "replay_speed(0.5)", "slower", show=False),
-        Binding("P", "profile", "profile", key_display="P"),
-    ]
+    BINDINGS = [k.binding() for k in APP_KEYS]
 
     def __init__(
         self,

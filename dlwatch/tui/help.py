@@ -5,31 +5,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.binding import Binding
 
+from dlwatch.tui.keys import help_rows
 from dlwatch.tui.textmodal import TextModal
-
-KEYS = [
-    ("tab / ↓ / j", "next job"),
-    ("shift+tab / ↑ / k", "previous job"),
-    ("pgup / pgdn", "scroll the loader details"),
-    ("e", "every hint of the job in full, all its evidence"),
-    ("p", "pause / resume the display (sampling goes on)"),
-    ("s", "save an SVG screenshot in the current directory"),
-    ("d", "dismiss the selected exited job"),
-    ("P", "profile 10 steps of the job: verdict and trace"),
-    ("ctrl+p", "command palette (the same actions, by name)"),
-    ("?", "this help"),
-    ("q", "quit"),
-]
-
-REPLAY_KEYS = [
-    ("p", "pause / play the recording"),
-    ("← / →", "10 s back / forward"),
-    ("< / >", "1 min back / forward (also shift+← / →)"),
-    (", / .", "one recorded snapshot back / forward"),
-    ("n / N", "jump to where the next / previous hint appears"),
-    ("home / end", "the start / the end of the recording"),
-    ("+ / -", "play faster / slower"),
-]
 
 LEGEND = [
     ("data wait", "share of the loop's time spent inside next(loader)"),
@@ -43,16 +20,15 @@ LEGEND = [
 
 
 def help_text(replay: bool = False) -> Text:
+    common, replays = help_rows(replay)
     t = Text()
     t.append("dlwatch keys\n\n", "bold")
-    for key, what in KEYS:
-        if replay and key == "p":
-            continue  # the replay's own p is listed below
+    for key, what in common:
         t.append(f"  {key:<18}", "bold")
         t.append(f"{what}\n")
     if replay:
         t.append("\nreplay\n\n", "bold")
-        for key, what in REPLAY_KEYS:
+        for key, what in replays:
             t.append(f"  {key:<18}", "bold")
             t.append(f"{what}\n")
     t.append("\nlegend\n\n", "bold")

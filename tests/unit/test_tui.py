@@ -1024,3 +1024,22 @@ async def test_profile_key_needs_a_live_job():
         await pilot.press("P")
         await settle(pilot)
         assert not isinstance(app.screen, ProfileScreen)
+
+
+def test_every_key_has_an_action_and_a_line_in_the_help():
+    """The bindings and the help come from one table (tui/keys.py): each
+    entry names an action that exists, and each action is in the help."""
+    from dlwatch.tui.app import MonitorScreen
+    from dlwatch.tui.help import help_text
+    from dlwatch.tui.keys import APP_KEYS, SCREEN_KEYS
+
+    for table, owner in ((SCREEN_KEYS, MonitorScreen), (APP_KEYS, DlwatchApp)):
+        for k in table:
+            target, _, name = k.action.rpartition(".")
+            cls = DlwatchApp if target == "app" else owner
+            assert callable(getattr(cls, "action_" + name.split("(")[0], None)), k
+    live, replay = help_text(replay=False).plain, help_text(replay=True).plain
+    for k in SCREEN_KEYS + APP_KEYS:
+        if k.help_keys:
+            assert k.help in (replay if k.replay_only else live), k
+    assert "10 s back / forward" not in live and "pause / play the recording" in replay
