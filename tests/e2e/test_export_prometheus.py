@@ -212,7 +212,7 @@ def test_prometheus_reads_data_wait_from_the_exporter_and_sees_jobs_come_and_go(
         # The diagnosis reaches Prometheus too, with the job's labels.
         stack.wait_for(
             f'dlwatch_hint_active{{hint="no-workers", pid="{b.proc.pid}"}}',
-            lambda r: len(r) == 1 and r[0]["metric"]["severity"] in ("warn", "critical"),
+            lambda r: len(r) == 1 and r[0]["metric"]["severity"] in ("info", "warn", "critical"),
             10,
             "the no-workers hint of the job without workers",
         )

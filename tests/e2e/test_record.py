@@ -93,7 +93,13 @@ def test_recording_of_a_real_job_matches_the_loop_and_replays_to_the_same_figure
     from tests.tui_fixtures import plain
 
     src = ReplaySource.from_file(path)
-    target = next(i for i, s in enumerate(r.snapshots) if s["jobs"] and s["jobs"][0]["state"] == "live")
+    # The first line whose job shows a loader (before its first iter() a live
+    # job has none, and the view then has no loader panel to read).
+    target = next(
+        i
+        for i, s in enumerate(r.snapshots)
+        if s["jobs"] and s["jobs"][0]["state"] == "live" and s["jobs"][0]["loaders"]
+    )
 
     async def play() -> list[tuple[dict, str]]:
         seen = []
@@ -104,8 +110,14 @@ def test_recording_of_a_real_job_matches_the_loop_and_replays_to_the_same_figure
             for _ in range(target):
                 await pilot.press("full_stop")
             for _ in range(3):
-                await pilot.pause(0.05)
-                seen.append((app.snapshot, plain(app.screen.query_one("#loader-stats", TextLine))))
+                # The panel of a loader seen for the first time mounts a
+                # moment after the snapshot that brings it.
+                for _ in range(40):
+                    await pilot.pause(0.05)
+                    stats = app.screen.query("#loader-stats")
+                    if stats:
+                        break
+                seen.append((app.snapshot, plain(stats.first(TextLine))))
                 await pilot.press("full_stop")
         return seen
 
