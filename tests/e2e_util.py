@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -170,3 +171,27 @@ def worker_truth(spans: list, start: int, end: int, batch_size: int) -> dict:
     busy = sum(overlap(a, b, start, end) for a, b in batches) / (end - start)
     inside = [b - a for a, b in batches if start < b <= end]
     return {"busy_fraction": busy, "fetch_ms": sum(inside) / len(inside) / 1e6 if inside else None}
+
+
+def as_nobody(fn) -> int:
+    """fn(sock) in a forked child running as uid/gid 65534 (another user); its
+    exit code: fn's, 77 when the child cannot change user, 71 when fn raised."""
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 70
+        try:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(3)
+            try:
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+            except OSError:
+                os._exit(77)
+            code = fn(s)
+        except BaseException:
+            code = 71
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)

@@ -25,6 +25,7 @@ from dlwatch import wire
 from dlwatch.collect.jobs import JobConnection
 from dlwatch.probe import publisher as pubmod
 from dlwatch.probe.publisher import Publisher
+from tests.e2e_util import as_nobody
 
 HELLO = wire.encode(wire.client_hello("dlwatch tests"))
 
@@ -606,29 +607,6 @@ def test_peer_allowed_for_our_own_uid():
         b.close()
 
 
-def _as_nobody(fn) -> int:
-    """Run fn() in a forked child that dropped to uid 65534; return its exit code."""
-    pid = os.fork()
-    if pid == 0:  # child
-        code = 70
-        try:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.settimeout(3)
-            try:
-                os.setgroups([])
-                os.setgid(65534)
-                os.setuid(65534)
-            except OSError:
-                os._exit(77)
-            code = fn(s)
-        except BaseException:
-            code = 71
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
-
-
 def test_other_user_cannot_connect(pub):
     if os.getuid() != 0:
         pytest.skip("needs root to switch users")
@@ -642,7 +620,7 @@ def test_other_user_cannot_connect(pub):
             return 2
         return 1  # connected: the private directory did not protect us
 
-    code = _as_nobody(attempt)
+    code = as_nobody(attempt)
     if code == 77:
         pytest.skip("cannot setuid here")
     assert code == 0, code
@@ -680,7 +658,7 @@ def test_other_user_is_hung_up_on_even_with_loose_file_modes(pub):
                 return 4  # neither data nor a hang-up
             return 1 if b"hello" in data or b"window" in data else 0
 
-        code = _as_nobody(attempt)
+        code = as_nobody(attempt)
         if code == 77:
             pytest.skip("cannot setuid here")
         assert code == 0, code

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from dlwatch import wire
 from dlwatch.probe.publisher import Publisher
-from tests.e2e_util import JOB, Job, short_tmpdir
+from tests.e2e_util import JOB, Job, as_nobody, short_tmpdir
 
 ROOT = Path(__file__).resolve().parents[2]
 HELLO = wire.encode(wire.client_hello("dlwatch security tests"))
@@ -196,29 +196,6 @@ def test_unsafe_runtime_dirs_are_refused_and_the_job_trains_on():
 # --- the peer's uid --------------------------------------------------------------------------------
 
 
-def _as_nobody(fn) -> int:
-    """fn(sock) in a forked child running as uid/gid 65534; its exit code (77: cannot setuid)."""
-    pid = os.fork()
-    if pid == 0:
-        code = 70
-        try:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.settimeout(3)
-            try:
-                os.setgroups([])
-                os.setgid(65534)
-                os.setuid(65534)
-            except OSError:
-                os._exit(77)
-            code = fn(s)
-        except BaseException:
-            code = 71
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
-
-
 @pytest.fixture
 def open_publisher():
     base = short_tmpdir()
@@ -243,7 +220,7 @@ def test_other_uid_cannot_even_reach_the_socket(open_publisher):
             return 0
         return 1
 
-    code = _as_nobody(attempt)
+    code = as_nobody(attempt)
     if code == 77:
         pytest.skip("cannot setuid here")
     assert code == 0
@@ -282,7 +259,7 @@ def test_other_uid_is_hung_up_on_without_any_data(open_publisher):
                 return 4  # neither data nor a hang-up
             return 0 if data == b"" else 1
 
-        code = _as_nobody(attempt)
+        code = as_nobody(attempt)
         if code == 77:
             pytest.skip("cannot setuid here")
         assert code == 0, {
