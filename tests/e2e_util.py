@@ -195,3 +195,25 @@ def as_nobody(fn) -> int:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status)
+
+
+def hello_and_drain(sock, hello: bytes) -> bytes | None:
+    """Send ``hello`` (a refused send is fine) and read until the peer hangs up
+    or resets: what it sent, or None when it neither sent nor hung up within
+    the socket's timeout."""
+    try:
+        sock.sendall(hello)
+    except OSError:
+        pass
+    data = b""
+    try:
+        while True:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+    except TimeoutError:
+        return None
+    return data

@@ -25,7 +25,7 @@ from dlwatch import wire
 from dlwatch.collect.jobs import JobConnection
 from dlwatch.probe import publisher as pubmod
 from dlwatch.probe.publisher import Publisher
-from tests.e2e_util import as_nobody
+from tests.e2e_util import as_nobody, hello_and_drain
 
 HELLO = wire.encode(wire.client_hello("dlwatch tests"))
 
@@ -641,20 +641,8 @@ def test_other_user_is_hung_up_on_even_with_loose_file_modes(pub):
                 s.connect(pub.path)
             except OSError:
                 return 3  # could not even connect: test set-up failed
-            try:
-                s.sendall(HELLO)
-            except OSError:
-                pass
-            data = b""
-            try:
-                while True:
-                    chunk = s.recv(4096)
-                    if not chunk:
-                        break
-                    data += chunk
-            except (ConnectionResetError, BrokenPipeError):
-                pass
-            except TimeoutError:
+            data = hello_and_drain(s, HELLO)
+            if data is None:
                 return 4  # neither data nor a hang-up
             return 1 if b"hello" in data or b"window" in data else 0
 

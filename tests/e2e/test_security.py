@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from dlwatch import wire
 from dlwatch.probe.publisher import Publisher
-from tests.e2e_util import JOB, Job, as_nobody, short_tmpdir
+from tests.e2e_util import JOB, Job, as_nobody, hello_and_drain, short_tmpdir
 
 ROOT = Path(__file__).resolve().parents[2]
 HELLO = wire.encode(wire.client_hello("dlwatch security tests"))
@@ -242,20 +242,8 @@ def test_other_uid_is_hung_up_on_without_any_data(open_publisher):
                 s.connect(pub.path)
             except OSError:
                 return 3  # set-up failed: the loosened modes did not let us in
-            try:
-                s.sendall(HELLO)
-            except OSError:
-                pass
-            data = b""
-            try:
-                while True:
-                    chunk = s.recv(4096)
-                    if not chunk:
-                        break
-                    data += chunk
-            except (ConnectionResetError, BrokenPipeError):
-                pass
-            except TimeoutError:
+            data = hello_and_drain(s, HELLO)
+            if data is None:
                 return 4  # neither data nor a hang-up
             return 0 if data == b"" else 1
 
