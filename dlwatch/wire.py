@@ -34,6 +34,21 @@ from collections.abc import Callable
 from typing import Any
 
 PROTOCOL_VERSION = 1
+# A worker's fetch times travel as a histogram ("fetch_hist": [[bucket,
+# count], ...], cumulative): log-spaced buckets, FETCH_HIST_PER_OCTAVE to a
+# doubling (each 19 % wide) from FETCH_HIST_LO_S up; 64 reach 3.3 s, and the
+# last also counts everything longer, the first everything shorter.
+FETCH_HIST_PER_OCTAVE = 4
+FETCH_HIST_BUCKETS = 64
+FETCH_HIST_LO_S = 50e-6
+
+
+def fetch_hist_bounds_ms(k: int) -> tuple[float, float]:
+    """The fetch times (ms) that bucket ``k`` counts (its nominal edges)."""
+    lo = FETCH_HIST_LO_S * 2 ** (k / FETCH_HIST_PER_OCTAVE) * 1e3
+    return lo, lo * 2 ** (1 / FETCH_HIST_PER_OCTAVE)
+
+
 # Windows carry a handful of loaders with up to a few dozen workers each:
 # a few KiB. 1 MiB leaves room for anything real and bounds what a peer can
 # make the other side buffer.
@@ -193,10 +208,16 @@ LOADER_OPTIONAL = {
     "teardown_ns": _INT,
     "iterator": _STR,
     "dataset": _STR,
+    "dataset_wrappers": _LIST,
+    "in_order": _BOOL,
+    "iterated_on": _DICT,
+    "samples": _INT,
+    "wait_samples": _INT,
+    "hol_samples": _INT,
 }
 QUEUE_OPTIONAL = {"ready": _INT, "in_flight": _INT, "capacity": _INT}
 WORKER = {"id": _INT, "pid": _INT, "batches": _INT, "fetch_ns": _INT, "busy_ns": _INT}
-WORKER_OPTIONAL = {"started_ns": _INT}
+WORKER_OPTIONAL = {"started_ns": _INT, "fetch_hist": _LIST, "first_batch_digest": _INT}
 ERROR = {"message": _STR}
 PROFILE = {"steps": _INT}
 PROFILE_OPTIONAL = {"max_s": _NUM, "out_dir": _STR}

@@ -188,6 +188,12 @@ def _history(c: JobConnection, frames: list[dict], loader_id: int, full: bool) -
     return {k: v[-WARMUP_POINTS:] for k, v in series.items()}
 
 
+def _iterated_on(v) -> dict | None:
+    if not isinstance(v, dict) or not isinstance(v.get("main"), bool):
+        return None
+    return {"thread": str(v.get("thread") or "?")[:80], "main": v["main"]}
+
+
 def loader_dict(
     frames: list[dict], ld: dict, window_s: float, procs: dict, history: dict, totals: Totals | None = None
 ) -> dict:
@@ -205,7 +211,12 @@ def loader_dict(
                 "cpu_percent": p.get("cpu_percent"),
                 "busy_fraction": wk["busy_fraction"],
                 "fetch_ms_mean": wk["fetch_ms_mean"],
+                "fetch_ms_p50": wk.get("fetch_ms_p50"),
+                "fetch_ms_p95": wk.get("fetch_ms_p95"),
+                "fetch_ms_p99": wk.get("fetch_ms_p99"),
                 "batches": wk["batches"],
+                "window_batches": wk.get("window_batches", 0),
+                "first_batch_digest": wk.get("first_batch_digest"),
                 "busy_s_total": totals.worker_busy_s(ld["id"], wk["id"]) if totals is not None else None,
                 "rss_bytes": p.get("rss_bytes"),
                 "uss_bytes": p.get("uss_bytes"),
@@ -226,6 +237,10 @@ def loader_dict(
         "start_method": ld.get("start_method"),
         "kind": ld.get("kind", "map"),
         "dataset": ld.get("dataset"),
+        "dataset_wrappers": list(ld.get("dataset_wrappers") or []),
+        "in_order": ld.get("in_order"),
+        "iterated_on": _iterated_on(ld.get("iterated_on")),
+        "head_of_line_fraction": w.get("head_of_line_fraction"),
         "active": bool(ld.get("active", False)),
         "epoch": ld["epoch"],
         "batches_total": ld["batches"],
