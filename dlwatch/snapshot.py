@@ -71,6 +71,18 @@ class Worker(_WorkerRequired, total=False):
     # Seconds inside the dataset fetch since the loader began, over every
     # process that held this worker slot (monotonic: the exporter's counter).
     busy_s_total: float | None
+    window_batches: int  # batches this worker delivered in the loader's window
+    # The fetch-time tail of one batch (ms), over the window when it holds 50
+    # fetches or more, else over the worker's life; from a fixed histogram of
+    # 4 buckets an octave in the worker, so each is good to about ±10 %.
+    fetch_ms_p50: float | None
+    fetch_ms_p95: float | None
+    fetch_ms_p99: float | None
+    # Digests of the first two batches the worker delivered from an iterable
+    # dataset (None: a map dataset, or none yet): equal in two workers when
+    # the dataset is not shared out among them.
+    first_batch_digest: int | None
+    second_batch_digest: int | None
 
 
 class History(TypedDict, total=False):
@@ -99,7 +111,16 @@ class _LoaderRequired(TypedDict):
 class Loader(_LoaderRequired, total=False):
     start_method: str | None
     kind: str  # "map" | "iterable"
-    dataset: str | None
+    dataset: str | None  # the user's dataset class, beneath frameworks' wrappers
+    dataset_wrappers: list[str]  # the wrappers' classes, outermost first (Subset, IterableDatasetShard)
+    in_order: bool | None  # DataLoader(in_order=) with workers, torch >= 2.6; None otherwise
+    # The thread that takes the loader's batches: {"thread": name, "main": bool}
+    # (None: no batch yet). main False: a producer thread feeding a queue; the
+    # wait figures are then the producer's, not the training loop's.
+    iterated_on: dict[str, Any] | None
+    # Share of the loop's time inside next() while later batches sat ready in
+    # the reorder buffer (head-of-line blocking), sampled ~10 times a second.
+    head_of_line_fraction: float | None
     active: bool  # an iterator is alive
     epoch_start_ms: list[float]  # recent epochs, oldest first
     epoch_ms: list[float]  # recent completed epoch durations

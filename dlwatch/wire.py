@@ -217,7 +217,12 @@ LOADER_OPTIONAL = {
 }
 QUEUE_OPTIONAL = {"ready": _INT, "in_flight": _INT, "capacity": _INT}
 WORKER = {"id": _INT, "pid": _INT, "batches": _INT, "fetch_ns": _INT, "busy_ns": _INT}
-WORKER_OPTIONAL = {"started_ns": _INT, "fetch_hist": _LIST, "first_batch_digest": _INT}
+WORKER_OPTIONAL = {
+    "started_ns": _INT,
+    "fetch_hist": _LIST,
+    "first_batch_digest": _INT,
+    "second_batch_digest": _INT,
+}
 ERROR = {"message": _STR}
 PROFILE = {"steps": _INT}
 PROFILE_OPTIONAL = {"max_s": _NUM, "out_dir": _STR}

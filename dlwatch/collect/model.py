@@ -217,6 +217,7 @@ def loader_dict(
                 "batches": wk["batches"],
                 "window_batches": wk.get("window_batches", 0),
                 "first_batch_digest": wk.get("first_batch_digest"),
+                "second_batch_digest": wk.get("second_batch_digest"),
                 "busy_s_total": totals.worker_busy_s(ld["id"], wk["id"]) if totals is not None else None,
                 "rss_bytes": p.get("rss_bytes"),
                 "uss_bytes": p.get("uss_bytes"),

@@ -279,6 +279,7 @@ def worker_window(frames: Sequence[dict], base: int, loader_id: int, w_new: dict
         "pid": pid,
         "batches": w_new["batches"],
         "first_batch_digest": w_new.get("first_batch_digest"),
+        "second_batch_digest": w_new.get("second_batch_digest"),
         "busy_fraction": None,
         "fetch_ms_mean": None,
         "window_batches": 0,

@@ -32,7 +32,17 @@ from typing import Any
 
 from dlwatch.snapshot import severity_rank
 
-from . import rules_cores, rules_epochs, rules_gpu, rules_memory, rules_ranks, rules_workers
+from . import (
+    rules_cores,
+    rules_epochs,
+    rules_gpu,
+    rules_memory,
+    rules_order,
+    rules_ranks,
+    rules_sharding,
+    rules_threads,
+    rules_workers,
+)
 from .facts import (
     INACTIVE,
     STEADY,
@@ -74,6 +84,9 @@ RULES: dict[str, Callable[[Context], list[dict]]] = {
     **rules_memory.RULES,
     **rules_gpu.RULES,
     **rules_ranks.RULES,
+    **rules_sharding.RULES,
+    **rules_order.RULES,
+    **rules_threads.RULES,
 }
 
 # Loader-level rules that judge window rates: frozen while their loader warms up.
@@ -87,6 +100,9 @@ LOADER_RATE_RULES = frozenset(
         "worker-thread-oversubscription",
         "enable-pin-memory",
         "straggler-rank",
+        "idle-workers",
+        "head-of-line-blocking",
+        "thread-fed-loader",
     }
 )
 # Job-level rate rules: frozen while the job has no steady loader but one warming.
@@ -293,7 +309,17 @@ WORKER_COUNT_PRECEDENCE = (
 )
 
 
+# Advice for one loader that another hint makes moot: until the iterable
+# dataset is shared out among its workers, more workers would idle too, or
+# yield yet more copies of every sample.
+_MORE_WORKERS = frozenset({"add-workers", "io-bound", "cpu-bound-preprocessing"})
+SUPERSEDED_ON_LOADER = {"idle-workers": _MORE_WORKERS, "duplicated-samples": _MORE_WORKERS}
+
+
 def _precedence(fired: dict) -> dict:
+    for winner, losers in SUPERSEDED_ON_LOADER.items():
+        won = {(k[1], k[2]) for k in fired if k[0] == winner}
+        fired = {k: h for k, h in fired.items() if not (k[0] in losers and (k[1], k[2]) in won)}
     host_wide = any(k[0] == OVERSUBSCRIPTION[0] for k in fired)
     threaded = {(k[1], k[2]) for k in fired if k[0] == OVERSUBSCRIPTION[1]}
     if host_wide or threaded:

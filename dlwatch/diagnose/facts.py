@@ -90,6 +90,15 @@ def worker_ms_per_batch(loader: Mapping, workers: list[dict]) -> float | None:
     return m
 
 
+def fed_by_thread(loader: Mapping) -> bool:
+    """A loader iterated on a thread other than the main one: a producer
+    feeding a queue. Its wait is the producer's, not the training loop's,
+    and the rules that judge the loop's data wait must not read it (the view's
+    ``wait`` is None; rules_threads.py says what the producer waits)."""
+    on = loader.get("iterated_on")
+    return isinstance(on, Mapping) and on.get("main") is False
+
+
 @dataclass
 class LoaderView:
     """One loader of one live job, with the figures most rules need."""
@@ -101,7 +110,7 @@ class LoaderView:
     phase: str
     workers: list[dict]
     num_workers: int | None
-    wait: float | None  # data_wait_fraction 0..1
+    wait: float | None  # data_wait_fraction 0..1; None for a thread-fed loader (fed_by_thread)
     busy_mean: float | None  # mean worker busy fraction 0..1
     cpu_mean: float | None  # mean worker CPU in cores (1.0 = one core)
     cpu_missing: int  # live workers without a CPU figure
@@ -237,7 +246,7 @@ def build_context(
                     phase=phase_of.get((pid, lid), WARMUP),
                     workers=workers,
                     num_workers=as_int(ld.get("num_workers")),
-                    wait=num(ld.get("data_wait_fraction")),
+                    wait=None if fed_by_thread(ld) else num(ld.get("data_wait_fraction")),
                     busy_mean=busy,
                     cpu_mean=(mean(cpu_vals) / PERCENT_PER_CORE) if cpu_vals else None,
                     cpu_missing=len(workers) - len(cpu_vals),

@@ -36,13 +36,14 @@ from dlwatch import wire
 
 # Row layout, one row per worker: PID, BATCHES, STARTED_NS int64; FETCH_S
 # (completed fetch time) and CUR_START_S (start of the fetch in progress, 0
-# when idle) float64 seconds; FIRST_FP, a digest of the first batch an
-# iterable dataset's worker delivered (0: none yet), which tells an unsharded
-# dataset (every worker yields the same stream) from a sharded one; then
+# when idle) float64 seconds; FIRST_FP and SECOND_FP, digests of the first two
+# batches an iterable dataset's worker delivered (0: none yet), which tell an
+# unsharded dataset (every worker yields the same stream) from a sharded one
+# (and constant data, whose two batches are alike, from both); then
 # HIST_BUCKETS int64 counts of fetch times, the tail of the fetch time
 # (head-of-line blocking) in fixed memory.
-PID, BATCHES, FETCH_S, CUR_START_S, STARTED_NS, FIRST_FP = range(6)
-HIST0 = 6
+PID, BATCHES, FETCH_S, CUR_START_S, STARTED_NS, FIRST_FP, SECOND_FP = range(7)
+HIST0 = 7
 # The buckets are the wire's (``wire.fetch_hist_bounds_ms``).
 HIST_PER_OCTAVE = wire.FETCH_HIST_PER_OCTAVE
 HIST_BUCKETS = wire.FETCH_HIST_BUCKETS
@@ -132,23 +133,24 @@ def _patch_fetchers(row, frow, base: int) -> None:
             continue
         timed = _timed(getattr(cur, "_dlwatch_orig", cur), row, frow, base)
         if cls is fetch._IterableDatasetFetcher:
-            timed = _fingerprint_first(cls, timed, row, base + FIRST_FP)
+            timed = _fingerprint_first(cls, timed, row, base + FIRST_FP, base + SECOND_FP)
         cls.fetch = timed
 
 
-def _fingerprint_first(cls, timed, row, i_fp: int):
-    """``timed`` that, on this process's first batch only, stores a digest of
-    the batch, then puts ``timed`` itself on the class: the later fetches pay
-    nothing for it."""
+def _fingerprint_first(cls, timed, row, i_first: int, i_second: int):
+    """``timed`` that stores digests of this process's first two batches,
+    then puts ``timed`` itself on the class: the later fetches pay nothing."""
 
     def fetch(self, possibly_batched_index):
         data = timed(self, possibly_batched_index)
         try:
-            cls.fetch = timed
-            if not row[i_fp]:
-                row[i_fp] = digest(data)
+            i = i_second if row[i_first] else i_first
+            if i == i_second or row[i_second]:
+                cls.fetch = timed
+            if not row[i]:
+                row[i] = digest(data)
         except Exception:
-            pass
+            cls.fetch = timed
         return data
 
     fetch._dlwatch_orig = timed._dlwatch_orig
@@ -252,8 +254,10 @@ def read_workers(
             # Sparse [bucket, count] pairs: a worker's fetch times fall in few.
             "fetch_hist": [[k, c] for k in range(HIST_BUCKETS) if (c := int(view[b + HIST0 + k]))],
         }
-        fp = int(view[b + FIRST_FP])
-        if fp:
-            w["first_batch_digest"] = fp
+        first, second = int(view[b + FIRST_FP]), int(view[b + SECOND_FP])
+        if first:
+            w["first_batch_digest"] = first
+        if second:
+            w["second_batch_digest"] = second
         out.append(w)
     return out
