@@ -114,6 +114,12 @@ def _loader_lines(ld: dict) -> list[str]:
         lines[-1] += f"   (over {span:.0f} s, {n} batch{'es' if n != 1 else ''})"
     if num(ld.get("data_wait_fraction")) is None and ld.get("no_batch_reason"):
         lines.append(f"    data wait n/a: {ld['no_batch_reason']}")
+    on = ld.get("iterated_on")
+    if isinstance(on, dict) and on.get("main") is False:
+        lines.append(
+            f"    iterated on thread '{on.get('thread')}', not the main thread: the waits are that "
+            "producer's; the training loop's own wait is not visible"
+        )
     q = ld.get("queue", {})
     if q.get("capacity") is not None:
         lines.append(

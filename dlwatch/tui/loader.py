@@ -30,6 +30,13 @@ def loader_title(ld: dict, pal: fmt.Palette) -> Text:
     kind = fmt.s(ld.get("kind"))
     if kind:
         parts.append(kind)
+    ds = fmt.s(ld.get("dataset"))
+    if ds:
+        parts.append(ds)
+    on = ld.get("iterated_on")
+    if isinstance(on, dict) and on.get("main") is False:
+        # Its waits are a producer thread's, not the training loop's.
+        parts.append(Text(f"on thread {fmt.s(on.get('thread')) or '?'}", pal.dim))
     parts.append(f"{fmt.count(nw)} workers" if nw != 1 else "1 worker")
     parts.append(f"batch {fmt.count(ld.get('batch_size'))}")
     parts.append(f"pin {_flag(ld.get('pin_memory'))}")

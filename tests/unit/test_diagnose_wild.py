@@ -163,3 +163,19 @@ def test_head_of_line_and_worker_count_rules_exclude_each_other():
     for busy in (0.5, 0.79, 0.8, 0.95):
         got = ids(evaluate(one(slow_tail(busy=busy))))
         assert not ({"head-of-line-blocking"} <= got and got & {"add-workers", "io-bound"}), (busy, got)
+
+
+def test_views_name_the_dataset_and_a_producer_thread():
+    from dlwatch.cli.text import _loader_lines
+    from dlwatch.tui.fmt import DEFAULT_PALETTE
+    from dlwatch.tui.loader import loader_title
+
+    ld = producer()
+    ld["dataset"] = "SleepyText"
+    title = loader_title(ld, DEFAULT_PALETTE).plain
+    assert "SleepyText" in title and "on thread producer" in title
+    text = "\n".join(_loader_lines(ld))
+    assert "SleepyText" in text and "iterated on thread 'producer', not the main thread" in text
+    main = producer(main=True)
+    assert "on thread" not in loader_title(main, DEFAULT_PALETTE).plain
+    assert "iterated on thread" not in "\n".join(_loader_lines(main))
