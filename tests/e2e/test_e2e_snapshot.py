@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from dlwatch import snapshot as S
+from dlwatch.record import reader
 from tests.e2e_util import Job, dlwatch, snapshot_json, truth_in_window, worker_truth
 
 pytestmark = pytest.mark.slow
@@ -154,6 +155,12 @@ def test_follow_streams_json_lines_until_count_a_closed_pipe_or_ctrl_c():
         times = [s["time"] for s in snaps]
         assert times == sorted(times) and len(set(times)) == 5
         assert all("history" not in ld for s in snaps for j in s["jobs"] for ld in j["loaders"])
+        # Saved, the stream is a recording (one without a header line).
+        saved = os.path.join(job.workdir, "stream.jsonl")
+        with open(saved, "w") as f:
+            f.write(r.stdout)
+        rec = reader.read(saved)
+        assert len(rec.snapshots) == 5 and [w for w in rec.warnings if "header" not in w] == []
 
         # The reader stops after one line: the next write finds the pipe closed.
         shell = " ".join(follow) + ' | head -1; echo "status=${PIPESTATUS[0]}"'
