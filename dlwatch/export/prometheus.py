@@ -29,6 +29,7 @@ set of series.
 
 from __future__ import annotations
 
+import inspect
 import socket
 import ssl
 import threading
@@ -452,6 +453,10 @@ def tls_problem(certfile: str, keyfile: str) -> str | None:
     """Why the certificate and key cannot serve HTTPS, in one line, or None.
     Checked before the port is bound, so that a bad file is said as such
     rather than as a failure to listen."""
+    if "certfile" not in inspect.signature(start_http_server).parameters:
+        # The extra asks for 0.19, the first with TLS; an older one installed
+        # some other way is said, not a TypeError.
+        return "--tls-cert needs prometheus_client 0.19 or newer: pip install -U 'dlwatch[export]'"
     for flag, path in (("--tls-cert", certfile), ("--tls-key", keyfile)):
         try:
             with open(path, "rb"):

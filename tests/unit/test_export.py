@@ -396,6 +396,12 @@ def test_tls_files_that_cannot_serve_are_one_line_errors(short_tmpdir, monkeypat
         assert err.count("\n") == 1 and err.startswith("dlwatch export: ") and needle in err, err
     assert main(["export", "--port", "0", "--tls-cert", cert]) == 2
     assert "--tls-cert and --tls-key go together" in capsys.readouterr().err
+    # A prometheus_client older than the extra asks for (no TLS in it).
+    import dlwatch.export.prometheus as P
+
+    monkeypatch.setattr(P, "start_http_server", lambda port, addr="", registry=None: None)
+    assert main(["export", "--port", "0", "--tls-cert", cert, "--tls-key", key]) == 1
+    assert "needs prometheus_client 0.19 or newer" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------- the command
