@@ -6,7 +6,9 @@ its time inside ``next()`` (``data_wait_fraction``) and between batches (the
 hand-over, e.g. blocked on a full queue). It cannot see the thread that takes
 from the queue, so the loader's wait is not the training loop's: the rules
 that judge the loop's wait ignore it (facts.fed_by_thread), and this info
-hint says what is and is not known.
+hint says what is and is not known. A main thread that is idle (a launcher
+or an actor waiting, not training) makes the iterating thread the training
+loop, judged like any other.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from .rules_workers import DATA_BOUND_WAIT
 def rule_thread_fed_loader(ctx: Context) -> list[dict]:
     out = []
     for lv in ctx.loaders:
-        if not lv.steady or not fed_by_thread(lv.loader):
+        if not lv.steady or not fed_by_thread(lv.loader, lv.job):
             continue
         wait = num(lv.loader.get("data_wait_fraction"))
         if wait is None or wait < DATA_BOUND_WAIT:
@@ -48,6 +50,7 @@ def rule_thread_fed_loader(ctx: Context) -> list[dict]:
             "producer_between_batches_ms_mean": r(step_ms, 1),
             "num_workers": lv.num_workers,
             "training_loop_wait": "unknown: the consuming thread is not visible to the probe",
+            "main_thread_cpu_percent": r(num(lv.job.get("main_thread_cpu_percent")), 1),
         }
         out.append(hint("thread-fed-loader", "info", lv.pid, lv.lid, msg, sugg, ev))
     return out

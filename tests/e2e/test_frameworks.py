@@ -23,16 +23,18 @@ JOBS = Path(__file__).resolve().parent.parent / "jobs" / "framework_jobs.py"
 WAIT_TOLERANCE = 0.03
 
 
-def _run(name: str, tmp: Path, train_s: float = 6.0, settle_s: float = 3.0) -> tuple[dict, dict, dict, dict]:
+def _run(name: str, tmp: Path, settle_s: float = 3.0) -> tuple[dict, dict, dict, dict]:
     """Run one framework job; snapshot it ``settle_s`` after its first batch.
     Returns (ready info, the job's loader in the snapshot, the snapshot's
     hints on it, the job's own measurements)."""
-    out = tmp / "spans.json"
-    job = Proc(JOBS, name, str(out), env={"TRAIN_S": str(train_s)})
+    out, stop = tmp / "spans.json", tmp / "stop"
+    # It trains until the snapshot is taken (at most 5 minutes).
+    job = Proc(JOBS, name, str(out), env={"TRAIN_S": "300", "STOP_FILE": str(stop)})
     try:
         info = job.json_line("ready", timeout=180)
         time.sleep(settle_s)
         snap = snapshot_json(job.dir, "--window", "2")
+        stop.touch()
         rc, stdout, err = job.finish(timeout=120)
         assert rc == 0, err[-3000:]
         assert "fit-done" in stdout

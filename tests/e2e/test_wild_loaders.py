@@ -39,8 +39,9 @@ def test_thread_fed_and_iterable_loaders(tmp_path):
     """Four jobs side by side (their datasets sleep: they do not compete for
     the CPU much), one snapshot of each after a few seconds of steady state."""
     modes = ("thread", "unsharded", "sharded", "duplicated")
-    # Long enough for the four snapshots, taken one after the other.
-    jobs = {m: _start(m, tmp_path / f"{m}.json", "--train-s", "12") for m in modes}
+    # They train until the four snapshots, taken one after the other, are done.
+    stop = tmp_path / "stop"
+    jobs = {m: _start(m, tmp_path / f"{m}.json", "--train-s", "300", "--stop-file", str(stop)) for m in modes}
     snaps = {}
     try:
         for m in modes:
@@ -48,6 +49,7 @@ def test_thread_fed_and_iterable_loaders(tmp_path):
         time.sleep(3.5)
         for m in modes:
             snaps[m] = snapshot_json(jobs[m].dir, "--window", "2")
+        stop.touch()
         own = {m: _finish(jobs[m], tmp_path / f"{m}.json") for m in modes}
     finally:
         for j in jobs.values():
@@ -96,14 +98,18 @@ GAIN_TOLERANCE = 0.25
 
 
 def _slow_tail_run(tmp_path: Path, in_order: int, snapshot_after: float | None) -> tuple[dict | None, dict]:
-    out = tmp_path / f"slow-tail-{in_order}.json"
-    job = _start("slow-tail", out, "--in-order", str(in_order), "--train-s", "12")
+    out, stop = tmp_path / f"slow-tail-{in_order}.json", tmp_path / f"stop-{in_order}"
+    # 12 s of training, or until the snapshot is taken.
+    train_s = "12" if snapshot_after is None else "300"
+    args = ("--in-order", str(in_order), "--train-s", train_s, "--stop-file", str(stop))
+    job = _start("slow-tail", out, *args)
     snap = None
     try:
         job.json_line("ready", timeout=120)
         if snapshot_after is not None:
             time.sleep(snapshot_after)
             snap = snapshot_json(job.dir, "--window", "8")
+            stop.touch()
         own = _finish(job, out)
     finally:
         job.cleanup()

@@ -22,6 +22,9 @@ from torch.utils.data import DataLoader, Dataset
 import dlwatch.hook  # noqa: F401  (the one line)
 
 TRAIN_S = float(os.environ.get("TRAIN_S", "5"))
+# Train until this file exists (or TRAIN_S passes): a test snapshotting on a
+# loaded box says when it is done.
+STOP_FILE = os.environ.get("STOP_FILE")
 # 8 samples: 48 ms a batch in one worker, 24 ms with two; the loop's step is
 # STEP_S plus the model's (the transformers step is the slowest: its samples
 # take twice as long, so every loop waits about half of its time).
@@ -90,6 +93,8 @@ class Spans:
         """True when the run should stop."""
         time.sleep(STEP_S)
         self.t_end = time.perf_counter_ns()
+        if STOP_FILE and os.path.exists(STOP_FILE):
+            return True
         return self.t0 is not None and time.monotonic() - self.t0 > TRAIN_S
 
     def write(self) -> None:

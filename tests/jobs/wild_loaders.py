@@ -1,6 +1,6 @@
 """Loaders as they are found in the wild, each measuring what its loop waits.
 
-Usage: wild_loaders.py MODE OUT.json [--in-order 0|1] [--train-s S]
+Usage: wild_loaders.py MODE OUT.json [--in-order 0|1] [--train-s S] [--stop-file PATH]
 
 MODE:
   thread      a producer thread iterates a num_workers=0 DataLoader into a
@@ -20,6 +20,7 @@ perf_counter_ns), ``batches`` and ``seconds`` (of the measured loop).
 
 import argparse
 import json
+import os
 import queue
 import threading
 import time
@@ -72,7 +73,15 @@ class RareSlow(Dataset):
         return torch.tensor([i], dtype=torch.float32)
 
 
-def loop(batches, a, spans, step_s: float) -> dict:
+def spin(seconds: float) -> None:
+    """A step that keeps the thread on a CPU, as training does."""
+    end = time.perf_counter() + seconds
+    x = torch.ones(64, 64)
+    while time.perf_counter() < end:
+        x = (x @ x).clamp_(-1, 1)
+
+
+def loop(batches, a, spans, step_s: float, step=time.sleep) -> dict:
     """Train on ``batches`` (an iterable) for a.train_s seconds."""
     t0 = None
     n = 0
@@ -87,8 +96,8 @@ def loop(batches, a, spans, step_s: float) -> dict:
         else:
             spans.append([0, w0, w1])
             n += 1
-        time.sleep(step_s)
-        if time.monotonic() - t0 > a.train_s:
+        step(step_s)
+        if time.monotonic() - t0 > a.train_s or (a.stop_file and os.path.exists(a.stop_file)):
             return {"batches": n, "seconds": time.monotonic() - t0}
 
 
@@ -119,8 +128,8 @@ def thread_fed(a, spans) -> dict:
         while True:
             yield q.get()
 
-    # 16 ms a batch loaded vs 25 ms a step: the producer keeps ahead.
-    out = loop(take(), a, spans, step_s=0.025)
+    # 16 ms a batch loaded vs 25 ms a step on a CPU: the producer keeps ahead.
+    out = loop(take(), a, spans, step_s=0.025, step=spin)
     stop.set()
     th.join()
     return out
@@ -132,6 +141,9 @@ def main() -> None:
     p.add_argument("out")
     p.add_argument("--in-order", type=int, default=1)
     p.add_argument("--train-s", type=float, default=6.0)
+    # Train until this file exists (or --train-s passes): a test that takes
+    # several snapshots on a loaded box says when it is done.
+    p.add_argument("--stop-file")
     a = p.parse_args()
     spans: list = []
     kw = dict(batch_size=BATCH, multiprocessing_context="fork")

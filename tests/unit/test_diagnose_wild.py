@@ -165,6 +165,15 @@ def test_head_of_line_and_worker_count_rules_exclude_each_other():
         assert not ({"head-of-line-blocking"} <= got and got & {"add-workers", "io-bound"}), (busy, got)
 
 
+def test_with_an_idle_main_thread_the_iterating_thread_is_the_training_loop():
+    # A launcher or an actor waits on the main thread (Ray Train runs the
+    # train function on a thread): the loader's wait is the loop's.
+    got = ids(evaluate(one(producer(), job_kw={"main_thread_cpu": 1.0})))
+    assert "no-workers" in got and "thread-fed-loader" not in got
+    # Unknown main-thread CPU: taken as working (a producer).
+    assert ids(evaluate(one(producer(), job_kw={"main_thread_cpu": None}))) == {"thread-fed-loader"}
+
+
 def test_views_name_the_dataset_and_a_producer_thread():
     from dlwatch.cli.text import _loader_lines
     from dlwatch.tui.fmt import DEFAULT_PALETTE
