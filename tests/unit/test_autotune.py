@@ -75,8 +75,8 @@ def test_live_view_line():
     assert autotune_line({}, pal) is None
     left = autotune_line({"autotune": {"state": "left alone", "reason": "an iterable dataset"}}, pal)
     assert left is not None and "left alone: an iterable dataset" in left.plain
-    at = {"state": "converged", "original": {"num_workers": 1}, "changes": [{"epoch": 2}],
-          "current": {"num_workers": 8, "prefetch_factor": 2}, "epoch_batches_per_s": [24.0, 110.0, 118.0]}  # fmt: skip
+    at = {"state": "converged", "original": {"num_workers": 1}, "changes": [{"epoch": 2}]}
+    at |= {"current": {"num_workers": 8, "prefetch_factor": 2}, "epoch_batches_per_s": [24.0, 110.0, 118.0]}
     line = autotune_line({"autotune": at}, pal).plain
     assert (
         "converged" in line
