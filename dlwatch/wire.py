@@ -214,6 +214,7 @@ LOADER_OPTIONAL = {
     "samples": _INT,
     "wait_samples": _INT,
     "hol_samples": _INT,
+    "autotune": _DICT,
 }
 QUEUE_OPTIONAL = {"ready": _INT, "in_flight": _INT, "capacity": _INT}
 WORKER = {"id": _INT, "pid": _INT, "batches": _INT, "fetch_ns": _INT, "busy_ns": _INT}

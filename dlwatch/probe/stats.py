@@ -65,6 +65,7 @@ class LoaderStats:
         "samples",
         "wait_samples",
         "hol_samples",
+        "autotune",
         "__weakref__",
     )
 
@@ -102,6 +103,7 @@ class LoaderStats:
         self.samples = 0
         self.wait_samples = 0
         self.hol_samples = 0
+        self.autotune: dict | None = None  # what autotune decided (probe/autotune.py), when it is on
 
     # --- called from the patched iterator (trainer main thread) -------------
 
@@ -222,6 +224,8 @@ class LoaderStats:
         )
         if self.thread_name is not None:
             out["iterated_on"] = {"thread": self.thread_name, "main": bool(self.thread_main)}
+        if self.autotune is not None:
+            out["autotune"] = self.autotune
         return out
 
 
