@@ -155,3 +155,11 @@ def test_workers_of_an_iterable_dataset_report_their_first_two_batches(probe, sh
     digests = [(w.get("first_batch_digest"), w.get("second_batch_digest")) for w in frame["workers"]]
     assert all(a and b and a != b for a, b in digests), digests
     assert (digests[0] == digests[1]) is (not shard)
+
+
+def test_accelerates_shard_of_an_iterable_dataset_is_seen_through():
+    shard_mod = pytest.importorskip("accelerate.data_loader")
+    ds = shard_mod.IterableDatasetShard(Stream(False), batch_size=4, num_processes=2, process_index=0)
+    cfg = loader_config(DataLoader(ds, batch_size=4), None)
+    assert cfg["dataset"] == "Stream" and cfg["dataset_wrappers"] == ["IterableDatasetShard"]
+    assert cfg["kind"] == "iterable"
