@@ -26,7 +26,7 @@ same hints as watching them live.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -44,6 +44,7 @@ from .facts import (
     build_context,
     num,
 )
+from .registry import Rule, Scope, registry
 from .render import with_tune_command
 
 # A condition must hold this long before its hint shows (brief: ≈ 3 s): longer
@@ -67,33 +68,29 @@ WARMUP_STEADY_S = 3.0
 # nothing about whether a condition held in between: pending timers restart.
 STALE_GAP_S = 10.0
 
-RULES: dict[str, Callable[[Context], list[dict]]] = {
-    **rules_workers.RULES,
-    **rules_cores.RULES,
-    **rules_epochs.RULES,
-    **rules_memory.RULES,
-    **rules_gpu.RULES,
-    **rules_ranks.RULES,
-}
+# Every rule, by id: each module declares its rules' scope and precedence
+# (registry.py); the sets below are derived from those declarations.
+REGISTRY: dict[str, Rule] = registry(
+    rules_workers.RULES,
+    rules_cores.RULES,
+    rules_epochs.RULES,
+    rules_memory.RULES,
+    rules_gpu.RULES,
+    rules_ranks.RULES,
+)
+
+
+def _rate_rules(scope: Scope) -> frozenset[str]:
+    return frozenset(r.id for r in REGISTRY.values() if r.rate and r.scope == scope)
+
 
 # Loader-level rules that judge window rates: frozen while their loader warms up.
-LOADER_RATE_RULES = frozenset(
-    {
-        "no-workers",
-        "add-workers",
-        "io-bound",
-        "cpu-bound-preprocessing",
-        "pipeline-has-headroom",
-        "worker-thread-oversubscription",
-        "enable-pin-memory",
-        "straggler-rank",
-    }
-)
+LOADER_RATE_RULES = _rate_rules("loader")
 # Job-level rate rules: frozen while the job has no steady loader but one warming.
-JOB_RATE_RULES = frozenset({"main-loop-cpu-bound"})
+JOB_RATE_RULES = _rate_rules("job")
 # Host-level rate rules: frozen while a loader that was steady re-warms (a
 # non-persistent loader re-spawning its workers at an epoch start).
-HOST_RATE_RULES = frozenset({"workers-oversubscribe-cores"})
+HOST_RATE_RULES = _rate_rules("host")
 
 
 HintKey = tuple  # (id, job_pid | None, loader_id | None)
@@ -259,48 +256,48 @@ def _frozen_keys(ctx: Context, tracks: Mapping[tuple[int, int], LoaderTrack]) ->
     return frozen
 
 
-# When cores are oversubscribed, per-loader advice about the worker count is
-# measured on starved workers: fix the oversubscription first, one hint at a time.
-OVERSUBSCRIPTION = ("workers-oversubscribe-cores", "worker-thread-oversubscription")
-SUPERSEDED_BY_OVERSUBSCRIPTION = frozenset({"add-workers", "io-bound", "cpu-bound-preprocessing"})
-
-
 def _run_rules(ctx: Context) -> tuple[dict, dict]:
     """All candidates keyed by hint key, plus rule errors (a buggy rule must
     not take the monitor down; its error is kept in the state for tests/logs)."""
     fired: dict = {}
     errors: dict = {}
-    for rid, fn in RULES.items():
+    for rid, rule in REGISTRY.items():
         try:
-            for h in fn(ctx):
-                fired[(h["id"], h["job_pid"], h["loader_id"])] = with_tune_command(h, ctx.snapshot)
+            for h in rule.check(ctx):
+                if rule.tunable:
+                    h = with_tune_command(h, ctx.snapshot)
+                fired[(h["id"], h["job_pid"], h["loader_id"])] = h
         except Exception as e:  # noqa: BLE001 - see docstring
             errors[rid] = f"{type(e).__name__}: {e}"
     return _precedence(fired), errors
 
 
 # One worker count per loader: where two hints recommend different counts for
-# the same loader, the earlier one here wins and the other defers to it (its
-# evidence says so, its suggestion repeats the winner's count). Cores first
-# (a count measured on starved workers is not one to follow), then the
-# data-bound rules, then the advice to save resources.
-WORKER_COUNT_PRECEDENCE = (
-    "workers-oversubscribe-cores",
-    "no-workers",
-    "add-workers",
-    "io-bound",
-    "pipeline-has-headroom",
+# the same loader, the one of lowest ``Rule.worker_count_rank`` wins and the
+# other defers to it (its evidence says so, its suggestion repeats the
+# winner's count). Cores first (a count measured on starved workers is not one
+# to follow), then the data-bound rules, then the advice to save resources.
+WORKER_COUNT_PRECEDENCE = tuple(
+    r.id
+    for r in sorted(REGISTRY.values(), key=lambda r: (r.worker_count_rank or 0, r.id))
+    if r.worker_count_rank is not None
 )
 
 
 def _precedence(fired: dict) -> dict:
-    host_wide = any(k[0] == OVERSUBSCRIPTION[0] for k in fired)
-    threaded = {(k[1], k[2]) for k in fired if k[0] == OVERSUBSCRIPTION[1]}
-    if host_wide or threaded:
+    """Drop the hints a firing rule supersedes (registry.Rule.supersedes)."""
+    hidden: set[tuple] = set()  # (rule id, pid, lid); pid = lid = None: everywhere
+    for rid, pid, lid in fired:
+        rule = REGISTRY.get(rid)
+        if rule is None:
+            continue
+        where = (None, None) if rule.scope == "host" else (pid, lid if rule.scope == "loader" else None)
+        hidden.update((sup, *where) for sup in rule.supersedes)
+    if hidden:
         fired = {
             k: h
             for k, h in fired.items()
-            if not (k[0] in SUPERSEDED_BY_OVERSUBSCRIPTION and (host_wide or (k[1], k[2]) in threaded))
+            if not any((k[0], p, lid) in hidden for p, lid in ((None, None), (k[1], None), (k[1], k[2])))
         }
     return _one_count_per_loader(fired)
 
@@ -310,12 +307,12 @@ def _one_count_per_loader(fired: dict) -> dict:
     counts: dict[tuple, list[tuple[int, str, int]]] = {}
     for (rid, pid, lid), h in fired.items():
         ev = as_dict(h.get("evidence"))
-        if rid == WORKER_COUNT_PRECEDENCE[0]:
+        if rid in rank and REGISTRY[rid].scope == "host":
             for e in as_list(ev.get("recommended_num_workers_by_loader")):
                 e = as_dict(e)
                 n = as_int(e.get("recommended_num_workers"))
                 if n is not None:
-                    counts.setdefault((e.get("job_pid"), e.get("loader_id")), []).append((0, rid, n))
+                    counts.setdefault((e.get("job_pid"), e.get("loader_id")), []).append((rank[rid], rid, n))
         elif rid in rank:
             n = as_int(ev.get("recommended_num_workers"))
             if n is not None:

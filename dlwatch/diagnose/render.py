@@ -70,12 +70,6 @@ def format_hints(hints: Iterable[Mapping]) -> str:
     return "\n".join(blocks)
 
 
-# Hints whose advice is a DataLoader setting `dlwatch tune` can measure.
-TUNABLE_HINTS = frozenset(
-    {"no-workers", "add-workers", "io-bound", "pipeline-has-headroom", "enable-persistent-workers"}
-)
-
-
 def tune_command(job: Mapping, config: Mapping) -> str | None:
     """The ``dlwatch tune`` command line that measures ``config`` against the
     job's own settings on the job's own command (None without a command).
@@ -93,8 +87,9 @@ def tune_command(job: Mapping, config: Mapping) -> str | None:
 
 
 def with_tune_command(h: dict, snapshot: Mapping) -> dict:
-    """``h`` with its suggestion ending in the command that verifies it."""
-    if h.get("id") not in TUNABLE_HINTS or not isinstance(snapshot, Mapping):
+    """``h`` (a hint of a tunable rule, registry.Rule.tunable) with its
+    suggestion ending in the command that verifies it."""
+    if not isinstance(snapshot, Mapping):
         return h
     job = find_job(snapshot, h.get("job_pid"))
     if job is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from . import capacity
 from .facts import Context, LoaderView, cores, hint, median, num, pct, r, whole_cores, worker_values
+from .registry import Rule
 
 # A worker below 10 % of a core is parked (a persistent worker between epochs,
 # or one blocked on a full prefetch queue): it costs memory, not CPU time, so
@@ -199,7 +200,24 @@ def rule_worker_thread_oversubscription(ctx: Context) -> list[dict]:
     return out
 
 
-RULES = {
-    "workers-oversubscribe-cores": rule_workers_oversubscribe_cores,
-    "worker-thread-oversubscription": rule_worker_thread_oversubscription,
-}
+# When cores are oversubscribed, per-loader advice about the worker count is
+# measured on starved workers: fix the oversubscription first, one hint at a time.
+SUPERSEDED_BY_OVERSUBSCRIPTION = frozenset({"add-workers", "io-bound", "cpu-bound-preprocessing"})
+
+RULES = (
+    Rule(
+        "workers-oversubscribe-cores",
+        rule_workers_oversubscribe_cores,
+        "host",
+        rate=True,
+        worker_count_rank=0,
+        supersedes=SUPERSEDED_BY_OVERSUBSCRIPTION,
+    ),
+    Rule(
+        "worker-thread-oversubscription",
+        rule_worker_thread_oversubscription,
+        "loader",
+        rate=True,
+        supersedes=SUPERSEDED_BY_OVERSUBSCRIPTION,
+    ),
+)

@@ -9,6 +9,7 @@ has "a few seconds of steady state".
 from __future__ import annotations
 
 from .facts import Context, as_list, hint, median, ms, num, pct, r
+from .registry import Rule
 
 # An epoch-start stall under half a second is not worth a config change even
 # when epochs are short (brief: ≥ 0.5 s).
@@ -66,4 +67,4 @@ def rule_enable_persistent_workers(ctx: Context) -> list[dict]:
     return out
 
 
-RULES = {"enable-persistent-workers": rule_enable_persistent_workers}
+RULES = (Rule("enable-persistent-workers", rule_enable_persistent_workers, "loader", tunable=True),)

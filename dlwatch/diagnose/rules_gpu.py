@@ -8,6 +8,7 @@ index): "the GPU is idle" must be measured, not assumed.
 from __future__ import annotations
 
 from .facts import Context, hint, num, pct, r
+from .registry import Rule
 
 # Data wait that makes a pageable host-to-device copy worth fixing: the copy
 # happens in the loop, so any material wait (the catalog's lower 5 %, README "Hints") counts.
@@ -99,7 +100,7 @@ def rule_main_loop_cpu_bound(ctx: Context) -> list[dict]:
     return out
 
 
-RULES = {
-    "enable-pin-memory": rule_enable_pin_memory,
-    "main-loop-cpu-bound": rule_main_loop_cpu_bound,
-}
+RULES = (
+    Rule("enable-pin-memory", rule_enable_pin_memory, "loader", rate=True),
+    Rule("main-loop-cpu-bound", rule_main_loop_cpu_bound, "job", rate=True),
+)

@@ -22,6 +22,7 @@ from .facts import (
     num,
     r,
 )
+from .registry import Rule
 
 MIB = float(1 << 20)
 
@@ -259,7 +260,7 @@ def rule_shm_low(ctx: Context) -> list[dict]:
     return [hint("shm-low", severity, None, None, msg, sugg, ev)]
 
 
-RULES = {
-    "worker-memory-growth": rule_worker_memory_growth,
-    "shm-low": rule_shm_low,
-}
+RULES = (
+    Rule("worker-memory-growth", rule_worker_memory_growth, "loader"),
+    Rule("shm-low", rule_shm_low, "host"),
+)

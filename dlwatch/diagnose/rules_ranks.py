@@ -14,6 +14,7 @@ other ranks are elsewhere is judged on the ranks here.
 from __future__ import annotations
 
 from .facts import Context, LoaderView, as_int, hint, median, ms, num, pct, r
+from .registry import Rule
 
 # The straggler waits for data at least this much of its loop: the threshold
 # at which a single job's loader is data-bound (rules_workers.DATA_BOUND_WAIT).
@@ -143,4 +144,4 @@ def _judge(run_id: str, jobs: list[dict], ranks: list[tuple]) -> dict | None:
     return hint("straggler-rank", "warn", slow.pid, slow.lid, msg, sugg, ev)
 
 
-RULES = {"straggler-rank": rule_straggler_rank}
+RULES = (Rule("straggler-rank", rule_straggler_rank, "loader", rate=True),)

@@ -29,6 +29,7 @@ from .facts import (
     whole_cores,
     worker_values,
 )
+from .registry import Rule
 
 # Loop time spent waiting for data above which the job is "data-bound". README "Hints"
 # says "material (≥ 5–10 %)"; 10 % is where a fix buys a visible speed-up and
@@ -443,10 +444,17 @@ def rule_pipeline_has_headroom(ctx: Context) -> list[dict]:
     return out
 
 
-RULES = {
-    "no-workers": rule_no_workers,
-    "add-workers": rule_add_workers,
-    "io-bound": rule_io_bound,
-    "cpu-bound-preprocessing": rule_cpu_bound_preprocessing,
-    "pipeline-has-headroom": rule_pipeline_has_headroom,
-}
+RULES = (
+    Rule("no-workers", rule_no_workers, "loader", rate=True, worker_count_rank=1, tunable=True),
+    Rule("add-workers", rule_add_workers, "loader", rate=True, worker_count_rank=2, tunable=True),
+    Rule("io-bound", rule_io_bound, "loader", rate=True, worker_count_rank=3, tunable=True),
+    Rule("cpu-bound-preprocessing", rule_cpu_bound_preprocessing, "loader", rate=True),
+    Rule(
+        "pipeline-has-headroom",
+        rule_pipeline_has_headroom,
+        "loader",
+        rate=True,
+        worker_count_rank=4,
+        tunable=True,
+    ),
+)
