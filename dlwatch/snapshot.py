@@ -199,6 +199,9 @@ class Snapshot(_SnapshotRequired, total=False):
     runtime_dir: str
     runtime_dir_error: str | None
     errors: list[str]  # collector faults (a sampler that raised), newest last
+    # Why ``hints`` says nothing: the diagnosis could not start or raised.
+    # Absent when the hints are the diagnosis's own verdict.
+    hints_error: str
 
 
 # ------------------------------------------------------------- the accessors

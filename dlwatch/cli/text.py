@@ -80,8 +80,12 @@ def render_snapshot(snap: dict) -> str:
         for ld in j.get("loaders", []):
             lines.extend(_loader_lines(ld))
     lines.append("")
+    for fault in snap.get("errors") or []:
+        lines.append(f"collector error: {fault}")
     hints = snap.get("hints") or []
-    if hints:
+    if snap.get("hints_error") and not hints:
+        lines.append(f"hints: n/a: {snap['hints_error']}")
+    elif hints:
         try:
             from dlwatch.diagnose import format_hints
 

@@ -74,7 +74,11 @@ class HintsPanel(Static):
             return
         hints, others = relevant_hints(snapshot.get("hints"), job_pid)
         out = Text()
-        if not hints:
+        broken = fmt.s(snapshot.get("hints_error"))
+        if broken and not hints:
+            # No hints from a diagnosis that did not run is not "nothing to fix".
+            out.append(f"✖ no hints: {broken}", pal.bad)
+        elif not hints:
             out.append("✓ no hints" + (" for this job" if others else ""), pal.good)
             out.append(" — nothing to fix in the input pipeline right now" if not others else "", pal.dim)
         for i, h in enumerate(hints):

@@ -187,6 +187,20 @@ async def test_no_hints_and_waiting_states():
 
 
 @sync
+async def test_a_failed_diagnosis_and_collector_faults_are_shown():
+    snap = F.data_bound(hints=False)
+    snap["hints_error"] = "diagnosis failed: KeyError: 'loaders'"
+    snap["errors"] = ["host: PermissionError: /proc/stat", "diagnosis: KeyError: 'loaders'"]
+    app = make_app([snap])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        hints = plain(app.screen.query_one(HintsPanel))
+        assert "no hints: diagnosis failed: KeyError: 'loaders'" in hints
+        assert "nothing to fix" not in hints
+        assert "collector: diagnosis: KeyError: 'loaders' (+1)" in status(app)
+
+
+@sync
 async def test_no_jobs_message_names_runtime_dir_and_how_to_start():
     app = make_app([F.empty()])
     async with app.run_test(size=(80, 24)) as pilot:
