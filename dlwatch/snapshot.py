@@ -20,8 +20,8 @@ guess, and a snapshot from an older collector still reads.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from typing import Any, TypedDict, get_type_hints
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol, TypedDict, get_type_hints, runtime_checkable
 
 SCHEMA_VERSION = 1
 
@@ -202,6 +202,26 @@ class Snapshot(_SnapshotRequired, total=False):
     # Why ``hints`` says nothing: the diagnosis could not start or raised.
     # Absent when the hints are the diagnosis's own verdict.
     hints_error: str
+
+
+# ------------------------------------------------------------- the source
+
+
+@runtime_checkable
+class SnapshotSource(Protocol):
+    """Where a consumer (the live view, the recorder, the exporter) gets
+    snapshots: the collector (``dlwatch.collect.Monitor``), or a replay.
+
+    ``latest()`` answers from memory (the newest snapshot built, None before
+    the first): it is called from an event loop or a scrape thread.
+    ``subscribe(callback)``: ``callback()`` is called, from any thread, after
+    each new snapshot, so a consumer need not poll on a timer of its own."""
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def latest(self) -> dict[str, Any] | None: ...
+    def subscribe(self, callback: Callable[[], None]) -> None: ...
+    def dismiss(self, job_pid: int) -> None: ...
 
 
 # ------------------------------------------------------------- the accessors

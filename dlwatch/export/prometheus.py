@@ -35,6 +35,7 @@ from prometheus_client.registry import Collector
 
 from dlwatch.snapshot import (
     PERCENT_PER_CORE,
+    SnapshotSource,
     as_dict,
     as_int,
     as_str,
@@ -222,7 +223,7 @@ def _families() -> dict[str, Metric]:
 
 
 class SnapshotCollector(Collector):
-    """Metric families from ``latest()`` (``Monitor.latest``), on each scrape.
+    """Metric families from ``source.latest()`` (the collector's), on each scrape.
 
     ``hostname`` overrides the ``host`` label (a node name in Kubernetes,
     where a pod's own hostname is the pod's); by default each job's own
@@ -231,12 +232,12 @@ class SnapshotCollector(Collector):
 
     def __init__(
         self,
-        latest: Callable[[], dict | None],
+        source: SnapshotSource,
         hostname: str | None = None,
         grace_s: float = DEFAULT_GRACE_S,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        self._latest = latest
+        self._source = source
         self._hostname = hostname
         self._default_host = hostname or socket.gethostname()
         self.grace_s = grace_s
@@ -251,7 +252,7 @@ class SnapshotCollector(Collector):
         return []
 
     def collect(self) -> Iterator[Metric]:
-        snap = self._latest()
+        snap = self._source.latest()
         fam = _families()
         if isinstance(snap, dict):
             self._fill(snap, fam)

@@ -22,11 +22,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import KW_ONLY, InitVar, dataclass
-from typing import Any
 
 from dlwatch import __version__
 from dlwatch.record import fileformat
-from dlwatch.snapshot import SCHEMA_VERSION, Snapshot, as_int, records
+from dlwatch.snapshot import SCHEMA_VERSION, Snapshot, SnapshotSource, as_int, records
 
 # How many builds the recorder may fall behind before a line is written
 # anyway: a missed notification (none is lost, but be safe) costs a line's
@@ -53,7 +52,7 @@ class Recorder:
     """
 
     path: str
-    monitor: Any
+    monitor: SnapshotSource
     _: KW_ONLY
     interval: float
     window_s: float

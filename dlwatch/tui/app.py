@@ -22,6 +22,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from dlwatch import __version__
+from dlwatch.snapshot import SnapshotSource
 from dlwatch.tui import fmt
 from dlwatch.tui.gpu import GpuPanel
 from dlwatch.tui.help import HelpScreen
@@ -32,11 +33,12 @@ from dlwatch.tui.keyed import set_static
 from dlwatch.tui.keys import APP_KEYS, SCREEN_KEYS
 from dlwatch.tui.loader import LoaderPanel
 from dlwatch.tui.profile import ProfileScreen, Runner
-from dlwatch.tui.sources import Source
+from dlwatch.tui.sources import ReplayControls
 from dlwatch.tui.status import job_header, status_text
 from dlwatch.tui.textline import TextLine
 
 W = TypeVar("W")
+_R = TypeVar("_R")
 
 # The headline (data wait, rates, prefetch queue) and the job list are drawn
 # from every snapshot; the panels fed by once-a-second samples (workers' CPU
@@ -129,7 +131,7 @@ class DlwatchApp(App):
 
     def __init__(
         self,
-        source: Source,
+        source: SnapshotSource,
         interval: float = 0.5,
         *,
         runtime_dir: str | None = None,
@@ -182,12 +184,10 @@ class DlwatchApp(App):
         # soon as each one is built; the timer then only keeps the status
         # line honest (staleness). Polling alone would add up to one more
         # period between the job and the screen.
-        subscribe = getattr(self.source, "subscribe", None)
-        if callable(subscribe):
-            try:
-                subscribe(self._snapshot_ready)
-            except Exception:
-                pass  # the timer still polls
+        try:
+            self.source.subscribe(self._snapshot_ready)
+        except Exception:
+            pass  # the timer still polls
         self.set_interval(self.interval, self.tick, name="dlwatch-refresh")
         self.tick()
 
@@ -466,7 +466,7 @@ class DlwatchApp(App):
         if self.is_replay:
             # Replay pauses the playback itself: the display keeps following
             # it, so seeking while paused shows where it lands.
-            self._replay_control("toggle_pause")
+            self._replay_control(lambda r: r.toggle_pause())
             return
         self.paused = not self.paused
         self._guard("status", self._draw_status)
@@ -483,7 +483,11 @@ class DlwatchApp(App):
     def is_replay(self) -> bool:
         """The source plays a recording (``ReplaySource``): no job is reachable,
         and the replay keys move through it."""
-        return getattr(self.source, "replay", False) is True
+        return self._replay() is not None
+
+    def _replay(self) -> ReplayControls | None:
+        source = self.source
+        return source if isinstance(source, ReplayControls) and source.replay is True else None
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action.startswith("replay_"):
@@ -493,16 +497,20 @@ class DlwatchApp(App):
         return True
 
     def _replay_status(self) -> str | None:
-        if not self.is_replay:
+        replay = self._replay()
+        if replay is None:
             return None
         try:
-            return str(self.source.status())  # type: ignore[attr-defined]
+            return str(replay.status())
         except Exception as e:
             return f"replay ({type(e).__name__}: {e})"
 
-    def _replay_control(self, name: str, *args):
+    def _replay_control(self, control: Callable[[ReplayControls], _R]) -> _R | None:
+        replay = self._replay()
+        if replay is None:
+            return None
         try:
-            result = getattr(self.source, name)(*args)
+            result = control(replay)
         except Exception as e:
             self.notify(f"replay: {type(e).__name__}: {e}", severity="error")
             return None
@@ -511,20 +519,19 @@ class DlwatchApp(App):
         return result
 
     def action_replay_seek(self, seconds: float) -> None:
-        self._replay_control("seek", float(seconds))
+        self._replay_control(lambda r: r.seek(float(seconds)))
 
     def action_replay_step(self, lines: int) -> None:
-        self._replay_control("step", int(lines))
+        self._replay_control(lambda r: r.step(int(lines)))
 
     def action_replay_edge(self, end: int) -> None:
-        self._replay_control("step", (1 if end else -1) * (1 << 40))
+        self._replay_control(lambda r: r.step((1 if end else -1) * (1 << 40)))
 
     def action_replay_speed(self, factor: float) -> None:
-        speed = float(getattr(self.source, "speed", 1.0))
-        self._replay_control("set_speed", speed * float(factor))
+        self._replay_control(lambda r: r.set_speed(float(r.speed) * float(factor)))
 
     def action_replay_hint(self, direction: int) -> None:
-        ids = self._replay_control("jump_hint", int(direction))
+        ids = self._replay_control(lambda r: r.jump_hint(int(direction)))
         if ids is None:
             self.notify(f"no {'later' if direction > 0 else 'earlier'} hint in this recording", timeout=3)
         else:
@@ -614,7 +621,7 @@ class DlwatchApp(App):
             yield SystemCommand(title, help_text, action)
 
 
-def run_tui(source: Source, interval: float = 0.5) -> int:
+def run_tui(source: SnapshotSource, interval: float = 0.5) -> int:
     """Run the TUI until the user quits; the CLI's exit code."""
     app = DlwatchApp(source, interval=interval)
     app.run()

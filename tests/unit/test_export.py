@@ -20,6 +20,7 @@ from dlwatch.collect import model
 from dlwatch.collect.jobs import JobConnection
 from dlwatch.collect.totals import Totals
 from dlwatch.export.prometheus import SnapshotCollector
+from dlwatch.tui.sources import StaticSource
 from tests import tui_fixtures as F
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -127,10 +128,11 @@ def collector_of(*snaps: dict, **kw) -> tuple[SnapshotCollector, list]:
     feed = list(snaps)
     current = [feed[0]]
 
-    def latest():
-        return current[0]
+    class Feed(StaticSource):
+        def latest(self):
+            return current[0]
 
-    c = SnapshotCollector(latest, wall=lambda: F.T0 + 0.5, **kw)
+    c = SnapshotCollector(Feed(), wall=lambda: F.T0 + 0.5, **kw)
     return c, current
 
 

@@ -208,3 +208,10 @@ def test_a_broken_diagnosis_is_an_error_not_no_hints(monkeypatch):
     monkeypatch.undo()
     # A working diagnosis has no hints_error.
     assert "hints_error" not in recorded_monitor(diagnoser=None).build(3.0)
+
+
+def test_the_collector_is_the_snapshot_source_every_consumer_reads():
+    # The TUI, the recorder and the exporter are typed on SnapshotSource alone.
+    m = recorded_monitor()
+    assert isinstance(m, S.SnapshotSource)
+    m.stop()

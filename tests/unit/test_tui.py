@@ -13,6 +13,7 @@ import time
 import pytest
 from textual.widgets import Digits, Static
 
+from dlwatch.snapshot import SnapshotSource
 from dlwatch.tui import fmt
 from dlwatch.tui.app import DlwatchApp, run_tui
 from dlwatch.tui.help import HelpScreen
@@ -20,7 +21,7 @@ from dlwatch.tui.hints import HintDetailScreen, HintsPanel
 from dlwatch.tui.host import HostLine
 from dlwatch.tui.jobs import JobList, group_jobs
 from dlwatch.tui.loader import LoaderPanel
-from dlwatch.tui.sources import ReplaySource, Source, StaticSource
+from dlwatch.tui.sources import ReplayControls, ReplaySource, StaticSource
 from dlwatch.tui.sparkline import FixedSparkline
 from dlwatch.tui.textline import TextLine
 from dlwatch.tui.workers import WorkersTable
@@ -781,7 +782,8 @@ def test_group_jobs_keeps_incomplete_runs_and_ignores_garbage():
 def test_static_source_serves_in_order_and_hides_dismissed():
     a, b = F.data_bound(), F.several_jobs()
     src = StaticSource([a, b], advance=True)
-    assert isinstance(src, Source)
+    assert isinstance(src, SnapshotSource) and not isinstance(src, ReplayControls)
+    assert isinstance(ReplaySource([a]), ReplayControls)
     assert src.latest() is a
     assert src.latest() is b
     assert src.latest() is b
