@@ -226,6 +226,9 @@ class SnapshotSource(Protocol):
 
 # ------------------------------------------------------------- the accessors
 
+# How every view writes a figure it does not have.
+NA = "n/a"
+
 
 def num(v: Any) -> float | None:
     """A finite number as float, else None (a bool is not a number here)."""
@@ -245,11 +248,11 @@ def as_int(v: Any) -> int | None:
     return int(f) if f is not None and f == int(f) else None
 
 
-def as_dict(v: Any) -> dict:
+def as_dict(v: Any) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
 
 
-def as_list(v: Any) -> list:
+def as_list(v: Any) -> list[Any]:
     """A list as it is, a tuple as a list, anything else as []."""
     if isinstance(v, list):
         return v
@@ -260,7 +263,7 @@ def as_str(v: Any, default: str = "") -> str:
     return v if isinstance(v, str) else default
 
 
-def records(v: Any) -> list[dict]:
+def records(v: Any) -> list[dict[str, Any]]:
     """The dicts of a list (jobs, loaders, workers, hints); anything else skipped."""
     return [x for x in as_list(v) if isinstance(x, dict)]
 
@@ -270,11 +273,11 @@ def severity_rank(severity: Any) -> int:
     return SEVERITY_ORDER.get(severity, len(SEVERITIES))
 
 
-def is_live(job: Mapping) -> bool:
+def is_live(job: Mapping[str, Any]) -> bool:
     return job.get("state", "live") in ("live", "connecting")
 
 
-def live_workers(loader: Mapping) -> list[dict]:
+def live_workers(loader: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Workers whose process still exists (their figures may still be None)."""
     return [w for w in records(loader.get("workers")) if w.get("state") not in GONE_STATES]
 
@@ -284,7 +287,16 @@ def numbers(values: Iterable[Any]) -> list[float]:
     return [f for f in (num(v) for v in values) if f is not None]
 
 
-def find_job(snapshot: Mapping, pid: int) -> dict | None:
+def percent(fraction: Any, digits: int = 0) -> str:
+    """A 0..1 fraction as a percentage, "42 %"; ``NA`` when it is missing.
+    The one format of the hints, the CLI's text, the TUI and the report."""
+    v = num(fraction)
+    return NA if v is None else f"{v * 100:.{digits}f} %"
+
+
+def find_job(snapshot: Mapping[str, Any], pid: int | None) -> dict[str, Any] | None:
+    if pid is None:  # no job: not the first one without a PID
+        return None
     return next((j for j in records(snapshot.get("jobs")) if as_int(j.get("pid")) == pid), None)
 
 
@@ -341,7 +353,7 @@ def _kind_ok(value: Any, typ: Any) -> bool:
     origin = getattr(typ, "__origin__", None)
     if origin is None and args and type(None) in args:  # X | None (types.UnionType)
         return value is None or any(_kind_ok(value, a) for a in args if a is not type(None))
-    if origin is not None and str(origin) == "typing.Union":
+    if origin is not None and str(origin) == "typing.Union" and args:
         return any(_kind_ok(value, a) for a in args)
     if typ is type(None):
         return value is None

@@ -206,7 +206,9 @@ PROFILE_RESULT = {"result": _DICT}
 PROFILE_RESULT_OPTIONAL = {"error": _STR}
 
 
-def _check(obj: Any, required: dict, optional: dict | None, what: str | Callable[[], str]) -> None:
+def _check(
+    obj: Any, required: dict[str, Any], optional: dict[str, Any] | None, what: str | Callable[[], str]
+) -> None:
     """Raise WireError unless ``obj`` is a dict with these fields. ``what``
     names it in the message; a callable is only called for a message (a
     frame holds dozens of objects, and good frames need no names)."""
@@ -232,7 +234,7 @@ def _name(what: str | Callable[[], str]) -> str:
     return what if isinstance(what, str) else what()
 
 
-def _check_type(value: Any, types: tuple, where: str) -> None:
+def _check_type(value: Any, types: tuple[Any, ...], where: str) -> None:
     if isinstance(value, bool) and bool not in types:
         raise WireError(f"{where} has the wrong type (bool)")
     if not isinstance(value, types):

@@ -27,11 +27,11 @@ def snapshot_dict(
     *,
     now: float,
     window_s: float,
-    host: dict,
+    host: dict[str, Any],
     gpu_status: str,
     gpus: list[Gpu],
     conns: Iterable[JobConnection],
-    procs: dict,
+    procs: dict[str, Any],
     runtime_dir: str,
     runtime_dir_error: str | None,
     errors: list[str],
@@ -64,7 +64,7 @@ def ordered(conns: Iterable[JobConnection]) -> list[JobConnection]:
     )
 
 
-def host_dict(h: dict) -> Host:
+def host_dict(h: dict[str, Any]) -> Host:
     out = {
         "logical_cpus": h.get("logical_cpus"),
         "usable_cores": h.get("usable_cores"),
@@ -76,7 +76,7 @@ def host_dict(h: dict) -> Host:
     return out
 
 
-def cpu_accounting(host: dict, conns: list[JobConnection], procs: dict) -> dict:
+def cpu_accounting(host: dict[str, Any], conns: list[JobConnection], procs: dict[str, Any]) -> dict[str, Any]:
     """Who uses the usable cores, in cores (1.0 = one core), over one interval.
 
     ``jobs_cpu_cores``: the measured CPU of every live job's processes
@@ -120,7 +120,9 @@ def job_state(c: JobConnection) -> str:
     return c.state
 
 
-def job_dict(c: JobConnection, window_s: float, procs: dict, now: float, history: bool = True) -> Job:
+def job_dict(
+    c: JobConnection, window_s: float, procs: dict[str, Any], now: float, history: bool = True
+) -> Job:
     job = c.job or {}
     main = procs.get(c.pid, {}) if c.live else {}
     frames = list(c.frames)
@@ -171,7 +173,7 @@ def job_dict(c: JobConnection, window_s: float, procs: dict, now: float, history
     return out
 
 
-def _history(c: JobConnection, frames: list[dict], loader_id: int, full: bool) -> dict:
+def _history(c: JobConnection, frames: list[dict[str, Any]], loader_id: int, full: bool) -> dict[str, Any]:
     """The loader's 1 s history, computed at most once per second of the job's
     clock (its points are a second apart; the live figures are not from it).
     Without ``full``, only what warm-up detection reads: the last few points."""
@@ -189,8 +191,13 @@ def _history(c: JobConnection, frames: list[dict], loader_id: int, full: bool) -
 
 
 def loader_dict(
-    frames: list[dict], ld: dict, window_s: float, procs: dict, history: dict, totals: Totals | None = None
-) -> dict:
+    frames: list[dict[str, Any]],
+    ld: dict[str, Any],
+    window_s: float,
+    procs: dict[str, Any],
+    history: dict[str, Any],
+    totals: Totals | None = None,
+) -> dict[str, Any]:
     w = win.loader_window(frames, ld["id"], window_s) or {}
     lifetime = (totals.loader(ld["id"]) if totals is not None else None) or {}
     esm = ld.get("epoch_start_ms") or []

@@ -9,6 +9,8 @@ the plain text the CLI prints and the live view shows.
 
 from __future__ import annotations
 
+from typing import Any
+
 from dlwatch.snapshot import as_dict, as_int, as_list, as_str, num, records
 
 SUMMARY_SCHEMA_VERSION = 1
@@ -31,7 +33,7 @@ DISPATCH_MIN_OPS_PER_STEP = 500
 DISPATCH_MAX_MEAN_OP_US = 20.0
 
 
-def verdict(fig: dict) -> tuple[str | None, str | None, str | None]:
+def verdict(fig: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
     """(verdict, reason, suggestion) for a burst's figures; all None
     without steps."""
     steps = as_int(fig.get("steps")) or 0
@@ -122,7 +124,7 @@ def verdict(fig: dict) -> tuple[str | None, str | None, str | None]:
     )
 
 
-def _top_share(top: list[dict], step_ms: float, steps: int) -> str:
+def _top_share(top: list[dict[str, Any]], step_ms: float, steps: int) -> str:
     if not top:
         return "no torch operator stands out"
     name = as_str(top[0].get("name"), "?")
@@ -132,7 +134,7 @@ def _top_share(top: list[dict], step_ms: float, steps: int) -> str:
     return f"the top operator {name} takes {ms / (step_ms * steps):.0%} of the step time"
 
 
-def summary(pid: int, result: dict | None, error: str | None) -> dict:
+def summary(pid: int, result: dict[str, Any] | None, error: str | None) -> dict[str, Any]:
     """The ``dlwatch profile --json`` document (README, "Profiler bursts")."""
     fig = as_dict(result)
     v, reason, suggestion = verdict(fig) if not error else (None, None, None)
@@ -172,7 +174,7 @@ def summary(pid: int, result: dict | None, error: str | None) -> dict:
     }
 
 
-def summary_lines(doc: dict) -> list[str]:
+def summary_lines(doc: dict[str, Any]) -> list[str]:
     """The summary as plain lines (CLI output, the live view's panel)."""
     pid = doc.get("pid")
     if doc.get("error"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from .facts import Context
 
@@ -18,7 +18,7 @@ from .facts import Context
 # loader_id, "job" a job_pid only, "host" neither.
 Scope = Literal["loader", "job", "host"]
 
-RuleFn = Callable[[Context], list[dict]]
+RuleFn = Callable[[Context], list[dict[str, Any]]]
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ assumptions beyond a readable indent)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from dlwatch.snapshot import as_int, find_job, records
 
@@ -33,7 +34,7 @@ MAX_EVIDENCE_ITEMS = 5
 TAGS = {"critical": "CRIT", "warn": "WARN", "info": "INFO"}
 
 
-def _fmt(key: str, v) -> str:
+def _fmt(key: str, v: Any) -> str:
     if key.endswith("_bytes") and isinstance(v, (int, float)):
         return f"{v / (1 << 20):.0f} MiB"
     if isinstance(v, float):
@@ -41,7 +42,7 @@ def _fmt(key: str, v) -> str:
     return str(v)
 
 
-def _where(h: Mapping) -> str:
+def _where(h: Mapping[str, Any]) -> str:
     parts = []
     if h.get("job_pid") is not None:
         parts.append(f"pid {h['job_pid']}")
@@ -50,12 +51,12 @@ def _where(h: Mapping) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def format_hints(hints: Iterable[Mapping]) -> str:
+def format_hints(hints: Iterable[Mapping[str, Any]]) -> str:
     """One block per hint: ``[WARN] id (pid, loader): message``, ``→ suggestion``,
     and up to five key evidence figures. Empty input gives a one-line all-clear."""
     blocks = []
     for h in hints:
-        tag = TAGS.get(h.get("severity"), str(h.get("severity", "?")).upper())
+        tag = TAGS.get(str(h.get("severity")), str(h.get("severity", "?")).upper())
         lines = [
             f"[{tag}] {h.get('id')}{_where(h)}: {h.get('message', '')}",
             f"    → {h.get('suggestion', '')}",
@@ -70,7 +71,7 @@ def format_hints(hints: Iterable[Mapping]) -> str:
     return "\n".join(blocks)
 
 
-def tune_command(job: Mapping, config: Mapping) -> str | None:
+def tune_command(job: Mapping[str, Any], config: Mapping[str, Any]) -> str | None:
     """The ``dlwatch tune`` command line that measures ``config`` against the
     job's own settings on the job's own command (None without a command).
     ``config``: ``num_workers`` (the recommended count) and ``current`` (the
@@ -86,7 +87,7 @@ def tune_command(job: Mapping, config: Mapping) -> str | None:
     return f"dlwatch tune{opts} -- {cmdline.strip()}"
 
 
-def with_tune_command(h: dict, snapshot: Mapping) -> dict:
+def with_tune_command(h: dict[str, Any], snapshot: Mapping[str, Any]) -> dict[str, Any]:
     """``h`` (a hint of a tunable rule, registry.Rule.tunable) with its
     suggestion ending in the command that verifies it."""
     if not isinstance(snapshot, Mapping):

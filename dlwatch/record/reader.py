@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import zlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from dlwatch.record import fileformat
 from dlwatch.snapshot import SCHEMA_VERSION, as_int, num
@@ -21,8 +22,8 @@ from dlwatch.snapshot import SCHEMA_VERSION, as_int, num
 @dataclass
 class Recording:
     path: str
-    header: dict = field(default_factory=dict)
-    snapshots: list[dict] = field(default_factory=list)
+    header: dict[str, Any] = field(default_factory=dict)
+    snapshots: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     @property

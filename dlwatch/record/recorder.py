@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import KW_ONLY, InitVar, dataclass
+from typing import Any
 
 from dlwatch import __version__
 from dlwatch.record import fileformat
@@ -60,7 +61,7 @@ class Recorder:
     until: Callable[[Snapshot], str | None] | None = None
     keep_job: Callable[[int], bool] | None = None
     overwrite: InitVar[bool] = False
-    meta: dict | None = None
+    meta: dict[str, Any] | None = None
     clock: Callable[[], float] = time.monotonic
 
     def __post_init__(self, overwrite: bool) -> None:
@@ -154,7 +155,7 @@ class Recorder:
             ],
         )
 
-    def _write(self, obj: dict) -> None:
+    def _write(self, obj: dict[str, Any]) -> None:
         line = json.dumps(obj, separators=(",", ":"), default=str) + "\n"
         self._out.write(line)
         # Every line reaches the file now: a recorder killed at any moment

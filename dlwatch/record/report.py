@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from html import escape
+from typing import Any
 
 from dlwatch import __version__
 from dlwatch.record import svgchart
@@ -155,8 +156,8 @@ def _hints_section(s: RecordingSeries) -> list[str]:
     out = ["<h2>Hints</h2>"]
     if not s.hints:
         return out + ['<p class="note">No hint was shown during the recording.</p>']
-    rows: dict[tuple, list] = {}
-    sev: dict[tuple, str] = {}
+    rows: dict[tuple[Any, ...], list] = {}
+    sev: dict[tuple[Any, ...], str] = {}
     for h in s.hints:
         key = (h.id, h.job_pid, h.loader_id)
         rows.setdefault(key, []).append((h.start, h.end))
@@ -197,7 +198,7 @@ def _ev(v) -> str:
     return str(v)
 
 
-def _job_section(s: RecordingSeries, pid: int, job: dict, loaders: list[LoaderSeries]) -> list[str]:
+def _job_section(s: RecordingSeries, pid: int, job: dict[str, Any], loaders: list[LoaderSeries]) -> list[str]:
     rank = job.get("rank")
     title = f"Job {pid}" + (f", rank {rank}/{job.get('world_size')}" if rank is not None else "")
     out = [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
 from dlwatch.record.reader import Recording
 from dlwatch.snapshot import GONE_STATES, as_dict, as_int, as_str, num, records, severity_rank
@@ -43,7 +44,7 @@ class LoaderSeries:
     loader_id: int
     cmdline: str = ""
     rank: int | None = None
-    settings: dict = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
     settings_changed: list[str] = field(default_factory=list)
     t: list[float] = field(default_factory=list)
     data_wait: list[float | None] = field(default_factory=list)  # 0..1
@@ -77,7 +78,7 @@ class HintSpan:
     end: float
     message: str
     suggestion: str
-    evidence: dict
+    evidence: dict[str, Any]
 
 
 @dataclass
@@ -110,7 +111,7 @@ def build(rec: Recording) -> RecordingSeries:
     snaps.sort(key=lambda s: num(s.get("time")) or 0.0)
     t0 = rec.start if rec.start is not None else (num(snaps[0].get("time")) if snaps else 0.0) or 0.0
     out = RecordingSeries(rec, t0, num(rec.header.get("interval_s")) or _median_step(snaps) or 1.0)
-    open_hints: dict[tuple, HintSpan] = {}
+    open_hints: dict[tuple[Any, ...], HintSpan] = {}
     for snap in snaps:
         t = (num(snap.get("time")) or t0) - t0
         out.times.append(t)
@@ -143,13 +144,13 @@ def build(rec: Recording) -> RecordingSeries:
     return out
 
 
-def _median_step(snaps: list[dict]) -> float | None:
+def _median_step(snaps: list[dict[str, Any]]) -> float | None:
     ts = [num(s.get("time")) or 0.0 for s in snaps]
     steps = [b - a for a, b in zip(ts, ts[1:]) if b > a]
     return statistics.median(steps) if steps else None
 
 
-def _add_loader(out: RecordingSeries, pid: int, job: dict, ld: dict, t: float) -> None:
+def _add_loader(out: RecordingSeries, pid: int, job: dict[str, Any], ld: dict[str, Any], t: float) -> None:
     lid = as_int(ld.get("id"))
     if lid is None:
         return
@@ -192,7 +193,7 @@ def _add_loader(out: RecordingSeries, pid: int, job: dict, ld: dict, t: float) -
         ws.rss.append(num(w.get("rss_bytes")))
 
 
-def _add_hints(out: RecordingSeries, open_hints: dict, snap: dict, t: float) -> None:
+def _add_hints(out: RecordingSeries, open_hints: dict[str, Any], snap: dict[str, Any], t: float) -> None:
     seen = set()
     for h in records(snap.get("hints")):
         key = (as_str(h.get("id")), as_int(h.get("job_pid")), as_int(h.get("loader_id")))
@@ -248,7 +249,7 @@ def quantile(values, q: float) -> float | None:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def summary(ls: LoaderSeries) -> dict:
+def summary(ls: LoaderSeries) -> dict[str, Any]:
     """The figures a report's table and a comparison show for one loader.
 
     Throughput is batches moved over the time they took (from the job's

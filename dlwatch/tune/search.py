@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from dlwatch.diagnose.rules_workers import (
     CPU_BOUND_MIN_SHARE,
@@ -74,7 +75,7 @@ class Facts:
     num_workers: int
 
 
-def facts(trial: dict) -> Facts:
+def facts(trial: dict[str, Any]) -> Facts:
     s = trial.get("settings") or {}
     nw = int(s.get("num_workers") or 0)
     wait = num(trial.get("data_wait_fraction"))
@@ -103,11 +104,11 @@ def facts(trial: dict) -> Facts:
     )
 
 
-def settings_key(settings: dict) -> tuple:
+def settings_key(settings: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(settings.get(k) for k in KNOBS)
 
 
-def apply(base: dict, config: dict, cuda: bool) -> dict:
+def apply(base: dict[str, Any], config: dict[str, Any], cuda: bool) -> dict[str, Any]:
     """The loader's settings once ``config`` overrides ``base`` (as the probe
     will make them: valid for torch)."""
     out = resolve(dict(base), config, lambda: cuda)
@@ -117,7 +118,7 @@ def apply(base: dict, config: dict, cuda: bool) -> dict:
     return {k: out.get(k) for k in KNOBS}
 
 
-def ok(trials: Sequence[dict]) -> list[dict]:
+def ok(trials: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [t for t in trials if t.get("status") == "ok" and num(t.get("batches_per_s")) is not None]
 
 
@@ -125,10 +126,10 @@ def ok(trials: Sequence[dict]) -> list[dict]:
 class Group:
     """All ok trials of one setting."""
 
-    key: tuple
-    settings: dict
-    config: dict
-    trials: list[dict]
+    key: tuple[Any, ...]
+    settings: dict[str, Any]
+    config: dict[str, Any]
+    trials: list[dict[str, Any]]
 
     @property
     def rates(self) -> list[float]:
@@ -152,8 +153,8 @@ class Group:
         return sum(w) / len(w) if w else None
 
 
-def groups(trials: Sequence[dict]) -> list[Group]:
-    out: dict[tuple, Group] = {}
+def groups(trials: Sequence[dict[str, Any]]) -> list[Group]:
+    out: dict[tuple[Any, ...], Group] = {}
     for t in ok(trials):
         k = settings_key(t["settings"])
         g = out.get(k)
@@ -168,11 +169,11 @@ def noise(a: Group, b: Group) -> float:
     return min(NOISE_CAP, max(NOISE_FLOOR, a.spread or 0.0, b.spread or 0.0))
 
 
-def changes(settings: dict, base: dict) -> int:
+def changes(settings: dict[str, Any], base: dict[str, Any]) -> int:
     return sum(1 for k in KNOBS if k != "num_workers" and settings.get(k) != base.get(k))
 
 
-def choose(trials: Sequence[dict]) -> Group | None:
+def choose(trials: Sequence[dict[str, Any]]) -> Group | None:
     """The recommendation: fewest workers, then fewest changes, among the
     settings within noise of the fastest."""
     gs = groups(trials)
@@ -184,7 +185,7 @@ def choose(trials: Sequence[dict]) -> Group | None:
     return min(near, key=lambda g: (g.settings.get("num_workers") or 0, changes(g.settings, base), -g.mean))
 
 
-def fastest(trials: Sequence[dict]) -> Group | None:
+def fastest(trials: Sequence[dict[str, Any]]) -> Group | None:
     gs = groups(trials)
     return max(gs, key=lambda g: g.mean) if gs else None
 
@@ -195,10 +196,10 @@ class Options:
     workers: list[int] | None = None  # an explicit grid replaces the search
 
 
-Proposal = tuple[dict | None, str]  # (config to try, why) or (None, why the search stops)
+Proposal = tuple[dict[str, Any] | None, str]  # (config to try, why) or (None, why the search stops)
 
 
-def propose(trials: Sequence[dict], opts: Options) -> Proposal:
+def propose(trials: Sequence[dict[str, Any]], opts: Options) -> Proposal:
     if not trials:
         return {}, "baseline: the script's own settings"
     base = trials[0]
@@ -216,7 +217,7 @@ def propose(trials: Sequence[dict], opts: Options) -> Proposal:
     # is not retried) and whatever the loader reported.
     tried = {settings_key(apply(base_s, t.get("config") or {}, opts.cuda)) for t in trials}
 
-    def new(config: dict) -> bool:
+    def new(config: dict[str, Any]) -> bool:
         return settings_key(apply(base_s, config, opts.cuda)) not in tried
 
     if opts.workers is not None:
@@ -231,7 +232,7 @@ def propose(trials: Sequence[dict], opts: Options) -> Proposal:
     return _repeat(trials) or (None, "converged: no untried setting is likely to be faster")
 
 
-def _kind(trials: Sequence[dict], bf: Facts) -> tuple[str | None, Facts]:
+def _kind(trials: Sequence[dict[str, Any]], bf: Facts) -> tuple[str | None, Facts]:
     """CPU or I/O, judged on the first measured trial with workers."""
     if bf.kind is not None:
         return bf.kind, bf
@@ -249,7 +250,9 @@ def cpu_cap(usable_cores: float | None) -> int:
     return max(1, math.floor(usable_cores + 0.25))
 
 
-def _workers_step(trials, base_s, bf: Facts, opts: Options, new: Callable[[dict], bool]) -> Proposal | None:
+def _workers_step(
+    trials, base_s, bf: Facts, opts: Options, new: Callable[[dict[str, Any]], bool]
+) -> Proposal | None:
     kind, kf = _kind(trials, bf)
     cap = IO_MAX_RECOMMENDED_WORKERS if kind == "io" else cpu_cap(bf.usable_cores)
     why_cap = (
@@ -293,7 +296,7 @@ def _workers_step(trials, base_s, bf: Facts, opts: Options, new: Callable[[dict]
     return None
 
 
-def _nw_key(base_s: dict, nw: int, cuda: bool) -> tuple:
+def _nw_key(base_s: dict[str, Any], nw: int, cuda: bool) -> tuple[Any, ...]:
     return settings_key(apply(base_s, {"num_workers": nw}, cuda))
 
 
@@ -303,7 +306,9 @@ def _best_of(gs: list[Group]) -> Group:
     return min(near, key=lambda g: g.settings.get("num_workers") or 0)
 
 
-def _knobs_step(trials, base_s, bf: Facts, opts: Options, new: Callable[[dict], bool]) -> Proposal | None:
+def _knobs_step(
+    trials, base_s, bf: Facts, opts: Options, new: Callable[[dict[str, Any]], bool]
+) -> Proposal | None:
     best = fastest(trials)
     if best is None:
         return None
@@ -351,7 +356,7 @@ def _knobs_step(trials, base_s, bf: Facts, opts: Options, new: Callable[[dict], 
     return None
 
 
-def _repeat(trials: Sequence[dict]) -> Proposal | None:
+def _repeat(trials: Sequence[dict[str, Any]]) -> Proposal | None:
     """Measure the leading settings a second time (their spread is the noise)."""
     gs = sorted(groups(trials), key=lambda g: -g.mean)
     if len(gs) < 2:
