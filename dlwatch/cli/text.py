@@ -133,8 +133,8 @@ def _loader_lines(ld: dict) -> list[str]:
 
 
 def _worker_line(w: dict) -> str:
-    busy = w.get("busy_fraction")
-    busy_pct = _num(None if num(busy) is None else busy * 100, "{:6.0f}")
+    busy = num(w.get("busy_fraction"))
+    busy_pct = _num(None if busy is None else busy * 100, "{:6.0f}")
     return (
         f"    {w['id']:<6}  {w['pid']:<7}  {_num(w.get('cpu_percent'), '{:5.0f}')}  {busy_pct}  "
         f"{_num(w.get('fetch_ms_mean'), '{:8.1f}')}  {w.get('batches', 0):<7}  "

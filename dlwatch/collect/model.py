@@ -10,12 +10,12 @@ is what the golden test in ``tests/unit/test_snapshot_contract.py`` pins.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from dlwatch.collect import window as win
 from dlwatch.collect.jobs import JobConnection
 from dlwatch.collect.totals import Totals
-from dlwatch.snapshot import SCHEMA_VERSION, Gpu, Host, Job, Snapshot
+from dlwatch.snapshot import SCHEMA_VERSION, Host, Job, Snapshot
 
 HISTORY_POINTS = 120
 HISTORY_EVERY_NS = 1_000_000_000
@@ -29,9 +29,9 @@ def snapshot_dict(
     window_s: float,
     host: dict[str, Any],
     gpu_status: str,
-    gpus: list[Gpu],
+    gpus: list[dict[str, Any]],
     conns: Iterable[JobConnection],
-    procs: dict[str, Any],
+    procs: dict[int, dict[str, Any]],
     runtime_dir: str,
     runtime_dir_error: str | None,
     errors: list[str],
@@ -65,7 +65,7 @@ def ordered(conns: Iterable[JobConnection]) -> list[JobConnection]:
 
 
 def host_dict(h: dict[str, Any]) -> Host:
-    out = {
+    out: dict[str, Any] = {
         "logical_cpus": h.get("logical_cpus"),
         "usable_cores": h.get("usable_cores"),
         "cpu_percent": h.get("cpu_percent"),
@@ -73,10 +73,12 @@ def host_dict(h: dict[str, Any]) -> Host:
     }
     for k, v in h.items():
         out.setdefault(k, v)
-    return out
+    return cast(Host, out)  # checked: snapshot.problems, in the tests
 
 
-def cpu_accounting(host: dict[str, Any], conns: list[JobConnection], procs: dict[str, Any]) -> dict[str, Any]:
+def cpu_accounting(
+    host: dict[str, Any], conns: list[JobConnection], procs: dict[int, dict[str, Any]]
+) -> dict[str, Any]:
     """Who uses the usable cores, in cores (1.0 = one core), over one interval.
 
     ``jobs_cpu_cores``: the measured CPU of every live job's processes
@@ -121,7 +123,7 @@ def job_state(c: JobConnection) -> str:
 
 
 def job_dict(
-    c: JobConnection, window_s: float, procs: dict[str, Any], now: float, history: bool = True
+    c: JobConnection, window_s: float, procs: dict[int, dict[str, Any]], now: float, history: bool = True
 ) -> Job:
     job = c.job or {}
     main = procs.get(c.pid, {}) if c.live else {}
@@ -158,7 +160,7 @@ def job_dict(
         "loaders": [],
     }
     if last is None:
-        return out
+        return cast(Job, out)  # checked: snapshot.problems, in the tests
     for ld in last["loaders"]:
         out["loaders"].append(
             loader_dict(
@@ -170,7 +172,7 @@ def job_dict(
                 c.totals,
             )
         )
-    return out
+    return cast(Job, out)  # checked: snapshot.problems, in the tests
 
 
 def _history(c: JobConnection, frames: list[dict[str, Any]], loader_id: int, full: bool) -> dict[str, Any]:
@@ -194,7 +196,7 @@ def loader_dict(
     frames: list[dict[str, Any]],
     ld: dict[str, Any],
     window_s: float,
-    procs: dict[str, Any],
+    procs: dict[int, dict[str, Any]],
     history: dict[str, Any],
     totals: Totals | None = None,
 ) -> dict[str, Any]:

@@ -29,14 +29,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 from dlwatch import rundir
 from dlwatch.collect import model
 from dlwatch.collect.jobs import JobConnection, discover, pid_alive
 from dlwatch.collect.samplers import GpuSource, HintSource, HostSource, ProcSource
 from dlwatch.collect.schedstat import SchedSampler
-from dlwatch.snapshot import SCHEMA_VERSION, Snapshot
+from dlwatch.snapshot import SCHEMA_VERSION, Hint, Snapshot
 
 __all__ = ["Monitor", "take_snapshot", "SCHEMA_VERSION", "DEFAULT_WINDOW_S"]
 
@@ -125,12 +125,13 @@ class Monitor:
         self._host = self._pick("host", host, _default_host)
         self._diagnoser = self._pick("diagnosis", diagnoser, _default_diagnoser)
         self._gpu_state: tuple[str, list] = ("n/a: not sampled yet", [])
-        self._gpu_hist: dict[int, deque] = {}
-        self._gpu_mem_hist: dict[int, deque] = {}
+        # GPU index (None: a device without one) -> its recent figures
+        self._gpu_hist: dict[int | None, deque[float | None]] = {}
+        self._gpu_mem_hist: dict[int | None, deque[float | None]] = {}
         self._last_gpu = 0.0
         self._proc_cache: dict[int, dict] = {}
         self._proc_cache_at: float | None = None
-        self._latest: dict | None = None
+        self._latest: dict[str, Any] | None = None
         self._host_cache: dict = {}
         self._host_at: float | None = None
         self._hints: list = []
@@ -194,7 +195,7 @@ class Monitor:
                 c = JobConnection(pid, path)
                 self.conns[pid] = c
             if c.sock is None and c.state in ("connecting", "unreachable"):
-                if c.connect():
+                if c.connect() and c.sock is not None:
                     self._sel.register(c.sock, selectors.EVENT_READ, c)
         # Jobs whose socket vanished while we were not connected.
         for pid, c in list(self.conns.items()):
@@ -296,7 +297,7 @@ class Monitor:
                     ],
                 )
             try:
-                snap["hints"] = diagnoser.update(judged)
+                snap["hints"] = cast(list[Hint], diagnoser.update(judged))
                 self._hints_error = None
             except Exception as e:
                 self._fault("diagnosis", e)
@@ -334,7 +335,8 @@ class Monitor:
             mains, workers = self._pids(self.conns.values())
             self._sample_procs(mains, workers, reuse=False, force_uss=True)
         if self._host is not None:
-            self._safe("host", self._host.sample, {})  # primes the CPU counters
+            primed: dict[str, Any] = self._safe("host", self._host.sample, {})  # primes the CPU counters
+            del primed
         while (left := deadline - time.monotonic()) > 0:
             self.poll(min(left, 0.1))
         self._last_gpu = 0.0
@@ -358,7 +360,7 @@ class Monitor:
         sampler, sched = self._procs, self._sched
         if sampler is None:
             return {}
-        procs = self._safe(
+        procs: dict[int, dict[str, Any]] = self._safe(
             "processes",
             lambda: sampler.sample(sorted(pids), main_pids=mains, uss_pids=workers, force_uss=force_uss),
             {},
@@ -384,7 +386,8 @@ class Monitor:
         if self._gpu is None or t - self._last_gpu < GPU_EVERY_S:
             return
         self._last_gpu = t
-        status, gpus = self._safe("gpu", self._gpu.sample, ("n/a: GPU sampling failed", []))
+        failed: tuple[str, list[dict[str, Any]]] = ("n/a: GPU sampling failed", [])
+        status, gpus = self._safe("gpu", self._gpu.sample, failed)
         self._gpu_state = (status, gpus)
         for g in gpus:
             i = g.get("index")
@@ -434,7 +437,7 @@ class Monitor:
                     self.poll(0.05)
                 snap = self.build(reuse_procs=True)
                 with self._lock:
-                    self._latest = snap
+                    self._latest = cast(dict[str, Any], snap)  # a TypedDict is a dict
                 self._notify()
             except Exception as e:  # keep sampling; the view shows the error
                 self._fault("collector", e)

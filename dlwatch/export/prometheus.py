@@ -284,7 +284,7 @@ class SnapshotCollector(Collector):
             pid = as_int(h.get("job_pid"))
             if pid is not None and pid not in labels_of:
                 continue  # a job whose series were dropped (or never shown)
-            jl = labels_of.get(pid) if pid is not None else [host, "", "", ""]
+            jl = labels_of.get(pid, []) if pid is not None else [host, "", "", ""]
             hl = [*jl, _label(as_int(h.get("loader_id"))), as_str(h.get("id")), as_str(h.get("severity"))]
             _add(fam["hint"], hl, 1)
 

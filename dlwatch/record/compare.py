@@ -8,7 +8,9 @@ and its summary figures (``series.summary``). ``compare`` returns plain data;
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from dlwatch.record.series import SETTINGS, LoaderSeries, RecordingSeries, summary
 
@@ -81,7 +83,7 @@ def change(va: float | None, vb: float | None, kind: str) -> str:
     return f"{(vb - va) / abs(va) * 100:+.0f} % (×{vb / va:.2f})"
 
 
-def fmt_value(v, kind: str) -> str:
+def fmt_value(v: Any, kind: str) -> str:
     if v is None:
         return "n/a"
     if isinstance(v, bool):
@@ -125,6 +127,6 @@ def _what(ls: LoaderSeries | None) -> str:
     return f"job {ls.job_pid}, loader {ls.loader_id}: {ls.cmdline[:80]}"
 
 
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
+def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]

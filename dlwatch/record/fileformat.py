@@ -53,7 +53,7 @@ def is_header(obj: Any) -> bool:
 
 def compact(snapshot: dict[str, Any]) -> dict[str, Any]:
     """The snapshot as a recording stores it (see the module docstring)."""
-    out = _rounded(snapshot)
+    out: dict[str, Any] = _rounded(snapshot)
     for job in out.get("jobs") or ():
         for ld in (job.get("loaders") or ()) if isinstance(job, dict) else ():
             if isinstance(ld, dict):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from html import escape
 from typing import Any
 
@@ -156,7 +157,7 @@ def _hints_section(s: RecordingSeries) -> list[str]:
     out = ["<h2>Hints</h2>"]
     if not s.hints:
         return out + ['<p class="note">No hint was shown during the recording.</p>']
-    rows: dict[tuple[Any, ...], list] = {}
+    rows: dict[tuple[Any, ...], list[Any]] = {}
     sev: dict[tuple[Any, ...], str] = {}
     for h in s.hints:
         key = (h.id, h.job_pid, h.loader_id)
@@ -190,7 +191,7 @@ def _hints_section(s: RecordingSeries) -> list[str]:
     return out
 
 
-def _ev(v) -> str:
+def _ev(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:g}"
     if isinstance(v, (dict, list)):
@@ -308,7 +309,7 @@ def _host_cores(s: RecordingSeries) -> list[float | None]:
     return [None if v is None or cpus is None else v * cpus for v in s.host_cpu]
 
 
-def _scaled(values, k: float) -> list[float | None]:
+def _scaled(values: Iterable[float | None], k: float) -> list[float | None]:
     return [None if v is None else v * k for v in values]
 
 
@@ -364,7 +365,9 @@ def compare_html(c: Comparison) -> str:
     return page(f"dlwatch comparison: {c.a.recording.name} vs {c.b.recording.name}", body)
 
 
-def _overlay(la: LoaderSeries, lb: LoaderSeries, attr: str, k: float, ymax, t_max: float) -> str:
+def _overlay(
+    la: LoaderSeries, lb: LoaderSeries, attr: str, k: float, ymax: float | None, t_max: float
+) -> str:
     """A and B on one time axis, each from its own first sample; the chart
     takes one time axis, so B's points are placed on A's where they fall."""
     ta = [t - la.t[0] for t in la.t]

@@ -9,11 +9,15 @@ recording's start.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from dlwatch.record.reader import Recording
 from dlwatch.snapshot import GONE_STATES, as_dict, as_int, as_str, num, records, severity_rank
+
+# A hint's identity across lines: (id, job_pid, loader_id).
+HintKey = tuple[str, int | None, int | None]
 
 # The loader settings a report shows and a comparison diffs, in that order.
 SETTINGS = (
@@ -93,7 +97,7 @@ class RecordingSeries:
     gpus: dict[int, list[float | None]] = field(default_factory=dict)
     gpu_names: dict[int, str] = field(default_factory=dict)
     hints: list[HintSpan] = field(default_factory=list)
-    jobs: dict[int, dict] = field(default_factory=dict)  # pid -> the job's last record
+    jobs: dict[int, dict[str, Any]] = field(default_factory=dict)  # pid -> the job's last record
 
     @property
     def duration_s(self) -> float:
@@ -111,7 +115,7 @@ def build(rec: Recording) -> RecordingSeries:
     snaps.sort(key=lambda s: num(s.get("time")) or 0.0)
     t0 = rec.start if rec.start is not None else (num(snaps[0].get("time")) if snaps else 0.0) or 0.0
     out = RecordingSeries(rec, t0, num(rec.header.get("interval_s")) or _median_step(snaps) or 1.0)
-    open_hints: dict[tuple[Any, ...], HintSpan] = {}
+    open_hints: dict[HintKey, HintSpan] = {}
     for snap in snaps:
         t = (num(snap.get("time")) or t0) - t0
         out.times.append(t)
@@ -138,8 +142,8 @@ def build(rec: Recording) -> RecordingSeries:
         _add_hints(out, open_hints, snap, t)
     for ls in out.loaders.values():
         ls._pad_workers()
-    for g in out.gpus.values():
-        g.extend([None] * (len(out.times) - len(g)))
+    for util in out.gpus.values():
+        util.extend([None] * (len(out.times) - len(util)))
     out.hints.sort(key=lambda h: (h.start, severity_rank(h.severity), h.id))
     return out
 
@@ -193,8 +197,10 @@ def _add_loader(out: RecordingSeries, pid: int, job: dict[str, Any], ld: dict[st
         ws.rss.append(num(w.get("rss_bytes")))
 
 
-def _add_hints(out: RecordingSeries, open_hints: dict[str, Any], snap: dict[str, Any], t: float) -> None:
-    seen = set()
+def _add_hints(
+    out: RecordingSeries, open_hints: dict[HintKey, HintSpan], snap: dict[str, Any], t: float
+) -> None:
+    seen: set[HintKey] = set()
     for h in records(snap.get("hints")):
         key = (as_str(h.get("id")), as_int(h.get("job_pid")), as_int(h.get("loader_id")))
         if not key[0]:
@@ -235,13 +241,13 @@ def _moved(ls: LoaderSeries) -> int:
 # ---------------------------------------------------------------- summaries
 
 
-def mean(values) -> float | None:
+def mean(values: Iterable[float | None]) -> float | None:
     xs = [v for v in values if v is not None]
     return sum(xs) / len(xs) if xs else None
 
 
-def quantile(values, q: float) -> float | None:
-    xs = sorted(v for v in values if v is not None)
+def quantile(values: Iterable[float | None], q: float) -> float | None:
+    xs: list[float] = sorted(v for v in values if v is not None)
     if not xs:
         return None
     k = (len(xs) - 1) * q

@@ -99,8 +99,10 @@ class MonitorScreen(Screen):
         and a DOM query on every refresh is a measurable share of the TUI's CPU."""
         widget = self._refs.get(selector)
         if widget is None:
-            widget = self._refs[selector] = self.query_one(selector, kind)
-        return widget  # type: ignore[return-value]
+            widget = self._refs[selector] = self.query_one(selector)
+        if not isinstance(widget, kind):
+            raise TypeError(f"{selector} is a {type(widget).__name__}, not a {kind.__name__}")
+        return widget
 
     def on_mount(self) -> None:
         self.ready = True
@@ -347,20 +349,20 @@ class DlwatchApp(App):
                 error, Text(f"✖ could not draw {what}: {msg}{more}; the rest is live", self.palette.bad)
             )
 
-    def _draw_host(self, screen: Screen, snap: dict | None, pal: fmt.Palette, wide: bool) -> None:
+    def _draw_host(self, screen: MonitorScreen, snap: dict | None, pal: fmt.Palette, wide: bool) -> None:
         host = screen.ref("#host", HostLine)
         host.display = snap is not None
         if snap is not None:
             host.show(snap, pal, wide)
 
-    def _draw_headline(self, screen: Screen, job: dict | None, pal: fmt.Palette, wide: bool) -> None:
+    def _draw_headline(self, screen: MonitorScreen, job: dict | None, pal: fmt.Palette, wide: bool) -> None:
         loaders = [ld for ld in fmt.lst((job or {}).get("loaders")) if isinstance(ld, dict)]
         panels = list(screen.ref("#loaders", Vertical).query_children(LoaderPanel))
         for panel, ld in zip(panels, loaders):
             panel.show_headline(ld, pal, wide)
 
     def _draw_job(
-        self, screen: Screen, snap: dict | None, job: dict | None, pal: fmt.Palette, wide: bool
+        self, screen: MonitorScreen, snap: dict | None, job: dict | None, pal: fmt.Palette, wide: bool
     ) -> None:
         header = screen.ref("#job-header", TextLine)
         message = screen.ref("#message", Static)
@@ -544,9 +546,10 @@ class DlwatchApp(App):
         pid = fmt.intval(job.get("pid")) if job else None
         self.push_screen(HintDetailScreen(self.snapshot, pid, self.palette))
 
-    def action_screenshot(self) -> None:
+    def action_screenshot(self, filename: str | None = None, path: str | None = None) -> None:
+        """``s``: an SVG of the screen, in the working directory unless told."""
         try:
-            path = self.save_screenshot(path=os.getcwd())
+            path = self.save_screenshot(filename, path=path or os.getcwd())
         except OSError as e:
             self.notify(f"screenshot failed: {e.strerror or e}", severity="error")
             return

@@ -244,7 +244,8 @@ def sparkline_rows(
     width = max(0, width)
     height = max(1, height)
     vals = [num(v) for v in lst(values)][-width:] if width else []
-    cols: list[float | None] = [None] * (width - len(vals)) + vals
+    cols: list[float | None] = [None] * (width - len(vals))
+    cols += vals
     rows: list[list[tuple[str, float | None]]] = [[] for _ in range(height)]
     levels = 8 * height
     for v in cols:

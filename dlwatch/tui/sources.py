@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from dlwatch.snapshot import SnapshotSource
 
@@ -144,7 +144,7 @@ class ReplaySource:
         # Where each hint id starts showing (not shown on the line before):
         # what "jump to the next hint" jumps to.
         self._onsets: list[tuple[int, tuple[str, ...]]] = []
-        before: set[str] = set()
+        before: set[Any] = set()
         for i, snap in enumerate(self._snapshots):
             ids = {h.get("id") for h in snap.get("hints") or () if isinstance(h, dict) and h.get("id")}
             new = sorted(str(x) for x in ids - before)

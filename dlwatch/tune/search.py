@@ -41,7 +41,8 @@ from dlwatch.diagnose.rules_workers import (
     IO_MAX_RECOMMENDED_WORKERS,
     little_workers,
 )
-from dlwatch.probe.overrides import KNOBS, resolve
+from dlwatch.probe.overrides import KNOBS as KNOBS
+from dlwatch.probe.overrides import resolve
 from dlwatch.snapshot import num
 
 # The loop still waits for data above this after a change: more of the same
@@ -251,7 +252,11 @@ def cpu_cap(usable_cores: float | None) -> int:
 
 
 def _workers_step(
-    trials, base_s, bf: Facts, opts: Options, new: Callable[[dict[str, Any]], bool]
+    trials: Sequence[dict[str, Any]],
+    base_s: dict[str, Any],
+    bf: Facts,
+    opts: Options,
+    new: Callable[[dict[str, Any]], bool],
 ) -> Proposal | None:
     kind, kf = _kind(trials, bf)
     cap = IO_MAX_RECOMMENDED_WORKERS if kind == "io" else cpu_cap(bf.usable_cores)
@@ -307,7 +312,11 @@ def _best_of(gs: list[Group]) -> Group:
 
 
 def _knobs_step(
-    trials, base_s, bf: Facts, opts: Options, new: Callable[[dict[str, Any]], bool]
+    trials: Sequence[dict[str, Any]],
+    base_s: dict[str, Any],
+    bf: Facts,
+    opts: Options,
+    new: Callable[[dict[str, Any]], bool],
 ) -> Proposal | None:
     best = fastest(trials)
     if best is None:
