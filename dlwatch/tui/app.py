@@ -30,7 +30,7 @@ from dlwatch.tui.hints import HintDetailScreen, HintsPanel
 from dlwatch.tui.host import HostLine
 from dlwatch.tui.jobs import JobList, JobRow, group_jobs, job_state
 from dlwatch.tui.keyed import set_static
-from dlwatch.tui.keys import APP_KEYS, SCREEN_KEYS
+from dlwatch.tui.keys import APP_KEYS, SCREEN_KEYS, palette_keys
 from dlwatch.tui.loader import LoaderPanel
 from dlwatch.tui.profile import ProfileScreen, Runner
 from dlwatch.tui.sources import ReplayControls
@@ -603,25 +603,8 @@ class DlwatchApp(App):
         for command in super().get_system_commands(screen):
             if command.title not in ("Keys", "Screenshot"):
                 yield command
-        ours = (
-            ("Pause / resume", "Stop or restart updating the display (p)", self.action_toggle_pause),
-            (
-                "Save screenshot",
-                "Write an SVG of the screen to the current directory (s)",
-                self.action_screenshot,
-            ),
-            ("Next job", "Select the next job (tab, j)", self.action_next_job),
-            ("Previous job", "Select the previous job (shift+tab, k)", self.action_prev_job),
-            ("Dismiss exited job", "Forget the selected exited job (d)", self.action_dismiss_job),
-            (
-                "Profile job",
-                "torch.profiler over 10 steps of the selected job: verdict and trace (P)",
-                self.action_profile,
-            ),
-            ("Keys", "Show the key bindings and the legend (?)", self.action_help),
-        )
-        for title, help_text, action in ours:
-            yield SystemCommand(title, help_text, action)
+        for key in palette_keys():
+            yield SystemCommand(key.command, key.command_help, getattr(self, key.method))
 
 
 def run_tui(source: SnapshotSource, interval: float = 0.5) -> int:

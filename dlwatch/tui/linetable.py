@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rich.cells import cell_len
+from rich.console import JustifyMethod
 from rich.segment import Segment
 from rich.style import Style
-from rich.console import JustifyMethod
 from rich.text import Text
 from textual.geometry import Region, Size
 from textual.scroll_view import ScrollView

@@ -20,6 +20,7 @@ from dlwatch.tui.help import HelpScreen
 from dlwatch.tui.hints import HintDetailScreen, HintsPanel
 from dlwatch.tui.host import HostLine
 from dlwatch.tui.jobs import JobList, group_jobs
+from dlwatch.tui.keys import palette_keys
 from dlwatch.tui.loader import LoaderPanel
 from dlwatch.tui.sources import ReplayControls, ReplaySource, StaticSource
 from dlwatch.tui.sparkline import FixedSparkline
@@ -632,6 +633,12 @@ async def test_command_palette_offers_the_same_actions():
         ):
             assert title in titles
         assert titles.count("Keys") == 1
+        # Made from the key table: each command names its key and runs its action.
+        commands = {c.title: c for c in app.get_system_commands(app.screen)}
+        for key in palette_keys():
+            assert commands[key.command].help.endswith(f"({key.help_keys})")
+            assert commands[key.command].callback == getattr(app, key.method)
+        assert {"Hints in full", "Profile job"} <= set(commands)
         command = next(c for c in app.get_system_commands(app.screen) if c.title == "Pause / resume")
         command.callback()
         assert app.paused
