@@ -287,11 +287,14 @@ def numbers(values: Iterable[Any]) -> list[float]:
     return [f for f in (num(v) for v in values) if f is not None]
 
 
-def percent(fraction: Any, digits: int = 0) -> str:
-    """A 0..1 fraction as a percentage, "42 %"; ``NA`` when it is missing.
-    The one format of the hints, the CLI's text, the TUI and the report."""
+def percent(fraction: Any, digits: int | None = 0) -> str:
+    """A 0..1 fraction as a percentage, "42 %" (``digits`` decimals; None:
+    as many as it has, for chart ticks); ``NA`` when it is missing. The one
+    format of the hints, the CLI's text, the TUI and the report."""
     v = num(fraction)
-    return NA if v is None else f"{v * 100:.{digits}f} %"
+    if v is None:
+        return NA
+    return f"{v * 100:g} %" if digits is None else f"{v * 100:.{digits}f} %"
 
 
 def find_job(snapshot: Mapping[str, Any], pid: int | None) -> dict[str, Any] | None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dlwatch.snapshot import num
+from typing import Any
+
+from dlwatch.snapshot import num, percent
 
 
-def _pct(x, nd=1) -> str:
-    x = num(x)
-    return "n/a" if x is None else f"{x * 100:.{nd}f} %"
+def _pct(x: Any, nd: int = 1) -> str:
+    return percent(x, nd)
 
 
 def _num(x, fmt="{:.1f}", unit="") -> str:

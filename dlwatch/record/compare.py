@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlwatch.record.series import SETTINGS, LoaderSeries, RecordingSeries, summary
+from dlwatch.snapshot import percent
 
 # (key, label, unit kind, which direction is better): "+" higher is better,
 # "-" lower is better, "" neither.
@@ -91,9 +92,9 @@ def fmt_value(v: Any, kind: str) -> str:
     if not isinstance(v, (int, float)):
         return str(v)
     if kind == "frac":
-        return f"{v * 100:.1f} %"
+        return percent(v, 1)
     if kind == "pct":
-        return f"{v:.0f} %"
+        return percent(v / 100)
     if kind == "bytes":
         return f"{v / 2**20:.0f} MiB"
     if kind == "rate":

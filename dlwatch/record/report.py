@@ -7,17 +7,17 @@ mail client's viewer, and opening it fetches nothing.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable
 from html import escape
 from typing import Any
 
 from dlwatch import __version__
+from dlwatch.diagnose.render import KEY_EVIDENCE, evidence_items
 from dlwatch.record import svgchart
 from dlwatch.record.compare import Comparison, fmt_value
 from dlwatch.record.series import SETTINGS, LoaderSeries, RecordingSeries, summary
-from dlwatch.snapshot import as_dict, as_str, num
+from dlwatch.snapshot import as_dict, as_str, num, percent
 
 MIB = float(1 << 20)
 
@@ -54,7 +54,8 @@ footer { margin-top: 32px; color: #57606a; font-size: 12px; }
 
 
 def pct(v: float) -> str:
-    return f"{v:g} %"
+    """A chart tick already in percent."""
+    return percent(v / 100, None)
 
 
 def page(title: str, body: list[str]) -> str:
@@ -170,7 +171,10 @@ def _hints_section(s: RecordingSeries) -> list[str]:
     out.append(figure("hints over time", svgchart.timeline(chart_rows, s.duration_s, s.interval_s)))
     trs = []
     for h in s.hints:
-        ev = "".join(f"<dt>{escape(str(k))}</dt><dd>{escape(_ev(v))}</dd>" for k, v in h.evidence.items())
+        ev = "".join(
+            f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>"
+            for k, v in evidence_items(h.evidence, first=KEY_EVIDENCE, missing=True)
+        )
         where = (
             "host"
             if h.job_pid is None
@@ -189,14 +193,6 @@ def _hints_section(s: RecordingSeries) -> list[str]:
         + "</table>"
     )
     return out
-
-
-def _ev(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:g}"
-    if isinstance(v, (dict, list)):
-        return json.dumps(v, default=str)
-    return str(v)
 
 
 def _job_section(s: RecordingSeries, pid: int, job: dict[str, Any], loaders: list[LoaderSeries]) -> list[str]:

@@ -129,7 +129,7 @@ APP_KEYS = [
         "profile",
         True,
         "P",
-        "profile 10 steps of the job with torch.profiler: verdict and trace",
+        "profile 10 steps of the job: verdict and trace",
         display="P",
         command="Profile job",
     ),

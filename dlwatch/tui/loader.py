@@ -142,7 +142,7 @@ class WaitGauge(Horizontal):
             label.append("for data\n", "bold")
         else:
             label.append("DATA WAIT ", "bold")
-            label.append(f"{fmt.pct(frac):>4}", f"bold {style}")
+            label.append(f"{fmt.pct(frac):>5}", f"bold {style}")
             label.append(" ")
         label.append(fmt.LEVEL_LABEL[level] if level else "n/a", f"bold {style}")
         label.append(" ")
