@@ -154,6 +154,12 @@ _DICT: tuple[type, ...] = (dict,)
 
 Fields = Mapping[str, tuple[type, ...]]
 
+
+def _of(types: tuple[type, ...], *names: str) -> dict[str, tuple[type, ...]]:
+    """Fields that all take ``types``."""
+    return dict.fromkeys(names, types)
+
+
 HELLO_CLIENT: Fields = {"protocol": _INT}
 # ``every``: send only every Nth frame; ``history_frames``: replay at most
 # this many recent frames. A value out of range is ignored (the job's
@@ -162,47 +168,25 @@ HELLO_CLIENT_OPTIONAL: Fields = {"client": _STR, "every": _INT, "history_frames"
 HELLO_SERVER = {"protocol": _INT, "job": _DICT}
 HELLO_SERVER_OPTIONAL = {"history": _INT, "features": _LIST}
 JOB = {"pid": _INT, "cmdline": _STR}
-JOB_OPTIONAL = {
-    "rank": _INT,
-    "local_rank": _INT,
-    "world_size": _INT,
-    "torch_version": _STR,
-    "start_method": _STR,
-    "run_id": _STR,
-    "started": _NUM,
-    "python": _STR,
-    "hostname": _STR,
-    "dlwatch_version": _STR,
-}
+JOB_OPTIONAL = (
+    _of(_INT, "rank", "local_rank", "world_size")
+    | _of(_STR, "torch_version", "start_method", "run_id", "python", "hostname", "dlwatch_version")
+    | _of(_NUM, "started")
+)
 WINDOW = {"seq": _INT, "t": _NUM, "mono_ns": _INT, "loaders": _LIST}
 WINDOW_OPTIONAL = {"main": _DICT}
 MAIN_OPTIONAL = {"cuda_initialized": _BOOL, "py_threads": _INT}
-LOADER = {
-    "id": _INT,
-    "epoch": _INT,
-    "batches": _INT,
-    "wait_ns": _INT,
-    "step_ns": _INT,
-    "num_workers": _INT,
-    "workers": _LIST,
-    "queue": _DICT,
-}
-LOADER_OPTIONAL = {
-    "batch_size": _INT,
-    "pin_memory": _BOOL,
-    "persistent_workers": _BOOL,
-    "prefetch_factor": _INT,
-    "start_method": _STR,
-    "kind": _STR,
-    "name": _STR,
-    "active": _BOOL,
-    "epoch_start_ms": _LIST,
-    "epoch_ms": _LIST,
-    "epoch_batches": _LIST,
-    "teardown_ns": _INT,
-    "iterator": _STR,
-    "dataset": _STR,
-}
+LOADER = (
+    _of(_INT, "id", "epoch", "batches", "wait_ns", "step_ns", "num_workers")
+    | _of(_LIST, "workers")
+    | _of(_DICT, "queue")
+)
+LOADER_OPTIONAL = (
+    _of(_INT, "batch_size", "prefetch_factor", "teardown_ns")
+    | _of(_BOOL, "pin_memory", "persistent_workers", "active")
+    | _of(_STR, "start_method", "kind", "name", "iterator", "dataset")
+    | _of(_LIST, "epoch_start_ms", "epoch_ms", "epoch_batches")
+)
 QUEUE_OPTIONAL = {"ready": _INT, "in_flight": _INT, "capacity": _INT}
 WORKER = {"id": _INT, "pid": _INT, "batches": _INT, "fetch_ns": _INT, "busy_ns": _INT}
 WORKER_OPTIONAL = {"started_ns": _INT}

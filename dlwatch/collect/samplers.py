@@ -23,13 +23,12 @@ class HostSource(Protocol):
         ...
 
 
+Pids = Collection[int]
+
+
 class ProcSource(Protocol):
     def sample(
-        self,
-        pids: Collection[int],
-        main_pids: Collection[int] | None = None,
-        uss_pids: Collection[int] | None = None,
-        force_uss: bool = False,
+        self, pids: Pids, main_pids: Pids | None = None, uss_pids: Pids | None = None, force_uss: bool = False
     ) -> dict[int, dict[str, Any]]:
         """Figures per PID. ``main_pids``: whose main-thread CPU is wanted,
         ``uss_pids``: whose USS (None: all); ``force_uss``: read USS now

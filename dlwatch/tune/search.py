@@ -63,6 +63,12 @@ PREFETCH_TRY = 4
 # Leading settings repeated once each (the best and the runner-up).
 REPEAT_LEADERS = 2
 
+# The step functions' arguments: the trials so far, the job's own settings,
+# and whether a candidate's settings have not been tried yet.
+Trials = Sequence[dict[str, Any]]
+Settings = dict[str, Any]
+IsNew = Callable[[Settings], bool]
+
 
 @dataclass(frozen=True)
 class Facts:
@@ -251,13 +257,7 @@ def cpu_cap(usable_cores: float | None) -> int:
     return max(1, math.floor(usable_cores + 0.25))
 
 
-def _workers_step(
-    trials: Sequence[dict[str, Any]],
-    base_s: dict[str, Any],
-    bf: Facts,
-    opts: Options,
-    new: Callable[[dict[str, Any]], bool],
-) -> Proposal | None:
+def _workers_step(trials: Trials, base_s: Settings, bf: Facts, opts: Options, new: IsNew) -> Proposal | None:
     kind, kf = _kind(trials, bf)
     cap = IO_MAX_RECOMMENDED_WORKERS if kind == "io" else cpu_cap(bf.usable_cores)
     why_cap = (
@@ -311,13 +311,7 @@ def _best_of(gs: list[Group]) -> Group:
     return min(near, key=lambda g: g.settings.get("num_workers") or 0)
 
 
-def _knobs_step(
-    trials: Sequence[dict[str, Any]],
-    base_s: dict[str, Any],
-    bf: Facts,
-    opts: Options,
-    new: Callable[[dict[str, Any]], bool],
-) -> Proposal | None:
+def _knobs_step(trials: Trials, base_s: Settings, bf: Facts, opts: Options, new: IsNew) -> Proposal | None:
     best = fastest(trials)
     if best is None:
         return None
