@@ -41,8 +41,8 @@ from dlwatch.diagnose.rules_workers import (
     IO_MAX_RECOMMENDED_WORKERS,
     little_workers,
 )
-from dlwatch.probe.overrides import KNOBS as KNOBS
-from dlwatch.probe.overrides import resolve
+from dlwatch.overrides import KNOBS as KNOBS
+from dlwatch.overrides import resolve
 from dlwatch.snapshot import num
 
 # The loop still waits for data above this after a change: more of the same
