@@ -43,7 +43,7 @@ from dlwatch.diagnose.rules_workers import (
 )
 from dlwatch.overrides import KNOBS as KNOBS
 from dlwatch.overrides import resolve
-from dlwatch.snapshot import num
+from dlwatch.snapshot import num, percent
 
 # The loop still waits for data above this after a change: more of the same
 # may help (under it the pipeline keeps up; the rest is epoch boundaries and
@@ -214,10 +214,10 @@ def propose(trials: Sequence[dict[str, Any]], opts: Options) -> Proposal:
         return None, f"the baseline trial did not measure ({base.get('status')}: {base.get('reason', '')})"
     bf = facts(base)
     if not bf.data_bound:
-        wait = "n/a" if bf.data_wait is None else f"{bf.data_wait * 100:.0f} %"
+        wait = percent(bf.data_wait)
         return None, (
             f"not data-bound: the training loop waits for data {wait} of the time "
-            f"(under {DATA_BOUND_WAIT * 100:.0f} %), so no DataLoader setting can make it faster"
+            f"(under {percent(DATA_BOUND_WAIT)}), so no DataLoader setting can make it faster"
         )
     base_s = base["settings"]
     # A setting counts as tried once asked for, whatever came of it (a crash
@@ -288,7 +288,7 @@ def _workers_step(trials: Trials, base_s: Settings, bf: Facts, opts: Options, ne
         if new({"num_workers": up}):
             return {"num_workers": up}, (
                 f"{nw} workers were the fastest so far and the loop still waits "
-                f"{wait * 100:.0f} % of the time; {why_cap}"
+                f"{percent(wait)} of the time; {why_cap}"
             )
     if wait is not None and wait < STILL_WAITING:
         lower = [c for c in counts if c < nw]
@@ -296,7 +296,7 @@ def _workers_step(trials: Trials, base_s: Settings, bf: Facts, opts: Options, ne
         mid = (lo + nw) // 2
         if lo < mid < nw and new({"num_workers": mid}):
             return {"num_workers": mid}, (
-                f"with {nw} workers the loop no longer waits ({wait * 100:.0f} %): fewer may keep up"
+                f"with {nw} workers the loop no longer waits ({percent(wait)}): fewer may keep up"
             )
     return None
 
@@ -335,7 +335,7 @@ def _knobs_step(trials: Trials, base_s: Settings, bf: Facts, opts: Options, new:
         c = dict(cfg, persistent_workers=True)
         if new(c):
             return c, (
-                f"every epoch starts with a {stall:.0f} ms stall ({stall / epoch * 100:.0f} % of an epoch) "
+                f"every epoch starts with a {stall:.0f} ms stall ({percent(stall / epoch)} of an epoch) "
                 "while workers re-spawn"
             )
     wait = best.wait
@@ -350,7 +350,7 @@ def _knobs_step(trials: Trials, base_s: Settings, bf: Facts, opts: Options, new:
         if new(c):
             return (
                 c,
-                f"the loop still waits {wait * 100:.0f} % of the time: a deeper queue absorbs slow batches",
+                f"the loop still waits {percent(wait)} of the time: a deeper queue absorbs slow batches",
             )
     if opts.cuda and "pin_memory" not in tried_knobs and not s.get("pin_memory"):
         c = dict(cfg, pin_memory=True)
