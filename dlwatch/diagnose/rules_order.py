@@ -13,8 +13,13 @@ that time is what it would gain, as long as the workers keep up.
 
 from __future__ import annotations
 
+from typing import Any
+
+from dlwatch.thresholds import DATA_BOUND_WAIT
+
 from .facts import Context, hint, ms, num, pct, r
-from .rules_workers import DATA_BOUND_WAIT, MIN_WORTHWHILE_SPEEDUP, WORKERS_SATURATED_BUSY
+from .registry import Rule
+from .rules_workers import MIN_WORTHWHILE_SPEEDUP, WORKERS_SATURATED_BUSY
 
 # Share of the loop's time blocked behind the head of the line from which
 # the hint shows: below it the gain is within the noise of a real job.
@@ -24,9 +29,9 @@ HOL_MIN_FRACTION = 0.05
 TAIL_RATIO = 3.0
 
 
-def _tail(workers: list[dict]) -> tuple[list[dict], float | None]:
+def _tail(workers: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], float | None]:
     rows = []
-    worst = None
+    worst: float | None = None
     for w in workers:
         p50, p95, p99 = (num(w.get(k)) for k in ("fetch_ms_p50", "fetch_ms_p95", "fetch_ms_p99"))
         if p50 is None or p99 is None or p50 <= 0:
@@ -47,7 +52,7 @@ def predicted_speedup(hol: float, bps: float | None, worker_ms: float | None, nw
     return max(1.0, 1.0 / max(after, 1e-9))
 
 
-def rule_head_of_line_blocking(ctx: Context) -> list[dict]:
+def rule_head_of_line_blocking(ctx: Context) -> list[dict[str, Any]]:
     out = []
     for lv in ctx.loaders:
         nw = lv.num_workers or 0
@@ -104,4 +109,4 @@ def rule_head_of_line_blocking(ctx: Context) -> list[dict]:
     return out
 
 
-RULES = {"head-of-line-blocking": rule_head_of_line_blocking}
+RULES = (Rule("head-of-line-blocking", rule_head_of_line_blocking, "loader", rate=True),)

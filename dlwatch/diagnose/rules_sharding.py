@@ -12,8 +12,12 @@ reaches the loop once per worker.
 
 from __future__ import annotations
 
+from typing import Any
+
+from dlwatch.thresholds import DATA_BOUND_WAIT
+
 from .facts import GONE_STATES, Context, LoaderView, as_int, as_list, hint, pct, r
-from .rules_workers import DATA_BOUND_WAIT
+from .registry import Rule
 
 # A worker is idle when it delivered at most this share of the busiest
 # worker's batches in the window ("far fewer than the others": with an even
@@ -28,7 +32,7 @@ def _iterable_with_workers(lv: LoaderView) -> bool:
     return lv.loader.get("kind") == "iterable" and (lv.num_workers or 0) >= 2 and len(_all_workers(lv)) >= 2
 
 
-def _all_workers(lv: LoaderView) -> list[dict]:
+def _all_workers(lv: LoaderView) -> list[dict[str, Any]]:
     """Every worker slot, those whose process exited included: a worker of
     an iterable dataset that ran out of data exits mid-epoch (unless its
     workers are persistent), and that is the idle worker this module names."""
@@ -40,7 +44,7 @@ def _name(lv: LoaderView) -> str:
     return f"{lv.title} ({ds})" if isinstance(ds, str) and ds else lv.title
 
 
-def _ids(ws: list[dict]) -> str:
+def _ids(ws: list[dict[str, Any]]) -> str:
     ids = [str(w.get("id")) for w in ws]
     return ", ".join(ids[:-1]) + " and " + ids[-1] if len(ids) > 1 else ids[0]
 
@@ -52,15 +56,16 @@ SHARDING_ADVICE = (
 )
 
 
-def rule_idle_workers(ctx: Context) -> list[dict]:
+def rule_idle_workers(ctx: Context) -> list[dict[str, Any]]:
     out = []
     for lv in ctx.loaders:
         if not lv.steady or not _iterable_with_workers(lv):
             continue
         if lv.wait is None or lv.wait < DATA_BOUND_WAIT:
             continue
-        counts = [(w, as_int(w.get("window_batches"))) for w in _all_workers(lv)]
-        if any(c is None for _, c in counts):
+        maybe = [(w, as_int(w.get("window_batches"))) for w in _all_workers(lv)]
+        counts = [(w, c) for w, c in maybe if c is not None]
+        if len(counts) < len(maybe):
             continue
         top = max(c for _, c in counts)
         if top < IDLE_MIN_BATCHES:
@@ -85,7 +90,7 @@ def rule_idle_workers(ctx: Context) -> list[dict]:
             f"all the loading."
         )
         sugg = SHARDING_ADVICE + f"; or set num_workers={len(working)} to stop paying for idle ones"
-        ev = {
+        ev: dict[str, Any] = {
             "data_wait_fraction": r(lv.wait),
             "num_workers": lv.num_workers,
             "idle_workers": [
@@ -125,7 +130,7 @@ def duplicated_groups(lv: LoaderView) -> list[list[int]]:
     return sorted(sorted(g) for g in groups.values() if len(g) > 1)
 
 
-def rule_duplicated_samples(ctx: Context) -> list[dict]:
+def rule_duplicated_samples(ctx: Context) -> list[dict[str, Any]]:
     out = []
     for lv in ctx.loaders:
         if lv.phase == "inactive" or not _iterable_with_workers(lv):
@@ -150,7 +155,11 @@ def rule_duplicated_samples(ctx: Context) -> list[dict]:
     return out
 
 
-RULES = {
-    "idle-workers": rule_idle_workers,
-    "duplicated-samples": rule_duplicated_samples,
-}
+# Until the iterable dataset is shared out among its workers, more workers
+# would idle too, or yield yet more copies of every sample.
+MORE_WORKERS = frozenset({"add-workers", "io-bound", "cpu-bound-preprocessing"})
+
+RULES = (
+    Rule("idle-workers", rule_idle_workers, "loader", rate=True, supersedes=MORE_WORKERS),
+    Rule("duplicated-samples", rule_duplicated_samples, "loader", supersedes=MORE_WORKERS),
+)

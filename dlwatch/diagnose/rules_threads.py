@@ -13,11 +13,15 @@ loop, judged like any other.
 
 from __future__ import annotations
 
+from typing import Any
+
+from dlwatch.thresholds import DATA_BOUND_WAIT
+
 from .facts import Context, fed_by_thread, hint, ms, num, pct, r
-from .rules_workers import DATA_BOUND_WAIT
+from .registry import Rule
 
 
-def rule_thread_fed_loader(ctx: Context) -> list[dict]:
+def rule_thread_fed_loader(ctx: Context) -> list[dict[str, Any]]:
     out = []
     for lv in ctx.loaders:
         if not lv.steady or not fed_by_thread(lv.loader, lv.job):
@@ -56,4 +60,4 @@ def rule_thread_fed_loader(ctx: Context) -> list[dict]:
     return out
 
 
-RULES = {"thread-fed-loader": rule_thread_fed_loader}
+RULES = (Rule("thread-fed-loader", rule_thread_fed_loader, "loader", rate=True),)

@@ -23,6 +23,7 @@ import threading
 import weakref
 from collections import deque
 from time import perf_counter as _clock  # float seconds, as the hot path's
+from typing import Any
 
 from dlwatch.probe import worker as _worker
 
@@ -87,9 +88,9 @@ class LoaderStats:
         self.epoch_b0 = 0  # self.batches when the epoch began
         self.epoch_batches: deque[int] = deque(maxlen=EPOCH_HISTORY)  # beside epoch_ms
         self.iter_ref = None
-        self.slots = None
-        self.slots_view = None  # int64 view of the workers' table
-        self.slots_fview = None  # float64 view of the same table
+        self.slots: Any = None  # the workers' shared table (a ctypes array)
+        self.slots_view: memoryview[int] | None = None  # int64 view of the workers' table
+        self.slots_fview: memoryview[float] | None = None  # float64 view of the same table
         self.num_workers = int(config.get("num_workers") or 0)
         self.dead_since = 0  # clock when the publisher first saw the loader gone
         # The thread that took the current epoch's first batch: a loader fed
@@ -193,7 +194,7 @@ class LoaderStats:
                 self.wait_samples += 1
                 if buffered > 0:
                     self.hol_samples += 1
-        workers = []
+        workers: list[dict[str, Any]] = []
         view = self.slots_view
         fview = self.slots_fview
         if view is not None and fview is not None and it is not None:
@@ -247,11 +248,11 @@ def _worker_pids(it) -> list[int]:
         return []
 
 
-def _queue_state(it, num_workers: int) -> tuple[dict, int]:
+def _queue_state(it, num_workers: int) -> tuple[dict[str, int | None], int]:
     """Prefetch queue, read from torch's private iterator fields defensively,
     and how many of its ready batches sit in the reorder buffer (arrived
     before the batch the loop must take next)."""
-    q = {"ready": None, "in_flight": None, "capacity": None}
+    q: dict[str, int | None] = {"ready": None, "in_flight": None, "capacity": None}
     buffered = 0
     if it is None or num_workers <= 0:
         return q, buffered

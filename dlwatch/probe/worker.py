@@ -31,6 +31,7 @@ import zlib
 from bisect import bisect_right as _bucket
 from time import perf_counter as _clock
 from time import perf_counter_ns as _clock_ns
+from typing import Any
 
 from dlwatch import wire
 
@@ -65,12 +66,12 @@ def make_slots(num_workers: int):
     return RawArray("q", num_workers * NFIELDS)
 
 
-def as_int64_view(slots) -> memoryview:
+def as_int64_view(slots: Any) -> memoryview[int]:
     # Indexing a memoryview is several times cheaper than a ctypes array.
     return memoryview(slots).cast("B").cast("q")
 
 
-def as_float64_view(slots) -> memoryview:
+def as_float64_view(slots: Any) -> memoryview[float]:
     return memoryview(slots).cast("B").cast("d")
 
 
@@ -135,7 +136,7 @@ def _patch_fetchers(row, frow, base: int) -> None:
         timed = _timed(getattr(cur, "_dlwatch_orig", cur), row, frow, base)
         if cls is fetch._IterableDatasetFetcher:
             timed = _fingerprint_first(cls, timed, row, base + FIRST_FP, base + SECOND_FP)
-        cls.fetch = timed
+        cls.fetch = timed  # type: ignore[method-assign]
 
 
 def _fingerprint_first(cls, timed, row, i_first: int, i_second: int):
@@ -154,7 +155,7 @@ def _fingerprint_first(cls, timed, row, i_first: int, i_second: int):
             cls.fetch = timed
         return data
 
-    fetch._dlwatch_orig = timed._dlwatch_orig
+    fetch._dlwatch_orig = timed._dlwatch_orig  # type: ignore[attr-defined]
     return fetch
 
 
@@ -224,7 +225,7 @@ def _timed(orig, row, frow, base: int):
         row[i_hist + k] = hist[k]
         return data
 
-    fetch._dlwatch_orig = orig
+    fetch._dlwatch_orig = orig  # type: ignore[attr-defined]  # what a re-patch unwraps
     return fetch
 
 
