@@ -200,6 +200,7 @@ def _timed(orig, row, frow, base: int):
     # The histogram's counts, kept in a list (a list item += is specialised,
     # a memoryview's is not) and stored into the row.
     hist = [row[i_hist + k] for k in range(HIST_BUCKETS)]
+    hrow = row[i_hist : i_hist + HIST_BUCKETS]  # the row's histogram, indexed by bucket
     edges = _HIST_EDGES
 
     def fetch(self, possibly_batched_index):
@@ -221,8 +222,9 @@ def _timed(orig, row, frow, base: int):
         row[i_batches] = batches
         frow[i_cur] = 0.0
         k = _bucket(edges, d)
-        hist[k] += 1
-        row[i_hist + k] = hist[k]
+        c = hist[k] + 1
+        hist[k] = c
+        hrow[k] = c
         return data
 
     fetch._dlwatch_orig = orig  # type: ignore[attr-defined]  # what a re-patch unwraps
