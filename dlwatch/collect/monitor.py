@@ -25,7 +25,7 @@ import selectors
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from dlwatch import rundir
@@ -92,6 +92,7 @@ class Monitor:
         diagnoser: Any = None,
         only_pid: int | None = None,
         clock: Callable[[], float] = time.time,
+        attach: Iterable[int] = (),
     ) -> None:
         self.directory = directory or rundir.runtime_dir()
         self.window_s = window_s
@@ -132,6 +133,12 @@ class Monitor:
         self._listeners: list[Callable[[], None]] = []
         self.errors: deque[str] = deque(maxlen=20)
         self.error_counts: dict[str, int] = {}
+        # Jobs started without the hook, sampled from outside (attach.py).
+        self.attached: dict[int, Any] = {}
+        if attach:
+            from dlwatch.collect.attach import LiveAttach
+
+            self.attached = {pid: LiveAttach(pid) for pid in attach}
 
     def _safe(self, what: str, fn: Callable[[], Any], default: Any) -> Any:
         """``fn()``, or ``default`` when it raises: a sampler's fault costs its
@@ -223,6 +230,10 @@ class Monitor:
             if c.job is not None or c.state != "connecting" or time.time() - c.first_seen > HELLO_GRACE_S
         ]
         mains, workers = self._pids(conns)
+        for pid, att in self.attached.items():
+            if not att.exited:
+                mains.add(pid)
+                workers.update(att.worker_pids())
         procs_at = self._proc_cache_at
         procs = self._sample_procs(mains, workers, reuse_procs) if self._procs else {}
         # Host load with the processes' figures, over the same interval: the
@@ -230,6 +241,11 @@ class Monitor:
         host = self._sample_host(reuse_procs and self._proc_cache_at == procs_at)
         self._sample_gpu()
         status, gpus = self._gpu_state
+        attached = [
+            self._safe("attach", lambda a=a: a.job(procs, self.diagnose_window_s), None)
+            for a in self.attached.values()
+        ]
+        attached = [j for j in attached if j is not None]
         snap = model.snapshot_dict(
             now=now,
             window_s=window_s,
@@ -248,6 +264,7 @@ class Monitor:
             runtime_dir=self.directory,
             runtime_dir_error=self.dir_error,
             errors=list(self.errors),
+            attached=attached,
         )
         if self._diagnoser is not None:
             t = time.monotonic()
@@ -262,7 +279,8 @@ class Monitor:
                     window_s=dw,
                     jobs=[  # type: ignore[assignment]
                         model.job_dict(c, dw, procs, now, history=False) for c in conns
-                    ],
+                    ]
+                    + attached,
                 )
             snap["hints"] = self._safe("diagnosis", lambda: self._diagnoser.update(judged), [])
             self._hints, self._hints_at = snap["hints"], t
@@ -328,10 +346,7 @@ class Monitor:
             ):
                 self._sched_cache = self._safe("run-queue", lambda: self._sched.sample(sorted(pids)), {})
                 self._sched_at = t
-            waits = {p: v for p, v in self._sched_cache.items() if p in pids}
-            for pid, v in waits.items():
-                if pid in procs and isinstance(procs[pid], dict):
-                    procs[pid] = dict(procs[pid], runqueue_percent=v)
+            procs = add_runqueue(procs, {p: v for p, v in self._sched_cache.items() if p in pids})
         self._proc_cache, self._proc_cache_at = procs, t
         return procs
 
@@ -356,6 +371,8 @@ class Monitor:
     def start(self) -> None:
         if self._thread is not None:
             return
+        for att in self.attached.values():
+            att.start()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="dlwatch-monitor", daemon=True)
         self._thread.start()
@@ -401,6 +418,8 @@ class Monitor:
         if self._thread is not None:
             self._thread.join(timeout=2.0)
             self._thread = None
+        for att in self.attached.values():
+            att.stop()
         for c in self.conns.values():
             c.close()
         try:
@@ -411,6 +430,14 @@ class Monitor:
     def latest(self) -> dict | None:
         with self._lock:
             return self._latest
+
+
+def add_runqueue(procs: dict, waits: dict) -> dict:
+    """Each process's figures with its run-queue wait (``runqueue_percent``)."""
+    for pid, v in waits.items():
+        if pid in procs and isinstance(procs[pid], dict):
+            procs[pid] = dict(procs[pid], runqueue_percent=v)
+    return procs
 
 
 def _sleep(t: float) -> list:

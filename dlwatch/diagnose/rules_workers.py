@@ -161,6 +161,8 @@ def rule_no_workers(ctx: Context) -> list[dict]:
     for lv in ctx.loaders:
         if not lv.steady or lv.num_workers != 0 or lv.wait is None:
             continue
+        if lv.loader.get("sampled") is True:
+            continue  # rules_sampled.py: shares of samples, no per-batch times
         if lv.wait < NO_WORKERS_INFO_WAIT:
             continue
         # With num_workers=0 the loop loads inside __next__: the wait per batch
