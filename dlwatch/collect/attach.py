@@ -129,6 +129,8 @@ class Attached:
     span_s: float
     exited: bool
     error: tuple[int, str] | None = None
+    # CLOCK_MONOTONIC ns around the recording (py-spy starting to sampling ended).
+    span_ns: tuple[int, int] | None = None
 
     def summary(self) -> sampled.Sampled:
         return sampled.summarize(self.stacks, self.pid)
@@ -148,14 +150,14 @@ def record(pids: list[int], seconds: float) -> list[Attached]:
     """One recording of each job, all at once, over ``seconds``."""
     binary = spy.find()
     assert binary is not None, "preflight() checks for py-spy"
-    t0 = time.monotonic()
+    t0 = time.monotonic_ns()
     recs = [spy.Recording(binary, pid, seconds) for pid in pids]
     out = []
     for rec in recs:
         res = rec.wait(seconds + RECORD_GRACE_S)
-        span = time.monotonic() - t0
+        t1 = time.monotonic_ns()
         stacks, _bad = parse_raw(res.text, rec.pid)
-        out.append(Attached(rec.pid, stacks, span, res.exited, res.error))
+        out.append(Attached(rec.pid, stacks, (t1 - t0) / 1e9, res.exited, res.error, (t0, t1)))
     return out
 
 
@@ -166,7 +168,7 @@ def job_from(att: Attached, ident: dict, procs: dict) -> dict:
     state, reason = "live", ""
     if att.exited:
         state, reason = "exited", f"the job exited during the attach (sampled {att.span_s:.1f} s)"
-    return sampled.job_dict(
+    job = sampled.job_dict(
         ident,
         s,
         procs,
@@ -176,6 +178,9 @@ def job_from(att: Attached, ident: dict, procs: dict) -> dict:
         worker_order=order,
         start_methods=methods,
     )
+    if att.span_ns is not None:
+        job["sampling"]["span_mono_ns"] = list(att.span_ns)
+    return job
 
 
 class LiveAttach:

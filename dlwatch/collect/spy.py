@@ -21,6 +21,7 @@ import tempfile
 from dataclasses import dataclass
 
 from dlwatch.collect import ptrace
+from dlwatch.collect.jobs import pid_alive
 
 RATE_HZ = 100
 INSTALL_HINT = "py-spy is not installed: `pip install 'dlwatch[attach]'` (or `pip install py-spy`)"
@@ -58,8 +59,12 @@ def record_command(binary: str, pid: int, seconds: float, out: str, rate: int = 
     ]
 
 
-def failure(stderr: str, pid: int) -> tuple[int, str]:
-    """(exit code, one line) for a py-spy run that produced no recording."""
+def failure(stderr: str, pid: int, access: ptrace.Access | None = None) -> tuple[int, str]:
+    """(exit code, one line) for a py-spy run that produced no recording;
+    ``access``: the permission check's verdict, which explains a refusal
+    better than py-spy (which may report one as "no Python found")."""
+    if access is not None and not access.allowed:
+        return access.code, f"cannot attach to PID {pid}: {access.line()}"
     text = stderr.lower()
     if "permission denied" in text or "operation not permitted" in text:
         return ptrace.EXIT_NOT_PERMITTED, (
@@ -90,8 +95,8 @@ class Recording:
         self.proc = subprocess.Popen(
             record_command(binary, pid, seconds, self._out, rate),
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,  # a Ctrl-C meant for dlwatch is ours to pass on
         )
@@ -106,10 +111,10 @@ class Recording:
 
     def wait(self, timeout: float) -> Result:
         try:
-            _, err = self.proc.communicate(timeout=timeout)
+            err, _ = self.proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            _, err = self.proc.communicate()
+            err, _ = self.proc.communicate()
         err = err or ""
         try:
             with open(self._out) as f:
@@ -118,7 +123,9 @@ class Recording:
             text = ""
         finally:
             shutil.rmtree(self._dir, ignore_errors=True)
-        exited = EXITED_MARK in err
+        # py-spy says so when the job ends mid-recording; a job that ended
+        # before py-spy could look is gone (or a zombie) now.
+        exited = EXITED_MARK in err or not pid_alive(self.pid)
         if not text and not exited and self.proc.returncode != 0:
-            return Result("", False, failure(err, self.pid))
+            return Result("", False, failure(err, self.pid, ptrace.check(self.pid)))
         return Result(text, exited, None)
