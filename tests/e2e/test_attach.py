@@ -140,9 +140,11 @@ def test_four_spawn_workers(unhooked):
 
 
 def test_a_job_that_exits_during_the_attach(unhooked):
-    job = unhooked("--workers", "1", "--sample-ms", "5", "--step-ms", "5", "--duration", "1.5")
+    # It ends 2 s after its first batch; the attach lasts 6 s (the margin
+    # is for the job's own teardown on a loaded box).
+    job = unhooked("--workers", "1", "--sample-ms", "5", "--step-ms", "5", "--duration", "2")
     job.wait_ready(settle=0.0)
-    snap = attach_json("--pid", str(job.pid), "--seconds", "4")
+    snap = attach_json("--pid", str(job.pid), "--seconds", "6")
     [j] = snap["jobs"]
     assert j["state"] == "exited" and "exited during the attach" in j["state_reason"]
     assert j["loaders"] and j["loaders"][0]["data_wait_samples"] > 0
@@ -243,3 +245,39 @@ def test_another_users_job_is_refused(unhooked):
     assert code == 10 * ptrace.EXIT_NOT_PERMITTED + ptrace.EXIT_NOT_PERMITTED, err
     assert f"PID {job.pid} runs as uid 0 and you are uid 65534" in err
     assert "sudo dlwatch attach" in err and "Traceback" not in err
+
+
+def test_live_view_collector_shows_the_attached_job(unhooked, tmp_path):
+    from dlwatch.collect.monitor import Monitor
+
+    job = unhooked("--workers", "1", "--sample-ms", "10", "--step-ms", "10", "--duration", "30")
+    job.wait_ready()
+    m = Monitor(directory=str(tmp_path / "none"), window_s=1.0, interval=0.5, gpu=False, attach=[job.pid])
+    m.start()
+    try:
+        end = time.monotonic() + 30
+        found = None
+        while time.monotonic() < end:
+            snap = m.latest()
+            jobs = [j for j in (snap or {}).get("jobs", []) if j["pid"] == job.pid]
+            if jobs and jobs[0]["loaders"] and jobs[0]["loaders"][0]["data_wait_samples"] >= 150:
+                found = jobs[0]
+                break
+            time.sleep(0.2)
+        assert found is not None, m.errors
+        assert found["sampled"] is True and found["state"] == "live"
+        [ld] = found["loaders"]
+        assert ld["num_workers"] == 1 and ld["workers"][0]["cpu_percent"] is not None
+        assert snap["host"]["jobs_cpu_cores"] is not None  # the attached processes are counted
+    finally:
+        m.stop()
+
+
+def test_live_view_refuses_a_pid_it_cannot_attach_to():
+    p = subprocess.Popen(["true"])
+    p.wait()
+    r = subprocess.run(
+        [sys.executable, "-m", "dlwatch", "--attach", str(p.pid)], capture_output=True, text=True, timeout=30
+    )
+    assert r.returncode == ptrace.EXIT_NO_PROCESS and "no process" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -282,3 +282,31 @@ def test_status_ids_read_from_a_status_file(tmp_path):
 def test_py_spy_failures_are_one_line(stderr, code, words):
     c, line = spy.failure(stderr + "\n\nStack backtrace:\n   0: x\n", 42)
     assert c == code and words in line and "\n" not in line
+
+
+# ------------------------------------------------------------- the live view
+
+
+def test_live_view_marks_an_attached_job_as_sampled():
+    import asyncio
+
+    from dlwatch.tui.jobs import JobList
+    from dlwatch.tui.textline import TextLine
+    from tests.tui_fixtures import make_app, plain, row_text
+
+    snap = snap_of("fork1")
+    snap["hints"] = evaluate(snap)
+
+    async def go():
+        app = make_app([snap])
+        async with app.run_test(size=(120, 40)) as pilot:
+            for _ in range(4):
+                await pilot.pause()
+            header = plain(app.screen.query_one("#job-header", TextLine))
+            assert "sampled (attached, no hook)" in header
+            stats = plain(app.screen.query_one("#loader-stats", TextLine))
+            assert "±" in stats and "samples" in stats and sampled.NOT_SAMPLED in stats
+            jobs = app.screen.query_one(JobList)
+            assert "[sampled]" in row_text(jobs, jobs.row_keys[0])[1]
+
+    asyncio.run(go())
