@@ -52,11 +52,11 @@ def render_ls(jobs: list[dict]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)
 
 
-def render_snapshot(snap: dict) -> str:
+def render_snapshot(snap: dict, title: str = "dlwatch snapshot") -> str:
     h = snap.get("host", {})
     shm = human_bytes(h.get("shm_free_bytes"))
     lines = [
-        f"dlwatch snapshot  window {snap.get('window_s', 0):.1f} s",
+        f"{title}  window {snap.get('window_s', 0):.1f} s",
         f"host: {h.get('logical_cpus')} logical CPUs, {_num(h.get('usable_cores'))} usable cores"
         + (f" ({h['cores_reason']})" if h.get("cores_reason") else "")
         + f", CPU {_num(h.get('cpu_percent'), unit=' %')}, /dev/shm free {shm}",

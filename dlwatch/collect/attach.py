@@ -157,7 +157,11 @@ def record(pids: list[int], seconds: float) -> list[Attached]:
         res = rec.wait(seconds + RECORD_GRACE_S)
         t1 = time.monotonic_ns()
         stacks, _bad = parse_raw(res.text, rec.pid)
-        out.append(Attached(rec.pid, stacks, (t1 - t0) / 1e9, res.exited, res.error, (t0, t1)))
+        # py-spy samples for --duration from the moment it has attached,
+        # which on a loaded box is a good part of a second after it started:
+        # the span is the last --duration before it exited.
+        start = t0 if res.exited else max(t0, t1 - int(rec.seconds * 1e9))
+        out.append(Attached(rec.pid, stacks, (t1 - start) / 1e9, res.exited, res.error, (start, t1)))
     return out
 
 

@@ -90,6 +90,7 @@ class Recording:
 
     def __init__(self, binary: str, pid: int, seconds: float, rate: int = RATE_HZ) -> None:
         self.pid = pid
+        self.seconds = max(1, round(seconds))  # what py-spy's --duration gets
         self._dir = tempfile.mkdtemp(prefix="dlwatch-attach-")
         self._out = os.path.join(self._dir, "stacks.txt")
         self.proc = subprocess.Popen(

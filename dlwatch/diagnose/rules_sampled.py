@@ -62,6 +62,15 @@ def _needed(work: float, wait: float) -> float:
     return min(work / compute, float(IO_MAX_RECOMMENDED_WORKERS))
 
 
+# A tenth of a worker is within the shares' noise: 2.04 workers needed is
+# a recommendation of 2, not 3 (the job of README's example needs exactly 2).
+SLACK_WORKERS = 0.1
+
+
+def _count(ratio: float) -> int:
+    return max(1, math.ceil(ratio - SLACK_WORKERS))
+
+
 def estimate(nw: int, busy, wait) -> dict:
     """Workers needed, from (share, low, high) of the workers' busy share
     (ignored when ``nw`` is 0) and of the data wait."""
@@ -74,8 +83,8 @@ def estimate(nw: int, busy, wait) -> dict:
     high = _needed(work(busy[2] if nw else 0.0, wait[2]), wait[2])
     return {
         "workers_needed": round(ratio, 2),
-        "recommended_num_workers": max(1, math.ceil(ratio - 1e-9)),
-        "range": [max(1, math.ceil(low - 1e-9)), max(1, math.ceil(high - 1e-9))],
+        "recommended_num_workers": _count(ratio),
+        "range": [_count(low), _count(high)],
     }
 
 

@@ -71,7 +71,7 @@ def run(args) -> int:
     else:
         from dlwatch.cli.text import render_snapshot
 
-        print(render_snapshot(snap))
+        print(render_snapshot(snap, title="dlwatch attach"))
     for pid in no_torch:
         fail(f"PID {pid} is a Python process without torch: not a PyTorch job", ptrace.EXIT_NOT_PYTHON, PROG)
     if no_torch:
