@@ -280,6 +280,7 @@ def job_dict(
             "rate_hz": _r(rate, 1),
             "training_tid": s.training_tid,
             "training_thread": s.training_thread,
+            "torch_loaded": identity.get("torch_loaded"),
         },
         "loaders": [],
     }

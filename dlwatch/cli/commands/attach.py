@@ -62,9 +62,7 @@ def run(args) -> int:
     if not snap["jobs"]:
         return errors[0][0] if errors else 1
     no_torch = [
-        j["pid"]
-        for j in snap["jobs"]
-        if not j.get("loaders") and not attach.identity(j["pid"]).get("torch_loaded")
+        j["pid"] for j in snap["jobs"] if not j.get("loaders") and j["sampling"].get("torch_loaded") is False
     ]
     if args.json:
         print(json.dumps(snap, indent=2, default=str))
