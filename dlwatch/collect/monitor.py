@@ -241,9 +241,12 @@ class Monitor:
         host = self._sample_host(reuse_procs and self._proc_cache_at == procs_at)
         self._sample_gpu()
         status, gpus = self._gpu_state
+        # A job that publishes through the hook as well is shown once, hooked.
+        hooked = {c.pid for c in conns if c.live}
         attached = [
             self._safe("attach", lambda a=a: a.job(procs, self.diagnose_window_s), None)
-            for a in self.attached.values()
+            for pid, a in self.attached.items()
+            if pid not in hooked
         ]
         attached = [j for j in attached if j is not None]
         snap = model.snapshot_dict(
