@@ -276,24 +276,35 @@ def _tree(pids: Iterable[int]) -> set[int]:
     return out
 
 
+def _gpu_sampler():
+    """NVML's sampler, or None where it cannot start (no driver): the
+    snapshot then says why in ``gpu_status``."""
+    try:
+        from dlwatch.collect.gpu import GpuSampler
+
+        return GpuSampler()
+    except Exception:
+        return None
+
+
 def measure(pids: list[int], seconds: float) -> tuple[dict, list[tuple[int, str]]]:
     """``dlwatch attach``: the snapshot of ``pids`` sampled over ``seconds``,
     and the (exit code, line) of each job that could not be sampled at all.
     Process, run-queue and host figures cover the same span as the stacks
     (sampled once before the recording starts and once after it ends)."""
     from dlwatch.collect import model
-    from dlwatch.collect.monitor import _default_gpu, _default_host, add_runqueue
+    from dlwatch.collect.host import HostSampler
+    from dlwatch.collect.monitor import add_runqueue
     from dlwatch.collect.procs import ProcSampler
     from dlwatch.collect.schedstat import SchedSampler
     from dlwatch.diagnose import evaluate
 
-    procs, sched, host, gpu = ProcSampler(), SchedSampler(), _default_host(), _default_gpu()
+    procs, sched, host, gpu = ProcSampler(), SchedSampler(), HostSampler(), _gpu_sampler()
     idents = {p: identity(p) for p in pids}
     before = _tree(pids)
     procs.sample(sorted(before), main_pids=pids)
     sched.sample(sorted(before))
-    if host is not None:
-        host.sample()
+    host.sample()
     atts = record(pids, seconds)
     after = sorted(_tree(pids) | before)
     figures = add_runqueue(procs.sample(after, main_pids=pids, force_uss=True), sched.sample(after))
@@ -302,7 +313,7 @@ def measure(pids: list[int], seconds: float) -> tuple[dict, list[tuple[int, str]
     snap = model.snapshot_dict(
         now=time.time(),
         window_s=seconds,
-        host=host.sample() if host is not None else {},
+        host=host.sample(),
         gpu_status=status,
         gpus=gpus,
         conns=[],
