@@ -38,6 +38,11 @@ _DATA_FILES = ("torch/utils/data/", "stateful_dataloader")
 _WORKER_FILE = "torch/utils/data/_utils/worker.py"
 _FETCH_FILE = "torch/utils/data/_utils/fetch.py"
 _PIN_FILE = "torch/utils/data/_utils/pin_memory.py"
+# An iterator's __next__ and what only __next__ calls: a sample torn by
+# non-blocking reading may have lost the __next__ frame but kept these.
+_ITERATOR_STEPS = frozenset(
+    {"__next__", "_next_data", "_get_data", "_try_get_data", "_try_put_index", "_process_data", "_next_index"}
+)
 
 
 def wilson(hits: int, n: int, z: float = Z95) -> tuple[float, float] | None:
@@ -98,7 +103,7 @@ def frame_kind(frame: str) -> str | None:
     f = parse_frame(frame)
     name = _funcname(f.func)
     path = f.file.replace("\\", "/")
-    if name == "__next__" and any(d in path for d in _DATA_FILES):
+    if name in _ITERATOR_STEPS and any(d in path for d in _DATA_FILES):
         return "next"
     if name == "_worker_loop" and path.endswith(_WORKER_FILE):
         return "worker"
@@ -142,6 +147,7 @@ class Sampled:
 
     root_pid: int
     samples: int = 0  # every sample of every thread of every process
+    torn: int = 0  # samples left out: frames missing at the outer end (see summarize)
     processes: set[int] = field(default_factory=set)  # processes with at least one sample
     training_tid: int | None = None
     training_thread: str = ""
@@ -156,8 +162,36 @@ class Sampled:
         return self.root_pid in self.processes
 
 
+def _roots(stacks: list[Stack], root_pid: int) -> dict[tuple[int, int | None], str]:
+    """Each thread's outermost frame (function and file, not line) as most of
+    its samples show it."""
+    seen: dict[tuple[int, int | None], dict[str, int]] = {}
+    for st in stacks:
+        if st.frames:
+            key = (st.pid if st.pid is not None else root_pid, st.tid)
+            c = seen.setdefault(key, {})
+            r = _outer(st)
+            c[r] = c.get(r, 0) + st.count
+    return {k: max(c.items(), key=lambda kv: kv[1])[0] for k, c in seen.items()}
+
+
+def _outer(st: Stack) -> str:
+    f = parse_frame(st.frames[0])
+    return f"{f.func} ({f.file})"
+
+
 def summarize(stacks: Iterable[Stack], root_pid: int) -> Sampled:
-    """The training thread, the data wait and the workers of one job."""
+    """The training thread, the data wait and the workers of one job.
+
+    py-spy reads a running thread's frames without stopping it, so now and
+    then a sample is torn: frames missing from its outer end. Those (a stack
+    whose outermost frame is not the one the thread's other samples start
+    at) are left out of every share and counted in ``torn``: torn reads
+    happen while the thread runs Python, which in a loop that sleeps or
+    waits on the GPU is mostly inside ``__next__``, so counting them as
+    "not waiting" would bias the data wait down."""
+    stacks = list(stacks)
+    roots = _roots(stacks, root_pid)
     out = Sampled(root_pid=root_pid)
     # (pid, tid) -> [all samples, samples in __next__ / in the worker loop, in fetch, on the index]
     threads: dict[tuple[int, int | None], list[int]] = {}
@@ -169,6 +203,9 @@ def summarize(stacks: Iterable[Stack], root_pid: int) -> Sampled:
         out.samples += st.count
         out.processes.add(pid)
         key = (pid, st.tid)
+        if st.frames and _outer(st) != roots.get(key):
+            out.torn += st.count
+            continue
         c = threads.setdefault(key, [0, 0, 0, 0])
         names.setdefault(key, st.thread)
         c[0] += st.count
@@ -280,6 +317,7 @@ def job_dict(
             "rate_hz": _r(rate, 1),
             "training_tid": s.training_tid,
             "training_thread": s.training_thread,
+            "torn_samples": s.torn,
             "torch_loaded": identity.get("torch_loaded"),
         },
         "loaders": [],

@@ -310,3 +310,20 @@ def test_live_view_marks_an_attached_job_as_sampled():
             assert "[sampled]" in row_text(jobs, jobs.row_keys[0])[1]
 
     asyncio.run(go())
+
+
+def test_torn_samples_are_left_out_and_iterator_internals_count_as_wait():
+    root = "<module> (t.py:9)"
+    nxt = "_BaseDataLoaderIter.__next__ (torch/utils/data/dataloader.py:725)"
+    put = "_MultiProcessingDataLoaderIter._try_put_index (torch/utils/data/dataloader.py:1400)"
+    lines = [
+        f"thread (5): MainThread;{root};{nxt};select (selectors.py:415) 40",
+        "thread (5): MainThread;<module> (t.py:12);_spend (t.py:20) 50",
+        # torn: the outer frames are gone
+        f"thread (5): MainThread;{put};notify (threading.py:1) 7",
+        # the __next__ frame lost, the iterator's own step kept
+        f"thread (5): MainThread;{root};{put} 3",
+    ]
+    s = sampled.summarize([parse_line(ln, root_pid=5) for ln in lines], 5)
+    assert s.torn == 7
+    assert (s.data_wait.hits, s.data_wait.samples) == (43, 93)
