@@ -132,6 +132,9 @@ class Loader(_LoaderRequired, total=False):
     data_wait_ci95: list[float] | None
     iterator: str | None  # "single-process" | "multi-process", from the stacks
     workers_busy: dict[str, Any] | None  # every worker's samples pooled: fraction, pm, samples, ci95
+    # Only under `dlwatch run --autotune` (README "Autotune"): state, reason,
+    # current/original setting, changes (epoch, from, to, why, batches_per_s).
+    autotune: dict | None
 
 
 class _JobRequired(TypedDict):
