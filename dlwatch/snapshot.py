@@ -58,7 +58,7 @@ class _WorkerRequired(TypedDict):
     cpu_percent: float | None  # 100 = one core, over the sampling interval
     busy_fraction: float | None  # 0..1 of the window inside the dataset fetch
     fetch_ms_mean: float | None
-    batches: int
+    batches: int | None  # None for an attached job (sampled: no batch counts)
     rss_bytes: int | None
     uss_bytes: int | None  # None when /proc/PID/smaps_rollup is unreadable
     threads: int | None
@@ -83,6 +83,11 @@ class Worker(_WorkerRequired, total=False):
     # the dataset is not shared out among them.
     first_batch_digest: int | None
     second_batch_digest: int | None
+    # Attached jobs: busy_fraction is the share of the worker's samples inside
+    # the fetch, ± half its 95 % interval, over this many samples.
+    busy_pm: float | None
+    busy_samples: int
+    waiting_index_fraction: float | None  # share of samples blocked on the index queue
 
 
 class History(TypedDict, total=False):
@@ -95,11 +100,12 @@ class _LoaderRequired(TypedDict):
     num_workers: int
     batch_size: int | None
     pin_memory: bool
-    persistent_workers: bool
+    persistent_workers: bool | None  # None: not known (an attached job)
     prefetch_factor: int | None
-    epoch: int
-    batches_total: int
-    batches_per_s: float
+    # None for an attached job: only the hook counts batches.
+    epoch: int | None
+    batches_total: int | None
+    batches_per_s: float | None
     data_wait_fraction: float | None  # 0..1 over the window; None: no batch in it (no_batch_reason)
     wait_ms_mean: float | None
     step_ms_mean: float | None
@@ -138,6 +144,15 @@ class Loader(_LoaderRequired, total=False):
     wait_s_total: float | None
     step_s_total: float | None
     history: History
+    # An attached job's loader (``dlwatch attach``): data_wait_fraction is the
+    # share of the training thread's samples inside __next__, with ± half its
+    # 95 % interval (data_wait_ci95) over data_wait_samples samples.
+    sampled: bool
+    data_wait_pm: float | None
+    data_wait_samples: int
+    data_wait_ci95: list[float] | None
+    iterator: str | None  # "single-process" | "multi-process", from the stacks
+    workers_busy: dict[str, Any] | None  # every worker's samples pooled: fraction, pm, samples, ci95
     # Only under `dlwatch run --autotune` (README "Autotune"): state, reason,
     # current/original setting, changes (epoch, from, to, why, batches_per_s).
     autotune: dict[str, Any] | None
@@ -168,6 +183,8 @@ class Job(_JobRequired, total=False):
     cuda_initialized: bool | None
     bad_frames: int
     last_wire_error: str | None
+    sampled: bool  # attached without the hook, sampled from outside
+    sampling: dict[str, Any]  # tool, span_s, samples, rate_hz, training thread
 
 
 class _HostRequired(TypedDict):

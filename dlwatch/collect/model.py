@@ -35,20 +35,24 @@ def snapshot_dict(
     runtime_dir: str,
     runtime_dir_error: str | None,
     errors: list[str],
+    attached: Iterable[dict[str, Any]] = (),
 ) -> Snapshot:
     """The whole document. Jobs are ordered by run, rank and PID so that the
     ranks of one torchrun run sit together. ``hints`` is left empty: the
     diagnosis fills it. ``errors`` appears only when the collector had faults,
-    so the document of a healthy collector is the schema's and nothing more."""
+    so the document of a healthy collector is the schema's and nothing more.
+    ``attached``: jobs sampled from outside (``attach.py``), already built;
+    they follow the hooked ones."""
     conns = ordered(conns)
+    attached = list(attached)
     snap: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "time": now,
         "window_s": window_s,
-        "host": host_dict(host) | cpu_accounting(host, conns, procs),
+        "host": host_dict(host) | cpu_accounting(host, conns, procs, attached),
         "gpu_status": gpu_status,
         "gpus": gpus,
-        "jobs": [job_dict(c, window_s, procs, now) for c in conns],
+        "jobs": [job_dict(c, window_s, procs, now) for c in conns] + attached,
         "hints": [],
         "runtime_dir": runtime_dir,
         "runtime_dir_error": runtime_dir_error,
@@ -77,7 +81,10 @@ def host_dict(h: dict[str, Any]) -> Host:
 
 
 def cpu_accounting(
-    host: dict[str, Any], conns: list[JobConnection], procs: dict[int, dict[str, Any]]
+    host: dict[str, Any],
+    conns: list[JobConnection],
+    procs: dict[int, dict[str, Any]],
+    attached: Iterable[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """Who uses the usable cores, in cores (1.0 = one core), over one interval.
 
@@ -98,6 +105,11 @@ def cpu_accounting(
         if c.frames:
             for ld in c.frames[-1]["loaders"]:
                 pids.extend(w["pid"] for w in ld["workers"] if w.get("pid"))
+    for job in attached:
+        if job.get("state") in ("live", "connecting"):
+            pids.append(job["pid"])
+            for ld in job.get("loaders", []):
+                pids.extend(w["pid"] for w in ld.get("workers", []) if w.get("pid"))
     cpu = [(procs.get(p) or {}).get("cpu_percent") for p in pids]
     known = [v for v in cpu if isinstance(v, (int, float))]
     jobs = sum(known) / 100.0 if pids and len(known) == len(cpu) else None

@@ -39,6 +39,7 @@ from . import (
     rules_memory,
     rules_order,
     rules_ranks,
+    rules_sampled,
     rules_sharding,
     rules_threads,
     rules_workers,
@@ -88,6 +89,7 @@ REGISTRY: dict[str, Rule] = registry(
     rules_memory.RULES,
     rules_gpu.RULES,
     rules_ranks.RULES,
+    rules_sampled.RULES,
     rules_sharding.RULES,
     rules_order.RULES,
     rules_threads.RULES,
@@ -207,7 +209,11 @@ def stateless_phases(snapshot: Mapping[str, Any]) -> dict[tuple[int, int], str]:
     window = num(snapshot.get("window_s"))
     out = {}
     for _job, pid, ld, lid in _iter_loaders(snapshot):
-        if ld.get("active") is False:
+        if ld.get("sampled") is True:
+            # Attached to a running job: no batch clock to judge warm-up by,
+            # and the job was running before anyone looked.
+            out[(pid, lid)] = STEADY
+        elif ld.get("active") is False:
             out[(pid, lid)] = INACTIVE
         else:
             out[(pid, lid)] = STEADY if history_says_steady(ld, window) else WARMUP
@@ -247,7 +253,9 @@ def _track_loaders(
         if steady and not tr.was_steady:
             tr = replace(tr, was_steady=True)
         tracks[key] = tr
-        if ld.get("active") is False:
+        if ld.get("sampled") is True:
+            phases[key] = STEADY  # as in stateless_phases
+        elif ld.get("active") is False:
             phases[key] = INACTIVE
         else:
             phases[key] = STEADY if steady else WARMUP
@@ -285,7 +293,16 @@ def _run_rules(ctx: Context) -> tuple[Fired, dict[str, str]]:
                 fired[(h["id"], h["job_pid"], h["loader_id"])] = h
         except Exception as e:  # noqa: BLE001 - see docstring
             errors[rid] = f"{type(e).__name__}: {e}"
-    return _precedence(fired), errors
+    return _precedence(_only_sampled_inputs(fired, ctx)), errors
+
+
+def _only_sampled_inputs(fired: Fired, ctx: Context) -> Fired:
+    """An attached (sampled) job gets hints only from the rules whose inputs
+    it has; the rest would read figures it does not have as if measured."""
+    sampled = {as_int(j.get("pid")) for j in ctx.live_jobs if j.get("sampled") is True}
+    if not sampled:
+        return fired
+    return {k: h for k, h in fired.items() if k[1] not in sampled or k[0] in rules_sampled.SAMPLED_RULE_IDS}
 
 
 # One worker count per loader: where two hints recommend different counts for

@@ -210,7 +210,9 @@ def rule_worker_thread_oversubscription(ctx: Context) -> list[dict[str, Any]]:
 
 # When cores are oversubscribed, per-loader advice about the worker count is
 # measured on starved workers: fix the oversubscription first, one hint at a time.
-SUPERSEDED_BY_OVERSUBSCRIPTION = frozenset({"add-workers", "io-bound", "cpu-bound-preprocessing"})
+SUPERSEDED_BY_OVERSUBSCRIPTION = frozenset(
+    {"add-workers", "io-bound", "cpu-bound-preprocessing", "sampled-worker-count"}
+)
 
 RULES = (
     Rule(

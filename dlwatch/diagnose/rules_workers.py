@@ -148,10 +148,48 @@ def _loading_cpu(lv: LoaderView, job_cpu_main_thread: float | None) -> tuple[flo
     )
 
 
+def _no_workers_sampled(ctx: Context, lv: LoaderView) -> dict[str, Any] | None:
+    """no-workers for an attached job (``dlwatch attach``): from shares of
+    stack samples instead of per-batch times (rules_sampled.py)."""
+    from .rules_sampled import _cap, _pm, _sampling_evidence, _wait, estimate
+
+    wait = _wait(lv)
+    if wait is None or wait[0] < NO_WORKERS_INFO_WAIT:
+        return None
+    est = estimate(0, None, wait)
+    rec = est["recommended_num_workers"]
+    # The loop loads on its own CPU: each worker taking that over needs a core.
+    cap = _cap(ctx, lv, released=wait[0])
+    if cap is not None:
+        rec = min(rec, cap)
+    lo, hi = est["range"]
+    msg = (
+        f"{lv.title} spends {pct(wait[0])}{_pm(lv)} of the loop waiting for data with "
+        f"num_workers=0 (sampled from outside: {lv.loader.get('data_wait_samples')} samples): "
+        f"the training loop loads every batch itself. Loading vs computing per batch says "
+        f"about {est['workers_needed']:.1f} workers keep up ({lo}–{hi} within the sampling's 95 % "
+        "interval)"
+    )
+    if cap is not None and rec < est["recommended_num_workers"]:
+        msg += f"; the free cores allow {rec}"
+    msg += "."
+    sugg = f"set num_workers={rec} in DataLoader(...) so batches load while the loop computes"
+    ev = _sampling_evidence(lv) | est | {"num_workers": 0, "core_cap": cap, "usable_cores": ctx.usable_cores}
+    ev["recommended_num_workers"] = rec
+    severity = "warn" if wait[0] >= DATA_BOUND_WAIT else "info"
+    return hint("no-workers", severity, lv.pid, lv.lid, msg, sugg, ev)
+
+
 def rule_no_workers(ctx: Context) -> list[dict[str, Any]]:
     out = []
     for lv in ctx.loaders:
         if not lv.steady or lv.num_workers != 0 or lv.wait is None:
+            continue
+        if lv.loader.get("sampled") is True:
+            # Attached: shares of samples, no per-batch times.
+            h = _no_workers_sampled(ctx, lv)
+            if h is not None:
+                out.append(h)
             continue
         if lv.wait < NO_WORKERS_INFO_WAIT:
             continue
@@ -442,14 +480,14 @@ def rule_pipeline_has_headroom(ctx: Context) -> list[dict[str, Any]]:
 RULES = (
     Rule("no-workers", rule_no_workers, "loader", rate=True, worker_count_rank=1, tunable=True),
     Rule("add-workers", rule_add_workers, "loader", rate=True, worker_count_rank=2, tunable=True),
-    Rule("io-bound", rule_io_bound, "loader", rate=True, worker_count_rank=3, tunable=True),
+    Rule("io-bound", rule_io_bound, "loader", rate=True, worker_count_rank=4, tunable=True),
     Rule("cpu-bound-preprocessing", rule_cpu_bound_preprocessing, "loader", rate=True),
     Rule(
         "pipeline-has-headroom",
         rule_pipeline_has_headroom,
         "loader",
         rate=True,
-        worker_count_rank=4,
+        worker_count_rank=5,
         tunable=True,
     ),
 )
