@@ -32,7 +32,7 @@ from typing import Any
 
 from dlwatch.snapshot import severity_rank
 
-from . import rules_cores, rules_epochs, rules_gpu, rules_memory, rules_ranks, rules_workers
+from . import rules_cores, rules_epochs, rules_gpu, rules_memory, rules_ranks, rules_workers, smoothing
 from .facts import (
     INACTIVE,
     STEADY,
@@ -52,6 +52,8 @@ HOLD_ON_S = 3.0
 # ... and be clear this long before the hint goes (brief: ≈ 5 s): longer than
 # HOLD_ON_S so a borderline condition shows steadily instead of blinking.
 HOLD_OFF_S = 5.0
+# ... or this many of the loader's own windows, when longer (slow steps).
+HOLD_OFF_WINDOWS = 2.0
 # A loader's first batches are dominated by worker start-up and cold caches:
 # a fast loader waits for 20 of them, a slow one for WARMUP_RATE_S seconds'
 # worth at its own rate, but never fewer than one full window of batches
@@ -113,6 +115,7 @@ class HintTrack:
     off_since: float | None  # shown, condition continuously false since
     shown: bool
     hint: dict
+    severity_since: float | None = None  # a different severity fired continuously since
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,8 @@ class DiagnoseState:
     mem: Mapping[tuple[int, int], tuple] = field(default_factory=dict)
     # rule id -> "ExcType: message" for rules that raised on the last snapshot
     rule_errors: Mapping[str, str] = field(default_factory=dict)
+    # pid -> recent CPU samples (smoothing.py): CPU over the loader's window
+    cpu: Mapping[int, tuple] = field(default_factory=dict)
 
 
 def _grace(window_s: float | None) -> float:
@@ -370,26 +375,54 @@ def evaluate(snapshot: Mapping) -> list[dict]:
     return _sorted([_copy_hint(h) for h in fired.values()])
 
 
+def _hold_off(snapshot: Mapping) -> dict:
+    """Seconds a shown hint of each loader (key (pid, lid); host-wide: None)
+    stays after its condition clears: ``HOLD_OFF_S``, or two of the loader's
+    windows when they are longer (a 0.9 s/step job's 5-batch window is 4.5 s:
+    one slow window must not blink its hints off and on)."""
+    out: dict = {}
+    for _job, pid, ld, lid in _iter_loaders(snapshot):
+        out[(pid, lid)] = max(HOLD_OFF_S, HOLD_OFF_WINDOWS * (num(ld.get("window_s")) or 0.0))
+    out[None] = max(out.values(), default=HOLD_OFF_S)
+    return out
+
+
 def _step_hysteresis(
     old: Mapping[HintKey, HintTrack],
     fired: Mapping,
     frozen: set,
     t: float,
     restart: bool,
+    hold_off: Mapping | None = None,
 ) -> dict:
+    hold_off = hold_off or {}
     new: dict = {}
     for key in set(old) | set(fired):
         tr = old.get(key)
+        off_s = hold_off.get((key[1], key[2]) if key[2] is not None else None, HOLD_OFF_S)
         if key in fired:
             on = tr.on_since if (tr and tr.on_since is not None and not restart) else t
             shown = bool(tr and tr.shown) or t - on >= HOLD_ON_S
-            new[key] = HintTrack(on, None, shown, fired[key])
+            hint, since = fired[key], None
+            if tr and tr.shown and not restart and hint["severity"] != tr.hint["severity"]:
+                # A shown hint changes severity only once the new one has held
+                # (HOLD_ON_S up, the hold-off down): a steady job's warning does
+                # not blink to info and back on one window.
+                # Critical is news at once.
+                since = tr.severity_since if tr.severity_since is not None else t
+                up = severity_rank(hint["severity"]) < severity_rank(tr.hint["severity"])
+                hold = 0.0 if hint["severity"] == "critical" else HOLD_ON_S if up else off_s
+                if t - since < hold:
+                    hint = tr.hint
+                else:
+                    since = None
+            new[key] = HintTrack(on, None, shown, hint, since)
         elif key in frozen:
             if tr.shown:
                 new[key] = tr
         elif tr.shown:
             off = tr.off_since if tr.off_since is not None else t
-            if t - off < HOLD_OFF_S:
+            if t - off < off_s:
                 new[key] = HintTrack(None, off, True, tr.hint)
     return new
 
@@ -411,13 +444,14 @@ def diagnose(
     restart = state.time is None or t < state.time or t - state.time > STALE_GAP_S
     phases, tracks = _track_loaders(snapshot, state.loaders, t)
     mem = rules_memory.update_mem_series(dict(state.mem), snapshot, t)
-    ctx = build_context(snapshot, phases, mem)
+    judged, cpu = smoothing.smooth_cpu(snapshot, {} if restart else state.cpu, t)
+    ctx = build_context(judged, phases, mem)
     fired, errors = _run_rules(ctx)
     frozen = _frozen_keys(ctx, tracks)
     # A rule that raised says nothing: keep its shown hints as they were.
     frozen.update(k for k in state.hints if k[0] in errors)
-    hints = _step_hysteresis(state.hints, fired, frozen, t, restart)
-    new_state = DiagnoseState(time=t, loaders=tracks, hints=hints, mem=mem, rule_errors=errors)
+    hints = _step_hysteresis(state.hints, fired, frozen, t, restart, _hold_off(judged))
+    new_state = DiagnoseState(time=t, loaders=tracks, hints=hints, mem=mem, rule_errors=errors, cpu=cpu)
     shown = [_copy_hint(tr.hint) for tr in hints.values() if tr.shown]
     return _sorted(shown), new_state
 

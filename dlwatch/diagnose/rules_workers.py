@@ -459,6 +459,8 @@ def rule_pipeline_has_headroom(ctx: Context) -> list[dict]:
         )
         if isinstance(pred, capacity.Prediction):
             msg += f" With {rec}: {pred.phrase()}."
+        elif isinstance(pred, capacity.NoPrediction):
+            msg += f" Whether {rec} keep up cannot be predicted: {pred.reason}; measure it."
         sugg = f"num_workers={rec} would keep up and free CPU and memory for other work"
         ev = _common_evidence(lv) | {
             "recommended_num_workers": rec,
