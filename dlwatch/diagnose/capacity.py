@@ -8,19 +8,15 @@ loop" was wrong both ways: an idle loop waiting on its GPU uses a tenth of a
 core, and a CPU-only step with torch's intra-op threads uses all of them, so a
 "free" core seen next to it did not exist.
 
-The speed-up model: one batch of the loop takes ``T0 = wait_ms + step_ms``
-now. With ``n`` workers it takes at least
-
-- ``step_ms`` (the loop's own compute, which workers cannot shorten),
-- ``load_ms / n`` (the pool delivers a batch every ``load_ms / n``), and
-- ``C / K``: the job's CPU work per batch (``C`` = its measured CPU × T0, in
-  core-ms, the same whoever does it) over the cores the job can have (``K`` =
-  usable cores minus everyone else's CPU).
-
-The third term is what "one core per main loop" missed: on a box whose cores
-the compute already saturates, a worker moves CPU from compute to loading
-and hides little. The prediction is ``T0 / max(...)``; the evidence names the
-term that bounds it.
+The speed-up model (``CycleModel``, RULES.md "Predicted gain"): one batch
+takes ``wait_ms + step_ms`` now; with another worker count it takes the
+longest of the step, the pool's delivery, the job's CPU work over its cores,
+and the step stretched by the loading CPU that does not fit on the cores the
+trainer's threads leave idle. The last term is what a brute-force sweep of
+CPU training showed: a trainer whose intra-op threads fill the cores loses a
+worker's whole CPU time per batch, it does not share the cores fairly.
+Where the model does not reproduce the measured cycle of the current count,
+it gives no number (``NoPrediction``) rather than a wrong one.
 """
 
 from __future__ import annotations
