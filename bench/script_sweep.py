@@ -63,7 +63,7 @@ SETTINGS = {
 }
 # Seconds after the train loader's first batch that a run's throughput skips
 # (worker start-up, cold caches), and the run's length after that.
-WARM_S = 8.0
+WARM_S = 6.0
 
 
 def dataset(root: str, size: tuple[int, int], images: int) -> str:
@@ -254,32 +254,35 @@ def replay_hints(snaps: list[dict]) -> dict:
     return {"hints": seen, "switches": switches, "judged": judged}
 
 
-def script_meter(log: str, kind: str) -> float | None:
-    """The script's own data-time fraction between its second printed line and
-    its last: from the running averages (avg × count), so its first batches
-    (worker start-up) drop out."""
+def script_meter(log: str, kind: str) -> tuple[float | None, float | None]:
+    """The script's own data-time fraction: as it prints it (its running
+    averages since the epoch's first batch, worker start-up included), and
+    between its first printed line from the 10th step and its last (from
+    avg × count, so the first batches drop out)."""
     rows = []
     if kind == "imagenet":
         pat = re.compile(
-            r"\[\s*(\d+)/\s*\d+\].*?Time\s+[\d.]+ \(\s*([\d.]+)\).*?Data\s+[\d.]+ \(\s*([\d.]+)\)"
+            r"\[\s*(\d+)/\s*\d+\].*?Time\s+[\d.]+ \(\s*([\d.]+)\)"  # "[ 11/125]  Time 0.1 ( 0.2)"
+            r".*?Data\s+[\d.]+ \(\s*([\d.]+)\)"
         )
         for m in pat.finditer(log):
             rows.append((int(m.group(1)), float(m.group(2)), float(m.group(3))))
     else:
         pat = re.compile(
-            r"Train: \d+ \[\s*(\d+)/\d+.*?Time: [\d.]+s,.*?\(([\d.]+)s,.*?Data: [\d.]+ \(([\d.]+)\)"
+            # "Train: 0 [   5/50 ...] Time: 0.1s, ... (0.2s, ...) ... Data: 0.003 (0.020)"
+            r"Train: \d+ \[\s*(\d+)/\d+.*?Time: [\d.]+s,.*?\(([\d.]+)s,"
+            r".*?Data: [\d.]+ \(([\d.]+)\)"
         )
         for m in pat.finditer(log):
             rows.append((int(m.group(1)) + 1, float(m.group(2)), float(m.group(3))))
+    printed = rows[-1][2] / rows[-1][1] if rows and rows[-1][1] > 0 else None
     rows = [r for r in rows if r[0] >= 10]
     if len(rows) < 2:
-        return None
+        return printed, None
     (n0, t0, d0), (n1, t1, d1) = rows[0], rows[-1]
-    if n1 <= n0:
-        return None
     dt = t1 * n1 - t0 * n0
     dd = d1 * n1 - d0 * n0
-    return dd / dt if dt > 0 else None
+    return printed, (dd / dt if n1 > n0 and dt > 0 else None)
 
 
 def sweep_order(workers: Iterable[int], passes: int) -> list[int]:
@@ -381,9 +384,10 @@ def report(out: str, name: str, kind: str, workers: list[int]) -> None:
         r0 = runs[nw][0]
         h = replay_hints(r0["snaps"])
         rate_now, wait, others = r0["tp"]
-        meter = r0["meter"]
+        printed, steady = r0["meter"]
         print(
-            f"  nw={nw}: wait {_p(wait)} (script's own meter {_p(meter)}), others {others} cores, "
+            f"  nw={nw}: wait {_p(wait)} (script's meter as printed {_p(printed)}, past its 10th step "
+            f"{_p(steady)}), others {others} cores, "
             f"{h['switches']} on/off switches in {h['judged']} s"
         )
         for hid, e in sorted(h["hints"].items()):
