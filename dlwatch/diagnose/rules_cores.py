@@ -124,8 +124,10 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict]:
     msg = (
         f"The {usable} usable cores are fully used{window_note(ctx)}: {', '.join(who[:-1])} and "
         f"{who[-1]}; threads waited {cores(round(rq, 1))} cores' worth for a CPU "
-        f"({pct(rq / ctx.usable_cores)} of the cores). " + "; ".join(verdicts) + "."
+        f"({pct(rq / ctx.usable_cores)} of the cores)."
     )
+    if verdicts:
+        msg += " " + "; ".join(verdicts) + "."
     if harmful:
         parts = [f"num_workers={n} for loader {lid} of PID {pid}" for (pid, lid), n in sorted(cut.items())]
         sugg = "lower " + ", ".join(parts)
