@@ -9,7 +9,8 @@ The image pipeline runs unmodified under ``dlwatch run``.
     .venv/bin/python bench/advice_check.py --only image
 
 With ``--timm`` (pytorch-image-models' train.py) and/or ``--imagenet``
-(pytorch/examples' imagenet/main.py), fetched beside the repo, it then runs
+(pytorch/examples' imagenet/main.py), or $DLWATCH_TIMM_TRAIN / $DLWATCH_IMAGENET_MAIN
+naming them, it then runs
 those scripts unmodified and compares their live hints with a brute-force
 num_workers sweep (bench/script_sweep.py; needs an interpreter with
 torchvision, ``--python``; ~20 minutes for both):

@@ -296,8 +296,16 @@ def sweep_order(workers: Iterable[int], passes: int) -> list[int]:
 def add_arguments(p: argparse.ArgumentParser, prefix: str = "") -> None:
     """The sweep's options (``prefix`` for another benchmark's parser)."""
     p.add_argument("--python", default=sys.executable, help="interpreter with torchvision (and timm)")
-    p.add_argument("--timm", help="pytorch-image-models' train.py")
-    p.add_argument("--imagenet", help="pytorch/examples' imagenet/main.py")
+    p.add_argument(
+        "--timm",
+        default=os.environ.get("DLWATCH_TIMM_TRAIN"),
+        help="pytorch-image-models' train.py (default: $DLWATCH_TIMM_TRAIN)",
+    )
+    p.add_argument(
+        "--imagenet",
+        default=os.environ.get("DLWATCH_IMAGENET_MAIN"),
+        help="pytorch/examples' imagenet/main.py (default: $DLWATCH_IMAGENET_MAIN)",
+    )
     p.add_argument(f"--{prefix}only", dest="sweep_only", help="settings whose name contains this")
     p.add_argument("--workers", default="0,1,2,3,4")
     p.add_argument("--passes", type=int, default=2)
