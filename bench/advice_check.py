@@ -177,7 +177,7 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
-    if a.timm or a.imagenet:
+    if a.timm or a.imagenet or a.replay:
         script_sweep.run(a)
 
 
