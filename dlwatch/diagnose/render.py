@@ -72,7 +72,14 @@ def format_hints(hints: Iterable[Mapping]) -> str:
 
 # Hints whose advice is a DataLoader setting `dlwatch tune` can measure.
 TUNABLE_HINTS = frozenset(
-    {"no-workers", "add-workers", "io-bound", "pipeline-has-headroom", "enable-persistent-workers"}
+    {
+        "no-workers",
+        "add-workers",
+        "io-bound",
+        "cpu-bound-preprocessing",
+        "pipeline-has-headroom",
+        "enable-persistent-workers",
+    }
 )
 
 
