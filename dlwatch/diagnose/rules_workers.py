@@ -357,8 +357,8 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict]:
         msg = (
             f"{lv.title} waits for data {pct(lv.wait)} of the time{window_phrase(lv)} while its "
             f"{lv.num_workers} CPU-bound worker{'s are' if lv.num_workers != 1 else ' is'} busy "
-            f"{pct(lv.busy_mean)} of the time, and the cores are taken: {_and(parts)} cores of the "
-            f"{cores(ctx.usable_cores)} usable (CPU plus run-queue wait)."
+            f"{pct(lv.busy_mean)} of the time, and the cores are taken: of the {cores(ctx.usable_cores)} "
+            f"usable, {_and(parts)} (cores of CPU plus run-queue wait)."
         )
         # One story: never "cannot help" beside a predicted gain.
         if isinstance(more, capacity.NoPrediction):
