@@ -42,9 +42,9 @@ def patch_next(into: list) -> None:
 
 def measure(data: str, nw: int, inside: list) -> tuple[float, float]:
     ds = create_dataset("", root=data, split="train", is_training=True, batch_size=32)
-    loader = create_loader(
-        ds, input_size=(3, 64, 64), batch_size=32, is_training=True, num_workers=nw, device=torch.device("cpu")
-    )
+    cpu = torch.device("cpu")
+    kw = {"input_size": (3, 64, 64), "batch_size": 32, "is_training": True, "num_workers": nw, "device": cpu}
+    loader = create_loader(ds, **kw)
     inside.clear()
     a = torch.randn(600, 600)
     outer = []
