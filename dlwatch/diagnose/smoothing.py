@@ -12,6 +12,7 @@ the rules the mean over the window of the loader they belong to.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from .facts import as_dict, as_int, as_list, num
 
@@ -22,21 +23,24 @@ KEEP_S = 60.0
 JOB_KEYS = ("main_cpu_percent", "main_thread_cpu_percent", "main_runqueue_percent")
 WORKER_KEYS = ("cpu_percent", "runqueue_percent")
 
-# pid -> ((time, {key: value}), ...) oldest first
-History = Mapping[int, tuple]
+# One process's sample: (time, {key: value}); a history: pid -> samples, oldest first.
+Sample = tuple[float, dict[str, float | None]]
+History = Mapping[int, tuple[Sample, ...]]
 
 
-def _add(hist: dict, pid: int, t: float, values: dict) -> None:
+def _add(hist: dict[int, tuple[Sample, ...]], pid: int, t: float, values: dict[str, float | None]) -> None:
     old = [s for s in hist.get(pid, ()) if t - KEEP_S <= s[0] < t]
     hist[pid] = (*old, (t, values))
 
 
-def _mean_over(samples: tuple, key: str, since: float) -> float | None:
-    vals = [v[key] for t, v in samples if t >= since and v.get(key) is not None]
+def _mean_over(samples: tuple[Sample, ...], key: str, since: float) -> float | None:
+    vals = [x for t, v in samples if t >= since and (x := v.get(key)) is not None]
     return sum(vals) / len(vals) if vals else None
 
 
-def _smoothed(d: dict, samples: tuple, keys: tuple, since: float) -> dict:
+def _smoothed(
+    d: dict[str, Any], samples: tuple[Sample, ...], keys: tuple[str, ...], since: float
+) -> dict[str, Any]:
     out = dict(d)
     for k in keys:
         if d.get(k) is not None:
@@ -46,15 +50,17 @@ def _smoothed(d: dict, samples: tuple, keys: tuple, since: float) -> dict:
     return out
 
 
-def _window(snapshot: Mapping, loader: Mapping) -> float:
+def _window(snapshot: Mapping[str, Any], loader: Mapping[str, Any]) -> float:
     return max(num(snapshot.get("window_s")) or 0.0, num(loader.get("window_s")) or 0.0)
 
 
-def smooth_cpu(snapshot: Mapping, history: History, t: float) -> tuple[dict, dict]:
+def smooth_cpu(
+    snapshot: Mapping[str, Any], history: History, t: float
+) -> tuple[dict[str, Any], dict[int, tuple[Sample, ...]]]:
     """``snapshot`` with each live job's and worker's CPU figures replaced by
     their mean over the samples within its loader's window (the job's:
     its longest loader window), and the updated history. Pure."""
-    hist: dict = {pid: s for pid, s in history.items() if s and s[-1][0] >= t - KEEP_S}
+    hist = {pid: s for pid, s in history.items() if s and s[-1][0] >= t - KEEP_S}
     jobs = []
     for job in as_list(snapshot.get("jobs")):
         if not isinstance(job, dict) or job.get("state", "live") != "live" or as_int(job.get("pid")) is None:
