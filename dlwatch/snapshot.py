@@ -117,6 +117,10 @@ class Loader(_LoaderRequired, total=False):
     wait_s_total: float | None
     step_s_total: float | None
     history: History
+    # Only in a `dlwatch tune` ceiling trial (DLWATCH_OVERRIDES' replay):
+    # {"state": "warm-up"|"caching"|"replaying", "batches_cached", "bytes_cached",
+    #  "batches_wanted", "max_bytes", "limited_by": "max_bytes"|None}
+    replay: dict
 
 
 class _JobRequired(TypedDict):

@@ -216,7 +216,7 @@ def loader_dict(
             }
         )
     q = ld.get("queue") or {}
-    return {
+    out = {
         "id": ld["id"],
         "num_workers": ld.get("num_workers", 0),
         "batch_size": ld.get("batch_size"),
@@ -253,3 +253,14 @@ def loader_dict(
         "workers": workers,
         "history": history,
     }
+    if isinstance(ld.get("replay"), dict):
+        out["replay"] = _replay(ld["replay"])
+    return out
+
+
+REPLAY_KEYS = ("state", "batches_cached", "bytes_cached", "batches_wanted", "max_bytes", "limited_by")
+
+
+def _replay(rep: dict) -> dict:
+    """The replay state a tune ceiling trial's probe reports (README "Tune")."""
+    return {k: rep.get(k) for k in REPLAY_KEYS}

@@ -6,6 +6,11 @@ runs the user's unmodified script with other settings.
     {"loader": {"index": 0, "dataset": "ImageFolder", "batch_size": 64},
      "num_workers": 4, "prefetch_factor": 4, "pin_memory": true, "persistent_workers": true}
 
+``"replay": {"batches": 20, "max_bytes": 1073741824, "after_s": 1.0}`` (each
+key optional, those are the defaults) makes the selected loaders replay
+batches they already produced instead of loading new ones (``replay.py``):
+the ceiling trial of ``dlwatch tune``. Without the key nothing replays.
+
 ``loader`` picks which ``DataLoader(...)`` constructions are changed: ``"all"``,
 or the ``index``-th construction (0-based, in this process) among those whose
 dataset class name and batch size match the given ones (each optional). The
@@ -41,11 +46,13 @@ KNOBS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
 # More would be a typo, not a setting: a pid and some memory per worker.
 MAX_WORKERS = 256
 MAX_PREFETCH = 64
+MAX_REPLAY_BATCHES = 10_000
 
 _spec: dict | None = None
 _seen: dict[tuple, int] = {}
 _lock = threading.Lock()
 _orig_init = None
+_orig_iter = None
 _finder = None
 
 
@@ -62,7 +69,7 @@ def parse(text: str) -> dict:
         raise OverrideError(f"{ENV_VAR} is not JSON: {e}") from None
     if not isinstance(doc, dict):
         raise OverrideError(f"{ENV_VAR} must be a JSON object")
-    unknown = set(doc) - set(KNOBS) - {"loader"}
+    unknown = set(doc) - set(KNOBS) - {"loader", "replay"}
     if unknown:
         raise OverrideError(f"{ENV_VAR}: unknown keys {sorted(unknown)}")
     out: dict = {"loader": _parse_selector(doc.get("loader", "all"))}
@@ -82,6 +89,33 @@ def parse(text: str) -> dict:
             if not isinstance(v, bool):
                 raise OverrideError(f"{key} must be true or false, got {v!r}")
             out[key] = v
+    if doc.get("replay") is not None:
+        out["replay"] = _parse_replay(doc["replay"])
+    return out
+
+
+def _parse_replay(rep) -> dict:
+    if not isinstance(rep, dict):
+        raise OverrideError('replay must be an object {"batches", "max_bytes", "after_s"}')
+    unknown = set(rep) - {"batches", "max_bytes", "after_s"}
+    if unknown:
+        raise OverrideError(f"replay: unknown keys {sorted(unknown)}")
+    out = {}
+    n = rep.get("batches")
+    if n is not None:
+        if not _is_int(n) or not 1 <= n <= MAX_REPLAY_BATCHES:
+            raise OverrideError(f"replay.batches must be an integer 1..{MAX_REPLAY_BATCHES}, got {n!r}")
+        out["batches"] = n
+    b = rep.get("max_bytes")
+    if b is not None:
+        if not _is_int(b) or b < 1:
+            raise OverrideError(f"replay.max_bytes must be a positive integer, got {b!r}")
+        out["max_bytes"] = b
+    a = rep.get("after_s")
+    if a is not None:
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 <= a <= 3600:
+            raise OverrideError(f"replay.after_s must be a number of seconds 0..3600, got {a!r}")
+        out["after_s"] = float(a)
     return out
 
 
@@ -158,13 +192,15 @@ def install() -> None:
 
 
 def uninstall() -> None:
-    global _spec, _finder, _orig_init
+    global _spec, _finder, _orig_init, _orig_iter
     postimport.disarm(_finder)
     _finder = None
     mod = sys.modules.get(TARGET_MODULE)
     if mod is not None and _orig_init is not None:
         mod.DataLoader.__init__ = _orig_init
-    _orig_init = None
+    if mod is not None and _orig_iter is not None:
+        mod.DataLoader.__iter__ = _orig_iter
+    _orig_init = _orig_iter = None
     _spec = None
     _seen.clear()
 
@@ -180,26 +216,73 @@ def _patch(mod) -> None:
     signature = inspect.signature(orig)
 
     def __init__(self, *args, **kwargs):
+        selected = False
         try:
-            args, kwargs = _overridden(signature, self, args, kwargs)
+            args, kwargs, selected = _overridden(signature, self, args, kwargs)
         except Exception:
             pass
-        return orig(self, *args, **kwargs)
+        out = orig(self, *args, **kwargs)
+        if selected:
+            _arm_replay(self)
+        return out
 
     __init__.__doc__ = orig.__doc__
     __init__.__wrapped__ = orig
     _orig_init = orig
     cls.__init__ = __init__
+    if _spec is not None and "replay" in _spec:
+        _patch_iter(cls)
 
 
-def _overridden(signature, self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+def _arm_replay(loader) -> None:
+    spec = _spec
+    if spec is None or "replay" not in spec:
+        return
+    try:
+        from dlwatch.probe.replay import Replay
+
+        loader._dlw_replay = Replay(spec["replay"], loader)
+    except Exception:
+        pass
+
+
+def _patch_iter(cls) -> None:
+    """``iter(loader)`` of a replaying loader: the replaying iterator again
+    (no workers spawned, none reset); before that, the loader's own iterator
+    with its batches routed through the replay. Patched only in replay mode."""
+    global _orig_iter
+    orig = cls.__iter__
+
+    def __iter__(self):
+        rep = getattr(self, "_dlw_replay", None)
+        if rep is None:
+            return orig(self)
+        try:
+            if rep.replaying:
+                return rep.new_epoch()
+        except Exception:
+            pass
+        it = orig(self)
+        try:
+            rep.attach(it)
+        except Exception:
+            pass
+        return it
+
+    __iter__.__doc__ = orig.__doc__
+    __iter__.__wrapped__ = orig
+    _orig_iter = orig
+    cls.__iter__ = __iter__
+
+
+def _overridden(signature, self, args: tuple, kwargs: dict) -> tuple[tuple, dict, bool]:
     spec = _spec
     if spec is None or _in_worker_process():
-        return args, kwargs
+        return args, kwargs, False
     bound = signature.bind(self, *args, **kwargs)
     a = bound.arguments
     if not _selected(spec["loader"], a):
-        return args, kwargs
+        return args, kwargs, False
     keys = (*KNOBS, "multiprocessing_context")
     settings = {k: a.get(k, signature.parameters[k].default) for k in keys if k in signature.parameters}
     knobs = {k: spec[k] for k in KNOBS if k in spec}
@@ -207,7 +290,7 @@ def _overridden(signature, self, args: tuple, kwargs: dict) -> tuple[tuple, dict
     for k, v in new.items():
         if k in signature.parameters and v != settings.get(k):
             a[k] = v
-    return bound.args[1:], bound.kwargs
+    return bound.args[1:], bound.kwargs, True
 
 
 def _selected(sel, a: dict) -> bool:

@@ -264,6 +264,9 @@ def loader_config(loader, it) -> dict:
         cfg["kind"] = "iterable" if _is_iterable(ds) else "map"
         cfg["dataset"] = type(ds).__name__
         cfg["iterator"] = type(it).__name__
+        rep = getattr(loader, "_dlw_replay", None)  # only with DLWATCH_OVERRIDES' replay
+        if rep is not None:
+            cfg["replay"] = rep.status
     except Exception:
         cfg.setdefault("num_workers", 0)
     return cfg
