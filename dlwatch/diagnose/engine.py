@@ -32,7 +32,7 @@ from typing import Any
 
 from dlwatch.snapshot import severity_rank
 
-from . import rules_cores, rules_epochs, rules_gpu, rules_memory, rules_ranks, rules_workers
+from . import ceiling, rules_cores, rules_epochs, rules_gpu, rules_memory, rules_ranks, rules_workers
 from .facts import (
     INACTIVE,
     STEADY,
@@ -270,9 +270,11 @@ def _run_rules(ctx: Context) -> tuple[dict, dict]:
     not take the monitor down; its error is kept in the state for tests/logs)."""
     fired: dict = {}
     errors: dict = {}
+    waits = {(lv.pid, lv.lid): lv.wait for lv in ctx.loaders}
     for rid, fn in RULES.items():
         try:
             for h in fn(ctx):
+                h = ceiling.bound_in(h, waits)
                 fired[(h["id"], h["job_pid"], h["loader_id"])] = with_tune_command(h, ctx.snapshot)
         except Exception as e:  # noqa: BLE001 - see docstring
             errors[rid] = f"{type(e).__name__}: {e}"
