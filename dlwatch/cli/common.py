@@ -68,11 +68,14 @@ def no_jobs_message() -> str:
 
 def bootstrap_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment under which every Python process imports dlwatch.hook
-    (``dlwatch run``, ``dlwatch demo`` and any command that starts a job)."""
+    (``dlwatch run``, ``dlwatch demo`` and any command that starts a job).
+
+    The bootstrap is probe code that runs in the job's interpreters; this side
+    only names its folder, it never imports it (nor the probe)."""
     import dlwatch
 
     env = dict(os.environ if env is None else env)
-    boot = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
+    boot = os.path.join(os.path.dirname(os.path.abspath(dlwatch.__file__)), "probe", "bootstrap")
     old = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = boot + (os.pathsep + old if old else "")
     env["DLWATCH_PKG_DIR"] = os.path.dirname(os.path.abspath(dlwatch.__file__))
@@ -94,4 +97,15 @@ def open_live_view(args, source=None) -> int:
         # The collector builds a snapshot every interval and the view draws
         # each one as it comes: one period from the job to the screen, not two.
         source = Monitor(window_s=args.window, interval=args.interval)
-    return run_tui(source, interval=args.interval)
+    return run_tui(source, interval=args.interval, profiler=profile_runner(source))
+
+
+def profile_runner(source):
+    """How the live view runs a profiler burst: over the socket of the job in
+    ``source``'s runtime dir. The view gets it from here so that the TUI never
+    talks to a job itself."""
+    import functools
+
+    from dlwatch.collect.control import request_profile
+
+    return functools.partial(request_profile, directory=getattr(source, "directory", None))

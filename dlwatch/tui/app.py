@@ -577,15 +577,13 @@ class DlwatchApp(App):
         if job_state(job) != "live":
             self.notify("only a live job can be profiled", severity="warning")
             return
+        if self.profiler is None:
+            # A replay, or a view built without a way to reach the jobs.
+            self.notify("profiling needs the live view (dlwatch top)", severity="warning")
+            return
         if isinstance(self.screen, ProfileScreen):
             return
-        self.push_screen(ProfileScreen(pid, self.profiler or self._request_profile))
-
-    def _request_profile(self, pid: int, **kwargs) -> dict:
-        from dlwatch.collect.control import request_profile
-
-        directory = getattr(self.source, "directory", None) or self.runtime_dir
-        return request_profile(pid, directory=directory, **kwargs)
+        self.push_screen(ProfileScreen(pid, self.profiler))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         # Ours replace Textual's "Keys" and "Screenshot", which do the same
@@ -614,8 +612,9 @@ class DlwatchApp(App):
             yield SystemCommand(title, help_text, action)
 
 
-def run_tui(source: Source, interval: float = 0.5) -> int:
-    """Run the TUI until the user quits; the CLI's exit code."""
-    app = DlwatchApp(source, interval=interval)
+def run_tui(source: Source, interval: float = 0.5, profiler: Runner | None = None) -> int:
+    """Run the TUI until the user quits; the CLI's exit code. ``profiler``
+    runs a burst on a job (the CLI passes the collector's; None: no bursts)."""
+    app = DlwatchApp(source, interval=interval, profiler=profiler)
     app.run()
     return 0 if app.return_code in (None, 0) else int(app.return_code)

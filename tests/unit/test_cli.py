@@ -90,6 +90,22 @@ def test_runtime_dir_that_cannot_be_created_says_why(parent):
         assert "cannot be created" in r.stderr and why in r.stderr and "no dlwatch jobs" not in r.stdout
 
 
+def test_the_live_view_gets_a_profiler_on_its_collectors_runtime_dir(monkeypatch):
+    """The CLI hands the TUI its profile runner (the TUI imports no job
+    control): one that looks for the job where the collector does."""
+    from dlwatch.cli.main import main
+    from dlwatch.collect.control import ProfileError
+    from dlwatch.tui import app as tui_app
+
+    d = short_tmpdir()
+    monkeypatch.setenv("DLWATCH_DIR", d)
+    seen = {}
+    monkeypatch.setattr(tui_app, "run_tui", lambda source, interval, profiler: seen.update(p=profiler) or 0)
+    assert main([]) == 0
+    with pytest.raises(ProfileError, match=f"no dlwatch job with PID 4194305 in {d}$"):
+        seen["p"](2**22 + 1, steps=3)
+
+
 def test_every_subcommand_is_one_module_with_help():
     """main finds the subcommands in dlwatch/cli/commands; each has a description."""
     from dlwatch.cli import commands

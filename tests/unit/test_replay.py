@@ -13,6 +13,7 @@ from collections import namedtuple
 
 import pytest
 
+from dlwatch import overrides as fmt
 from dlwatch.probe import overrides
 from dlwatch.probe.replay import fresh, nbytes
 
@@ -78,12 +79,12 @@ def digest(obj) -> str:
 @pytest.fixture
 def replay_env():
     def arm(**replay):
-        os.environ[overrides.ENV_VAR] = overrides.encode({"replay": {"after_s": 0, **replay}})
+        os.environ[fmt.ENV_VAR] = fmt.encode({"replay": {"after_s": 0, **replay}})
         overrides.install()
 
     yield arm
     overrides.uninstall()
-    os.environ.pop(overrides.ENV_VAR, None)
+    os.environ.pop(fmt.ENV_VAR, None)
 
 
 def run_epochs(loader, epochs: int):
@@ -161,7 +162,7 @@ def test_a_single_batch_larger_than_the_budget_is_still_replayed(replay_env):
 
 
 def test_only_the_selected_loader_replays(replay_env):
-    os.environ[overrides.ENV_VAR] = overrides.encode(
+    os.environ[fmt.ENV_VAR] = fmt.encode(
         {"loader": {"index": 0, "dataset": "Tuples"}, "replay": {"after_s": 0, "batches": 1}}
     )
     overrides.install()
@@ -185,25 +186,25 @@ def test_replay_is_never_active_in_a_normal_run():
         "ld = d.DataLoader(torch.arange(8), batch_size=2);"
         "print(d.DataLoader.__iter__.__module__, hasattr(ld, '_dlw_replay'), len({int(x[0]) for x in ld}))"
     )
-    base = {k: v for k, v in os.environ.items() if k != overrides.ENV_VAR}
+    base = {k: v for k, v in os.environ.items() if k != fmt.ENV_VAR}
     torch_own = "torch.utils.data.dataloader False 4"
     for value, want in (
         (None, torch_own),
         ('{"num_workers": 0}', torch_own),  # other overrides without "replay": torch's own iterator too
         ('{"replay": {"after_s": 0, "batches": 1}}', "dlwatch.probe.overrides True 1"),
     ):
-        env = base if value is None else dict(base, **{overrides.ENV_VAR: value})
+        env = base if value is None else dict(base, **{fmt.ENV_VAR: value})
         cmd = [sys.executable, "-c", code]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
         assert out.stdout.strip() == want, out.stderr[-2000:]
 
 
 def test_parse_rejects_a_malformed_replay():
-    assert overrides.parse('{"replay": {}}')["replay"] == {}
-    assert overrides.parse('{"replay": {"batches": 5, "max_bytes": 10, "after_s": 2}}')["replay"] == {
+    assert fmt.parse('{"replay": {}}')["replay"] == {}
+    assert fmt.parse('{"replay": {"batches": 5, "max_bytes": 10, "after_s": 2}}')["replay"] == {
         "batches": 5, "max_bytes": 10, "after_s": 2.0,
     }  # fmt: skip
     for bad in ('{"replay": true}', '{"replay": {"batches": 0}}', '{"replay": {"max_bytes": -1}}',
                 '{"replay": {"after_s": "1"}}', '{"replay": {"n": 1}}'):  # fmt: skip
-        with pytest.raises(overrides.OverrideError):
-            overrides.parse(bad)
+        with pytest.raises(fmt.OverrideError):
+            fmt.parse(bad)
