@@ -170,14 +170,14 @@ def run(args) -> int:
         opts.ceiling_bytes = args.ceiling_bytes
     tty = sys.stderr.isatty()
     state = {"index": 0, "config": {}, "drawn": False}
+    last = {"t": -1.0}
 
     def on_trial_start(index: int, config: dict, why: str) -> None:
         state.update(index=index, config=config)
+        last["t"] = -1.0  # each trial's clock starts at 0
         _end_line(state)
         name = "ceiling trial" if index < 0 else f"trial {index + 1}"
         print(f"{name}: {report.config_text(config)} ({why})", file=sys.stderr, flush=True)
-
-    last = {"t": -1.0}
 
     def on_progress(meter, trial_elapsed: float) -> None:
         # A line every 2 s on a pipe or log; one line redrawn in place on a terminal.
