@@ -134,6 +134,7 @@ def test_a_crash_in_the_second_trial_is_reported_not_measured():
         "2",
         "--max-trials",
         "2",
+        "--no-ceiling",
         "--",
         sys.executable,
         os.path.join(JOBS, "tune_crash_job.py"),
