@@ -323,6 +323,13 @@ class TrialMeter:
             "cuda_initialized": (self.job or {}).get("cuda_initialized"),
             "replay": as_dict(ld.get("replay")) or None,
             "hints": sorted(self.hint_ids),
+            # What each worker-count hint promised (the last one seen), for the
+            # ceiling to bound (sweep).
+            "hint_speedups": {
+                k: num(as_dict(h.get("evidence")).get("expected_speedup"))
+                for k, h in sorted(self.hints.items())
+                if num(as_dict(h.get("evidence")).get("expected_speedup")) is not None
+            },
             "loaders_seen": [
                 {
                     "id": i,

@@ -178,6 +178,12 @@ def summary(doc: dict) -> str:
             lines.append(noise_line(doc))
     elif doc.get("baseline") is None or (doc.get("baseline") or {}).get("status") != "ok":
         lines.append("No recommendation: the baseline trial did not measure.")
+    for h in (doc.get("ceiling") or {}).get("hints") or []:
+        if num(h.get("promised")) is not None and h["expected_speedup"] < h["promised"]:
+            lines.append(
+                f"  the baseline's {h['id']} hint promised {h['promised']:.2f}x: at most "
+                f"{h['expected_speedup']:.2f}x, the measured ceiling"
+            )
     lines.append(f"Stopped: {doc.get('stopped_because') or 'n/a'}")
     return "\n".join(lines)
 

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dlwatch.diagnose import ceiling as hint_ceiling
 from dlwatch.tune import search
 from dlwatch.tune.runner import TrialOutcome, run_trial
 
@@ -305,10 +306,22 @@ class Sweep:
             "bytes_cached": rep.get("bytes_cached"),
             "limited_by": rep.get("limited_by"),
             "best_share": round(chosen.mean / rate, 3) if rate and chosen is not None else None,
+            "hints": self._bounded_hints(rate / base_rate if rate and base_rate else None),
             "status": c.get("status"),
             "reason": c.get("reason"),
             "trial": c,
         }
+
+    def _bounded_hints(self, measured: float | None) -> list[dict]:
+        """The baseline's worker-count hints with their promise bounded by the
+        measured ceiling (the live view can only estimate it)."""
+        base = self.trials[0] if self.trials else {}
+        out = []
+        for hid, promised in (base.get("hint_speedups") or {}).items():
+            h = {"id": hid, "evidence": {"expected_speedup": promised}}
+            ev = hint_ceiling.bound(h, None, measured)["evidence"]
+            out.append({"id": hid, "promised": promised, "expected_speedup": ev["expected_speedup"]})
+        return out
 
 
 def code_line(settings: dict, base: dict) -> str:

@@ -324,6 +324,7 @@ def fake_runner(rates: dict, wait: float = 0.5):
             "worker_ms_per_batch": 40.0, "step_ms_mean": 10.0, "wait_ms_mean": 30.0, "usable_cores": 2.0,
             "cpu_cores": 0.5,
             "loaders_seen": [{"id": 0, "dataset": "DS", "batch_size": 8, "num_workers": nw}],
+            "hint_speedups": {} if replay else {"io-bound": 6.0, "enable-persistent-workers": 1.2},
             "replay": {"state": "replaying", "batches_cached": 20, "batches_wanted": 20,
                        "bytes_cached": 1 << 20, "limited_by": None} if replay else None,
         }  # fmt: skip
@@ -345,6 +346,12 @@ def test_a_data_bound_baseline_gets_a_ceiling_trial_and_the_report_shows_it():
     text = report.summary(doc)
     assert "data is free: ceiling" in text and "4.00x" in text and "20 cached batches replayed" in text
     assert "of the ceiling 4.00x" in text
+    # The hints' promises, bounded by the measured ceiling.
+    assert sorted(c["hints"], key=lambda h: h["id"]) == [
+        {"id": "enable-persistent-workers", "promised": 1.2, "expected_speedup": 1.2},
+        {"id": "io-bound", "promised": 6.0, "expected_speedup": 4.0},
+    ]
+    assert "io-bound hint promised 6.00x: at most 4.00x" in text
     base_row = next(line for line in text.splitlines() if line.endswith("baseline"))
     assert "1.00x" in base_row
 
