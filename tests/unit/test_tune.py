@@ -83,12 +83,16 @@ def test_the_selected_loader_and_only_it_gets_the_settings():
 
 def test_without_the_variable_the_hook_leaves_dataloader_alone():
     code = (
-        "import dlwatch.hook, torch.utils.data as d, dlwatch.probe.overrides as o;"
-        "print(d.DataLoader.__init__.__module__, o._spec)"
+        "import dlwatch.hook, torch, torch.utils.data as d, dlwatch.probe.overrides as o;"
+        "ld = d.DataLoader(torch.arange(8), batch_size=2);"
+        "print(d.DataLoader.__init__.__module__, o._spec, d.DataLoader.__iter__.__module__,"
+        " hasattr(ld, '_dlw_replay'), len({int(x[0]) for x in ld}))"
     )
     env = {k: v for k, v in os.environ.items() if k != overrides.ENV_VAR}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    assert out.stdout.split() == ["torch.utils.data.dataloader", "None"], out.stderr
+    # No override and no replay: every batch is a new one (a normal run never replays).
+    want = ["torch.utils.data.dataloader", "None", "torch.utils.data.dataloader", "False", "4"]
+    assert out.stdout.split() == want, out.stderr
 
 
 # --- the meter ------------------------------------------------------------------
