@@ -194,6 +194,7 @@ LOADER_OPTIONAL = {
     "iterator": _STR,
     "dataset": _STR,
     "replay": _DICT,
+    "autotune": _DICT,
 }
 QUEUE_OPTIONAL = {"ready": _INT, "in_flight": _INT, "capacity": _INT}
 WORKER = {"id": _INT, "pid": _INT, "batches": _INT, "fetch_ns": _INT, "busy_ns": _INT}

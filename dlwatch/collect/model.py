@@ -252,6 +252,8 @@ def loader_dict(
         "window_mono_ns": [w.get("start_mono_ns"), w.get("end_mono_ns")],
         "workers": workers,
         "history": history,
+        # Only with `dlwatch run --autotune`: its state and decisions (README "Autotune").
+        "autotune": ld.get("autotune") if isinstance(ld.get("autotune"), dict) else None,
     }
     if isinstance(ld.get("replay"), dict):
         out["replay"] = _replay(ld["replay"])

@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dlwatch import search
 from dlwatch.diagnose import ceiling as hint_ceiling
-from dlwatch.tune import search
 from dlwatch.tune.runner import TrialOutcome, run_trial
 
 SCHEMA_VERSION = 1
