@@ -105,9 +105,10 @@ class Replay:
         self.it = it
 
     def serve(self, it):
-        if self.epoch_len is not None and it._num_yielded >= self.epoch_len:
+        # Inside the job's next(): only StopIteration (the epoch's end) may leave here.
+        if self.epoch_len is not None and getattr(it, "_num_yielded", 0) >= self.epoch_len:
             raise StopIteration
-        data = self.cache[self.pos]
+        data = self.cache[self.pos % len(self.cache)]
         self.pos = (self.pos + 1) % len(self.cache)
         return fresh(data)
 
