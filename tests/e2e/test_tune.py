@@ -89,12 +89,16 @@ def test_the_ceiling_of_an_io_bound_loader_is_one_batch_per_step():
     c, base = doc["ceiling"], doc["baseline"]
     assert c is not None and c["status"] == "ok", c
     assert c["method"] == "replay" and c["limited_by"] == "max_bytes" and 1 <= c["batches_cached"] < 20
-    one_per_step = 1000.0 / base["step_ms_mean"]  # the loop's own step, as the baseline measured it
-    assert c["batches_per_s"] == pytest.approx(one_per_step, rel=0.15), (c, base["step_ms_mean"])
+    # One batch per step: the loop's own step (10 ms of sleep plus the model; longer on a busy
+    # box, and the box's load changes between trials, so measured in the same trial) sets the pace.
+    t = c["trial"]
+    one_per_step = 1000.0 / t["step_ms_mean"]
+    assert c["batches_per_s"] == pytest.approx(one_per_step, rel=0.15), (c, t["step_ms_mean"])
+    assert t["step_ms_mean"] < 2.0 * base["step_ms_mean"], (t["step_ms_mean"], base["step_ms_mean"])
     assert c["speedup"] >= 3.0, c
     allowance = doc["noise"]["allowance"]
     assert all(t["batches_per_s"] <= c["batches_per_s"] * (1 + allowance) for t in ok_trials(doc))
-    assert c["trial"]["data_wait_fraction"] < 0.05
+    assert t["data_wait_fraction"] < 0.05
     assert not marked("--seed 1207")
 
 
