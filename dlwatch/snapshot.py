@@ -20,8 +20,8 @@ guess, and a snapshot from an older collector still reads.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from typing import Any, TypedDict, get_type_hints
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol, TypedDict, get_type_hints, runtime_checkable
 
 SCHEMA_VERSION = 1
 
@@ -58,7 +58,7 @@ class _WorkerRequired(TypedDict):
     cpu_percent: float | None  # 100 = one core, over the sampling interval
     busy_fraction: float | None  # 0..1 of the window inside the dataset fetch
     fetch_ms_mean: float | None
-    batches: int
+    batches: int | None  # None for an attached job (sampled: no batch counts)
     rss_bytes: int | None
     uss_bytes: int | None  # None when /proc/PID/smaps_rollup is unreadable
     threads: int | None
@@ -71,6 +71,11 @@ class Worker(_WorkerRequired, total=False):
     # Seconds inside the dataset fetch since the loader began, over every
     # process that held this worker slot (monotonic: the exporter's counter).
     busy_s_total: float | None
+    # Attached jobs: busy_fraction is the share of the worker's samples inside
+    # the fetch, ± half its 95 % interval, over this many samples.
+    busy_pm: float | None
+    busy_samples: int
+    waiting_index_fraction: float | None  # share of samples blocked on the index queue
 
 
 class History(TypedDict, total=False):
@@ -83,11 +88,12 @@ class _LoaderRequired(TypedDict):
     num_workers: int
     batch_size: int | None
     pin_memory: bool
-    persistent_workers: bool
+    persistent_workers: bool | None  # None: not known (an attached job)
     prefetch_factor: int | None
-    epoch: int
-    batches_total: int
-    batches_per_s: float
+    # None for an attached job: only the hook counts batches.
+    epoch: int | None
+    batches_total: int | None
+    batches_per_s: float | None
     data_wait_fraction: float | None  # 0..1 over the window; None: no batch in it (no_batch_reason)
     wait_ms_mean: float | None
     step_ms_mean: float | None
@@ -117,13 +123,22 @@ class Loader(_LoaderRequired, total=False):
     wait_s_total: float | None
     step_s_total: float | None
     history: History
+    # An attached job's loader (``dlwatch attach``): data_wait_fraction is the
+    # share of the training thread's samples inside __next__, with ± half its
+    # 95 % interval (data_wait_ci95) over data_wait_samples samples.
+    sampled: bool
+    data_wait_pm: float | None
+    data_wait_samples: int
+    data_wait_ci95: list[float] | None
+    iterator: str | None  # "single-process" | "multi-process", from the stacks
+    workers_busy: dict[str, Any] | None  # every worker's samples pooled: fraction, pm, samples, ci95
     # Only in a `dlwatch tune` ceiling trial (DLWATCH_OVERRIDES' replay):
     # {"state": "warm-up"|"caching"|"replaying", "batches_cached", "bytes_cached",
     #  "batches_wanted", "max_bytes", "limited_by": "max_bytes"|None}
-    replay: dict
+    replay: dict[str, Any]
     # Only under `dlwatch run --autotune` (README "Autotune"): state, reason,
     # current/original setting, changes (epoch, from, to, why, batches_per_s).
-    autotune: dict | None
+    autotune: dict[str, Any] | None
 
 
 class _JobRequired(TypedDict):
@@ -151,6 +166,8 @@ class Job(_JobRequired, total=False):
     cuda_initialized: bool | None
     bad_frames: int
     last_wire_error: str | None
+    sampled: bool  # attached without the hook, sampled from outside
+    sampling: dict[str, Any]  # tool, span_s, samples, rate_hz, training thread
 
 
 class _HostRequired(TypedDict):
@@ -208,9 +225,35 @@ class Snapshot(_SnapshotRequired, total=False):
     runtime_dir: str
     runtime_dir_error: str | None
     errors: list[str]  # collector faults (a sampler that raised), newest last
+    # Why ``hints`` says nothing: the diagnosis could not start or raised.
+    # Absent when the hints are the diagnosis's own verdict.
+    hints_error: str
+
+
+# ------------------------------------------------------------- the source
+
+
+@runtime_checkable
+class SnapshotSource(Protocol):
+    """Where a consumer (the live view, the recorder, the exporter) gets
+    snapshots: the collector (``dlwatch.collect.Monitor``), or a replay.
+
+    ``latest()`` answers from memory (the newest snapshot built, None before
+    the first): it is called from an event loop or a scrape thread.
+    ``subscribe(callback)``: ``callback()`` is called, from any thread, after
+    each new snapshot, so a consumer need not poll on a timer of its own."""
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def latest(self) -> dict[str, Any] | None: ...
+    def subscribe(self, callback: Callable[[], None]) -> None: ...
+    def dismiss(self, job_pid: int) -> None: ...
 
 
 # ------------------------------------------------------------- the accessors
+
+# How every view writes a figure it does not have.
+NA = "n/a"
 
 
 def num(v: Any) -> float | None:
@@ -231,11 +274,11 @@ def as_int(v: Any) -> int | None:
     return int(f) if f is not None and f == int(f) else None
 
 
-def as_dict(v: Any) -> dict:
+def as_dict(v: Any) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
 
 
-def as_list(v: Any) -> list:
+def as_list(v: Any) -> list[Any]:
     """A list as it is, a tuple as a list, anything else as []."""
     if isinstance(v, list):
         return v
@@ -246,7 +289,7 @@ def as_str(v: Any, default: str = "") -> str:
     return v if isinstance(v, str) else default
 
 
-def records(v: Any) -> list[dict]:
+def records(v: Any) -> list[dict[str, Any]]:
     """The dicts of a list (jobs, loaders, workers, hints); anything else skipped."""
     return [x for x in as_list(v) if isinstance(x, dict)]
 
@@ -256,11 +299,11 @@ def severity_rank(severity: Any) -> int:
     return SEVERITY_ORDER.get(severity, len(SEVERITIES))
 
 
-def is_live(job: Mapping) -> bool:
+def is_live(job: Mapping[str, Any]) -> bool:
     return job.get("state", "live") in ("live", "connecting")
 
 
-def live_workers(loader: Mapping) -> list[dict]:
+def live_workers(loader: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Workers whose process still exists (their figures may still be None)."""
     return [w for w in records(loader.get("workers")) if w.get("state") not in GONE_STATES]
 
@@ -270,7 +313,19 @@ def numbers(values: Iterable[Any]) -> list[float]:
     return [f for f in (num(v) for v in values) if f is not None]
 
 
-def find_job(snapshot: Mapping, pid: int) -> dict | None:
+def percent(fraction: Any, digits: int | None = 0) -> str:
+    """A 0..1 fraction as a percentage, "42 %" (``digits`` decimals; None:
+    as many as it has, for chart ticks); ``NA`` when it is missing. The one
+    format of the hints, the CLI's text, the TUI and the report."""
+    v = num(fraction)
+    if v is None:
+        return NA
+    return f"{v * 100:g} %" if digits is None else f"{v * 100:.{digits}f} %"
+
+
+def find_job(snapshot: Mapping[str, Any], pid: int | None) -> dict[str, Any] | None:
+    if pid is None:  # no job: not the first one without a PID
+        return None
     return next((j for j in records(snapshot.get("jobs")) if as_int(j.get("pid")) == pid), None)
 
 
@@ -327,7 +382,7 @@ def _kind_ok(value: Any, typ: Any) -> bool:
     origin = getattr(typ, "__origin__", None)
     if origin is None and args and type(None) in args:  # X | None (types.UnionType)
         return value is None or any(_kind_ok(value, a) for a in args if a is not type(None))
-    if origin is not None and str(origin) == "typing.Union":
+    if origin is not None and str(origin) == "typing.Union" and args:
         return any(_kind_ok(value, a) for a in args)
     if typ is type(None):
         return value is None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Any
 
 from .facts import r
 
@@ -33,7 +34,7 @@ def estimate(wait: float | None) -> float | None:
     return 1.0 / (1.0 - wait)
 
 
-def bound(h: dict, wait: float | None, measured: float | None = None) -> dict:
+def bound(h: dict[str, Any], wait: float | None, measured: float | None = None) -> dict[str, Any]:
     """``h`` with its ``expected_speedup`` at most the ceiling: ``measured``
     (a tune result's ceiling speed-up) if given, else the estimate from
     ``wait``. Hints without a promise come back as they are."""
@@ -59,7 +60,9 @@ def bound(h: dict, wait: float | None, measured: float | None = None) -> dict:
     return out
 
 
-def bound_in(h: dict, loaders: Mapping, measured: Mapping | None = None) -> dict:
+def bound_in(
+    h: dict[str, Any], loaders: Mapping[Any, float | None], measured: Mapping[Any, float] | None = None
+) -> dict[str, Any]:
     """``bound`` for a hint of the engine: its loader's wait (``loaders``:
     (job_pid, loader_id) -> data-wait fraction) and, if any, a measured
     ceiling for that loader (same keys)."""

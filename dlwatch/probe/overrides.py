@@ -96,7 +96,7 @@ def _patch(mod) -> None:
         return out
 
     __init__.__doc__ = orig.__doc__
-    __init__.__wrapped__ = orig
+    __init__.__wrapped__ = orig  # type: ignore[attr-defined]  # inspect.signature sees the original
     _orig_init = orig
     cls.__init__ = __init__
     if _spec is not None and "replay" in _spec:
@@ -139,7 +139,7 @@ def _patch_iter(cls) -> None:
         return it
 
     __iter__.__doc__ = orig.__doc__
-    __iter__.__wrapped__ = orig
+    __iter__.__wrapped__ = orig  # type: ignore[attr-defined]
     _orig_iter = orig
     cls.__iter__ = __iter__
 

@@ -154,7 +154,7 @@ class Publisher:
         self._job = job_identity()
 
     def _bind(self) -> None:
-        path = rundir.socket_path(self.directory, os.getpid())
+        path = rundir.socket_path(self.directory or rundir.runtime_dir(), os.getpid())
         if os.path.lexists(path):
             os.unlink(path)  # a stale socket of a dead process with our pid
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -183,9 +183,21 @@ class Publisher:
                 old_sock.close()
             self._sel.register(sock, selectors.EVENT_READ, None)
 
+    @property
+    def _selector(self) -> selectors.BaseSelector:
+        if self._sel is None:
+            raise RuntimeError("the publisher is not started")
+        return self._sel
+
+    @property
+    def _listener(self) -> socket.socket:
+        if self._sock is None:
+            raise RuntimeError("the publisher is not open")
+        return self._sock
+
     def start(self) -> None:
         self._sel = selectors.DefaultSelector()
-        self._sel.register(self._sock, selectors.EVENT_READ, None)
+        self._sel.register(self._listener, selectors.EVENT_READ, None)
         self._thread = threading.Thread(target=self._run, name="dlwatch-publisher", daemon=True)
         self._thread.start()
 
@@ -238,7 +250,7 @@ class Publisher:
         while not self._stop.is_set():
             try:
                 timeout = max(0.0, next_tick - time.monotonic())
-                for key, mask in self._sel.select(timeout):
+                for key, mask in self._selector.select(timeout):
                     if key.data is None:
                         self._accept()
                     else:
@@ -291,19 +303,13 @@ class Publisher:
                 cuda_init = bool(torch.cuda.is_initialized())
         except Exception:
             cuda_init = None
-        return {
-            "type": "window",
-            "seq": self._seq,
-            "t": time.time(),
-            "mono_ns": now,
-            "loaders": loaders,
-            "main": {"cuda_initialized": cuda_init, "py_threads": threading.active_count()},
-        }
+        main = {"cuda_initialized": cuda_init, "py_threads": threading.active_count()}
+        return wire.window(self._seq, time.time(), now, loaders, main)
 
     def _accept(self) -> None:
         while True:
             try:
-                conn, _ = self._sock.accept()
+                conn, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -314,7 +320,7 @@ class Publisher:
             conn.setblocking(False)
             c = _Client(conn)
             self._clients[conn.fileno()] = c
-            self._sel.register(conn, selectors.EVENT_READ, c)
+            self._selector.register(conn, selectors.EVENT_READ, c)
 
     @staticmethod
     def _peer_allowed(conn: socket.socket) -> bool:
@@ -383,13 +389,8 @@ class Publisher:
             budget -= len(frame)
             keep += 1
         history = history[len(history) - keep :]
-        hello = {
-            "type": "hello",
-            "protocol": wire.PROTOCOL_VERSION,
-            "job": self._job,
-            "history": len(history),
-            "features": [wire.FEATURE_PROFILE] if profiler.enabled() else [],
-        }
+        features = [wire.FEATURE_PROFILE] if profiler.enabled() else []
+        hello = wire.server_hello(self._job, len(history), features)
         self._queue(c, wire.encode(hello))
         for frame in history:
             if c.closing:
@@ -400,7 +401,7 @@ class Publisher:
 
     def _on_profile(self, c: _Client, msg: dict) -> None:
         def answer(state: str, message: str) -> None:
-            self._queue(c, wire.encode({"type": "profile_status", "state": state, "message": message}))
+            self._queue(c, wire.encode(wire.profile_status(state, message)))
 
         if not profiler.enabled():
             answer("unsupported", "profiling is disabled in this job (it was started with DLWATCH_PROFILE=0)")
@@ -447,7 +448,7 @@ class Publisher:
             else:
                 why = f"the job exited during the burst ({b.steps_done} of {b.steps} steps collected)"
                 result = {"steps": b.steps_done, "steps_requested": b.steps}
-                msgs = [{"type": "profile_result", "result": result, "error": why}]
+                msgs = [wire.profile_result(result, why)]
             data = bytes(c.out) + b"".join(wire.encode(m) for m in msgs)
             c.sock.send(data, socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
         except Exception:
@@ -466,6 +467,8 @@ class Publisher:
 
     def _poll_burst(self) -> None:
         b, c = self._burst, self._burst_client
+        if b is None:
+            return
         if c is not None and c not in self._clients.values():
             b.cancel()  # the monitor that asked has gone
             c = self._burst_client = None
@@ -478,7 +481,7 @@ class Publisher:
                 try:
                     self._queue(c, wire.encode(m))
                 except (wire.WireError, ValueError, TypeError) as e:
-                    self._queue(c, wire.encode({"type": "profile_result", "result": {}, "error": str(e)}))
+                    self._queue(c, wire.encode(wire.profile_result({}, str(e))))
         if b.state == profiler.DONE:
             profiler.release(b)
             self._burst = self._burst_client = None
@@ -486,7 +489,7 @@ class Publisher:
     def _fail(self, c: _Client, message: str) -> None:
         """Tell the client why, best effort, then hang up."""
         try:
-            c.out += wire.encode({"type": "error", "message": message})
+            c.out += wire.encode(wire.error(message))
         except wire.WireError:
             pass
         c.closing = True
@@ -521,7 +524,7 @@ class Publisher:
             return
         want = selectors.EVENT_READ | (selectors.EVENT_WRITE if c.out else 0)
         try:
-            self._sel.modify(c.sock, want, c)
+            self._selector.modify(c.sock, want, c)
         except (KeyError, ValueError, OSError):
             pass
 
@@ -532,7 +535,7 @@ class Publisher:
             fd = -1
         if fd >= 0:
             try:
-                self._sel.unregister(c.sock)
+                self._selector.unregister(c.sock)
             except (KeyError, ValueError):
                 pass
             self._clients.pop(fd, None)
@@ -554,6 +557,8 @@ class Publisher:
                 self._drop(c)
 
     def _check_socket_file(self) -> None:
+        if self.path is None:
+            return
         try:
             st = os.stat(self.path)
             if (st.st_dev, st.st_ino) == self._inode:

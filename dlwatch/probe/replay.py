@@ -28,6 +28,7 @@ publisher encodes it from another thread: its size never changes).
 from __future__ import annotations
 
 from time import perf_counter as _clock
+from typing import Any
 
 DEFAULT_BATCHES = 20
 DEFAULT_MAX_BYTES = 1 << 30
@@ -39,12 +40,12 @@ class Replay:
         self.batches = int(spec.get("batches", DEFAULT_BATCHES))
         self.max_bytes = int(spec.get("max_bytes", DEFAULT_MAX_BYTES))
         self.after_s = float(spec.get("after_s", DEFAULT_AFTER_S))
-        self.cache: list = []
+        self.cache: list[Any] = []
         self.pos = 0
         self.t_first: float | None = None
-        self.it = None  # the iterator that replays, once replaying
+        self.it: Any = None  # the iterator that replays, once replaying
         self.epoch_len = _length(loader)
-        self.status = {
+        self.status: dict[str, Any] = {
             "state": "warm-up",
             "batches_cached": 0,
             "bytes_cached": 0,

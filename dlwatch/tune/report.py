@@ -3,7 +3,7 @@ table, the recommendation and the reason the search stopped at the end."""
 
 from __future__ import annotations
 
-from dlwatch.snapshot import num
+from dlwatch.snapshot import num, percent
 
 
 def settings_text(s: dict | None) -> str:
@@ -45,7 +45,7 @@ def progress_line(index: int, max_trials: int, config: dict, meter, trial_elapse
         phase = f"steady {meter.steady_s:.0f}/{meter.trial_s:.0f} s"
     figures = "n/a" if rate is None else f"{rate:.1f} batches/s"
     if wait is not None:
-        figures += f", data wait {wait * 100:.0f} %"
+        figures += f", data wait {percent(wait)}"
     left = sweep.budget_left()
     return (
         f"{trial_name(index, max_trials)} ({config_text(config)}): {phase}, {figures} | "
@@ -73,8 +73,7 @@ def _key(settings) -> tuple:
 
 
 def _pct(v) -> str:
-    v = num(v)
-    return "-" if v is None else f"{v * 100:.0f} %"
+    return "-" if num(v) is None else percent(v)
 
 
 def _row(t: dict, number: str, label: str, speedup: str, note: str) -> tuple:
@@ -169,7 +168,7 @@ def summary(doc: dict) -> str:
             ceiling = doc.get("ceiling") or {}
             share, csp = num(ceiling.get("best_share")), num(ceiling.get("speedup"))
             if sp is not None and share is not None and csp is not None:
-                how += f" = {share * 100:.0f} % of the ceiling {csp:.2f}x"
+                how += f" = {percent(share)} of the ceiling {csp:.2f}x"
             if n > 1:
                 how += f" ({n} trials)"
             lines.append(f"Recommendation: {doc['recommendation']}")
@@ -200,8 +199,8 @@ def noise_line(doc: dict) -> str:
     else:
         text = (
             f"  noise: repeats of {settings_text(nz.get('settings'))} measured {' vs '.join(reps)} "
-            f"batches/s ({measured * 100:.0f} % apart)"
+            f"batches/s ({percent(measured)} apart)"
         )
     if allow is not None:
-        text += f"; settings within {allow * 100:.0f} % of the fastest count as equal"
+        text += f"; settings within {percent(allow)} of the fastest count as equal"
     return text

@@ -7,6 +7,7 @@ import argparse
 import json
 import shutil
 import sys
+from typing import Any
 
 from dlwatch.cli.common import (
     EXIT_ERROR,
@@ -169,7 +170,7 @@ def run(args) -> int:
     if args.ceiling_bytes is not None:
         opts.ceiling_bytes = args.ceiling_bytes
     tty = sys.stderr.isatty()
-    state = {"index": 0, "config": {}, "drawn": False}
+    state: dict[str, Any] = {"index": 0, "config": {}, "drawn": False}
     last = {"t": -1.0}
 
     def on_trial_start(index: int, config: dict, why: str) -> None:
