@@ -53,10 +53,11 @@ from dlwatch.thresholds import (
 STILL_WAITING = 0.05
 # Two settings whose batches/s differ by less than this are "within noise":
 # repeated trials of one setting on a quiet 2-core box differ by 1-4 %.
-# When repeats show a wider spread, that spread is the noise (up to the cap:
-# beyond it a "within noise" pick could cost a real slow-down).
+# When repeats of any one setting in the sweep differed by more (a busy box:
+# 96 vs 113 batches/s was seen), that measured difference is the allowance,
+# up to the cap: beyond it the figures say too little to pick on.
 NOISE_FLOOR = 0.05
-NOISE_CAP = 0.10
+NOISE_CAP = 0.25
 # persistent_workers is worth a trial when later epoch starts cost this share
 # of an epoch (the hint's bar is 10 % and 500 ms: a trial can measure less).
 PERSIST_MIN_SHARE = 0.02
@@ -174,8 +175,22 @@ def groups(trials: Sequence[dict[str, Any]]) -> list[Group]:
     return list(out.values())
 
 
-def noise(a: Group, b: Group) -> float:
-    return min(NOISE_CAP, max(NOISE_FLOOR, a.spread or 0.0, b.spread or 0.0))
+def measured_noise(gs: Sequence[Group]) -> float | None:
+    """The widest difference between repeats of one setting, relative to
+    their mean (None: nothing was repeated)."""
+    out = None
+    for g in gs:
+        r = g.rates
+        if len(r) >= 2 and g.mean > 0:
+            d = (max(r) - min(r)) / g.mean
+            out = d if out is None else max(out, d)
+    return out
+
+
+def noise_allowance(gs: Sequence[Group]) -> float:
+    """How far below the fastest a setting may measure and still count as
+    within noise of it: the measured noise of the sweep, at least the floor."""
+    return min(NOISE_CAP, max(NOISE_FLOOR, measured_noise(gs) or 0.0))
 
 
 def changes(settings: dict[str, Any], base: dict[str, Any]) -> int:
@@ -190,7 +205,8 @@ def choose(trials: Sequence[dict[str, Any]]) -> Group | None:
         return None
     base = trials[0].get("settings") or {}
     top = max(gs, key=lambda g: g.mean)
-    near = [g for g in gs if g.mean >= top.mean * (1 - noise(g, top))]
+    allow = noise_allowance(gs)
+    near = [g for g in gs if g.mean >= top.mean * (1 - allow)]
     return min(near, key=lambda g: (g.settings.get("num_workers") or 0, changes(g.settings, base), -g.mean))
 
 
@@ -218,12 +234,6 @@ def propose(trials: Sequence[dict[str, Any]], opts: Options) -> Proposal:
     if base.get("status") != "ok":
         return None, f"the baseline trial did not measure ({base.get('status')}: {base.get('reason', '')})"
     bf = facts(base)
-    if not bf.data_bound:
-        wait = percent(bf.data_wait)
-        return None, (
-            f"not data-bound: the training loop waits for data {wait} of the time "
-            f"(under {percent(DATA_BOUND_WAIT)}), so no DataLoader setting can make it faster"
-        )
     base_s = base["settings"]
     # A setting counts as tried once asked for, whatever came of it (a crash
     # is not retried) and whatever the loader reported.
@@ -233,15 +243,44 @@ def propose(trials: Sequence[dict[str, Any]], opts: Options) -> Proposal:
         return settings_key(apply(base_s, config, opts.cuda)) not in tried
 
     if opts.workers is not None:
+        # An explicit grid is the user's request: run it even when the
+        # baseline says no setting can help (and say so).
+        why = "--workers grid" if bf.data_bound else f"--workers grid ({not_data_bound(bf)})"
         for n in opts.workers:
             if new({"num_workers": n}):
-                return {"num_workers": n}, "--workers grid"
+                return {"num_workers": n}, why
         return _repeat(trials) or (None, "every setting of the --workers grid was measured")
+    if not bf.data_bound:
+        return None, not_data_bound(bf) + ", so no DataLoader setting can make it faster"
     for step in (_workers_step, _knobs_step):
         p = step(trials, base_s, bf, opts, new)
         if p is not None:
             return p
     return _repeat(trials) or (None, "converged: no untried setting is likely to be faster")
+
+
+def not_data_bound(bf: Facts) -> str:
+    return (
+        f"not data-bound: the training loop waits for data {percent(bf.data_wait)} of the time "
+        f"(under {percent(DATA_BOUND_WAIT)})"
+    )
+
+
+def ceiling_reached(trials: Sequence[dict[str, Any]], ceiling_rate: float | None) -> str | None:
+    """Why the search can stop, when the fastest setting measured is within
+    noise of the ceiling (the loop's pace with data for free); else None."""
+    best = fastest(trials)
+    if best is None or not ceiling_rate or ceiling_rate <= 0:
+        return None
+    allow = noise_allowance(groups(trials))
+    share = best.mean / ceiling_rate
+    if share < 1 - allow:
+        return None
+    return (
+        f"the fastest setting reaches {percent(share)} of the ceiling (within the "
+        f"{percent(allow)} noise allowance): the loader is no longer the limit; what is left "
+        "is the step itself (see where its time goes with `dlwatch profile`)"
+    )
 
 
 def _kind(trials: Sequence[dict[str, Any]], bf: Facts) -> tuple[str | None, Facts]:
@@ -312,7 +351,8 @@ def _nw_key(base_s: dict[str, Any], nw: int, cuda: bool) -> tuple[Any, ...]:
 
 def _best_of(gs: list[Group]) -> Group:
     top = max(gs, key=lambda g: g.mean)
-    near = [g for g in gs if g.mean >= top.mean * (1 - noise(g, top))]
+    allow = noise_allowance(gs)
+    near = [g for g in gs if g.mean >= top.mean * (1 - allow)]
     return min(near, key=lambda g: g.settings.get("num_workers") or 0)
 
 

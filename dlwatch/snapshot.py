@@ -153,6 +153,10 @@ class Loader(_LoaderRequired, total=False):
     data_wait_ci95: list[float] | None
     iterator: str | None  # "single-process" | "multi-process", from the stacks
     workers_busy: dict[str, Any] | None  # every worker's samples pooled: fraction, pm, samples, ci95
+    # Only in a `dlwatch tune` ceiling trial (DLWATCH_OVERRIDES' replay):
+    # {"state": "warm-up"|"caching"|"replaying", "batches_cached", "bytes_cached",
+    #  "batches_wanted", "max_bytes", "limited_by": "max_bytes"|None}
+    replay: dict[str, Any]
     # Only under `dlwatch run --autotune` (README "Autotune"): state, reason,
     # current/original setting, changes (epoch, from, to, why, batches_per_s).
     autotune: dict[str, Any] | None

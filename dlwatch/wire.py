@@ -203,7 +203,7 @@ LOADER_OPTIONAL = (
     | _of(_BOOL, "in_order")
     | _of(_STR, "start_method", "kind", "name", "iterator", "dataset")
     | _of(_LIST, "epoch_start_ms", "epoch_ms", "epoch_batches", "dataset_wrappers")
-    | _of(_DICT, "autotune", "iterated_on")
+    | _of(_DICT, "autotune", "iterated_on", "replay")
 )
 QUEUE_OPTIONAL = {"ready": _INT, "in_flight": _INT, "capacity": _INT}
 WORKER = {"id": _INT, "pid": _INT, "batches": _INT, "fetch_ns": _INT, "busy_ns": _INT}

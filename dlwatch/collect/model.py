@@ -249,7 +249,7 @@ def loader_dict(
             }
         )
     q = ld.get("queue") or {}
-    return {
+    out = {
         "id": ld["id"],
         "num_workers": ld.get("num_workers", 0),
         "batch_size": ld.get("batch_size"),
@@ -292,3 +292,14 @@ def loader_dict(
         # Only with `dlwatch run --autotune`: its state and decisions (README "Autotune").
         "autotune": ld.get("autotune") if isinstance(ld.get("autotune"), dict) else None,
     }
+    if isinstance(ld.get("replay"), dict):
+        out["replay"] = _replay(ld["replay"])
+    return out
+
+
+REPLAY_KEYS = ("state", "batches_cached", "bytes_cached", "batches_wanted", "max_bytes", "limited_by")
+
+
+def _replay(rep: dict[str, Any]) -> dict[str, Any]:
+    """The replay state a tune ceiling trial's probe reports (README "Tune")."""
+    return {k: rep.get(k) for k in REPLAY_KEYS}

@@ -33,6 +33,7 @@ from typing import Any
 from dlwatch.snapshot import severity_rank
 
 from . import (
+    ceiling,
     rules_cores,
     rules_epochs,
     rules_gpu,
@@ -291,9 +292,11 @@ def _run_rules(ctx: Context) -> tuple[Fired, dict[str, str]]:
     not take the monitor down; its error is kept in the state for tests/logs)."""
     fired: Fired = {}
     errors: dict[str, str] = {}
+    waits = {(lv.pid, lv.lid): lv.wait for lv in ctx.loaders}
     for rid, rule in REGISTRY.items():
         try:
             for h in rule.check(ctx):
+                h = ceiling.bound_in(h, waits)
                 if rule.tunable:
                     h = with_tune_command(h, ctx.snapshot)
                 fired[(h["id"], h["job_pid"], h["loader_id"])] = h

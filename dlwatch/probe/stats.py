@@ -312,6 +312,9 @@ def loader_config(loader, it) -> dict:
         if wrappers:
             cfg["dataset_wrappers"] = wrappers
         cfg["iterator"] = type(it).__name__
+        rep = getattr(loader, "_dlw_replay", None)  # only with DLWATCH_OVERRIDES' replay
+        if rep is not None:
+            cfg["replay"] = rep.status
     except Exception:
         cfg.setdefault("num_workers", 0)
     return cfg
