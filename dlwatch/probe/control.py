@@ -4,7 +4,10 @@ The publisher owns the socket and the uid check; once a client has said
 hello, whatever else it sends comes here. Today that is a profiler burst of
 the training loop (``profile``, ``profiler.py``). One burst runs at a time
 per job; the monitor that asked gets its progress and result, and hanging up
-cancels it. Called on the publisher's thread only.
+cancels it. And a worker profile burst (``worker_profile``,
+``worker_burst.py``): the busiest loader's worker processes sample their own
+fetches for a few seconds. One burst of either kind at a time. Called on the
+publisher's thread only.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 from dlwatch import wire
-from dlwatch.probe import patches, profiler
+from dlwatch.probe import patches, profiler, worker_burst
 
 if TYPE_CHECKING:
     from dlwatch.probe.publisher import Publisher
@@ -24,15 +27,42 @@ class Control:
         self.pub = pub
         self._burst: profiler.Burst | None = None
         self._client: Any = None  # the publisher's _Client that asked
+        self._wburst: worker_burst.WorkerBurst | None = None
+        self._wclient: Any = None
 
     def features(self) -> list[str]:
         """What the hello announces."""
-        return [wire.FEATURE_PROFILE] if profiler.enabled() else []
+        return [wire.FEATURE_PROFILE, wire.FEATURE_WORKER_PROFILE] if profiler.enabled() else []
 
     def on_request(self, c, msg: dict) -> None:
         """A message from a greeted client; anything unknown is ignored."""
-        if msg.get("type") == "profile":
+        kind = msg.get("type")
+        if kind not in ("profile", "worker_profile"):
+            return
+        if not profiler.enabled():
+            self._answer(
+                c, "unsupported", "profiling is disabled in this job (it was started with DLWATCH_PROFILE=0)"
+            )
+            return
+        busy = self._busy()
+        if busy:
+            self._answer(c, "busy", f"{busy}; try again when it is done")
+        elif kind == "profile":
             self._on_profile(c, msg)
+        else:
+            self._on_worker_profile(c, msg)
+
+    def _busy(self) -> str | None:
+        b = self._burst
+        if b is not None and b.state != profiler.DONE:
+            return (
+                f"another monitor's profiler burst is {b.state} in this job "
+                f"({b.steps_done} of {b.steps} steps)"
+            )
+        w = self._wburst
+        if w is not None and w.state != worker_burst.DONE:
+            return "another monitor's worker profile burst is running in this job"
+        return None
 
     def _answer(self, c, state: str, message: str) -> None:
         self.pub.queue(c, wire.encode({"type": "profile_status", "state": state, "message": message}))
@@ -40,25 +70,11 @@ class Control:
     # --- profiler bursts ------------------------------------------------------------
 
     def _on_profile(self, c, msg: dict) -> None:
-        if not profiler.enabled():
-            self._answer(
-                c, "unsupported", "profiling is disabled in this job (it was started with DLWATCH_PROFILE=0)"
-            )
-            return
-        if self._burst is not None and self._burst.state != profiler.DONE:
-            b = self._burst
-            self._answer(
-                c,
-                "busy",
-                f"another monitor's profiler burst is {b.state} in this job "
-                f"({b.steps_done} of {b.steps} steps); try again when it is done",
-            )
-            return
         st = self.busiest_loader()
         if st is None:
             self._answer(c, "rejected", "this job has no DataLoader that is stepping: nothing to profile")
             return
-        loader = {"id": st.id, "name": f"loader {st.id} ({st.config.get('dataset') or 'dataset'})"[:80]}
+        loader = _loader_ref(st)
         try:
             burst, why = profiler.start(
                 st,
@@ -77,8 +93,35 @@ class Control:
         self._burst, self._client = burst, c
         self.pub.queue(c, wire.encode(burst.status()))
 
+    def _on_worker_profile(self, c, msg: dict) -> None:
+        st = self.busiest_loader()
+        if st is None:
+            self._answer(c, "rejected", "this job has no DataLoader that is stepping: nothing to profile")
+            return
+        loader = _loader_ref(st)
+        if not st.num_workers or st.slots_view is None:
+            self._answer(
+                c,
+                "rejected",
+                f"{loader['name']} has no worker processes (num_workers=0): its fetches run in the "
+                "training process; profile them there (dlwatch profile, or cProfile)",
+            )
+            return
+        hz = msg.get("hz") or wire.WORKER_PROFILE_DEFAULT_HZ
+        try:
+            self._wburst = worker_burst.start(st, float(msg["seconds"]), int(hz), loader)
+        except Exception as e:
+            self._answer(c, "rejected", f"could not start the worker profile: {type(e).__name__}: {e}")
+            return
+        self._wclient = c
+        self.pub.queue(c, wire.encode(self._wburst.status()))
+
     def farewell(self) -> None:
         """The job is exiting mid-burst: tell the monitor that asked, best effort."""
+        w, wc = self._wburst, self._wclient
+        if w is not None and wc is not None and w.state != worker_burst.DONE:
+            why = "the job exited during the worker profile burst"
+            _send_now(wc, [{"type": "worker_profile_result", "result": {}, "error": why}])
         b, c = self._burst, self._client
         if b is None or c is None:
             return
@@ -89,8 +132,7 @@ class Control:
                 why = f"the job exited during the burst ({b.steps_done} of {b.steps} steps collected)"
                 result = {"steps": b.steps_done, "steps_requested": b.steps}
                 msgs = [{"type": "profile_result", "result": result, "error": why}]
-            data = bytes(c.out) + b"".join(wire.encode(m) for m in msgs)
-            c.sock.send(data, socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
+            _send_now(c, msgs)
         except Exception:
             pass
 
@@ -108,6 +150,8 @@ class Control:
 
     def poll(self) -> None:
         """Each tick of the publisher: forward a running burst's news."""
+        if self._wburst is not None:
+            self._poll_workers()
         b, c = self._burst, self._client
         if b is None:
             return
@@ -127,3 +171,37 @@ class Control:
         if b.state == profiler.DONE:
             profiler.release(b)
             self._burst = self._client = None
+
+    def _poll_workers(self) -> None:
+        w, c = self._wburst, self._wclient
+        if c is not None and not self.pub.connected(c):
+            w.cancelled = True  # the monitor that asked has gone
+            c = self._wclient = None
+        try:
+            msgs = w.poll()
+        except Exception as e:
+            w.state = worker_burst.DONE
+            msgs = [{"type": "worker_profile_result", "result": {}, "error": f"{type(e).__name__}: {e}"}]
+        for m in msgs:
+            if c is not None:
+                try:
+                    self.pub.queue(c, wire.encode(m))
+                except (wire.WireError, ValueError, TypeError) as e:
+                    err = {"type": "worker_profile_result", "result": {}, "error": str(e)}
+                    self.pub.queue(c, wire.encode(err))
+        if w.state == worker_burst.DONE:
+            worker_burst.release(w)
+            self._wburst = self._wclient = None
+
+
+def _loader_ref(st) -> dict:
+    return {"id": st.id, "name": f"loader {st.id} ({st.config.get('dataset') or 'dataset'})"[:80]}
+
+
+def _send_now(c, msgs: list[dict]) -> None:
+    """At exit: what the client is owed, in one non-blocking send."""
+    try:
+        data = bytes(c.out) + b"".join(wire.encode(m) for m in msgs)
+        c.sock.send(data, socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
+    except Exception:
+        pass

@@ -32,9 +32,11 @@ from time import perf_counter_ns as _clock_ns
 
 # Row layout, one row per worker: PID, BATCHES, STARTED_NS int64; FETCH_S
 # (completed fetch time) and CUR_START_S (start of the fetch in progress, 0
-# when idle) float64 seconds.
-PID, BATCHES, FETCH_S, CUR_START_S, STARTED_NS = range(5)
-NFIELDS = 5
+# when idle) float64 seconds. A worker profile burst (worker_sampler.py): the
+# trainer writes BURST_GEN (its id), BURST_HZ and BURST_END_S (float64
+# seconds); the worker writes BURST_ACK = BURST_GEN once it samples.
+PID, BATCHES, FETCH_S, CUR_START_S, STARTED_NS, BURST_GEN, BURST_HZ, BURST_END_S, BURST_ACK = range(9)
+NFIELDS = 9
 
 # This process's row (int64 view), set when the hook runs in a worker; None
 # outside one.
@@ -122,12 +124,19 @@ def _timed(orig, row, frow, base: int):
     """``orig`` (a fetcher's ``fetch``) timed into row ``base`` of the table
     whose int64 and float64 views are ``row`` and ``frow``."""
     i_batches, i_fetch, i_cur = base + BATCHES, base + FETCH_S, base + CUR_START_S
+    i_gen = base + BURST_GEN
     # Running totals, continued from the row (a re-activated worker adds on).
     busy = frow[i_fetch]
     batches = row[i_batches]
+    # The last burst id this worker looked at: a new one starts its sampler
+    # (one int64 load and compare per fetch, ~30 ns; no thread until then).
+    seen = 0
 
     def fetch(self, possibly_batched_index):
-        nonlocal busy, batches
+        nonlocal busy, batches, seen
+        if row[i_gen] != seen:
+            seen = row[i_gen]
+            _start_sampler(row, frow, base, seen)
         t0 = _clock()
         frow[i_cur] = t0
         try:
@@ -147,6 +156,18 @@ def _timed(orig, row, frow, base: int):
 
     fetch._dlwatch_orig = orig
     return fetch
+
+
+def _start_sampler(row, frow, base: int, gen: int) -> None:
+    try:
+        from dlwatch.probe import worker_sampler
+
+        worker_sampler.start(row, frow, base, gen, _FETCH_CODE)
+    except Exception:
+        pass  # a burst that cannot sample costs its samples, never the fetch
+
+
+_FETCH_CODE = _timed(None, [0] * NFIELDS, [0.0] * NFIELDS, 0).__code__
 
 
 def read_workers(
