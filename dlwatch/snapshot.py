@@ -144,6 +144,8 @@ class Job(_JobRequired, total=False):
     cuda_initialized: bool | None
     bad_frames: int
     last_wire_error: str | None
+    # The last worker profile burst's top stage (dlwatch.diagnose.worker_profile.brief)
+    worker_profile: dict | None
 
 
 class _HostRequired(TypedDict):

@@ -153,6 +153,7 @@ def job_dict(c: JobConnection, window_s: float, procs: dict, now: float, history
         "cuda_initialized": (last or {}).get("main", {}).get("cuda_initialized"),
         "bad_frames": c.bad_frames,
         "last_wire_error": c.last_error or None,
+        "worker_profile": c.worker_profile,
         "loaders": [],
     }
     if last is None:

@@ -366,6 +366,15 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict]:
             sugg += ", or move augmentation to the GPU (e.g. torchvision.transforms.v2 on CUDA tensors, DALI)"
         else:
             sugg += ", or a faster decoder (e.g. Pillow-SIMD, decoding at reduced size)"
+        wp = _worker_profile_of(lv)
+        if wp is not None:
+            msg += (
+                f" The last worker profile puts {pct(wp['top_share'])} of the workers' time in "
+                f"{wp['top_stage']} ({wp['verdict']})."
+            )
+            sugg = str(wp.get("suggestion") or sugg)
+        else:
+            sugg += "; to see which stage costs what: dlwatch profile --workers (W in the live view)"
         ev = _common_evidence(lv) | {
             "usable_cores": ctx.usable_cores,
             "usable_cores_source": ctx.usable_cores_source(),
@@ -377,10 +386,19 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict]:
             "speedup_if_loading_free": r(upside, 2),
         }
         ev |= _prediction_evidence(more)
+        ev["worker_profile"] = wp
         out.append(
             hint("cpu-bound-preprocessing", "warn" if worth else "info", lv.pid, lv.lid, msg, sugg, ev)
         )
     return out
+
+
+def _worker_profile_of(lv: LoaderView) -> dict | None:
+    """The job's last worker profile, if it was of this loader."""
+    wp = lv.job.get("worker_profile")
+    if not isinstance(wp, dict) or wp.get("loader_id") != lv.lid or num(wp.get("top_share")) is None:
+        return None
+    return wp
 
 
 def _speedup_if_loading_free(ctx: Context, lv: LoaderView) -> float | None:

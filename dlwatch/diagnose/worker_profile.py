@@ -50,7 +50,7 @@ _CONTAINERS = {
 }
 # A leaf line that reads (a C call: no frame of its own).
 _READ_LINE = re.compile(
-    r"\.read(into)?\(|read_bytes\(|read_text\(|\bnp\.load\(|numpy\.load\(|torch\.load\(|fromfile\("
+    r"\bread(into)?\(|read_bytes\(|read_text\(|\bnp\.load\(|numpy\.load\(|torch\.load\(|fromfile\("
     r"|\bopen\(|\.open\("
 )
 _DECODE_LINE = re.compile(r"cv2\.imread|imdecode\(|decode_jpeg\(|decode_image\(|\.decode\(b\)|decode_png\(")
@@ -146,7 +146,7 @@ def _stacks(result: dict) -> tuple[list[tuple[int, list[tuple[str, str, int]], s
             n, idx, line = int(item[0]), list(item[1]), int(item[2])
             frames = [(str(table[i][0]), str(table[i][1]), int(table[i][2])) for i in idx]
         except (TypeError, ValueError, IndexError, KeyError):
-            bad += as_int(item[0]) if isinstance(item, list) and item else 0
+            bad += (as_int(item[0]) or 0) if isinstance(item, list) and item else 0
             continue
         text = src.get(f"{idx[-1]}:{line}", "") if idx else ""
         out.append((n, frames, text if isinstance(text, str) else ""))
@@ -342,6 +342,7 @@ def brief(doc: dict, t: float) -> dict | None:
     top = next((s for s in stages if s.get("kind") != "other"), stages[0])
     return {
         "t": t,
+        "loader_id": as_int(as_dict(doc.get("loader")).get("id")),
         "verdict": doc.get("verdict"),
         "top_stage": top.get("stage"),
         "top_share": top.get("share"),

@@ -29,6 +29,13 @@ class Control:
         self._client: Any = None  # the publisher's _Client that asked
         self._wburst: worker_burst.WorkerBurst | None = None
         self._wclient: Any = None
+        # The last worker profile's answer, for every monitor (live views,
+        # recorders: the hints and reports quote it), new ones included.
+        self._last_wprofile: bytes | None = None
+
+    def replay(self) -> list[bytes]:
+        """What a newly greeted client gets after the history."""
+        return [self._last_wprofile] if self._last_wprofile is not None else []
 
     def features(self) -> list[str]:
         """What the hello announces."""
@@ -183,12 +190,15 @@ class Control:
             w.state = worker_burst.DONE
             msgs = [{"type": "worker_profile_result", "result": {}, "error": f"{type(e).__name__}: {e}"}]
         for m in msgs:
+            try:
+                data = wire.encode(m)
+            except (wire.WireError, ValueError, TypeError) as e:
+                data = wire.encode({"type": "worker_profile_result", "result": {}, "error": str(e)})
             if c is not None:
-                try:
-                    self.pub.queue(c, wire.encode(m))
-                except (wire.WireError, ValueError, TypeError) as e:
-                    err = {"type": "worker_profile_result", "result": {}, "error": str(e)}
-                    self.pub.queue(c, wire.encode(err))
+                self.pub.queue(c, data)
+            if m.get("type") == "worker_profile_result" and not m.get("error"):
+                self._last_wprofile = data
+                self.pub.broadcast(data, skip=c)
         if w.state == worker_burst.DONE:
             worker_burst.release(w)
             self._wburst = self._wclient = None

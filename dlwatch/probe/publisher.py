@@ -391,6 +391,8 @@ class Publisher:
             if c.closing:
                 break
             self.queue(c, frame)
+        for data in self._control.replay():
+            self.queue(c, data)
 
     def _fail(self, c: _Client, message: str) -> None:
         """Tell the client why, best effort, then hang up."""
@@ -474,6 +476,11 @@ class Publisher:
             self._bind()
         except (OSError, rundir.RuntimeDirError):
             pass  # try again at the next check; the job trains on regardless
+
+    def broadcast(self, data: bytes, skip: _Client | None = None) -> None:
+        for c in list(self._clients.values()):
+            if c.greeted and not c.closing and c is not skip:
+                self.queue(c, data)
 
     def connected(self, c: _Client) -> bool:
         return c in self._clients.values()

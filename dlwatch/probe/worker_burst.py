@@ -27,7 +27,7 @@ import threading
 import time
 from time import perf_counter as _clock
 
-from dlwatch import rundir
+from dlwatch import rundir, wire
 from dlwatch.probe import worker_sampler
 from dlwatch.probe.worker import BURST_ACK, BURST_END_S, BURST_GEN, BURST_HZ, NFIELDS, PID
 
@@ -172,10 +172,25 @@ class WorkerBurst:
                 }
             )
         ranked = sorted(merged.items(), key=lambda kv: -kv[1])
-        other += sum(n for _k, n in ranked[MAX_RESULT_STACKS:])
-        stacks = [[n, list(k[:-1]), k[-1]] for k, n in ranked[:MAX_RESULT_STACKS]]
+        keep = MAX_RESULT_STACKS
+        while True:
+            self.result = self._result(ranked[:keep], frames, src, other, workers, ranked[keep:])
+            # The answer is one wire frame: halve the rarest stacks until it fits.
+            if keep <= 1 or len(json.dumps(self.result)) < wire.MAX_FRAME_BYTES * 3 // 4:
+                break
+            keep //= 2
+        if not self.participants:
+            self.error = (
+                f"no worker of {self.loader.get('name')} fetched a batch in {self.seconds:g} s: "
+                "nothing sampled"
+            )
+        self._cleanup(directory)
+        self.state = DONE
+
+    def _result(self, ranked, frames, src, other, workers, rest) -> dict:
+        stacks = [[n, list(k[:-1]), k[-1]] for k, n in ranked]
         used = {i for _n, idx, _l in stacks for i in idx}
-        self.result = {
+        return {
             "loader": self.loader,
             "seconds": self.seconds,
             "hz": self.hz,
@@ -186,15 +201,8 @@ class WorkerBurst:
             "frames": [fr if i in used else None for i, fr in enumerate(frames)],
             "stacks": stacks,
             "src": {k: v for k, v in src.items() if int(k.split(":")[0]) in used},
-            "other": other,
+            "other": other + sum(n for _k, n in rest),
         }
-        if not self.participants:
-            self.error = (
-                f"no worker of {self.loader.get('name')} fetched a batch in {self.seconds:g} s: "
-                "nothing sampled"
-            )
-        self._cleanup(directory)
-        self.state = DONE
 
     def _cleanup(self, directory: str | None = None) -> None:
         directory = directory or rundir.runtime_dir()

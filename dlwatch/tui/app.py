@@ -137,6 +137,7 @@ class DlwatchApp(App):
         time_format: Callable[[float], str] = local_time,
         version: str = __version__,
         profiler: Runner | None = None,
+        worker_profiler: Runner | None = None,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
@@ -147,6 +148,7 @@ class DlwatchApp(App):
         self.time_format = time_format
         self.version = version
         self.profiler = profiler
+        self.worker_profiler = worker_profiler
         self.paused = False
         self.snapshot: dict | None = None
         self.rows: list[JobRow] = []
@@ -488,7 +490,7 @@ class DlwatchApp(App):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action.startswith("replay_"):
             return self.is_replay
-        if action == "profile":
+        if action in ("profile", "worker_profile"):
             return not self.is_replay  # a recording has no job to ask
         return True
 
@@ -569,17 +571,34 @@ class DlwatchApp(App):
         self.redraw(full=True)
 
     def action_profile(self) -> None:
+        pid = self._profilable_pid()
+        if pid is not None:
+            self.push_screen(ProfileScreen(pid, self.profiler or self._request_profile))
+
+    def action_worker_profile(self) -> None:
+        pid = self._profilable_pid()
+        if pid is not None:
+            runner = self.worker_profiler or self._request_worker_profile
+            self.push_screen(ProfileScreen(pid, runner, workers=True))
+
+    def _profilable_pid(self) -> int | None:
         job = self.selected_job()
         pid = fmt.intval(job.get("pid")) if job else None
         if pid is None:
             self.notify("no job selected", severity="warning")
-            return
+            return None
         if job_state(job) != "live":
             self.notify("only a live job can be profiled", severity="warning")
-            return
+            return None
         if isinstance(self.screen, ProfileScreen):
-            return
-        self.push_screen(ProfileScreen(pid, self.profiler or self._request_profile))
+            return None
+        return pid
+
+    def _request_worker_profile(self, pid: int, **kwargs) -> dict:
+        from dlwatch.collect.control import request_worker_profile
+
+        directory = getattr(self.source, "directory", None) or self.runtime_dir
+        return request_worker_profile(pid, directory=directory, **kwargs)
 
     def _request_profile(self, pid: int, **kwargs) -> dict:
         from dlwatch.collect.control import request_profile
@@ -607,6 +626,11 @@ class DlwatchApp(App):
                 "Profile job",
                 "torch.profiler over 10 steps of the selected job: verdict and trace (P)",
                 self.action_profile,
+            ),
+            (
+                "Profile workers",
+                "Sample the DataLoader workers' fetches for 5 s: which stage costs what (W)",
+                self.action_worker_profile,
             ),
             ("Keys", "Show the key bindings and the legend (?)", self.action_help),
         )

@@ -73,6 +73,15 @@ APP_KEYS = [
     Key("plus,equals_sign", "replay_speed(2)", "faster", False, "+ / -", "play faster / slower", True),
     Key("minus", "replay_speed(0.5)", "slower", replay_only=True),
     Key("P", "profile", "profile", True, "P", "profile 10 steps of the job: verdict and trace", display="P"),
+    Key(
+        "W",
+        "worker_profile",
+        "workers",
+        False,
+        "W",
+        "profile the DataLoader workers for 5 s: which stage of __getitem__ costs what",
+        display="W",
+    ),
 ]
 
 # Textual's own, listed in the help all the same.
