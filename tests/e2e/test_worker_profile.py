@@ -99,7 +99,15 @@ def test_sixteen_non_persistent_workers_replaced_during_the_burst_are_followed()
     job, d, _ = start_job("--workers", "16", "--epoch-batches", "16", "--batch-size", "2", "--duration", "60")
     try:
         r = dlwatch(
-            "profile", "--workers", "--pid", str(job.pid), "--seconds", "4", "--json", runtime_dir=d, timeout=60
+            "profile",
+            "--workers",
+            "--pid",
+            str(job.pid),
+            "--seconds",
+            "4",
+            "--json",
+            runtime_dir=d,
+            timeout=60,
         )
         assert r.returncode == 0, r.stderr
         doc = json.loads(r.stdout)
