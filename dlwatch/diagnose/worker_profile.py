@@ -348,4 +348,5 @@ def brief(doc: dict, t: float) -> dict | None:
         "top_share": top.get("share"),
         "samples": doc.get("samples"),
         "suggestion": doc.get("suggestion"),
+        "stages": [{"stage": s.get("stage"), "share": s.get("share")} for s in stages[:6]],
     }
