@@ -172,6 +172,8 @@ class _GpuRequired(TypedDict):
 
 
 class Gpu(_GpuRequired, total=False):
+    uuid: str | None  # NVML's, e.g. "GPU-5f2c…" (dcgm-exporter's UUID label)
+    processes: list[int] | None  # PIDs with a compute context on it, in NVML's PID namespace
     history: list[float | None]
     mem_history: list[float | None]
 

@@ -15,6 +15,8 @@ import sys
 from dlwatch import rundir
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+# `dlwatch compare --max-regression`: B regressed against A (a CI gate's "fail").
+EXIT_REGRESSION = 3
 # As shells report them: 126 not executable, 127 not found, 130 interrupted.
 EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_INTERRUPTED = 126, 127, 130
 
@@ -68,11 +70,14 @@ def no_jobs_message() -> str:
 
 def bootstrap_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment under which every Python process imports dlwatch.hook
-    (``dlwatch run``, ``dlwatch demo`` and any command that starts a job)."""
+    (``dlwatch run``, ``dlwatch demo`` and any command that starts a job).
+
+    The bootstrap is probe code that runs in the job's interpreters; this side
+    only names its folder, it never imports it (nor the probe)."""
     import dlwatch
 
     env = dict(os.environ if env is None else env)
-    boot = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
+    boot = os.path.join(os.path.dirname(os.path.abspath(dlwatch.__file__)), "probe", "bootstrap")
     old = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = boot + (os.pathsep + old if old else "")
     env["DLWATCH_PKG_DIR"] = os.path.dirname(os.path.abspath(dlwatch.__file__))
@@ -94,4 +99,21 @@ def open_live_view(args, source=None) -> int:
         # The collector builds a snapshot every interval and the view draws
         # each one as it comes: one period from the job to the screen, not two.
         source = Monitor(window_s=args.window, interval=args.interval)
-    return run_tui(source, interval=args.interval)
+    return run_tui(
+        source,
+        interval=args.interval,
+        profiler=profile_runner(source),
+        worker_profiler=profile_runner(source, workers=True),
+    )
+
+
+def profile_runner(source, workers: bool = False):
+    """How the live view runs a profiler burst (or, ``workers``, a worker
+    profile): over the socket of the job in ``source``'s runtime dir. The view
+    gets it from here so that the TUI never talks to a job itself."""
+    import functools
+
+    from dlwatch.collect.control import request_profile, request_worker_profile
+
+    request = request_worker_profile if workers else request_profile
+    return functools.partial(request, directory=getattr(source, "directory", None))

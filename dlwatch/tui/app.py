@@ -571,17 +571,16 @@ class DlwatchApp(App):
         self.redraw(full=True)
 
     def action_profile(self) -> None:
-        pid = self._profilable_pid()
-        if pid is not None:
-            self.push_screen(ProfileScreen(pid, self.profiler or self._request_profile))
+        pid = self._profilable_pid(self.profiler)
+        if pid is not None and self.profiler is not None:
+            self.push_screen(ProfileScreen(pid, self.profiler))
 
     def action_worker_profile(self) -> None:
-        pid = self._profilable_pid()
-        if pid is not None:
-            runner = self.worker_profiler or self._request_worker_profile
-            self.push_screen(ProfileScreen(pid, runner, workers=True))
+        pid = self._profilable_pid(self.worker_profiler)
+        if pid is not None and self.worker_profiler is not None:
+            self.push_screen(ProfileScreen(pid, self.worker_profiler, workers=True))
 
-    def _profilable_pid(self) -> int | None:
+    def _profilable_pid(self, runner: Runner | None) -> int | None:
         job = self.selected_job()
         pid = fmt.intval(job.get("pid")) if job else None
         if pid is None:
@@ -590,21 +589,13 @@ class DlwatchApp(App):
         if job_state(job) != "live":
             self.notify("only a live job can be profiled", severity="warning")
             return None
+        if runner is None:
+            # A replay, or a view built without a way to reach the jobs.
+            self.notify("profiling needs the live view (dlwatch top)", severity="warning")
+            return None
         if isinstance(self.screen, ProfileScreen):
             return None
         return pid
-
-    def _request_worker_profile(self, pid: int, **kwargs) -> dict:
-        from dlwatch.collect.control import request_worker_profile
-
-        directory = getattr(self.source, "directory", None) or self.runtime_dir
-        return request_worker_profile(pid, directory=directory, **kwargs)
-
-    def _request_profile(self, pid: int, **kwargs) -> dict:
-        from dlwatch.collect.control import request_profile
-
-        directory = getattr(self.source, "directory", None) or self.runtime_dir
-        return request_profile(pid, directory=directory, **kwargs)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         # Ours replace Textual's "Keys" and "Screenshot", which do the same
@@ -638,8 +629,15 @@ class DlwatchApp(App):
             yield SystemCommand(title, help_text, action)
 
 
-def run_tui(source: Source, interval: float = 0.5) -> int:
-    """Run the TUI until the user quits; the CLI's exit code."""
-    app = DlwatchApp(source, interval=interval)
+def run_tui(
+    source: Source,
+    interval: float = 0.5,
+    profiler: Runner | None = None,
+    worker_profiler: Runner | None = None,
+) -> int:
+    """Run the TUI until the user quits; the CLI's exit code. ``profiler``
+    runs a burst on a job, ``worker_profiler`` a worker profile (the CLI
+    passes the collector's; None: no bursts)."""
+    app = DlwatchApp(source, interval=interval, profiler=profiler, worker_profiler=worker_profiler)
     app.run()
     return 0 if app.return_code in (None, 0) else int(app.return_code)

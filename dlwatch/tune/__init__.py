@@ -7,6 +7,7 @@ DataLoader settings and measure each (``dlwatch tune``).
 - ``search``: the next setting to try and the one to recommend (pure);
 - ``sweep``: the loop and the result document; ``report``: its text.
 
-The settings reach the job through ``DLWATCH_OVERRIDES``
-(``dlwatch.probe.overrides``).
+The settings reach the job through ``DLWATCH_OVERRIDES``, a document whose
+format is ``dlwatch.overrides`` (the probe applies it; this side never
+imports the probe).
 """

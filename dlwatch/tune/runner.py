@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dlwatch.probe import overrides
+from dlwatch import overrides
 from dlwatch.tune.measure import TrialMeter
 
 # The collector's cadence during a trial: windows that tile the steady state.

@@ -40,7 +40,7 @@ from dlwatch.diagnose.rules_workers import (
     IO_MAX_RECOMMENDED_WORKERS,
     little_workers,
 )
-from dlwatch.probe.overrides import KNOBS, resolve
+from dlwatch.overrides import KNOBS, resolve
 from dlwatch.snapshot import num
 
 # The loop still waits for data above this after a change: more of the same

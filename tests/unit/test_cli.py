@@ -90,6 +90,22 @@ def test_runtime_dir_that_cannot_be_created_says_why(parent):
         assert "cannot be created" in r.stderr and why in r.stderr and "no dlwatch jobs" not in r.stdout
 
 
+def test_the_live_view_gets_a_profiler_on_its_collectors_runtime_dir(monkeypatch):
+    """The CLI hands the TUI its profile runner (the TUI imports no job
+    control): one that looks for the job where the collector does."""
+    from dlwatch.cli.main import main
+    from dlwatch.collect.control import ProfileError
+    from dlwatch.tui import app as tui_app
+
+    d = short_tmpdir()
+    monkeypatch.setenv("DLWATCH_DIR", d)
+    seen = {}
+    monkeypatch.setattr(tui_app, "run_tui", lambda source, interval, profiler: seen.update(p=profiler) or 0)
+    assert main([]) == 0
+    with pytest.raises(ProfileError, match=f"no dlwatch job with PID 4194305 in {d}$"):
+        seen["p"](2**22 + 1, steps=3)
+
+
 def test_every_subcommand_is_one_module_with_help():
     """main finds the subcommands in dlwatch/cli/commands; each has a description."""
     from dlwatch.cli import commands
@@ -194,3 +210,16 @@ def test_snapshot_text_says_what_a_window_covers_and_why_a_figure_is_missing():
     out = render_snapshot(snap)
     assert "data wait n/a" in out and "data wait n/a: no batch yet: the loop is waiting" in out
     assert "0.0 %" not in out
+
+
+def test_snapshot_follow_usage_errors(capsys):
+    from dlwatch.cli.main import main
+
+    for argv, why in (
+        (["snapshot", "--count", "2"], "--count needs --follow"),
+        (["snapshot", "--follow", "--count", "0"], "--count must be 1 or more"),
+        (["snapshot", "--follow", "--interval", "0.1"], "--interval must be between 0.5 and 60 seconds"),
+        (["snapshot", "--follow", "--window", "0"], "--window must be positive"),
+    ):
+        assert main(argv) == 2
+        assert capsys.readouterr().err == f"dlwatch snapshot: {why}\n"

@@ -1026,6 +1026,21 @@ async def test_profile_key_needs_a_live_job():
         assert not isinstance(app.screen, ProfileScreen)
 
 
+@sync
+async def test_profile_key_without_a_profiler_says_so():
+    """A view built without a profile runner (a replay) never reaches for a
+    job itself: P warns and opens nothing."""
+    from dlwatch.tui.profile import ProfileScreen
+
+    app = make_app(StaticSource([F.data_bound()]), interval=FAST)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(pilot)
+        await pilot.press("P")
+        await settle(pilot)
+        assert not isinstance(app.screen, ProfileScreen)
+        assert any("live view" in str(n.message) for n in app._notifications)
+
+
 def test_every_key_has_an_action_and_a_line_in_the_help():
     """The bindings and the help come from one table (tui/keys.py): each
     entry names an action that exists, and each action is in the help."""

@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
+from dlwatch import overrides
 from dlwatch.diagnose.render import tune_command, with_tune_command
-from dlwatch.probe import overrides
+from dlwatch.probe import overrides as probe_overrides
 from dlwatch.tune import search
 from dlwatch.tune.measure import TrialMeter
 from dlwatch.tune.sweep import code_line
@@ -66,7 +67,7 @@ def test_the_selected_loader_and_only_it_gets_the_settings():
         }  # fmt: skip
     )
     try:
-        overrides.install()
+        probe_overrides.install()
         ds = TensorDataset(torch.arange(32))
         a = DataLoader(ds, 4)  # index 0 of its kind: untouched
         b = DataLoader(ds, 8, num_workers=1)  # another batch size: untouched
@@ -75,7 +76,7 @@ def test_the_selected_loader_and_only_it_gets_the_settings():
         assert (c.num_workers, c.prefetch_factor, c.persistent_workers) == (2, 5, True)
         assert [int(x) for (bt,) in c for x in bt] == list(range(32))
     finally:
-        overrides.uninstall()
+        probe_overrides.uninstall()
         os.environ.pop(overrides.ENV_VAR, None)
     assert DataLoader(TensorDataset(torch.arange(4)), batch_size=4).num_workers == 0
 
