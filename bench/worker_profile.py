@@ -140,52 +140,114 @@ def cprofile_buckets(ds, n: int) -> dict:
     return {k: v / total for k, v in got.items()}
 
 
-def timed_buckets(ds, n: int) -> dict:
-    """The same samples with a clock around each PIL call (a wrapper costs
-    ~1 µs a call: none of a profiler's per-call distortion); the rest of
-    ``__getitem__`` by difference."""
+CLOCKED = ("open", "load", "convert", "resize", "transpose", "tobytes", "total")
+
+
+def install_clocks(add) -> list:
+    """A clock around each PIL call of the pipeline (a wrapper costs ~1 µs a
+    call: none of a profiler's per-call distortion): ``add(i, seconds)`` for
+    CLOCKED[i]. Returns what to put back."""
     from PIL import Image, ImageFile
 
-    calls = [
-        (Image, "open"),
-        (ImageFile.ImageFile, "load"),
-        (Image.Image, "convert"),
-        (Image.Image, "resize"),
-        (Image.Image, "transpose"),
-        (Image.Image, "tobytes"),
-    ]
-    spent = {name: 0.0 for _o, name in calls}
-    saved = [(owner, name, getattr(owner, name)) for owner, name in calls]
+    owners = [Image, ImageFile.ImageFile, Image.Image, Image.Image, Image.Image, Image.Image]
+    saved = [(owner, name, getattr(owner, name)) for owner, name in zip(owners, CLOCKED)]
 
-    def clocked(orig, name):
+    def clocked(orig, i):
         def wrapper(*args, **kwargs):
             t0 = time.perf_counter()
             try:
                 return orig(*args, **kwargs)
             finally:
-                spent[name] += time.perf_counter() - t0
+                add(i, time.perf_counter() - t0)
 
         return wrapper
 
-    for owner, name, orig in saved:
-        setattr(owner, name, clocked(orig, name))
+    for i, (owner, name, orig) in enumerate(saved):
+        setattr(owner, name, clocked(orig, i))
+    return saved
+
+
+def clocked_shares(spent: list[float]) -> dict:
+    t = dict(zip(CLOCKED, spent))
+    got = {
+        "decode": t["open"] + t["load"],
+        "Image.convert": t["convert"] - t["load"],  # every load() here runs inside convert()
+        "Image.resize": t["resize"],
+        "Image.transpose": t["transpose"],
+        "Image.tobytes": t["tobytes"],
+    }
+    got["rest"] = t["total"] - sum(got.values())
+    return {k: v / t["total"] for k, v in got.items()}
+
+
+class Clocked(ImageFolder):
+    """The same dataset; each worker adds its clocked times to a shared table."""
+
+    def __init__(self, root: str, table) -> None:
+        super().__init__(root)
+        self.table = table
+
+    def add(self, i: int, seconds: float) -> None:
+        info = torch.utils.data.get_worker_info()
+        k = (info.id if info else 0) * len(CLOCKED) + i
+        self.table[k] += seconds
+
+    def __getitem__(self, i: int):
+        t0 = time.perf_counter()
+        try:
+            return super().__getitem__(i)
+        finally:
+            self.add(len(CLOCKED) - 1, time.perf_counter() - t0)
+
+
+def timed_buckets(ds, n: int) -> dict:
+    """The same samples in this one process, clocked."""
+    spent = [0.0] * len(CLOCKED)
+
+    def add(i, s):
+        spent[i] += s
+
+    saved = install_clocks(add)
     try:
         t0 = time.perf_counter()
         for i in range(n):
             ds[i % len(ds)]
-        total = time.perf_counter() - t0
+        spent[-1] = time.perf_counter() - t0
     finally:
         for owner, name, orig in saved:
             setattr(owner, name, orig)
-    got = {
-        "decode": spent["open"] + spent["load"],
-        "Image.convert": spent["convert"] - spent["load"],  # every load() here runs inside convert()
-        "Image.resize": spent["resize"],
-        "Image.transpose": spent["transpose"],
-        "Image.tobytes": spent["tobytes"],
-    }
-    got["rest"] = total - sum(got.values())
-    return {k: v / total for k, v in got.items()}
+    return clocked_shares(spent)
+
+
+def in_worker_comparison(seconds: float) -> tuple[dict, dict]:
+    """A burst over workers that clock their own PIL calls meanwhile: the
+    sampler against exact times of the same calls in the same processes."""
+    from multiprocessing.sharedctypes import RawArray
+
+    table = RawArray("d", 2 * len(CLOCKED))
+    ds = Clocked(DEFAULT_DATA, table)
+    dl = DataLoader(
+        ds,
+        batch_size=16,
+        shuffle=True,
+        num_workers=2,
+        persistent_workers=True,
+        worker_init_fn=lambda _wid: install_clocks(ds.add),
+    )
+
+    def endless():
+        while True:
+            yield from dl
+
+    it = endless()
+    for _ in range(10):
+        next(it)
+    for k in range(len(table)):
+        table[k] = 0.0
+    _cpu, _n, doc = run_window(it, [w.pid for w in dl._iterator._workers], seconds, True)
+    n = len(CLOCKED)
+    spent = [table[i] + table[n + i] for i in range(n)]
+    return sampler_buckets(doc), clocked_shares(spent)
 
 
 def main() -> None:
@@ -232,13 +294,19 @@ def main() -> None:
     timed = timed_buckets(ds, 300)
     prof = cprofile_buckets(ds, 300)
     ours = sampler_buckets(last)
-    print("\nstage shares of __getitem__ (collate left out), points of difference from the worker profile")
+    print("\nstage shares of __getitem__ (collate left out): the worker profile, and the same samples in")
+    print("this one process clocked around each PIL call and under cProfile (points of difference)")
     print(f"  {'stage':<16} {'workers':>8} {'clocked':>8} {'diff':>6} {'cProfile':>9} {'diff':>6}")
     for k in BUCKETS:
         print(
             f"  {k:<16} {ours[k]:8.1%} {timed[k]:8.1%} {100 * (ours[k] - timed[k]):+6.1f} "
             f"{prof[k]:9.1%} {100 * (ours[k] - prof[k]):+6.1f}"
         )
+    ours, clocked = in_worker_comparison(a.seconds)
+    print("\nthe same, a burst over workers that clock their own PIL calls at the same time")
+    print(f"  {'stage':<16} {'workers':>8} {'clocked':>8} {'diff':>6}")
+    for k in BUCKETS:
+        print(f"  {k:<16} {ours[k]:8.1%} {clocked[k]:8.1%} {100 * (ours[k] - clocked[k]):+6.1f}")
     print("\nthe last burst, as `dlwatch profile --workers` prints it:")
     print("\n".join(summary_lines(last)))
 
