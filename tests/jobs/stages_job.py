@@ -2,15 +2,14 @@
 
 Each sample spends ``--a-ms`` of CPU in ``decode_like_stage`` and ``--b-ms``
 in ``augment_like_stage`` (spinning on the thread's own CPU clock, so the
-3:1 split holds however contended the box is). ``--kill-worker-at S``:
-SIGKILL one worker S seconds after the first batch, then train on with a new
-iterator, as a job that survives a lost worker would.
+3:1 split holds however contended the box is). It writes its first
+iterator's worker PIDs next to ``--out`` and, when one of its workers is
+killed, trains on with a new iterator, as a job that survives a lost worker
+would.
 """
 
 import argparse
 import hashlib
-import os
-import signal
 import time
 
 import torch
@@ -58,7 +57,6 @@ def main():
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--epoch-batches", type=int, default=0, help="batches per epoch (0: endless)")
     p.add_argument("--duration", type=float, default=30.0)
-    p.add_argument("--kill-worker-at", type=float, default=-1)
     p.add_argument("--digest", help="write a digest of the batches here")
     p.add_argument("--out", required=True)
     a = p.parse_args()
@@ -72,7 +70,7 @@ def main():
     )
     h = hashlib.sha256()
     t_ready = None
-    killed = lost = 0
+    lost = 0
     while t_ready is None or time.monotonic() - t_ready < a.duration:
         it = iter(loader)
         try:
@@ -80,12 +78,9 @@ def main():
                 h.update(batch.numpy().tobytes())
                 if t_ready is None:
                     t_ready = time.monotonic()
+                    with open(a.out + ".pids", "w") as f:
+                        f.write(" ".join(str(w.pid) for w in getattr(it, "_workers", [])))
                     open(a.out + ".ready", "w").close()
-                if not killed and a.kill_worker_at >= 0 and time.monotonic() - t_ready >= a.kill_worker_at:
-                    killed = it._workers[0].pid
-                    os.kill(killed, signal.SIGKILL)
-                    with open(a.out + ".killed", "w") as f:
-                        f.write(str(killed))
                 if time.monotonic() - t_ready >= a.duration:
                     break
         except RuntimeError:
