@@ -117,6 +117,9 @@ class Loader(_LoaderRequired, total=False):
     wait_s_total: float | None
     step_s_total: float | None
     history: History
+    # Only under `dlwatch run --autotune` (README "Autotune"): state, reason,
+    # current/original setting, changes (epoch, from, to, why, batches_per_s).
+    autotune: dict | None
 
 
 class _JobRequired(TypedDict):
