@@ -29,7 +29,9 @@ A server that can sample its DataLoader workers lists ``"worker-profile"``::
     server -> {"type": "profile_status", "state": "running", "message": ...}  (about once a second)
     server -> {"type": "worker_profile_result", "result": {...}}   (or with "error")
 
-with the same single ``profile_status`` refusals.
+with the same single ``profile_status`` refusals. Every other monitor of the
+job gets the answer too, marked ``"broadcast": true`` (and a monitor that
+connects later gets the last one after its history).
 
 A version mismatch is answered with ``{"type": "error", ...}`` and the
 connection is closed; so is a malformed or oversized frame.

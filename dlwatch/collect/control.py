@@ -192,8 +192,8 @@ def _converse(sock, pid, ask: _Ask, on_status, cancelled) -> dict:
                     progress["steps_done"] = msg.get("steps_done") or 0
                     if on_status is not None:
                         on_status(msg)
-                elif kind == ask.result:
-                    return msg
+                elif kind == ask.result and not msg.get("broadcast"):
+                    return msg  # (a broadcast is an earlier burst's answer, for every monitor)
     finally:
         sel.close()
 

@@ -197,8 +197,10 @@ class Control:
             if c is not None:
                 self.pub.queue(c, data)
             if m.get("type") == "worker_profile_result" and not m.get("error"):
-                self._last_wprofile = data
-                self.pub.broadcast(data, skip=c)
+                # Marked: a monitor waiting for its own answer must not take this one.
+                copy = wire.encode(dict(m, broadcast=True))
+                self._last_wprofile = copy
+                self.pub.broadcast(copy, skip=c)
         if w.state == worker_burst.DONE:
             worker_burst.release(w)
             self._wburst = self._wclient = None

@@ -96,6 +96,7 @@ def test_persistent_fork_workers_two_stages_one_burst_at_a_time_and_every_monito
         # Text output, and the job trains on.
         r = dlwatch("profile", "--workers", "--pid", str(job.pid), "--seconds", "1", runtime_dir=d)
         assert r.returncode == 0 and "verdict: code-bound" in r.stdout and "decode_like_stage" in r.stdout
+        assert "over 1 s" in r.stdout  # its own answer, not the last one that is replayed to new monitors
         assert job.poll() is None
         assert not [f for f in os.listdir(d) if f.startswith("wprof-")]  # the workers' files are gone
         # A recording that spans the burst: the report shows the profile.
