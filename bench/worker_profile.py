@@ -271,7 +271,7 @@ def main() -> None:
 
     it = endless()
     per_batch = {False: [], True: []}
-    ratios, sampler_cpu, last = [], [], None
+    ratios, sampler_cpu, last, samples = [], [], None, []
     for r in range(a.rounds):
         pair = {}
         for burst in (False, True) if r % 2 == 0 else (True, False):
@@ -280,6 +280,7 @@ def main() -> None:
             per_batch[burst].append(cpu / n)
             if doc is not None:
                 last = doc
+                samples.append(doc["samples"])
                 sampler_cpu += [w["sampler_cpu_percent"] for w in doc["workers"] if w["sampler_cpu_percent"]]
         ratios.append(pair[True] / pair[False])
     off, on = statistics.median(per_batch[False]), statistics.median(per_batch[True])
@@ -288,6 +289,7 @@ def main() -> None:
     print(f"  with a burst    {on * 1e3:8.1f} ms   paired ratio median {statistics.median(ratios):.3f}")
     print(f"  per-round ratios {', '.join(f'{x:.3f}' for x in ratios)}")
     print(f"  sampler threads' own CPU: median {statistics.median(sampler_cpu):.2f} % of a core per worker")
+    print(f"  samples inside fetches per burst: {samples}")
     same = digest(ds, burst_at=3) == digest(ds, burst_at=None)
     print(f"batches with a burst through the epoch vs without: {'identical' if same else 'DIFFERENT'}")
 
