@@ -39,6 +39,8 @@ MAX_FILE_BYTES = 8 << 20
 # What goes on the wire: the distinct stacks with the most samples (the
 # answer must fit in a frame; the rest is counted as "other").
 MAX_RESULT_STACKS = 3000
+# No burst lasts longer (60 s + the grace): an older result file is litter.
+STALE_S = 120.0
 RUNNING, DONE = "running", "done"
 
 _lock = threading.Lock()
@@ -237,8 +239,27 @@ def _running(pid: int) -> bool:
         return False
 
 
+def _remove_stale(directory: str) -> None:
+    """Files of a worker that started sampling just as an earlier burst was
+    being gathered (it reported after the trainer had looked)."""
+    now = time.time()
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith("wprof-"):
+            path = os.path.join(directory, name)
+            try:
+                if now - os.lstat(path).st_mtime > STALE_S:
+                    os.unlink(path)
+            except OSError:
+                pass
+
+
 def start(st, seconds: float, hz: int, loader: dict) -> WorkerBurst:
     global _current
+    _remove_stale(rundir.runtime_dir())
     b = WorkerBurst(st, seconds, hz, loader)
     with _lock:
         _current = b
