@@ -35,9 +35,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from dlwatch.overrides import KNOBS, resolve
-from dlwatch.snapshot import num
+from dlwatch.overrides import KNOBS as KNOBS
+from dlwatch.overrides import resolve
+from dlwatch.snapshot import num, percent
 from dlwatch.thresholds import (
     CPU_BOUND_MIN_SHARE,
     DATA_BOUND_WAIT,
@@ -63,6 +65,12 @@ PREFETCH_TRY = 4
 # Leading settings repeated once each (the best and the runner-up).
 REPEAT_LEADERS = 2
 
+# The step functions' arguments: the trials so far, the job's own settings,
+# and whether a candidate's settings have not been tried yet.
+Trials = Sequence[dict[str, Any]]
+Settings = dict[str, Any]
+IsNew = Callable[[Settings], bool]
+
 
 @dataclass(frozen=True)
 class Facts:
@@ -76,7 +84,7 @@ class Facts:
     num_workers: int
 
 
-def facts(trial: dict) -> Facts:
+def facts(trial: dict[str, Any]) -> Facts:
     s = trial.get("settings") or {}
     nw = int(s.get("num_workers") or 0)
     wait = num(trial.get("data_wait_fraction"))
@@ -105,11 +113,11 @@ def facts(trial: dict) -> Facts:
     )
 
 
-def settings_key(settings: dict) -> tuple:
+def settings_key(settings: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(settings.get(k) for k in KNOBS)
 
 
-def apply(base: dict, config: dict, cuda: bool) -> dict:
+def apply(base: dict[str, Any], config: dict[str, Any], cuda: bool) -> dict[str, Any]:
     """The loader's settings once ``config`` overrides ``base`` (as the probe
     will make them: valid for torch)."""
     out = resolve(dict(base), config, lambda: cuda)
@@ -119,7 +127,7 @@ def apply(base: dict, config: dict, cuda: bool) -> dict:
     return {k: out.get(k) for k in KNOBS}
 
 
-def ok(trials: Sequence[dict]) -> list[dict]:
+def ok(trials: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [t for t in trials if t.get("status") == "ok" and num(t.get("batches_per_s")) is not None]
 
 
@@ -127,10 +135,10 @@ def ok(trials: Sequence[dict]) -> list[dict]:
 class Group:
     """All ok trials of one setting."""
 
-    key: tuple
-    settings: dict
-    config: dict
-    trials: list[dict]
+    key: tuple[Any, ...]
+    settings: dict[str, Any]
+    config: dict[str, Any]
+    trials: list[dict[str, Any]]
 
     @property
     def rates(self) -> list[float]:
@@ -154,8 +162,8 @@ class Group:
         return sum(w) / len(w) if w else None
 
 
-def groups(trials: Sequence[dict]) -> list[Group]:
-    out: dict[tuple, Group] = {}
+def groups(trials: Sequence[dict[str, Any]]) -> list[Group]:
+    out: dict[tuple[Any, ...], Group] = {}
     for t in ok(trials):
         k = settings_key(t["settings"])
         g = out.get(k)
@@ -170,11 +178,11 @@ def noise(a: Group, b: Group) -> float:
     return min(NOISE_CAP, max(NOISE_FLOOR, a.spread or 0.0, b.spread or 0.0))
 
 
-def changes(settings: dict, base: dict) -> int:
+def changes(settings: dict[str, Any], base: dict[str, Any]) -> int:
     return sum(1 for k in KNOBS if k != "num_workers" and settings.get(k) != base.get(k))
 
 
-def choose(trials: Sequence[dict]) -> Group | None:
+def choose(trials: Sequence[dict[str, Any]]) -> Group | None:
     """The recommendation: fewest workers, then fewest changes, among the
     settings within noise of the fastest."""
     gs = groups(trials)
@@ -186,7 +194,7 @@ def choose(trials: Sequence[dict]) -> Group | None:
     return min(near, key=lambda g: (g.settings.get("num_workers") or 0, changes(g.settings, base), -g.mean))
 
 
-def fastest(trials: Sequence[dict]) -> Group | None:
+def fastest(trials: Sequence[dict[str, Any]]) -> Group | None:
     gs = groups(trials)
     return max(gs, key=lambda g: g.mean) if gs else None
 
@@ -200,10 +208,10 @@ class Options:
     knobs: tuple[str, ...] = KNOBS
 
 
-Proposal = tuple[dict | None, str]  # (config to try, why) or (None, why the search stops)
+Proposal = tuple[dict[str, Any] | None, str]  # (config to try, why) or (None, why the search stops)
 
 
-def propose(trials: Sequence[dict], opts: Options) -> Proposal:
+def propose(trials: Sequence[dict[str, Any]], opts: Options) -> Proposal:
     if not trials:
         return {}, "baseline: the script's own settings"
     base = trials[0]
@@ -211,17 +219,17 @@ def propose(trials: Sequence[dict], opts: Options) -> Proposal:
         return None, f"the baseline trial did not measure ({base.get('status')}: {base.get('reason', '')})"
     bf = facts(base)
     if not bf.data_bound:
-        wait = "n/a" if bf.data_wait is None else f"{bf.data_wait * 100:.0f} %"
+        wait = percent(bf.data_wait)
         return None, (
             f"not data-bound: the training loop waits for data {wait} of the time "
-            f"(under {DATA_BOUND_WAIT * 100:.0f} %), so no DataLoader setting can make it faster"
+            f"(under {percent(DATA_BOUND_WAIT)}), so no DataLoader setting can make it faster"
         )
     base_s = base["settings"]
     # A setting counts as tried once asked for, whatever came of it (a crash
     # is not retried) and whatever the loader reported.
     tried = {settings_key(apply(base_s, t.get("config") or {}, opts.cuda)) for t in trials}
 
-    def new(config: dict) -> bool:
+    def new(config: dict[str, Any]) -> bool:
         return settings_key(apply(base_s, config, opts.cuda)) not in tried
 
     if opts.workers is not None:
@@ -236,7 +244,7 @@ def propose(trials: Sequence[dict], opts: Options) -> Proposal:
     return _repeat(trials) or (None, "converged: no untried setting is likely to be faster")
 
 
-def _kind(trials: Sequence[dict], bf: Facts) -> tuple[str | None, Facts]:
+def _kind(trials: Sequence[dict[str, Any]], bf: Facts) -> tuple[str | None, Facts]:
     """CPU or I/O, judged on the first measured trial with workers."""
     if bf.kind is not None:
         return bf.kind, bf
@@ -254,7 +262,7 @@ def cpu_cap(usable_cores: float | None) -> int:
     return max(1, math.floor(usable_cores + 0.25))
 
 
-def _workers_step(trials, base_s, bf: Facts, opts: Options, new: Callable[[dict], bool]) -> Proposal | None:
+def _workers_step(trials: Trials, base_s: Settings, bf: Facts, opts: Options, new: IsNew) -> Proposal | None:
     kind, kf = _kind(trials, bf)
     cap = IO_MAX_RECOMMENDED_WORKERS if kind == "io" else cpu_cap(bf.usable_cores)
     why_cap = (
@@ -285,7 +293,7 @@ def _workers_step(trials, base_s, bf: Facts, opts: Options, new: Callable[[dict]
         if new({"num_workers": up}):
             return {"num_workers": up}, (
                 f"{nw} workers were the fastest so far and the loop still waits "
-                f"{wait * 100:.0f} % of the time; {why_cap}"
+                f"{percent(wait)} of the time; {why_cap}"
             )
     if wait is not None and wait < STILL_WAITING:
         lower = [c for c in counts if c < nw]
@@ -293,12 +301,12 @@ def _workers_step(trials, base_s, bf: Facts, opts: Options, new: Callable[[dict]
         mid = (lo + nw) // 2
         if lo < mid < nw and new({"num_workers": mid}):
             return {"num_workers": mid}, (
-                f"with {nw} workers the loop no longer waits ({wait * 100:.0f} %): fewer may keep up"
+                f"with {nw} workers the loop no longer waits ({percent(wait)}): fewer may keep up"
             )
     return None
 
 
-def _nw_key(base_s: dict, nw: int, cuda: bool) -> tuple:
+def _nw_key(base_s: dict[str, Any], nw: int, cuda: bool) -> tuple[Any, ...]:
     return settings_key(apply(base_s, {"num_workers": nw}, cuda))
 
 
@@ -308,7 +316,7 @@ def _best_of(gs: list[Group]) -> Group:
     return min(near, key=lambda g: g.settings.get("num_workers") or 0)
 
 
-def _knobs_step(trials, base_s, bf: Facts, opts: Options, new: Callable[[dict], bool]) -> Proposal | None:
+def _knobs_step(trials: Trials, base_s: Settings, bf: Facts, opts: Options, new: IsNew) -> Proposal | None:
     best = fastest(trials)
     if best is None:
         return None
@@ -333,7 +341,7 @@ def _knobs_step(trials, base_s, bf: Facts, opts: Options, new: Callable[[dict], 
         c = dict(cfg, persistent_workers=True)
         if new(c):
             return c, (
-                f"every epoch starts with a {stall:.0f} ms stall ({stall / epoch * 100:.0f} % of an epoch) "
+                f"every epoch starts with a {stall:.0f} ms stall ({percent(stall / epoch)} of an epoch) "
                 "while workers re-spawn"
             )
     wait = best.wait
@@ -349,7 +357,7 @@ def _knobs_step(trials, base_s, bf: Facts, opts: Options, new: Callable[[dict], 
         if new(c):
             return (
                 c,
-                f"the loop still waits {wait * 100:.0f} % of the time: a deeper queue absorbs slow batches",
+                f"the loop still waits {percent(wait)} of the time: a deeper queue absorbs slow batches",
             )
     pin_ok = opts.cuda and "pin_memory" in opts.knobs
     if pin_ok and "pin_memory" not in tried_knobs and not s.get("pin_memory"):
@@ -359,7 +367,7 @@ def _knobs_step(trials, base_s, bf: Facts, opts: Options, new: Callable[[dict], 
     return None
 
 
-def _repeat(trials: Sequence[dict]) -> Proposal | None:
+def _repeat(trials: Sequence[dict[str, Any]]) -> Proposal | None:
     """Measure the leading settings a second time (their spread is the noise)."""
     gs = sorted(groups(trials), key=lambda g: -g.mean)
     if len(gs) < 2:

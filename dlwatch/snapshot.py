@@ -20,8 +20,8 @@ guess, and a snapshot from an older collector still reads.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from typing import Any, TypedDict, get_type_hints
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol, TypedDict, get_type_hints, runtime_checkable
 
 SCHEMA_VERSION = 1
 
@@ -119,7 +119,7 @@ class Loader(_LoaderRequired, total=False):
     history: History
     # Only under `dlwatch run --autotune` (README "Autotune"): state, reason,
     # current/original setting, changes (epoch, from, to, why, batches_per_s).
-    autotune: dict | None
+    autotune: dict[str, Any] | None
 
 
 class _JobRequired(TypedDict):
@@ -148,7 +148,7 @@ class Job(_JobRequired, total=False):
     bad_frames: int
     last_wire_error: str | None
     # The last worker profile burst's top stage (dlwatch.diagnose.worker_profile.brief)
-    worker_profile: dict | None
+    worker_profile: dict[str, Any] | None
 
 
 class _HostRequired(TypedDict):
@@ -206,9 +206,35 @@ class Snapshot(_SnapshotRequired, total=False):
     runtime_dir: str
     runtime_dir_error: str | None
     errors: list[str]  # collector faults (a sampler that raised), newest last
+    # Why ``hints`` says nothing: the diagnosis could not start or raised.
+    # Absent when the hints are the diagnosis's own verdict.
+    hints_error: str
+
+
+# ------------------------------------------------------------- the source
+
+
+@runtime_checkable
+class SnapshotSource(Protocol):
+    """Where a consumer (the live view, the recorder, the exporter) gets
+    snapshots: the collector (``dlwatch.collect.Monitor``), or a replay.
+
+    ``latest()`` answers from memory (the newest snapshot built, None before
+    the first): it is called from an event loop or a scrape thread.
+    ``subscribe(callback)``: ``callback()`` is called, from any thread, after
+    each new snapshot, so a consumer need not poll on a timer of its own."""
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def latest(self) -> dict[str, Any] | None: ...
+    def subscribe(self, callback: Callable[[], None]) -> None: ...
+    def dismiss(self, job_pid: int) -> None: ...
 
 
 # ------------------------------------------------------------- the accessors
+
+# How every view writes a figure it does not have.
+NA = "n/a"
 
 
 def num(v: Any) -> float | None:
@@ -229,11 +255,11 @@ def as_int(v: Any) -> int | None:
     return int(f) if f is not None and f == int(f) else None
 
 
-def as_dict(v: Any) -> dict:
+def as_dict(v: Any) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
 
 
-def as_list(v: Any) -> list:
+def as_list(v: Any) -> list[Any]:
     """A list as it is, a tuple as a list, anything else as []."""
     if isinstance(v, list):
         return v
@@ -244,7 +270,7 @@ def as_str(v: Any, default: str = "") -> str:
     return v if isinstance(v, str) else default
 
 
-def records(v: Any) -> list[dict]:
+def records(v: Any) -> list[dict[str, Any]]:
     """The dicts of a list (jobs, loaders, workers, hints); anything else skipped."""
     return [x for x in as_list(v) if isinstance(x, dict)]
 
@@ -254,11 +280,11 @@ def severity_rank(severity: Any) -> int:
     return SEVERITY_ORDER.get(severity, len(SEVERITIES))
 
 
-def is_live(job: Mapping) -> bool:
+def is_live(job: Mapping[str, Any]) -> bool:
     return job.get("state", "live") in ("live", "connecting")
 
 
-def live_workers(loader: Mapping) -> list[dict]:
+def live_workers(loader: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Workers whose process still exists (their figures may still be None)."""
     return [w for w in records(loader.get("workers")) if w.get("state") not in GONE_STATES]
 
@@ -268,7 +294,19 @@ def numbers(values: Iterable[Any]) -> list[float]:
     return [f for f in (num(v) for v in values) if f is not None]
 
 
-def find_job(snapshot: Mapping, pid: int) -> dict | None:
+def percent(fraction: Any, digits: int | None = 0) -> str:
+    """A 0..1 fraction as a percentage, "42 %" (``digits`` decimals; None:
+    as many as it has, for chart ticks); ``NA`` when it is missing. The one
+    format of the hints, the CLI's text, the TUI and the report."""
+    v = num(fraction)
+    if v is None:
+        return NA
+    return f"{v * 100:g} %" if digits is None else f"{v * 100:.{digits}f} %"
+
+
+def find_job(snapshot: Mapping[str, Any], pid: int | None) -> dict[str, Any] | None:
+    if pid is None:  # no job: not the first one without a PID
+        return None
     return next((j for j in records(snapshot.get("jobs")) if as_int(j.get("pid")) == pid), None)
 
 
@@ -325,7 +363,7 @@ def _kind_ok(value: Any, typ: Any) -> bool:
     origin = getattr(typ, "__origin__", None)
     if origin is None and args and type(None) in args:  # X | None (types.UnionType)
         return value is None or any(_kind_ok(value, a) for a in args if a is not type(None))
-    if origin is not None and str(origin) == "typing.Union":
+    if origin is not None and str(origin) == "typing.Union" and args:
         return any(_kind_ok(value, a) for a in args)
     if typ is type(None):
         return value is None

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dlwatch.snapshot import num
+from typing import Any
+
+from dlwatch.snapshot import num, percent
 
 
-def _pct(x, nd=1) -> str:
-    x = num(x)
-    return "n/a" if x is None else f"{x * 100:.{nd}f} %"
+def _pct(x: Any, nd: int = 1) -> str:
+    return percent(x, nd)
 
 
 def _num(x, fmt="{:.1f}", unit="") -> str:
@@ -80,8 +81,12 @@ def render_snapshot(snap: dict) -> str:
         for ld in j.get("loaders", []):
             lines.extend(_loader_lines(ld))
     lines.append("")
+    for fault in snap.get("errors") or []:
+        lines.append(f"collector error: {fault}")
     hints = snap.get("hints") or []
-    if hints:
+    if snap.get("hints_error") and not hints:
+        lines.append(f"hints: n/a: {snap['hints_error']}")
+    elif hints:
         try:
             from dlwatch.diagnose import format_hints
 
@@ -129,8 +134,8 @@ def _loader_lines(ld: dict) -> list[str]:
 
 
 def _worker_line(w: dict) -> str:
-    busy = w.get("busy_fraction")
-    busy_pct = _num(None if num(busy) is None else busy * 100, "{:6.0f}")
+    busy = num(w.get("busy_fraction"))
+    busy_pct = _num(None if busy is None else busy * 100, "{:6.0f}")
     return (
         f"    {w['id']:<6}  {w['pid']:<7}  {_num(w.get('cpu_percent'), '{:5.0f}')}  {busy_pct}  "
         f"{_num(w.get('fetch_ms_mean'), '{:8.1f}')}  {w.get('batches', 0):<7}  "

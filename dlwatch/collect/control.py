@@ -126,9 +126,9 @@ def _connect(pid: int, path: str, directory: str) -> socket.socket:
     s.settimeout(HELLO_TIMEOUT_S)
     try:
         s.connect(path)
-        hello = wire.client_hello(f"dlwatch {__version__} profile", every=QUIET_EVERY)
-        hello["history_frames"] = 0
-        s.sendall(wire.encode(hello))
+        s.sendall(
+            wire.encode(wire.client_hello(f"dlwatch {__version__} profile", QUIET_EVERY, history_frames=0))
+        )
     except OSError as e:
         s.close()
         if not pid_alive(pid):

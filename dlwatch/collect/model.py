@@ -10,12 +10,12 @@ is what the golden test in ``tests/unit/test_snapshot_contract.py`` pins.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from dlwatch.collect import window as win
 from dlwatch.collect.jobs import JobConnection
 from dlwatch.collect.totals import Totals
-from dlwatch.snapshot import SCHEMA_VERSION, Gpu, Host, Job, Snapshot
+from dlwatch.snapshot import SCHEMA_VERSION, Host, Job, Snapshot
 
 HISTORY_POINTS = 120
 HISTORY_EVERY_NS = 1_000_000_000
@@ -27,11 +27,11 @@ def snapshot_dict(
     *,
     now: float,
     window_s: float,
-    host: dict,
+    host: dict[str, Any],
     gpu_status: str,
-    gpus: list[Gpu],
+    gpus: list[dict[str, Any]],
     conns: Iterable[JobConnection],
-    procs: dict,
+    procs: dict[int, dict[str, Any]],
     runtime_dir: str,
     runtime_dir_error: str | None,
     errors: list[str],
@@ -64,8 +64,8 @@ def ordered(conns: Iterable[JobConnection]) -> list[JobConnection]:
     )
 
 
-def host_dict(h: dict) -> Host:
-    out = {
+def host_dict(h: dict[str, Any]) -> Host:
+    out: dict[str, Any] = {
         "logical_cpus": h.get("logical_cpus"),
         "usable_cores": h.get("usable_cores"),
         "cpu_percent": h.get("cpu_percent"),
@@ -73,10 +73,12 @@ def host_dict(h: dict) -> Host:
     }
     for k, v in h.items():
         out.setdefault(k, v)
-    return out
+    return cast(Host, out)  # checked: snapshot.problems, in the tests
 
 
-def cpu_accounting(host: dict, conns: list[JobConnection], procs: dict) -> dict:
+def cpu_accounting(
+    host: dict[str, Any], conns: list[JobConnection], procs: dict[int, dict[str, Any]]
+) -> dict[str, Any]:
     """Who uses the usable cores, in cores (1.0 = one core), over one interval.
 
     ``jobs_cpu_cores``: the measured CPU of every live job's processes
@@ -120,7 +122,9 @@ def job_state(c: JobConnection) -> str:
     return c.state
 
 
-def job_dict(c: JobConnection, window_s: float, procs: dict, now: float, history: bool = True) -> Job:
+def job_dict(
+    c: JobConnection, window_s: float, procs: dict[int, dict[str, Any]], now: float, history: bool = True
+) -> Job:
     job = c.job or {}
     main = procs.get(c.pid, {}) if c.live else {}
     frames = list(c.frames)
@@ -157,7 +161,7 @@ def job_dict(c: JobConnection, window_s: float, procs: dict, now: float, history
         "loaders": [],
     }
     if last is None:
-        return out
+        return cast(Job, out)  # checked: snapshot.problems, in the tests
     for ld in last["loaders"]:
         out["loaders"].append(
             loader_dict(
@@ -169,10 +173,10 @@ def job_dict(c: JobConnection, window_s: float, procs: dict, now: float, history
                 c.totals,
             )
         )
-    return out
+    return cast(Job, out)  # checked: snapshot.problems, in the tests
 
 
-def _history(c: JobConnection, frames: list[dict], loader_id: int, full: bool) -> dict:
+def _history(c: JobConnection, frames: list[dict[str, Any]], loader_id: int, full: bool) -> dict[str, Any]:
     """The loader's 1 s history, computed at most once per second of the job's
     clock (its points are a second apart; the live figures are not from it).
     Without ``full``, only what warm-up detection reads: the last few points."""
@@ -190,8 +194,13 @@ def _history(c: JobConnection, frames: list[dict], loader_id: int, full: bool) -
 
 
 def loader_dict(
-    frames: list[dict], ld: dict, window_s: float, procs: dict, history: dict, totals: Totals | None = None
-) -> dict:
+    frames: list[dict[str, Any]],
+    ld: dict[str, Any],
+    window_s: float,
+    procs: dict[int, dict[str, Any]],
+    history: dict[str, Any],
+    totals: Totals | None = None,
+) -> dict[str, Any]:
     w = win.loader_window(frames, ld["id"], window_s) or {}
     lifetime = (totals.loader(ld["id"]) if totals is not None else None) or {}
     esm = ld.get("epoch_start_ms") or []

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .facts import PERCENT_PER_CORE, Context, LoaderView, num, r
 
@@ -35,18 +36,18 @@ from .facts import PERCENT_PER_CORE, Context, LoaderView, num, r
 UNKNOWN_TRAINER_CORES = 1.0
 
 
-def trainer_cpu(job: Mapping) -> float | None:
+def trainer_cpu(job: Mapping[str, Any]) -> float | None:
     """Measured CPU of the trainer process, all threads, in cores."""
     v = num(job.get("main_cpu_percent"))
     return None if v is None else max(0.0, v / PERCENT_PER_CORE)
 
 
-def trainer_runqueue(job: Mapping) -> float:
+def trainer_runqueue(job: Mapping[str, Any]) -> float:
     v = num(job.get("main_runqueue_percent"))
     return 0.0 if v is None else max(0.0, v / PERCENT_PER_CORE)
 
 
-def trainer_demand(job: Mapping) -> float:
+def trainer_demand(job: Mapping[str, Any]) -> float:
     cpu = trainer_cpu(job)
     return (UNKNOWN_TRAINER_CORES if cpu is None else cpu) + trainer_runqueue(job)
 
@@ -78,7 +79,7 @@ class Account:
     def demand(self) -> float:
         return self.others + self.trainers + self.workers
 
-    def evidence(self) -> dict:
+    def evidence(self) -> dict[str, Any]:
         measured = ["trainer CPU (all threads) and run-queue wait", "worker CPU and run-queue wait"]
         assumed = []
         if self.others_measured:
@@ -160,7 +161,7 @@ class Prediction:
     cpu_ms_per_batch: float | None  # the job's CPU work per batch (core-ms)
     capacity_cores: float | None
 
-    def evidence(self) -> dict:
+    def evidence(self) -> dict[str, Any]:
         return {
             "expected_speedup": r(self.speedup, 2),
             "expected_ms_per_batch": r(self.after_ms, 1),

@@ -26,7 +26,7 @@ same hints as watching them live.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -38,12 +38,14 @@ from .facts import (
     STEADY,
     WARMUP,
     Context,
+    MemSeries,
     as_dict,
     as_int,
     as_list,
     build_context,
     num,
 )
+from .registry import Rule, Scope, registry
 from .render import with_tune_command
 
 # A condition must hold this long before its hint shows (brief: ≈ 3 s): longer
@@ -67,36 +69,34 @@ WARMUP_STEADY_S = 3.0
 # nothing about whether a condition held in between: pending timers restart.
 STALE_GAP_S = 10.0
 
-RULES: dict[str, Callable[[Context], list[dict]]] = {
-    **rules_workers.RULES,
-    **rules_cores.RULES,
-    **rules_epochs.RULES,
-    **rules_memory.RULES,
-    **rules_gpu.RULES,
-    **rules_ranks.RULES,
-}
+# Every rule, by id: each module declares its rules' scope and precedence
+# (registry.py); the sets below are derived from those declarations.
+REGISTRY: dict[str, Rule] = registry(
+    rules_workers.RULES,
+    rules_cores.RULES,
+    rules_epochs.RULES,
+    rules_memory.RULES,
+    rules_gpu.RULES,
+    rules_ranks.RULES,
+)
+
+
+def _rate_rules(scope: Scope) -> frozenset[str]:
+    return frozenset(r.id for r in REGISTRY.values() if r.rate and r.scope == scope)
+
 
 # Loader-level rules that judge window rates: frozen while their loader warms up.
-LOADER_RATE_RULES = frozenset(
-    {
-        "no-workers",
-        "add-workers",
-        "io-bound",
-        "cpu-bound-preprocessing",
-        "pipeline-has-headroom",
-        "worker-thread-oversubscription",
-        "enable-pin-memory",
-        "straggler-rank",
-    }
-)
+LOADER_RATE_RULES = _rate_rules("loader")
 # Job-level rate rules: frozen while the job has no steady loader but one warming.
-JOB_RATE_RULES = frozenset({"main-loop-cpu-bound"})
+JOB_RATE_RULES = _rate_rules("job")
 # Host-level rate rules: frozen while a loader that was steady re-warms (a
 # non-persistent loader re-spawning its workers at an epoch start).
-HOST_RATE_RULES = frozenset({"workers-oversubscribe-cores"})
+HOST_RATE_RULES = _rate_rules("host")
 
 
-HintKey = tuple  # (id, job_pid | None, loader_id | None)
+HintKey = tuple[str, int | None, int | None]  # (id, job_pid, loader_id)
+Hint = dict[str, Any]
+Fired = dict[HintKey, Hint]
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ class HintTrack:
     on_since: float | None  # condition continuously true since
     off_since: float | None  # shown, condition continuously false since
     shown: bool
-    hint: dict
+    hint: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class DiagnoseState:
     loaders: Mapping[tuple[int, int], LoaderTrack] = field(default_factory=dict)
     hints: Mapping[HintKey, HintTrack] = field(default_factory=dict)
     # (job_pid, worker_pid) -> (first_seen_t, ((t, uss, rss), ...), growth facts)
-    mem: Mapping[tuple[int, int], tuple] = field(default_factory=dict)
+    mem: MemSeries = field(default_factory=dict)
     # rule id -> "ExcType: message" for rules that raised on the last snapshot
     rule_errors: Mapping[str, str] = field(default_factory=dict)
 
@@ -133,14 +133,14 @@ def _grace(window_s: float | None) -> float:
     return max(WARMUP_STEADY_S, window_s or 0.0)
 
 
-def loader_grace(loader: Mapping, window_s: float | None) -> float:
+def loader_grace(loader: Mapping[str, Any], window_s: float | None) -> float:
     """Seconds after an epoch's first batch before the loader's window has slid
     past the start-up stall: its own window (which stretches to cover enough
     batches of a slow job) when the collector says how long it is."""
     return _grace(max(window_s or 0.0, num(loader.get("window_s")) or 0.0))
 
 
-def warmup_batches(loader: Mapping) -> int:
+def warmup_batches(loader: Mapping[str, Any]) -> int:
     """Batches a loader must have returned before its rates are judged,
     relative to its own batch rate (a rate unknown: the full count)."""
     rate = num(loader.get("batches_per_s"))
@@ -149,13 +149,13 @@ def warmup_batches(loader: Mapping) -> int:
     return max(WARMUP_FEW_BATCHES, min(WARMUP_MIN_BATCHES, math.ceil(rate * WARMUP_RATE_S)))
 
 
-def _respawns_workers(loader: Mapping) -> bool:
+def _respawns_workers(loader: Mapping[str, Any]) -> bool:
     """Whether an epoch start re-creates workers (and stalls the loop)."""
     nw = as_int(loader.get("num_workers"))
     return bool(nw) and loader.get("persistent_workers") is not True
 
 
-def history_says_steady(loader: Mapping, window_s: float | None) -> bool:
+def history_says_steady(loader: Mapping[str, Any], window_s: float | None) -> bool:
     """Stateless warm-up test: enough batches (``warmup_batches``), and the
     current epoch's first batch is older than the loader's window
     (``epoch_first_batch_age_s``): the window holds no start-up stall.
@@ -177,7 +177,7 @@ def history_says_steady(loader: Mapping, window_s: float | None) -> bool:
     return len(recent) >= need and all(v is not None and v > 0 for v in recent)
 
 
-def _iter_loaders(snapshot: Mapping):
+def _iter_loaders(snapshot: Mapping[str, Any]) -> Iterator[tuple[dict[str, Any], int, dict[str, Any], int]]:
     for job in as_list(snapshot.get("jobs")):
         if not isinstance(job, dict):
             continue
@@ -190,7 +190,7 @@ def _iter_loaders(snapshot: Mapping):
                 yield job, pid, ld, lid
 
 
-def stateless_phases(snapshot: Mapping) -> dict[tuple[int, int], str]:
+def stateless_phases(snapshot: Mapping[str, Any]) -> dict[tuple[int, int], str]:
     window = num(snapshot.get("window_s"))
     out = {}
     for _job, pid, ld, lid in _iter_loaders(snapshot):
@@ -202,8 +202,8 @@ def stateless_phases(snapshot: Mapping) -> dict[tuple[int, int], str]:
 
 
 def _track_loaders(
-    snapshot: Mapping, old: Mapping[tuple[int, int], LoaderTrack], t: float
-) -> tuple[dict, dict]:
+    snapshot: Mapping[str, Any], old: Mapping[tuple[int, int], LoaderTrack], t: float
+) -> tuple[dict[tuple[int, int], str], dict[tuple[int, int], LoaderTrack]]:
     """Advance each loader's warm-up clock; return (phases, new tracks)."""
     window = num(snapshot.get("window_s"))
     phases: dict[tuple[int, int], str] = {}
@@ -241,8 +241,8 @@ def _track_loaders(
     return phases, tracks
 
 
-def _frozen_keys(ctx: Context, tracks: Mapping[tuple[int, int], LoaderTrack]) -> set:
-    frozen: set = set()
+def _frozen_keys(ctx: Context, tracks: Mapping[tuple[int, int], LoaderTrack]) -> set[HintKey]:
+    frozen: set[HintKey] = set()
     rewarming = False
     for job in ctx.live_jobs:
         pid = int(job["pid"])
@@ -259,63 +259,63 @@ def _frozen_keys(ctx: Context, tracks: Mapping[tuple[int, int], LoaderTrack]) ->
     return frozen
 
 
-# When cores are oversubscribed, per-loader advice about the worker count is
-# measured on starved workers: fix the oversubscription first, one hint at a time.
-OVERSUBSCRIPTION = ("workers-oversubscribe-cores", "worker-thread-oversubscription")
-SUPERSEDED_BY_OVERSUBSCRIPTION = frozenset({"add-workers", "io-bound", "cpu-bound-preprocessing"})
-
-
-def _run_rules(ctx: Context) -> tuple[dict, dict]:
+def _run_rules(ctx: Context) -> tuple[Fired, dict[str, str]]:
     """All candidates keyed by hint key, plus rule errors (a buggy rule must
     not take the monitor down; its error is kept in the state for tests/logs)."""
-    fired: dict = {}
-    errors: dict = {}
-    for rid, fn in RULES.items():
+    fired: Fired = {}
+    errors: dict[str, str] = {}
+    for rid, rule in REGISTRY.items():
         try:
-            for h in fn(ctx):
-                fired[(h["id"], h["job_pid"], h["loader_id"])] = with_tune_command(h, ctx.snapshot)
+            for h in rule.check(ctx):
+                if rule.tunable:
+                    h = with_tune_command(h, ctx.snapshot)
+                fired[(h["id"], h["job_pid"], h["loader_id"])] = h
         except Exception as e:  # noqa: BLE001 - see docstring
             errors[rid] = f"{type(e).__name__}: {e}"
     return _precedence(fired), errors
 
 
 # One worker count per loader: where two hints recommend different counts for
-# the same loader, the earlier one here wins and the other defers to it (its
-# evidence says so, its suggestion repeats the winner's count). Cores first
-# (a count measured on starved workers is not one to follow), then the
-# data-bound rules, then the advice to save resources.
-WORKER_COUNT_PRECEDENCE = (
-    "workers-oversubscribe-cores",
-    "no-workers",
-    "add-workers",
-    "io-bound",
-    "pipeline-has-headroom",
+# the same loader, the one of lowest ``Rule.worker_count_rank`` wins and the
+# other defers to it (its evidence says so, its suggestion repeats the
+# winner's count). Cores first (a count measured on starved workers is not one
+# to follow), then the data-bound rules, then the advice to save resources.
+WORKER_COUNT_PRECEDENCE = tuple(
+    r.id
+    for r in sorted(REGISTRY.values(), key=lambda r: (r.worker_count_rank or 0, r.id))
+    if r.worker_count_rank is not None
 )
 
 
-def _precedence(fired: dict) -> dict:
-    host_wide = any(k[0] == OVERSUBSCRIPTION[0] for k in fired)
-    threaded = {(k[1], k[2]) for k in fired if k[0] == OVERSUBSCRIPTION[1]}
-    if host_wide or threaded:
+def _precedence(fired: Fired) -> Fired:
+    """Drop the hints a firing rule supersedes (registry.Rule.supersedes)."""
+    hidden: set[HintKey] = set()  # (rule id, pid, lid); pid = lid = None: everywhere
+    for rid, pid, lid in fired:
+        rule = REGISTRY.get(rid)
+        if rule is None:
+            continue
+        where = (None, None) if rule.scope == "host" else (pid, lid if rule.scope == "loader" else None)
+        hidden.update((sup, *where) for sup in rule.supersedes)
+    if hidden:
         fired = {
             k: h
             for k, h in fired.items()
-            if not (k[0] in SUPERSEDED_BY_OVERSUBSCRIPTION and (host_wide or (k[1], k[2]) in threaded))
+            if not any((k[0], p, lid) in hidden for p, lid in ((None, None), (k[1], None), (k[1], k[2])))
         }
     return _one_count_per_loader(fired)
 
 
-def _one_count_per_loader(fired: dict) -> dict:
+def _one_count_per_loader(fired: Fired) -> Fired:
     rank = {rid: i for i, rid in enumerate(WORKER_COUNT_PRECEDENCE)}
-    counts: dict[tuple, list[tuple[int, str, int]]] = {}
+    counts: dict[tuple[Any, ...], list[tuple[int, str, int]]] = {}
     for (rid, pid, lid), h in fired.items():
         ev = as_dict(h.get("evidence"))
-        if rid == WORKER_COUNT_PRECEDENCE[0]:
+        if rid in rank and REGISTRY[rid].scope == "host":
             for e in as_list(ev.get("recommended_num_workers_by_loader")):
                 e = as_dict(e)
                 n = as_int(e.get("recommended_num_workers"))
                 if n is not None:
-                    counts.setdefault((e.get("job_pid"), e.get("loader_id")), []).append((0, rid, n))
+                    counts.setdefault((e.get("job_pid"), e.get("loader_id")), []).append((rank[rid], rid, n))
         elif rid in rank:
             n = as_int(ev.get("recommended_num_workers"))
             if n is not None:
@@ -341,8 +341,8 @@ def _one_count_per_loader(fired: dict) -> dict:
     return out
 
 
-def _sorted(hints: list[dict]) -> list[dict]:
-    def key(h):
+def _sorted(hints: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def key(h: Hint) -> tuple[int, int, int, str]:
         return (
             severity_rank(h["severity"]),
             h["job_pid"] if h["job_pid"] is not None else -1,
@@ -353,13 +353,13 @@ def _sorted(hints: list[dict]) -> list[dict]:
     return sorted(hints, key=key)
 
 
-def _copy_hint(h: dict) -> dict:
+def _copy_hint(h: dict[str, Any]) -> dict[str, Any]:
     out = dict(h)
     out["evidence"] = dict(h.get("evidence") or {})
     return out
 
 
-def evaluate(snapshot: Mapping) -> list[dict]:
+def evaluate(snapshot: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Instantaneous hints for one snapshot: no hysteresis, no slopes.
 
     For one-shot callers (``dlwatch snapshot``), whose window already averages
@@ -372,18 +372,20 @@ def evaluate(snapshot: Mapping) -> list[dict]:
 
 def _step_hysteresis(
     old: Mapping[HintKey, HintTrack],
-    fired: Mapping,
-    frozen: set,
+    fired: Mapping[HintKey, Hint],
+    frozen: set[HintKey],
     t: float,
     restart: bool,
-) -> dict:
-    new: dict = {}
+) -> dict[HintKey, HintTrack]:
+    new: dict[HintKey, HintTrack] = {}
     for key in set(old) | set(fired):
         tr = old.get(key)
         if key in fired:
             on = tr.on_since if (tr and tr.on_since is not None and not restart) else t
             shown = bool(tr and tr.shown) or t - on >= HOLD_ON_S
             new[key] = HintTrack(on, None, shown, fired[key])
+        elif tr is None:  # every key is fired or old: for the type checker
+            continue
         elif key in frozen:
             if tr.shown:
                 new[key] = tr
@@ -396,7 +398,7 @@ def _step_hysteresis(
 
 def diagnose(
     snapshot: Mapping[str, Any], state: DiagnoseState | None = None
-) -> tuple[list[dict], DiagnoseState]:
+) -> tuple[list[dict[str, Any]], DiagnoseState]:
     """Hints to show for ``snapshot`` given the state of the previous call.
 
     Pure: reads nothing but its arguments, never modifies them, and returns a
@@ -428,7 +430,7 @@ class Diagnoser:
     def __init__(self) -> None:
         self.state = DiagnoseState()
 
-    def update(self, snapshot: Mapping[str, Any]) -> list[dict]:
+    def update(self, snapshot: Mapping[str, Any]) -> list[dict[str, Any]]:
         hints, self.state = diagnose(snapshot, self.state)
         return hints
 

@@ -11,8 +11,12 @@ importing torch for a second or two, which is not a steady oversubscription.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from . import capacity
 from .facts import Context, LoaderView, cores, hint, median, num, pct, r, whole_cores, worker_values
+from .registry import Rule
 
 # A worker below 10 % of a core is parked (a persistent worker between epochs,
 # or one blocked on a full prefetch queue): it costs memory, not CPU time, so
@@ -41,18 +45,21 @@ OVERSUB_SLACK_CORES = 0.5
 HARMFUL_RUNQUEUE_FRACTION = 0.10
 
 
-def _demand(ctx: Context, loaders) -> tuple[float, capacity.Account]:
+def _demand(ctx: Context, loaders: Iterable[LoaderView]) -> tuple[float, capacity.Account | None]:
     """Cores wanted by these loaders' workers, every trainer (measured CPU of
-    all its threads, plus run-queue wait) and everyone else on the box."""
+    all its threads, plus run-queue wait) and everyone else on the box
+    (nothing known without the usable cores)."""
     acc = capacity.account(ctx, list(loaders))
-    return acc.demand, acc
+    return (acc.demand, acc) if acc is not None else (0.0, None)
 
 
-def _runqueue_cores(ctx: Context, loaders) -> float:
-    return sum(lv.rq_sum for lv in loaders) + sum(capacity.trainer_runqueue(j) for j in ctx.live_jobs)
+def _runqueue_cores(ctx: Context, loaders: Iterable[LoaderView]) -> float:
+    return 0.0 + sum(lv.rq_sum for lv in loaders) + sum(capacity.trainer_runqueue(j) for j in ctx.live_jobs)
 
 
-def _per_loader(acc: capacity.Account, with_workers: list[LoaderView]) -> tuple[int, dict]:
+def _per_loader(
+    acc: capacity.Account, with_workers: list[LoaderView]
+) -> tuple[int, dict[tuple[int, int], int]]:
     """Workers each loader with workers fits in, and the loaders that have
     more: the cores left once everyone else and the trainers (their CPU, not
     the time they wait for a core, which the cut removes) are served, shared
@@ -63,7 +70,7 @@ def _per_loader(acc: capacity.Account, with_workers: list[LoaderView]) -> tuple[
     return share, cut
 
 
-def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict]:
+def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
     if ctx.usable_cores is None:
         return []
     steady = [lv for lv in ctx.loaders if lv.steady]
@@ -73,6 +80,8 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict]:
             1 for v in worker_values(lv.workers, "cpu_percent") if v >= IDLE_WORKER_CPU_PERCENT
         )
     demand, acc = _demand(ctx, steady)
+    if acc is None:
+        return []
     # Runnable things against cores: busy workers, plus the cores the trainers
     # (all threads) and other processes measurably use. A trainer waiting on
     # its GPU counts for the tenth of a core it uses, a CPU step with
@@ -147,7 +156,7 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict]:
     return [hint("workers-oversubscribe-cores", "warn" if harmful else "info", None, None, msg, sugg, ev)]
 
 
-def rule_worker_thread_oversubscription(ctx: Context) -> list[dict]:
+def rule_worker_thread_oversubscription(ctx: Context) -> list[dict[str, Any]]:
     if ctx.usable_cores is None:
         return []
     # Every live worker's threads count towards the box total, warm or not:
@@ -199,7 +208,24 @@ def rule_worker_thread_oversubscription(ctx: Context) -> list[dict]:
     return out
 
 
-RULES = {
-    "workers-oversubscribe-cores": rule_workers_oversubscribe_cores,
-    "worker-thread-oversubscription": rule_worker_thread_oversubscription,
-}
+# When cores are oversubscribed, per-loader advice about the worker count is
+# measured on starved workers: fix the oversubscription first, one hint at a time.
+SUPERSEDED_BY_OVERSUBSCRIPTION = frozenset({"add-workers", "io-bound", "cpu-bound-preprocessing"})
+
+RULES = (
+    Rule(
+        "workers-oversubscribe-cores",
+        rule_workers_oversubscribe_cores,
+        "host",
+        rate=True,
+        worker_count_rank=0,
+        supersedes=SUPERSEDED_BY_OVERSUBSCRIPTION,
+    ),
+    Rule(
+        "worker-thread-oversubscription",
+        rule_worker_thread_oversubscription,
+        "loader",
+        rate=True,
+        supersedes=SUPERSEDED_BY_OVERSUBSCRIPTION,
+    ),
+)

@@ -15,6 +15,9 @@ limit and the same arithmetic holds past the core count.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 # Shared with `dlwatch tune`'s search and the probe's autotune (dlwatch/thresholds.py).
 from dlwatch.thresholds import (  # noqa: F401 (re-exported for the rules' readers)
     CPU_BOUND_MIN_SHARE,
@@ -28,6 +31,7 @@ from . import capacity
 from .facts import (
     Context,
     LoaderView,
+    as_dict,
     ceil_ratio,
     cores,
     hint,
@@ -38,6 +42,7 @@ from .facts import (
     whole_cores,
     worker_values,
 )
+from .registry import Rule
 
 # num_workers == 0 with wait between this and DATA_BOUND_WAIT: an info hint —
 # worth knowing, not worth a warning (the lower edge of the catalog's 5–10 %, README "Hints").
@@ -96,7 +101,7 @@ def _data_bound_workers(lv: LoaderView) -> bool:
     )
 
 
-def _common_evidence(lv: LoaderView) -> dict:
+def _common_evidence(lv: LoaderView) -> dict[str, Any]:
     share = lv.cpu_share_of_busy
     ev = {
         "data_wait_fraction": r(lv.wait),
@@ -124,7 +129,7 @@ def _gain(pred: capacity.Prediction | None) -> tuple[bool, str]:
     return pred.speedup >= MIN_WORTHWHILE_SPEEDUP, text + "."
 
 
-def _prediction_evidence(pred: capacity.Prediction | None) -> dict:
+def _prediction_evidence(pred: capacity.Prediction | None) -> dict[str, Any]:
     if pred is None:
         return {"expected_speedup": None}
     return pred.evidence()
@@ -143,7 +148,7 @@ def _loading_cpu(lv: LoaderView, job_cpu_main_thread: float | None) -> tuple[flo
     )
 
 
-def rule_no_workers(ctx: Context) -> list[dict]:
+def rule_no_workers(ctx: Context) -> list[dict[str, Any]]:
     out = []
     for lv in ctx.loaders:
         if not lv.steady or lv.num_workers != 0 or lv.wait is None:
@@ -193,7 +198,7 @@ def rule_no_workers(ctx: Context) -> list[dict]:
                 "set num_workers=2 in DataLoader(...) to load in the background, "
                 "then re-measure the data wait"
             )
-        ev = {
+        ev: dict[str, Any] = {
             "data_wait_fraction": r(lv.wait),
             "num_workers": 0,
             "wait_ms_mean": r(wait_ms, 1),
@@ -212,7 +217,7 @@ def rule_no_workers(ctx: Context) -> list[dict]:
     return out
 
 
-def _sizable(ctx: Context, cpu_bound: bool):
+def _sizable(ctx: Context, cpu_bound: bool) -> Iterator[tuple[LoaderView, str, int]]:
     """Data-bound loaders of one kind (CPU- or I/O-bound) whose worker time and
     step time are known: (view, why-this-kind, Little's-law worker count)."""
     for lv in ctx.loaders:
@@ -226,14 +231,14 @@ def _sizable(ctx: Context, cpu_bound: bool):
         yield lv, kind[1], little_workers(lv.worker_ms, lv.step_ms)
 
 
-def rule_add_workers(ctx: Context) -> list[dict]:
+def rule_add_workers(ctx: Context) -> list[dict[str, Any]]:
     out = []
     for lv, why, little in _sizable(ctx, cpu_bound=True):
         got = capacity.free_cores_for(ctx, lv)
         if got is None:
             continue
         free, acc = got
-        nw = lv.num_workers
+        nw = lv.num_workers or 0  # _sizable: at least 1
         # Little's law can say "enough" while the loop still waits (the fetch
         # time misses IPC/unpickling): one more worker is then the measured
         # next step.
@@ -277,17 +282,18 @@ def rule_add_workers(ctx: Context) -> list[dict]:
     return out
 
 
-def rule_io_bound(ctx: Context) -> list[dict]:
+def rule_io_bound(ctx: Context) -> list[dict[str, Any]]:
     out = []
     for lv, why, little in _sizable(ctx, cpu_bound=False):
-        nw = lv.num_workers
+        nw = lv.num_workers or 0  # _sizable: at least 1
+        share = lv.cpu_share_of_busy or 0.0  # _bound_kind: known
         rec = min(max(little, nw + 1), IO_MAX_RECOMMENDED_WORKERS)
         if rec <= nw:
             continue
         msg = (
             f"{lv.title} waits for data {pct(lv.wait)} of the time; its {nw} "
             f"worker{'s are' if nw != 1 else ' is'} busy {pct(lv.busy_mean)} of the time but on a "
-            f"CPU only {pct(min(lv.cpu_share_of_busy, 1.0))} of it: loading waits on storage or network. "
+            f"CPU only {pct(min(share, 1.0))} of it: loading waits on storage or network. "
             f"One batch takes a worker {ms(lv.worker_ms)} and the loop uses one every "
             f"{ms(lv.step_ms)}."
         )
@@ -310,7 +316,7 @@ def rule_io_bound(ctx: Context) -> list[dict]:
     return out
 
 
-def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict]:
+def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict[str, Any]]:
     out = []
     for lv in ctx.loaders:
         if not _data_bound_workers(lv):
@@ -322,13 +328,16 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict]:
         if got is None:
             continue
         free, _ = got
-        if whole_cores(free) > lv.num_workers:
+        nw = lv.num_workers or 0
+        if whole_cores(free) > nw:
             continue  # a core is free: add-workers applies instead
         acc = capacity.account(ctx)
+        if acc is None or ctx.usable_cores is None:  # free_cores_for found both: for the type checker
+            continue
         demand = acc.demand
         if demand < CORES_SATURATED_FRACTION * ctx.usable_cores:
             continue
-        more = capacity.predict(ctx, lv, lv.num_workers + 1, lv.worker_ms)
+        more = capacity.predict(ctx, lv, nw + 1, lv.worker_ms)
         # The most cheaper batches could give: no wait at all, the job's CPU
         # then only the trainer's.
         upside = _speedup_if_loading_free(ctx, lv)
@@ -380,7 +389,7 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict]:
     return out
 
 
-def _worker_profile_of(lv: LoaderView) -> dict | None:
+def _worker_profile_of(lv: LoaderView) -> dict[str, Any] | None:
     """The job's last worker profile, if it was of this loader."""
     wp = lv.job.get("worker_profile")
     if not isinstance(wp, dict) or wp.get("loader_id") != lv.lid or num(wp.get("top_share")) is None:
@@ -401,7 +410,7 @@ def _speedup_if_loading_free(ctx: Context, lv: LoaderView) -> float | None:
     return before / after
 
 
-def rule_pipeline_has_headroom(ctx: Context) -> list[dict]:
+def rule_pipeline_has_headroom(ctx: Context) -> list[dict[str, Any]]:
     out = []
     for lv in ctx.loaders:
         nw = lv.num_workers
@@ -411,7 +420,7 @@ def rule_pipeline_has_headroom(ctx: Context) -> list[dict]:
             continue
         if lv.busy_mean is None or lv.busy_mean >= HEADROOM_MAX_BUSY:
             continue
-        q = lv.loader.get("queue") if isinstance(lv.loader.get("queue"), dict) else {}
+        q = as_dict(lv.loader.get("queue"))
         ready, cap = num(q.get("ready")), num(q.get("capacity"))
         if ready is None or cap is None or cap <= 0 or ready < HEADROOM_QUEUE_FULL * cap:
             continue
@@ -448,10 +457,17 @@ def rule_pipeline_has_headroom(ctx: Context) -> list[dict]:
     return out
 
 
-RULES = {
-    "no-workers": rule_no_workers,
-    "add-workers": rule_add_workers,
-    "io-bound": rule_io_bound,
-    "cpu-bound-preprocessing": rule_cpu_bound_preprocessing,
-    "pipeline-has-headroom": rule_pipeline_has_headroom,
-}
+RULES = (
+    Rule("no-workers", rule_no_workers, "loader", rate=True, worker_count_rank=1, tunable=True),
+    Rule("add-workers", rule_add_workers, "loader", rate=True, worker_count_rank=2, tunable=True),
+    Rule("io-bound", rule_io_bound, "loader", rate=True, worker_count_rank=3, tunable=True),
+    Rule("cpu-bound-preprocessing", rule_cpu_bound_preprocessing, "loader", rate=True),
+    Rule(
+        "pipeline-has-headroom",
+        rule_pipeline_has_headroom,
+        "loader",
+        rate=True,
+        worker_count_rank=4,
+        tunable=True,
+    ),
+)

@@ -14,6 +14,7 @@ user would change (``STAGE_KINDS``); ``summary`` is the document
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from dlwatch.snapshot import as_dict, as_int, as_list, as_str, num, records
 
@@ -135,7 +136,7 @@ def classify(frames: list[tuple[str, str, int]], leaf_text: str = "") -> tuple[s
     return "other", f"{pkgs[-1] or 'other'}" if pkgs else "other"
 
 
-def _stacks(result: dict) -> tuple[list[tuple[int, list[tuple[str, str, int]], str]], int]:
+def _stacks(result: dict[str, Any]) -> tuple[list[tuple[int, list[tuple[str, str, int]], str]], int]:
     """The result's stacks resolved: (count, frames, leaf text); and the
     number of samples in stacks that did not resolve."""
     table = as_list(result.get("frames"))
@@ -153,7 +154,7 @@ def _stacks(result: dict) -> tuple[list[tuple[int, list[tuple[str, str, int]], s
     return out, bad
 
 
-def analyse(result: dict) -> dict:
+def analyse(result: dict[str, Any]) -> dict[str, Any]:
     """Shares of the workers' in-fetch samples by stage and by function."""
     stacks, bad = _stacks(result)
     total = sum(n for n, _f, _t in stacks) + bad + (as_int(result.get("other")) or 0)
@@ -175,7 +176,7 @@ def analyse(result: dict) -> dict:
     def share(n: int) -> float:
         return round(n / total, 4) if total else 0.0
 
-    stage_rows = [
+    stage_rows: list[dict[str, Any]] = [
         {"stage": name, "kind": kind, "share": share(n), "samples": n}
         for (kind, name), n in sorted(stages.items(), key=lambda kv: -kv[1])
     ]
@@ -191,7 +192,8 @@ def analyse(result: dict) -> dict:
     ]
     kinds: dict[str, float] = {}
     for row in stage_rows:
-        kinds[row["kind"]] = round(kinds.get(row["kind"], 0.0) + row["share"], 4)
+        kind = str(row["kind"])
+        kinds[kind] = round(kinds.get(kind, 0.0) + float(row["share"]), 4)
     return {"samples": total, "stages": stage_rows, "worker_functions": fn_rows, "kinds": kinds}
 
 
@@ -222,7 +224,7 @@ _VERDICT = {
 }
 
 
-def verdict(a: dict) -> dict | None:
+def verdict(a: dict[str, Any]) -> dict[str, Any] | None:
     """{"verdict", "reason", "suggestion"} for an ``analyse`` result; None without samples."""
     stages = records(a.get("stages"))
     if not a.get("samples") or not stages:
@@ -254,7 +256,7 @@ def verdict(a: dict) -> dict | None:
     }
 
 
-def summary(pid: int, result: dict | None, error: str | None) -> dict:
+def summary(pid: int, result: dict[str, Any] | None, error: str | None) -> dict[str, Any]:
     """The ``dlwatch profile --workers --json`` document (README, "Worker profiles")."""
     res = as_dict(result)
     a = analyse(res) if res and not error else {"samples": 0, "stages": [], "worker_functions": []}
@@ -262,7 +264,7 @@ def summary(pid: int, result: dict | None, error: str | None) -> dict:
     workers = []
     cpu = []
     for w in records(res.get("workers")):
-        row = {
+        row: dict[str, Any] = {
             "pid": as_int(w.get("pid")),
             "id": as_int(w.get("id")),
             "reported": w.get("reported") is True,
@@ -297,7 +299,7 @@ def summary(pid: int, result: dict | None, error: str | None) -> dict:
     }
 
 
-def summary_lines(doc: dict) -> list[str]:
+def summary_lines(doc: dict[str, Any]) -> list[str]:
     pid = doc.get("pid")
     if doc.get("error"):
         return [f"PID {pid}: worker profile failed: {doc['error']}"]
@@ -334,7 +336,7 @@ def summary_lines(doc: dict) -> list[str]:
     return lines
 
 
-def brief(doc: dict, t: float) -> dict | None:
+def brief(doc: dict[str, Any], t: float) -> dict[str, Any] | None:
     """What a hint quotes of a worker profile taken at time ``t``."""
     stages = records(doc.get("stages"))
     if doc.get("error") or not stages:

@@ -72,7 +72,7 @@ class Control:
         return None
 
     def _answer(self, c, state: str, message: str) -> None:
-        self.pub.queue(c, wire.encode({"type": "profile_status", "state": state, "message": message}))
+        self.pub.queue(c, wire.encode(wire.profile_status(state, message)))
 
     # --- profiler bursts ------------------------------------------------------------
 
@@ -128,7 +128,7 @@ class Control:
         w, wc = self._wburst, self._wclient
         if w is not None and wc is not None and w.state != worker_burst.DONE:
             why = "the job exited during the worker profile burst"
-            _send_now(wc, [{"type": "worker_profile_result", "result": {}, "error": why}])
+            _send_now(wc, [wire.worker_profile_result({}, why)])
         b, c = self._burst, self._client
         if b is None or c is None:
             return
@@ -138,7 +138,7 @@ class Control:
             else:
                 why = f"the job exited during the burst ({b.steps_done} of {b.steps} steps collected)"
                 result = {"steps": b.steps_done, "steps_requested": b.steps}
-                msgs = [{"type": "profile_result", "result": result, "error": why}]
+                msgs = [wire.profile_result(result, why)]
             _send_now(c, msgs)
         except Exception:
             pass
@@ -174,13 +174,15 @@ class Control:
                 try:
                     self.pub.queue(c, wire.encode(m))
                 except (wire.WireError, ValueError, TypeError) as e:
-                    self.pub.queue(c, wire.encode({"type": "profile_result", "result": {}, "error": str(e)}))
+                    self.pub.queue(c, wire.encode(wire.profile_result({}, str(e))))
         if b.state == profiler.DONE:
             profiler.release(b)
             self._burst = self._client = None
 
     def _poll_workers(self) -> None:
         w, c = self._wburst, self._wclient
+        if w is None:
+            return
         if c is not None and not self.pub.connected(c):
             w.cancelled = True  # the monitor that asked has gone
             c = self._wclient = None
@@ -188,17 +190,17 @@ class Control:
             msgs = w.poll()
         except Exception as e:
             w.state = worker_burst.DONE
-            msgs = [{"type": "worker_profile_result", "result": {}, "error": f"{type(e).__name__}: {e}"}]
+            msgs = [wire.worker_profile_result({}, f"{type(e).__name__}: {e}")]
         for m in msgs:
             try:
                 data = wire.encode(m)
             except (wire.WireError, ValueError, TypeError) as e:
-                data = wire.encode({"type": "worker_profile_result", "result": {}, "error": str(e)})
+                data = wire.encode(wire.worker_profile_result({}, str(e)))
             if c is not None:
                 self.pub.queue(c, data)
             if m.get("type") == "worker_profile_result" and not m.get("error"):
                 # Marked: a monitor waiting for its own answer must not take this one.
-                copy = wire.encode(dict(m, broadcast=True))
+                copy = wire.encode(wire.worker_profile_result(m["result"], broadcast=True))
                 self._last_wprofile = copy
                 self.pub.broadcast(copy, skip=c)
         if w.state == worker_burst.DONE:

@@ -85,7 +85,7 @@ def _patch(mod) -> None:
         return orig(self, *args, **kwargs)
 
     __init__.__doc__ = orig.__doc__
-    __init__.__wrapped__ = orig
+    __init__.__wrapped__ = orig  # type: ignore[attr-defined]  # inspect.signature sees the original
     _orig_init = orig
     cls.__init__ = __init__
 

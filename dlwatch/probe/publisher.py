@@ -152,7 +152,7 @@ class Publisher:
         self._job = job_identity()
 
     def _bind(self) -> None:
-        path = rundir.socket_path(self.directory, os.getpid())
+        path = rundir.socket_path(self.directory or rundir.runtime_dir(), os.getpid())
         if os.path.lexists(path):
             os.unlink(path)  # a stale socket of a dead process with our pid
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -181,9 +181,21 @@ class Publisher:
                 old_sock.close()
             self._sel.register(sock, selectors.EVENT_READ, None)
 
+    @property
+    def _selector(self) -> selectors.BaseSelector:
+        if self._sel is None:
+            raise RuntimeError("the publisher is not started")
+        return self._sel
+
+    @property
+    def _listener(self) -> socket.socket:
+        if self._sock is None:
+            raise RuntimeError("the publisher is not open")
+        return self._sock
+
     def start(self) -> None:
         self._sel = selectors.DefaultSelector()
-        self._sel.register(self._sock, selectors.EVENT_READ, None)
+        self._sel.register(self._listener, selectors.EVENT_READ, None)
         self._thread = threading.Thread(target=self._run, name="dlwatch-publisher", daemon=True)
         self._thread.start()
 
@@ -236,7 +248,7 @@ class Publisher:
         while not self._stop.is_set():
             try:
                 timeout = max(0.0, next_tick - time.monotonic())
-                for key, mask in self._sel.select(timeout):
+                for key, mask in self._selector.select(timeout):
                     if key.data is None:
                         self._accept()
                     else:
@@ -288,19 +300,13 @@ class Publisher:
                 cuda_init = bool(torch.cuda.is_initialized())
         except Exception:
             cuda_init = None
-        return {
-            "type": "window",
-            "seq": self._seq,
-            "t": time.time(),
-            "mono_ns": now,
-            "loaders": loaders,
-            "main": {"cuda_initialized": cuda_init, "py_threads": threading.active_count()},
-        }
+        main = {"cuda_initialized": cuda_init, "py_threads": threading.active_count()}
+        return wire.window(self._seq, time.time(), now, loaders, main)
 
     def _accept(self) -> None:
         while True:
             try:
-                conn, _ = self._sock.accept()
+                conn, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -311,7 +317,7 @@ class Publisher:
             conn.setblocking(False)
             c = _Client(conn)
             self._clients[conn.fileno()] = c
-            self._sel.register(conn, selectors.EVENT_READ, c)
+            self._selector.register(conn, selectors.EVENT_READ, c)
 
     @staticmethod
     def _peer_allowed(conn: socket.socket) -> bool:
@@ -379,13 +385,7 @@ class Publisher:
             budget -= len(frame)
             keep += 1
         history = history[len(history) - keep :]
-        hello = {
-            "type": "hello",
-            "protocol": wire.PROTOCOL_VERSION,
-            "job": self._job,
-            "history": len(history),
-            "features": self._control.features(),
-        }
+        hello = wire.server_hello(self._job, len(history), self._control.features())
         self.queue(c, wire.encode(hello))
         for frame in history:
             if c.closing:
@@ -397,7 +397,7 @@ class Publisher:
     def _fail(self, c: _Client, message: str) -> None:
         """Tell the client why, best effort, then hang up."""
         try:
-            c.out += wire.encode({"type": "error", "message": message})
+            c.out += wire.encode(wire.error(message))
         except wire.WireError:
             pass
         c.closing = True
@@ -432,7 +432,7 @@ class Publisher:
             return
         want = selectors.EVENT_READ | (selectors.EVENT_WRITE if c.out else 0)
         try:
-            self._sel.modify(c.sock, want, c)
+            self._selector.modify(c.sock, want, c)
         except (KeyError, ValueError, OSError):
             pass
 
@@ -443,7 +443,7 @@ class Publisher:
             fd = -1
         if fd >= 0:
             try:
-                self._sel.unregister(c.sock)
+                self._selector.unregister(c.sock)
             except (KeyError, ValueError):
                 pass
             self._clients.pop(fd, None)
@@ -465,6 +465,8 @@ class Publisher:
                 self._drop(c)
 
     def _check_socket_file(self) -> None:
+        if self.path is None:
+            return
         try:
             st = os.stat(self.path)
             if (st.st_dev, st.st_ino) == self._inode:

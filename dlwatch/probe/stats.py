@@ -23,6 +23,7 @@ import threading
 import weakref
 from collections import deque
 from time import perf_counter as _clock  # float seconds, as the hot path's
+from typing import Any
 
 from dlwatch.probe import worker as _worker
 
@@ -82,9 +83,9 @@ class LoaderStats:
         self.epoch_b0 = 0  # self.batches when the epoch began
         self.epoch_batches: deque[int] = deque(maxlen=EPOCH_HISTORY)  # beside epoch_ms
         self.iter_ref = None
-        self.slots = None
-        self.slots_view = None  # int64 view of the workers' table
-        self.slots_fview = None  # float64 view of the same table
+        self.slots: Any = None  # the workers' shared table (a ctypes array)
+        self.slots_view: memoryview[int] | None = None  # int64 view of the workers' table
+        self.slots_fview: memoryview[float] | None = None  # float64 view of the same table
         self.num_workers = int(config.get("num_workers") or 0)
         self.dead_since = 0  # clock when the publisher first saw the loader gone
         self.autotune: dict | None = None  # what autotune decided (probe/autotune.py), when it is on
@@ -165,7 +166,7 @@ class LoaderStats:
         elif t_last and t_last <= now:  # between batches: the loop's work
             step += now - t_last
         it = self.iter_ref() if self.iter_ref is not None else None
-        workers = []
+        workers: list[dict[str, Any]] = []
         view = self.slots_view
         fview = self.slots_fview
         if view is not None and fview is not None and it is not None:
@@ -216,7 +217,7 @@ def _worker_pids(it) -> list[int]:
 
 def _queue_state(it, num_workers: int) -> dict:
     """Prefetch queue, read from torch's private iterator fields defensively."""
-    q = {"ready": None, "in_flight": None, "capacity": None}
+    q: dict[str, int | None] = {"ready": None, "in_flight": None, "capacity": None}
     if it is None or num_workers <= 0:
         return q
     try:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 from time import perf_counter as _clock
 from time import perf_counter_ns as _clock_ns
+from typing import Any
 
 # Row layout, one row per worker: PID, BATCHES, STARTED_NS int64; FETCH_S
 # (completed fetch time) and CUR_START_S (start of the fetch in progress, 0
@@ -50,12 +51,12 @@ def make_slots(num_workers: int):
     return RawArray("q", num_workers * NFIELDS)
 
 
-def as_int64_view(slots) -> memoryview:
+def as_int64_view(slots: Any) -> memoryview[int]:
     # Indexing a memoryview is several times cheaper than a ctypes array.
     return memoryview(slots).cast("B").cast("q")
 
 
-def as_float64_view(slots) -> memoryview:
+def as_float64_view(slots: Any) -> memoryview[float]:
     return memoryview(slots).cast("B").cast("d")
 
 
@@ -117,7 +118,9 @@ def _patch_fetchers(row, frow, base: int) -> None:
         cur = cls.__dict__.get("fetch")
         if cur is None:
             continue
-        cls.fetch = _timed(getattr(cur, "_dlwatch_orig", cur), row, frow, base)
+        cls.fetch = _timed(  # type: ignore[method-assign]
+            getattr(cur, "_dlwatch_orig", cur), row, frow, base
+        )
 
 
 def _timed(orig, row, frow, base: int):
@@ -155,7 +158,7 @@ def _timed(orig, row, frow, base: int):
         frow[i_cur] = 0.0
         return data
 
-    fetch._dlwatch_orig = orig
+    fetch._dlwatch_orig = orig  # type: ignore[attr-defined]  # what a re-patch unwraps
     return fetch
 
 

@@ -120,18 +120,12 @@ class WorkerBurst:
 
     def status(self) -> dict:
         left = max(0.0, self.end - _clock())
-        return {
-            "type": "profile_status",
-            "state": "running",
-            "message": f"{len(self.participants)} workers sampling, {left:.0f} s left",
-            "loader": self.loader,
-        }
+        return wire.profile_status(
+            "running", f"{len(self.participants)} workers sampling, {left:.0f} s left", loader=self.loader
+        )
 
     def answer(self) -> dict:
-        msg: dict = {"type": "worker_profile_result", "result": self.result or {}}
-        if self.error:
-            msg["error"] = self.error
-        return msg
+        return wire.worker_profile_result(self.result or {}, self.error)
 
     def _finish(self, directory: str) -> None:
         self._disarm()

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 from time import perf_counter as _clock
+from types import CodeType
 
 from dlwatch import rundir, wire
 from dlwatch.probe.worker import BURST_ACK, BURST_END_S, BURST_GEN, BURST_HZ, _start_sampler
@@ -64,7 +65,7 @@ class _Sampler:
         self.fetch_code = fetch_code
         self.tid = tid
         self.stacks: dict[tuple, int] = {}
-        self.codes: dict[int, object] = {}  # id -> code: keeps the ids valid
+        self.codes: dict[int, CodeType] = {}  # id -> code: keeps the ids valid
         self.samples = 0
         self.in_fetch = 0
         self.other = 0

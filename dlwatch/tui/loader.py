@@ -93,7 +93,8 @@ def queue_line(ld: dict, pal: fmt.Palette) -> Text:
     q = fmt.d(ld.get("queue"))
     ready, flight, cap = q.get("ready"), q.get("in_flight"), q.get("capacity")
     t = Text("queue ", "bold")
-    if fmt.intval(cap) is None or fmt.intval(cap) <= 0:
+    capacity = fmt.intval(cap)
+    if capacity is None or capacity <= 0:
         if fmt.intval(ld.get("num_workers")) == 0:
             t.append("n/a (num_workers=0: the loop loads each batch itself)", pal.dim)
         else:
@@ -166,7 +167,7 @@ class WaitGauge(Horizontal):
             label.append("for data\n", "bold")
         else:
             label.append("DATA WAIT ", "bold")
-            label.append(f"{fmt.pct(frac):>4}", f"bold {style}")
+            label.append(f"{fmt.pct(frac):>5}", f"bold {style}")
             label.append(" ")
         label.append(fmt.LEVEL_LABEL[level] if level else "n/a", f"bold {style}")
         label.append(" ")
@@ -174,11 +175,9 @@ class WaitGauge(Horizontal):
         if not history:
             return  # the history moves once a second: drawn with the rest of the screen
         spark = self._spark
-        history = [
-            None if fmt.num(v) is None else fmt.num(v) * 100
-            for v in fmt.lst(fmt.d(ld.get("history")).get("data_wait_fraction"))
-        ]
-        spark.set_values(history, lambda v: pal.level(fmt.wait_level(v / 100)) or "", pal)
+        points = [fmt.num(v) for v in fmt.lst(fmt.d(ld.get("history")).get("data_wait_fraction"))]
+        percents = [None if v is None else v * 100 for v in points]
+        spark.set_values(percents, lambda v: pal.level(fmt.wait_level(v / 100) or "") or "", pal)
         set_static(self._axis, Text("history, 1 sample/s, fixed scale 0–100 %", pal.dim))
 
 

@@ -45,6 +45,11 @@ def status_text(
         parts.append(Text("⏸ PAUSED (p resumes)", f"bold reverse {pal.warn}"))
     if source_error:
         parts.append(Text(f"✖ source: {source_error}", pal.bad))
+    faults = [e for e in fmt.lst(fmt.d(snapshot).get("errors")) if isinstance(e, str)]
+    if faults:
+        # The newest fault; the rest are in `dlwatch snapshot` and the JSON.
+        more = f" (+{len(faults) - 1})" if len(faults) > 1 else ""
+        parts.append(Text(f"✖ collector: {faults[-1]}{more}", pal.bad))
     if snapshot is None:
         parts.append(Text("waiting for data…", pal.dim))
     else:

@@ -127,8 +127,7 @@ class TrialMeter:
         if job is None:
             return
         self.job = job
-        lds = {as_int(ld.get("id")): ld for ld in records(job.get("loaders"))}
-        lds.pop(None, None)
+        lds = {lid: ld for ld in records(job.get("loaders")) if (lid := as_int(ld.get("id"))) is not None}
         self.loaders.update(lds)
         watched = [lds[self.loader_id]] if self.loader_id in lds else list(lds.values())
         if self.loader_id is not None and self.loader_id not in lds:
@@ -142,7 +141,7 @@ class TrialMeter:
                 return
             self.steady_from = t
         for ld in watched:
-            self.points.setdefault(as_int(ld["id"]), []).append(_point(t, ld))
+            self.points.setdefault(as_int(ld["id"]) or 0, []).append(_point(t, ld))  # keys of lds: ints
         for h in records(snapshot.get("hints")):
             if as_int(h.get("job_pid")) == as_int(job.get("pid")) and isinstance(h.get("id"), str):
                 self.hint_ids.add(h["id"])
@@ -184,7 +183,8 @@ class TrialMeter:
             return True
         if s < max(STABLE_MIN_S, STABLE_MIN_SHARE * self.trial_s):
             return False
-        pts = self.points.get(self.busiest() if self.loader_id is None else self.loader_id, [])
+        lid = self.busiest() if self.loader_id is None else self.loader_id
+        pts = self.points.get(lid, []) if lid is not None else []
         half = len(pts) // 2
         if half < 2:
             return False

@@ -3,7 +3,7 @@ table, the recommendation and the reason the search stopped at the end."""
 
 from __future__ import annotations
 
-from dlwatch.snapshot import num
+from dlwatch.snapshot import num, percent
 
 
 def settings_text(s: dict | None) -> str:
@@ -39,7 +39,7 @@ def progress_line(index: int, max_trials: int, config: dict, meter, trial_elapse
         phase = f"steady {meter.steady_s:.0f}/{meter.trial_s:.0f} s"
     figures = "n/a" if rate is None else f"{rate:.1f} batches/s"
     if wait is not None:
-        figures += f", data wait {wait * 100:.0f} %"
+        figures += f", data wait {percent(wait)}"
     left = sweep.budget_left()
     return (
         f"trial {index + 1} of at most {max_trials} ({config_text(config)}): {phase}, {figures} | "
@@ -87,7 +87,7 @@ def table(doc: dict) -> str:
                 f"{rate:.1f}" if ok and rate is not None else "-",
                 f"{t['samples_per_s']:.0f}" if ok and num(t.get("samples_per_s")) is not None else "-",
                 f"{rate / base_rate:.2f}x" if ok and rate is not None and base_rate else "-",
-                f"{t['data_wait_fraction'] * 100:.0f} %"
+                f"{percent(t['data_wait_fraction'])}"
                 if ok and num(t.get("data_wait_fraction")) is not None
                 else "-",
                 f"{t['cpu_cores']:.1f}" if ok and num(t.get("cpu_cores")) is not None else "-",
@@ -125,7 +125,7 @@ def summary(doc: dict) -> str:
         else:
             how = f"{sp:.2f}x the baseline's batches/s" if sp is not None else "speed-up n/a"
             if spread:
-                how += f" (± {spread * 100:.0f} %"
+                how += f" (± {percent(spread)}"
                 how += f", {n} trials)" if n > 1 else ")"
             lines.append(f"Recommendation: {doc['recommendation']}")
             lines.append(f"  measured {how}")

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dlwatch import overrides
+from dlwatch.snapshot import SnapshotSource
 from dlwatch.tune.measure import TrialMeter
 
 # The collector's cadence during a trial: windows that tile the steady state.
@@ -51,7 +52,7 @@ def run_trial(
     loader_id: int | None = None,
     warmup_s: float | None = None,
     on_progress: Callable[[TrialMeter, float], None] | None = None,
-    monitor_factory: Callable[[str], object] | None = None,
+    monitor_factory: Callable[[str], SnapshotSource] | None = None,
 ) -> TrialOutcome:
     """Run ``cmd`` until ``trial_s`` of steady state (or it ends). ``env`` is
     the bootstrap environment; ``override`` the DLWATCH_OVERRIDES document
@@ -84,7 +85,7 @@ def run_trial(
         shutil.rmtree(workdir, ignore_errors=True)
         return TrialOutcome("failed", meter.figures(), reason=f"cannot start {cmd[0]}: {e.strerror or e}")
     monitor = (monitor_factory or _monitor)(rdir)
-    monitor.start()  # type: ignore[attr-defined]
+    monitor.start()
     status, reason = "ok", ""
     try:
         seen = None
@@ -94,7 +95,7 @@ def run_trial(
                 status = "crashed" if proc.returncode != 0 else "exited"
                 reason = _exit_reason(proc.returncode, meter)
                 break
-            snap = monitor.latest()  # type: ignore[attr-defined]
+            snap = monitor.latest()
             if snap is not None and snap is not seen:
                 seen = snap
                 meter.feed(snap)
@@ -113,7 +114,7 @@ def run_trial(
     return _finish(proc, monitor, err, err_path, workdir, meter, status, reason, t0)
 
 
-def _monitor(directory: str):
+def _monitor(directory: str) -> SnapshotSource:
     from dlwatch.collect.monitor import Monitor
 
     # No GPU sampling: NVML's figures are not part of a trial's result and its

@@ -181,7 +181,7 @@ class Sweep:
         )
         best = speedup = spread = None
         rec = None
-        if chosen is not None and base_group is not None:
+        if chosen is not None and base_group is not None and base is not None:
             rep = max(chosen.trials, key=lambda t: t["batches_per_s"])
             best = dict(
                 rep,

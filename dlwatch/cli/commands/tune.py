@@ -7,6 +7,7 @@ import argparse
 import json
 import shutil
 import sys
+from typing import Any
 
 from dlwatch.cli.common import (
     EXIT_ERROR,
@@ -135,7 +136,7 @@ def run(args) -> int:
         all_loaders=args.loader == "all",
     )
     tty = sys.stderr.isatty()
-    state = {"index": 0, "config": {}, "drawn": False}
+    state: dict[str, Any] = {"index": 0, "config": {}, "drawn": False}
 
     def on_trial_start(index: int, config: dict, why: str) -> None:
         state.update(index=index, config=config)
