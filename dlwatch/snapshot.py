@@ -58,7 +58,7 @@ class _WorkerRequired(TypedDict):
     cpu_percent: float | None  # 100 = one core, over the sampling interval
     busy_fraction: float | None  # 0..1 of the window inside the dataset fetch
     fetch_ms_mean: float | None
-    batches: int
+    batches: int | None  # None for an attached job (sampled: no batch counts)
     rss_bytes: int | None
     uss_bytes: int | None  # None when /proc/PID/smaps_rollup is unreadable
     threads: int | None
@@ -71,6 +71,23 @@ class Worker(_WorkerRequired, total=False):
     # Seconds inside the dataset fetch since the loader began, over every
     # process that held this worker slot (monotonic: the exporter's counter).
     busy_s_total: float | None
+    window_batches: int  # batches this worker delivered in the loader's window
+    # The fetch-time tail of one batch (ms), over the window when it holds 50
+    # fetches or more, else over the worker's life; from a fixed histogram of
+    # 4 buckets an octave in the worker, so each is good to about ±10 %.
+    fetch_ms_p50: float | None
+    fetch_ms_p95: float | None
+    fetch_ms_p99: float | None
+    # Digests of the first two batches the worker delivered from an iterable
+    # dataset (None: a map dataset, or none yet): equal in two workers when
+    # the dataset is not shared out among them.
+    first_batch_digest: int | None
+    second_batch_digest: int | None
+    # Attached jobs: busy_fraction is the share of the worker's samples inside
+    # the fetch, ± half its 95 % interval, over this many samples.
+    busy_pm: float | None
+    busy_samples: int
+    waiting_index_fraction: float | None  # share of samples blocked on the index queue
 
 
 class History(TypedDict, total=False):
@@ -83,11 +100,12 @@ class _LoaderRequired(TypedDict):
     num_workers: int
     batch_size: int | None
     pin_memory: bool
-    persistent_workers: bool
+    persistent_workers: bool | None  # None: not known (an attached job)
     prefetch_factor: int | None
-    epoch: int
-    batches_total: int
-    batches_per_s: float
+    # None for an attached job: only the hook counts batches.
+    epoch: int | None
+    batches_total: int | None
+    batches_per_s: float | None
     data_wait_fraction: float | None  # 0..1 over the window; None: no batch in it (no_batch_reason)
     wait_ms_mean: float | None
     step_ms_mean: float | None
@@ -99,7 +117,16 @@ class _LoaderRequired(TypedDict):
 class Loader(_LoaderRequired, total=False):
     start_method: str | None
     kind: str  # "map" | "iterable"
-    dataset: str | None
+    dataset: str | None  # the user's dataset class, beneath frameworks' wrappers
+    dataset_wrappers: list[str]  # the wrappers' classes, outermost first (Subset, IterableDatasetShard)
+    in_order: bool | None  # DataLoader(in_order=) with workers, torch >= 2.6; None otherwise
+    # The thread that takes the loader's batches: {"thread": name, "main": bool}
+    # (None: no batch yet). main False: a producer thread feeding a queue; the
+    # wait figures are then the producer's, not the training loop's.
+    iterated_on: dict[str, Any] | None
+    # Share of the loop's time inside next() while later batches sat ready in
+    # the reorder buffer (head-of-line blocking), sampled ~10 times a second.
+    head_of_line_fraction: float | None
     active: bool  # an iterator is alive
     epoch_start_ms: list[float]  # recent epochs, oldest first
     epoch_ms: list[float]  # recent completed epoch durations
@@ -117,6 +144,15 @@ class Loader(_LoaderRequired, total=False):
     wait_s_total: float | None
     step_s_total: float | None
     history: History
+    # An attached job's loader (``dlwatch attach``): data_wait_fraction is the
+    # share of the training thread's samples inside __next__, with ± half its
+    # 95 % interval (data_wait_ci95) over data_wait_samples samples.
+    sampled: bool
+    data_wait_pm: float | None
+    data_wait_samples: int
+    data_wait_ci95: list[float] | None
+    iterator: str | None  # "single-process" | "multi-process", from the stacks
+    workers_busy: dict[str, Any] | None  # every worker's samples pooled: fraction, pm, samples, ci95
     # Only under `dlwatch run --autotune` (README "Autotune"): state, reason,
     # current/original setting, changes (epoch, from, to, why, batches_per_s).
     autotune: dict[str, Any] | None
@@ -149,6 +185,8 @@ class Job(_JobRequired, total=False):
     last_wire_error: str | None
     # The last worker profile burst's top stage (dlwatch.diagnose.worker_profile.brief)
     worker_profile: dict[str, Any] | None
+    sampled: bool  # attached without the hook, sampled from outside
+    sampling: dict[str, Any]  # tool, span_s, samples, rate_hz, training thread
 
 
 class _HostRequired(TypedDict):

@@ -46,6 +46,21 @@ from functools import partial
 from typing import Any
 
 PROTOCOL_VERSION = 1
+# A worker's fetch times travel as a histogram ("fetch_hist": [[bucket,
+# count], ...], cumulative): log-spaced buckets, FETCH_HIST_PER_OCTAVE to a
+# doubling (each 19 % wide) from FETCH_HIST_LO_S up; 64 reach 3.3 s, and the
+# last also counts everything longer, the first everything shorter.
+FETCH_HIST_PER_OCTAVE = 4
+FETCH_HIST_BUCKETS = 64
+FETCH_HIST_LO_S = 50e-6
+
+
+def fetch_hist_bounds_ms(k: int) -> tuple[float, float]:
+    """The fetch times (ms) that bucket ``k`` counts (its nominal edges)."""
+    lo = FETCH_HIST_LO_S * 2 ** (k / FETCH_HIST_PER_OCTAVE) * 1e3
+    return lo, lo * 2 ** (1 / FETCH_HIST_PER_OCTAVE)
+
+
 # Windows carry a handful of loaders with up to a few dozen workers each:
 # a few KiB. 1 MiB leaves room for anything real and bounds what a peer can
 # make the other side buffer.
@@ -200,13 +215,17 @@ LOADER = (
 LOADER_OPTIONAL = (
     _of(_INT, "batch_size", "prefetch_factor", "teardown_ns")
     | _of(_BOOL, "pin_memory", "persistent_workers", "active")
+    | _of(_INT, "samples", "wait_samples", "hol_samples")
+    | _of(_BOOL, "in_order")
     | _of(_STR, "start_method", "kind", "name", "iterator", "dataset")
-    | _of(_LIST, "epoch_start_ms", "epoch_ms", "epoch_batches")
-    | _of(_DICT, "autotune")
+    | _of(_LIST, "epoch_start_ms", "epoch_ms", "epoch_batches", "dataset_wrappers")
+    | _of(_DICT, "autotune", "iterated_on")
 )
 QUEUE_OPTIONAL = {"ready": _INT, "in_flight": _INT, "capacity": _INT}
 WORKER = {"id": _INT, "pid": _INT, "batches": _INT, "fetch_ns": _INT, "busy_ns": _INT}
-WORKER_OPTIONAL = {"started_ns": _INT}
+WORKER_OPTIONAL = _of(_INT, "started_ns", "first_batch_digest", "second_batch_digest") | _of(
+    _LIST, "fetch_hist"
+)
 ERROR = {"message": _STR}
 PROFILE = {"steps": _INT}
 PROFILE_OPTIONAL = {"max_s": _NUM, "out_dir": _STR}

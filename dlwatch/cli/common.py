@@ -98,7 +98,9 @@ def open_live_view(args, source=None) -> int:
 
         # The collector builds a snapshot every interval and the view draws
         # each one as it comes: one period from the job to the screen, not two.
-        source = Monitor(window_s=args.window, interval=args.interval)
+        source = Monitor(
+            window_s=args.window, interval=args.interval, attach=getattr(args, "attach", None) or ()
+        )
     return run_tui(
         source,
         interval=args.interval,

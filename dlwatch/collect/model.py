@@ -35,20 +35,24 @@ def snapshot_dict(
     runtime_dir: str,
     runtime_dir_error: str | None,
     errors: list[str],
+    attached: Iterable[dict[str, Any]] = (),
 ) -> Snapshot:
     """The whole document. Jobs are ordered by run, rank and PID so that the
     ranks of one torchrun run sit together. ``hints`` is left empty: the
     diagnosis fills it. ``errors`` appears only when the collector had faults,
-    so the document of a healthy collector is the schema's and nothing more."""
+    so the document of a healthy collector is the schema's and nothing more.
+    ``attached``: jobs sampled from outside (``attach.py``), already built;
+    they follow the hooked ones."""
     conns = ordered(conns)
+    attached = list(attached)
     snap: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "time": now,
         "window_s": window_s,
-        "host": host_dict(host) | cpu_accounting(host, conns, procs),
+        "host": host_dict(host) | cpu_accounting(host, conns, procs, attached),
         "gpu_status": gpu_status,
         "gpus": gpus,
-        "jobs": [job_dict(c, window_s, procs, now) for c in conns],
+        "jobs": [job_dict(c, window_s, procs, now) for c in conns] + attached,
         "hints": [],
         "runtime_dir": runtime_dir,
         "runtime_dir_error": runtime_dir_error,
@@ -77,7 +81,10 @@ def host_dict(h: dict[str, Any]) -> Host:
 
 
 def cpu_accounting(
-    host: dict[str, Any], conns: list[JobConnection], procs: dict[int, dict[str, Any]]
+    host: dict[str, Any],
+    conns: list[JobConnection],
+    procs: dict[int, dict[str, Any]],
+    attached: Iterable[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """Who uses the usable cores, in cores (1.0 = one core), over one interval.
 
@@ -98,6 +105,11 @@ def cpu_accounting(
         if c.frames:
             for ld in c.frames[-1]["loaders"]:
                 pids.extend(w["pid"] for w in ld["workers"] if w.get("pid"))
+    for job in attached:
+        if job.get("state") in ("live", "connecting"):
+            pids.append(job["pid"])
+            for ld in job.get("loaders", []):
+                pids.extend(w["pid"] for w in ld.get("workers", []) if w.get("pid"))
     cpu = [(procs.get(p) or {}).get("cpu_percent") for p in pids]
     known = [v for v in cpu if isinstance(v, (int, float))]
     jobs = sum(known) / 100.0 if pids and len(known) == len(cpu) else None
@@ -193,6 +205,12 @@ def _history(c: JobConnection, frames: list[dict[str, Any]], loader_id: int, ful
     return {k: v[-WARMUP_POINTS:] for k, v in series.items()}
 
 
+def _iterated_on(v: Any) -> dict[str, Any] | None:
+    if not isinstance(v, dict) or not isinstance(v.get("main"), bool):
+        return None
+    return {"thread": str(v.get("thread") or "?")[:80], "main": v["main"]}
+
+
 def loader_dict(
     frames: list[dict[str, Any]],
     ld: dict[str, Any],
@@ -215,7 +233,13 @@ def loader_dict(
                 "cpu_percent": p.get("cpu_percent"),
                 "busy_fraction": wk["busy_fraction"],
                 "fetch_ms_mean": wk["fetch_ms_mean"],
+                "fetch_ms_p50": wk.get("fetch_ms_p50"),
+                "fetch_ms_p95": wk.get("fetch_ms_p95"),
+                "fetch_ms_p99": wk.get("fetch_ms_p99"),
                 "batches": wk["batches"],
+                "window_batches": wk.get("window_batches", 0),
+                "first_batch_digest": wk.get("first_batch_digest"),
+                "second_batch_digest": wk.get("second_batch_digest"),
                 "busy_s_total": totals.worker_busy_s(ld["id"], wk["id"]) if totals is not None else None,
                 "rss_bytes": p.get("rss_bytes"),
                 "uss_bytes": p.get("uss_bytes"),
@@ -236,6 +260,10 @@ def loader_dict(
         "start_method": ld.get("start_method"),
         "kind": ld.get("kind", "map"),
         "dataset": ld.get("dataset"),
+        "dataset_wrappers": list(ld.get("dataset_wrappers") or []),
+        "in_order": ld.get("in_order"),
+        "iterated_on": _iterated_on(ld.get("iterated_on")),
+        "head_of_line_fraction": w.get("head_of_line_fraction"),
         "active": bool(ld.get("active", False)),
         "epoch": ld["epoch"],
         "batches_total": ld["batches"],

@@ -28,7 +28,8 @@ import selectors
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from typing import Any, Literal, TypeVar, cast
 
 from dlwatch import rundir
@@ -99,6 +100,7 @@ class Monitor:
         diagnoser: HintSource | Literal[False] | None = None,
         only_pid: int | None = None,
         clock: Callable[[], float] = time.time,
+        attach: Iterable[int] = (),
     ) -> None:
         self.directory = directory or rundir.runtime_dir()
         self.window_s = window_s
@@ -143,6 +145,12 @@ class Monitor:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._listeners: list[Callable[[], None]] = []
+        # Jobs started without the hook, sampled from outside (attach.py).
+        self.attached: dict[int, Any] = {}
+        if attach:
+            from dlwatch.collect.attach import LiveAttach
+
+            self.attached = {pid: LiveAttach(pid) for pid in attach}
 
     def _pick(self, what: str, given: _T | Literal[False] | None, default: Callable[[], _T]) -> _T | None:
         """``given``, or the real sampler when None, or none when False. A real
@@ -250,6 +258,10 @@ class Monitor:
             if c.job is not None or c.state != "connecting" or time.time() - c.first_seen > HELLO_GRACE_S
         ]
         mains, workers = self._pids(conns)
+        for pid, att in self.attached.items():
+            if not att.exited:
+                mains.add(pid)
+                workers.update(att.worker_pids())
         procs_at = self._proc_cache_at
         procs = self._sample_procs(mains, workers, reuse_procs) if self._procs else {}
         # Host load with the processes' figures, over the same interval: the
@@ -257,6 +269,15 @@ class Monitor:
         host = self._sample_host(reuse_procs and self._proc_cache_at == procs_at)
         self._sample_gpu()
         status, gpus = self._gpu_state
+        # A job that publishes through the hook as well is shown once, hooked.
+        hooked = {c.pid for c in conns if c.live}
+        attached: list[dict[str, Any]] = []
+        for pid, a in self.attached.items():
+            if pid in hooked:
+                continue
+            job = self._safe("attach", partial(a.job, procs, self.diagnose_window_s), None)
+            if job is not None:
+                attached.append(job)
         snap = model.snapshot_dict(
             now=now,
             window_s=window_s,
@@ -275,6 +296,7 @@ class Monitor:
             runtime_dir=self.directory,
             runtime_dir_error=self.dir_error,
             errors=[*self.broken.values(), *self.errors],
+            attached=attached,
         )
         if "diagnosis" in self.broken:
             snap["hints_error"] = self.broken["diagnosis"]
@@ -294,7 +316,8 @@ class Monitor:
                     window_s=dw,
                     jobs=[  # type: ignore[assignment]
                         model.job_dict(c, dw, procs, now, history=False) for c in conns
-                    ],
+                    ]
+                    + attached,
                 )
             try:
                 snap["hints"] = cast(list[Hint], diagnoser.update(judged))
@@ -374,10 +397,7 @@ class Monitor:
             ):
                 self._sched_cache = self._safe("run-queue", lambda: sched.sample(sorted(pids)), {})
                 self._sched_at = t
-            waits = {p: v for p, v in self._sched_cache.items() if p in pids}
-            for pid, v in waits.items():
-                if pid in procs and isinstance(procs[pid], dict):
-                    procs[pid] = dict(procs[pid], runqueue_percent=v)
+            procs = add_runqueue(procs, {p: v for p, v in self._sched_cache.items() if p in pids})
         self._proc_cache, self._proc_cache_at = procs, t
         return procs
 
@@ -403,6 +423,8 @@ class Monitor:
     def start(self) -> None:
         if self._thread is not None:
             return
+        for att in self.attached.values():
+            att.start()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="dlwatch-monitor", daemon=True)
         self._thread.start()
@@ -448,6 +470,8 @@ class Monitor:
         if self._thread is not None:
             self._thread.join(timeout=2.0)
             self._thread = None
+        for att in self.attached.values():
+            att.stop()
         for c in self.conns.values():
             c.close()
         try:
@@ -458,6 +482,14 @@ class Monitor:
     def latest(self) -> dict | None:
         with self._lock:
             return self._latest
+
+
+def add_runqueue(procs: dict, waits: dict) -> dict:
+    """Each process's figures with its run-queue wait (``runqueue_percent``)."""
+    for pid, v in waits.items():
+        if pid in procs and isinstance(procs[pid], dict):
+            procs[pid] = dict(procs[pid], runqueue_percent=v)
+    return procs
 
 
 def _sleep(t: float) -> list:

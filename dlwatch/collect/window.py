@@ -11,6 +11,8 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from dlwatch import wire
+
 NS = 1e9
 
 
@@ -191,6 +193,51 @@ def loader_window(
     n = sum(b for _, b in fetch)
     out["worker_ms_per_batch"] = round(sum(m * b for m, b in fetch) / n, 3) if n else None
     out["queue_mean"] = queue_means(frames[i:], loader_id)
+    out.update(_sample_fractions(old, new))
+    return out
+
+
+def _sample_fractions(old: dict[str, Any], new: dict[str, Any]) -> dict[str, float | None]:
+    """Of the probe's samples in the window (one a frame while an iterator is
+    alive), the share that found the loop inside next() while later batches
+    sat ready in the reorder buffer: head-of-line blocking, as a fraction of
+    the loop's time."""
+    keys = ("samples", "hol_samples")
+    d = {k: max(0, int(new.get(k) or 0) - int(old.get(k) or 0)) for k in keys}
+    if "samples" not in new or not d["samples"]:
+        return {"head_of_line_fraction": None}
+    return {"head_of_line_fraction": round(d["hol_samples"] / d["samples"], 4)}
+
+
+def hist_percentiles(
+    new: Sequence[Any] | None, old: Sequence[Any] | None, qs: Sequence[float] = (0.5, 0.95, 0.99)
+) -> list[float | None]:
+    """Percentiles (ms) of the fetch times counted between two cumulative
+    histograms (``wire.fetch_hist``: [[bucket, count], ...]), interpolated
+    geometrically inside a bucket. None where no fetch was counted."""
+    counts: dict[int, int] = {}
+    for sign, hist in ((1, new), (-1, old)):
+        for pair in hist or ():
+            try:
+                k, c = int(pair[0]), int(pair[1])
+            except (TypeError, ValueError, IndexError):
+                continue
+            if 0 <= k < wire.FETCH_HIST_BUCKETS:
+                counts[k] = counts.get(k, 0) + sign * c
+    items = sorted((k, c) for k, c in counts.items() if c > 0)
+    total = sum(c for _, c in items)
+    if not total:
+        return [None for _ in qs]
+    out: list[float | None] = []
+    for q in qs:
+        want = q * total
+        seen = 0
+        for k, c in items:
+            if seen + c >= want:
+                lo, hi = wire.fetch_hist_bounds_ms(k)
+                out.append(round(lo * (hi / lo) ** ((want - seen) / c), 3))
+                break
+            seen += c
     return out
 
 
@@ -241,6 +288,8 @@ def worker_window(
         "id": w_new["id"],
         "pid": pid,
         "batches": w_new["batches"],
+        "first_batch_digest": w_new.get("first_batch_digest"),
+        "second_batch_digest": w_new.get("second_batch_digest"),
         "busy_fraction": None,
         "fetch_ms_mean": None,
         "window_batches": 0,
@@ -252,7 +301,9 @@ def worker_window(
             out["fetch_ms_mean"] = round(w_new["fetch_ns"] / w_new["batches"] / 1e6, 3)
         if started and t_new > started:
             out["busy_fraction"] = round(min(1.0, w_new["busy_ns"] / (t_new - started)), 4)
+        _tail(out, w_new.get("fetch_hist"), None)
         return out
+    _tail(out, w_new.get("fetch_hist"), w_old.get("fetch_hist"))
     d_b = max(0, w_new["batches"] - w_old["batches"])
     d_fetch = max(0, w_new["fetch_ns"] - w_old["fetch_ns"])
     d_busy = max(0, w_new["busy_ns"] - w_old["busy_ns"])
@@ -263,6 +314,25 @@ def worker_window(
     elif w_new["batches"] > 0:
         out["fetch_ms_mean"] = round(w_new["fetch_ns"] / w_new["batches"] / 1e6, 3)
     return out
+
+
+# The fetch-time tail of a worker in the window: fewer fetches than this and
+# the lifetime histogram speaks instead (a p99 of 10 fetches is their maximum).
+TAIL_MIN_FETCHES = 50
+
+
+def _tail(out: dict[str, Any], new: Sequence[Any] | None, old: Sequence[Any] | None) -> None:
+    """fetch_ms_p50/p95/p99 of a worker, over the window where it holds
+    enough fetches, else over the worker's life."""
+    if new is None:
+        return
+    base = old
+    n = sum(int(p[1]) for p in new if isinstance(p, list) and len(p) == 2) - sum(
+        int(p[1]) for p in (old or ()) if isinstance(p, list) and len(p) == 2
+    )
+    if n < TAIL_MIN_FETCHES:
+        base = None
+    out["fetch_ms_p50"], out["fetch_ms_p95"], out["fetch_ms_p99"] = hist_percentiles(new, base)
 
 
 def queue_means(frames: Sequence[dict[str, Any]], loader_id: int) -> dict[str, float | None]:

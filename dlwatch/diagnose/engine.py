@@ -32,7 +32,19 @@ from typing import Any
 
 from dlwatch.snapshot import severity_rank
 
-from . import rules_cores, rules_epochs, rules_gpu, rules_memory, rules_ranks, rules_workers
+from . import (
+    rules_cores,
+    rules_epochs,
+    rules_gpu,
+    rules_memory,
+    rules_order,
+    rules_ranks,
+    rules_sampled,
+    rules_sharding,
+    rules_threads,
+    rules_workers,
+    smoothing,
+)
 from .facts import (
     INACTIVE,
     STEADY,
@@ -54,6 +66,8 @@ HOLD_ON_S = 3.0
 # ... and be clear this long before the hint goes (brief: ≈ 5 s): longer than
 # HOLD_ON_S so a borderline condition shows steadily instead of blinking.
 HOLD_OFF_S = 5.0
+# ... or this many of the loader's own windows, when longer (slow steps).
+HOLD_OFF_WINDOWS = 2.0
 # A loader's first batches are dominated by worker start-up and cold caches:
 # a fast loader waits for 20 of them, a slow one for WARMUP_RATE_S seconds'
 # worth at its own rate, but never fewer than one full window of batches
@@ -78,6 +92,10 @@ REGISTRY: dict[str, Rule] = registry(
     rules_memory.RULES,
     rules_gpu.RULES,
     rules_ranks.RULES,
+    rules_sampled.RULES,
+    rules_sharding.RULES,
+    rules_order.RULES,
+    rules_threads.RULES,
 )
 
 
@@ -113,6 +131,7 @@ class HintTrack:
     off_since: float | None  # shown, condition continuously false since
     shown: bool
     hint: dict[str, Any]
+    severity_since: float | None = None  # a different severity fired continuously since
 
 
 @dataclass(frozen=True)
@@ -127,6 +146,8 @@ class DiagnoseState:
     mem: MemSeries = field(default_factory=dict)
     # rule id -> "ExcType: message" for rules that raised on the last snapshot
     rule_errors: Mapping[str, str] = field(default_factory=dict)
+    # pid -> recent CPU samples (smoothing.py): CPU over the loader's window
+    cpu: smoothing.History = field(default_factory=dict)
 
 
 def _grace(window_s: float | None) -> float:
@@ -194,7 +215,11 @@ def stateless_phases(snapshot: Mapping[str, Any]) -> dict[tuple[int, int], str]:
     window = num(snapshot.get("window_s"))
     out = {}
     for _job, pid, ld, lid in _iter_loaders(snapshot):
-        if ld.get("active") is False:
+        if ld.get("sampled") is True:
+            # Attached to a running job: no batch clock to judge warm-up by,
+            # and the job was running before anyone looked.
+            out[(pid, lid)] = STEADY
+        elif ld.get("active") is False:
             out[(pid, lid)] = INACTIVE
         else:
             out[(pid, lid)] = STEADY if history_says_steady(ld, window) else WARMUP
@@ -234,7 +259,9 @@ def _track_loaders(
         if steady and not tr.was_steady:
             tr = replace(tr, was_steady=True)
         tracks[key] = tr
-        if ld.get("active") is False:
+        if ld.get("sampled") is True:
+            phases[key] = STEADY  # as in stateless_phases
+        elif ld.get("active") is False:
             phases[key] = INACTIVE
         else:
             phases[key] = STEADY if steady else WARMUP
@@ -272,7 +299,16 @@ def _run_rules(ctx: Context) -> tuple[Fired, dict[str, str]]:
                 fired[(h["id"], h["job_pid"], h["loader_id"])] = h
         except Exception as e:  # noqa: BLE001 - see docstring
             errors[rid] = f"{type(e).__name__}: {e}"
-    return _precedence(fired), errors
+    return _precedence(_only_sampled_inputs(fired, ctx)), errors
+
+
+def _only_sampled_inputs(fired: Fired, ctx: Context) -> Fired:
+    """An attached (sampled) job gets hints only from the rules whose inputs
+    it has; the rest would read figures it does not have as if measured."""
+    sampled = {as_int(j.get("pid")) for j in ctx.live_jobs if j.get("sampled") is True}
+    if not sampled:
+        return fired
+    return {k: h for k, h in fired.items() if k[1] not in sampled or k[0] in rules_sampled.SAMPLED_RULE_IDS}
 
 
 # One worker count per loader: where two hints recommend different counts for
@@ -370,20 +406,48 @@ def evaluate(snapshot: Mapping[str, Any]) -> list[dict[str, Any]]:
     return _sorted([_copy_hint(h) for h in fired.values()])
 
 
+def _hold_off(snapshot: Mapping[str, Any]) -> dict[tuple[int, int] | None, float]:
+    """Seconds a shown hint of each loader (key (pid, lid); host-wide: None)
+    stays after its condition clears: ``HOLD_OFF_S``, or two of the loader's
+    windows when they are longer (a 0.9 s/step job's 5-batch window is 4.5 s:
+    one slow window must not blink its hints off and on)."""
+    out: dict[tuple[int, int] | None, float] = {}
+    for _job, pid, ld, lid in _iter_loaders(snapshot):
+        out[(pid, lid)] = max(HOLD_OFF_S, HOLD_OFF_WINDOWS * (num(ld.get("window_s")) or 0.0))
+    out[None] = max(out.values(), default=HOLD_OFF_S)
+    return out
+
+
 def _step_hysteresis(
     old: Mapping[HintKey, HintTrack],
     fired: Mapping[HintKey, Hint],
     frozen: set[HintKey],
     t: float,
     restart: bool,
+    hold_off: Mapping[tuple[int, int] | None, float] | None = None,
 ) -> dict[HintKey, HintTrack]:
+    hold_off = hold_off or {}
     new: dict[HintKey, HintTrack] = {}
     for key in set(old) | set(fired):
         tr = old.get(key)
+        pid, lid = key[1], key[2]
+        off_s = hold_off.get((pid, lid) if pid is not None and lid is not None else None, HOLD_OFF_S)
         if key in fired:
             on = tr.on_since if (tr and tr.on_since is not None and not restart) else t
             shown = bool(tr and tr.shown) or t - on >= HOLD_ON_S
-            new[key] = HintTrack(on, None, shown, fired[key])
+            hint, since = fired[key], None
+            if tr and tr.shown and not restart and hint["severity"] != tr.hint["severity"]:
+                # A shown hint changes severity only once the new one has held
+                # (HOLD_ON_S up, the hold-off down): a steady job's warning does
+                # not blink to info and back on one window. Critical is news at once.
+                since = tr.severity_since if tr.severity_since is not None else t
+                up = severity_rank(hint["severity"]) < severity_rank(tr.hint["severity"])
+                hold = 0.0 if hint["severity"] == "critical" else HOLD_ON_S if up else off_s
+                if t - since < hold:
+                    hint = tr.hint
+                else:
+                    since = None
+            new[key] = HintTrack(on, None, shown, hint, since)
         elif tr is None:  # every key is fired or old: for the type checker
             continue
         elif key in frozen:
@@ -391,7 +455,7 @@ def _step_hysteresis(
                 new[key] = tr
         elif tr.shown:
             off = tr.off_since if tr.off_since is not None else t
-            if t - off < HOLD_OFF_S:
+            if t - off < off_s:
                 new[key] = HintTrack(None, off, True, tr.hint)
     return new
 
@@ -413,13 +477,14 @@ def diagnose(
     restart = state.time is None or t < state.time or t - state.time > STALE_GAP_S
     phases, tracks = _track_loaders(snapshot, state.loaders, t)
     mem = rules_memory.update_mem_series(dict(state.mem), snapshot, t)
-    ctx = build_context(snapshot, phases, mem)
+    judged, cpu = smoothing.smooth_cpu(snapshot, {} if restart else state.cpu, t)
+    ctx = build_context(judged, phases, mem)
     fired, errors = _run_rules(ctx)
     frozen = _frozen_keys(ctx, tracks)
     # A rule that raised says nothing: keep its shown hints as they were.
     frozen.update(k for k in state.hints if k[0] in errors)
-    hints = _step_hysteresis(state.hints, fired, frozen, t, restart)
-    new_state = DiagnoseState(time=t, loaders=tracks, hints=hints, mem=mem, rule_errors=errors)
+    hints = _step_hysteresis(state.hints, fired, frozen, t, restart, _hold_off(judged))
+    new_state = DiagnoseState(time=t, loaders=tracks, hints=hints, mem=mem, rule_errors=errors, cpu=cpu)
     shown = [_copy_hint(tr.hint) for tr in hints.values() if tr.shown]
     return _sorted(shown), new_state
 

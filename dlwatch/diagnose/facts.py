@@ -94,6 +94,27 @@ def worker_ms_per_batch(loader: Mapping[str, Any], workers: list[dict[str, Any]]
     return m
 
 
+# The main thread's CPU (percent of a core) below which it is taken to be
+# idle: not a training loop but a launcher's or an actor's thread waiting
+# (Ray Train, for one, runs the train function on a thread of its own).
+MAIN_THREAD_IDLE_PERCENT = 5.0
+
+
+def fed_by_thread(loader: Mapping[str, Any], job: Mapping[str, Any] | None = None) -> bool:
+    """A loader iterated on a thread other than the main one while the main
+    thread works (``job``'s ``main_thread_cpu_percent``; unknown counts as
+    working): a producer feeding the training loop through a queue. Its wait
+    is the producer's, not the loop's, and the rules that judge the loop's
+    data wait must not read it (the view's ``wait`` is None;
+    rules_threads.py says what the producer waits). With an idle main
+    thread, the iterating thread is the training loop itself."""
+    on = loader.get("iterated_on")
+    if not (isinstance(on, Mapping) and on.get("main") is False):
+        return False
+    main_cpu = num(job.get("main_thread_cpu_percent")) if job is not None else None
+    return main_cpu is None or main_cpu >= MAIN_THREAD_IDLE_PERCENT
+
+
 @dataclass
 class LoaderView:
     """One loader of one live job, with the figures most rules need."""
@@ -105,7 +126,7 @@ class LoaderView:
     phase: str
     workers: list[dict[str, Any]]
     num_workers: int | None
-    wait: float | None  # data_wait_fraction 0..1
+    wait: float | None  # data_wait_fraction 0..1; None for a thread-fed loader (fed_by_thread)
     busy_mean: float | None  # mean worker busy fraction 0..1
     cpu_mean: float | None  # mean worker CPU in cores (1.0 = one core)
     cpu_missing: int  # live workers without a CPU figure
@@ -244,7 +265,7 @@ def build_context(
                     phase=phase_of.get((pid, lid), WARMUP),
                     workers=workers,
                     num_workers=as_int(ld.get("num_workers")),
-                    wait=num(ld.get("data_wait_fraction")),
+                    wait=None if fed_by_thread(ld, job) else num(ld.get("data_wait_fraction")),
                     busy_mean=busy,
                     cpu_mean=cpu_mean / PERCENT_PER_CORE if cpu_mean is not None else None,
                     cpu_missing=len(workers) - len(cpu_vals),

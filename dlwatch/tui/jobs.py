@@ -173,6 +173,8 @@ class JobList(LineTable):
             else:
                 label_cell = str(pid) if pid is not None else fmt.NA
             cmd = fmt.s(job.get("cmdline"), fmt.NA)
+            if job.get("sampled") is True:
+                cmd = "[sampled] " + cmd
             wait_prefix = ""
         state = row.state
         wait = row.data_wait

@@ -85,6 +85,9 @@ def job_header(job: Any, pal: fmt.Palette, wide: bool) -> Text:
         reason = fmt.s(job.get("state_reason"))
         parts.append(Text(f"■ {state.upper()}" + (f" ({reason})" if reason else ""), f"bold {pal.warn}"))
         parts.append(Text("last figures; d dismisses", pal.dim))
+    if job.get("sampled") is True:
+        # Attached without the hook: figures are shares of stack samples.
+        parts.append(Text("◌ sampled (attached, no hook)", f"bold {pal.warn}"))
     parts.append(f"main CPU {fmt.pct100(job.get('main_cpu_percent'))}")
     if wide:
         parts.append(f"main thread {fmt.pct100(job.get('main_thread_cpu_percent'))}")
