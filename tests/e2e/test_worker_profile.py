@@ -137,7 +137,7 @@ def test_sixteen_non_persistent_workers_replaced_during_the_burst_are_followed()
             "--pid",
             str(job.pid),
             "--seconds",
-            "4",
+            "5",
             "--json",
             runtime_dir=d,
             timeout=60,
