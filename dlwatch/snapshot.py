@@ -187,6 +187,8 @@ class Job(_JobRequired, total=False):
     cuda_initialized: bool | None
     bad_frames: int
     last_wire_error: str | None
+    # The last worker profile burst's top stage (dlwatch.diagnose.worker_profile.brief)
+    worker_profile: dict[str, Any] | None
     sampled: bool  # attached without the hook, sampled from outside
     sampling: dict[str, Any]  # tool, span_s, samples, rate_hz, training thread
 

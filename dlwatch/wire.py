@@ -23,6 +23,16 @@ A server that can run a profiler burst lists ``"profile"`` in its hello's
 or a single ``profile_status`` with state ``busy`` / ``unsupported`` /
 ``rejected`` when the burst cannot start at all.
 
+A server that can sample its DataLoader workers lists ``"worker-profile"``::
+
+    client -> {"type": "worker_profile", "seconds": 5, "hz": 100}
+    server -> {"type": "profile_status", "state": "running", "message": ...}  (about once a second)
+    server -> {"type": "worker_profile_result", "result": {...}}   (or with "error")
+
+with the same single ``profile_status`` refusals. Every other monitor of the
+job gets the answer too, marked ``"broadcast": true`` (and a monitor that
+connects later gets the last one after its history).
+
 A version mismatch is answered with ``{"type": "error", ...}`` and the
 connection is closed; so is a malformed or oversized frame.
 """
@@ -61,6 +71,12 @@ MAX_CLIENT_FRAME_BYTES = 4096
 MAX_OUT_DIR_CHARS = 1024
 # What a server that runs profiler bursts announces in its hello.
 FEATURE_PROFILE = "profile"
+FEATURE_WORKER_PROFILE = "worker-profile"
+# Worker profile bursts: seconds and samples per second per worker.
+WORKER_PROFILE_DEFAULT_SECONDS = 5.0
+WORKER_PROFILE_MAX_SECONDS = 60.0
+WORKER_PROFILE_DEFAULT_HZ = 100
+WORKER_PROFILE_MAX_HZ = 1000
 # Profiler bursts: bounded so that a request can never make the job record
 # (and hold in memory) more than a minute of events.
 PROFILE_DEFAULT_STEPS = 10
@@ -217,6 +233,10 @@ PROFILE_STATUS = {"state": _STR}
 PROFILE_STATUS_OPTIONAL = {"steps": _INT, "steps_done": _INT, "message": _STR, "loader": _DICT}
 PROFILE_RESULT = {"result": _DICT}
 PROFILE_RESULT_OPTIONAL = {"error": _STR}
+WORKER_PROFILE = {"seconds": _NUM}
+WORKER_PROFILE_OPTIONAL = {"hz": _INT}
+# broadcast: the copy every other monitor of the job gets (not an answer to them)
+WORKER_PROFILE_RESULT_OPTIONAL = {"error": _STR, "broadcast": _BOOL}
 
 
 @dataclass(frozen=True)
@@ -239,6 +259,8 @@ MESSAGES: dict[str, Schema] = {
     "profile": Schema(PROFILE, PROFILE_OPTIONAL),
     "profile_status": Schema(PROFILE_STATUS, PROFILE_STATUS_OPTIONAL),
     "profile_result": Schema(PROFILE_RESULT, PROFILE_RESULT_OPTIONAL),
+    "worker_profile": Schema(WORKER_PROFILE, WORKER_PROFILE_OPTIONAL),
+    "worker_profile_result": Schema(PROFILE_RESULT, WORKER_PROFILE_RESULT_OPTIONAL),
 }
 RECORDS: dict[str, Schema] = {
     "job": Schema(JOB, JOB_OPTIONAL),
@@ -317,8 +339,15 @@ def validate(msg: Any) -> dict[str, Any]:
         _check(msg, PROFILE_STATUS, PROFILE_STATUS_OPTIONAL, "profile_status")
         if msg["state"] not in PROFILE_STATES:
             raise WireError(f"profile_status.state {msg['state'][:40]!r} is not one of {PROFILE_STATES}")
-    elif kind == "profile_result":
-        _check(msg, PROFILE_RESULT, PROFILE_RESULT_OPTIONAL, "profile_result")
+    elif kind in ("profile_result", "worker_profile_result"):
+        _check(msg, PROFILE_RESULT, PROFILE_RESULT_OPTIONAL, kind)
+    elif kind == "worker_profile":
+        _check(msg, WORKER_PROFILE, WORKER_PROFILE_OPTIONAL, kind)
+        if not 0 < msg["seconds"] <= WORKER_PROFILE_MAX_SECONDS:
+            raise WireError(f"worker_profile.seconds must be in (0, {WORKER_PROFILE_MAX_SECONDS:g}]")
+        hz = msg.get("hz")
+        if hz is not None and not 1 <= hz <= WORKER_PROFILE_MAX_HZ:
+            raise WireError(f"worker_profile.hz must be 1..{WORKER_PROFILE_MAX_HZ}")
     else:
         raise WireError(f"unknown message type {kind!r}")
     return msg
@@ -346,6 +375,14 @@ def profile_request(steps: int, max_s: float | None = None, out_dir: str | None 
         msg["max_s"] = max_s
     if out_dir is not None:
         msg["out_dir"] = out_dir
+    return validate(msg)
+
+
+def worker_profile_request(seconds: float, hz: int | None = None) -> dict[str, Any]:
+    """A monitor's request for a worker profile burst of ``seconds``."""
+    msg: dict[str, Any] = {"type": "worker_profile", "seconds": seconds}
+    if hz is not None:
+        msg["hz"] = hz
     return validate(msg)
 
 
@@ -443,6 +480,19 @@ def profile_result(result: dict[str, Any], error: str | None = None) -> dict[str
     msg: dict[str, Any] = {"type": "profile_result", "result": result}
     if error is not None:
         msg["error"] = error
+    return msg
+
+
+def worker_profile_result(
+    result: dict[str, Any], error: str | None = None, broadcast: bool = False
+) -> dict[str, Any]:
+    """A worker profile burst's stacks (``diagnose.worker_profile``), or why
+    there are none; ``broadcast``: the copy for the job's other monitors."""
+    msg: dict[str, Any] = {"type": "worker_profile_result", "result": result}
+    if error is not None:
+        msg["error"] = error
+    if broadcast:
+        msg["broadcast"] = True
     return msg
 
 

@@ -169,6 +169,7 @@ def job_dict(
         "cuda_initialized": (last or {}).get("main", {}).get("cuda_initialized"),
         "bad_frames": c.bad_frames,
         "last_wire_error": c.last_error or None,
+        "worker_profile": c.worker_profile,
         "loaders": [],
     }
     if last is None:

@@ -421,6 +421,15 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict[str, Any]]:
             sugg += ", or move augmentation to the GPU (e.g. torchvision.transforms.v2 on CUDA tensors, DALI)"
         else:
             sugg += ", or a faster decoder (e.g. Pillow-SIMD, decoding at reduced size)"
+        wp = _worker_profile_of(lv)
+        if wp is not None:
+            msg += (
+                f" The last worker profile puts {pct(wp['top_share'])} of the workers' time in "
+                f"{wp['top_stage']} ({wp['verdict']})."
+            )
+            sugg = str(wp.get("suggestion") or sugg)
+        else:
+            sugg += "; to see which stage costs what: dlwatch profile --workers (W in the live view)"
         if one_more_helps:
             sugg = f"set num_workers={nw + 1} in DataLoader(...); beyond that, " + sugg
         ev = _common_evidence(lv) | {
@@ -436,10 +445,19 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict[str, Any]]:
         if one_more_helps:
             ev["recommended_num_workers"] = nw + 1
         ev |= _prediction_evidence(more)
+        ev["worker_profile"] = wp
         out.append(
             hint("cpu-bound-preprocessing", "warn" if worth else "info", lv.pid, lv.lid, msg, sugg, ev)
         )
     return out
+
+
+def _worker_profile_of(lv: LoaderView) -> dict[str, Any] | None:
+    """The job's last worker profile, if it was of this loader."""
+    wp = lv.job.get("worker_profile")
+    if not isinstance(wp, dict) or wp.get("loader_id") != lv.lid or num(wp.get("top_share")) is None:
+        return None
+    return wp
 
 
 def _and(parts: list[str]) -> str:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from time import perf_counter as _clock  # float seconds: see stats.py
 from typing import Any
 
-from dlwatch.probe import postimport
+from dlwatch.probe import postimport, worker_burst
 from dlwatch.probe import worker as _worker
 from dlwatch.probe.stats import Registry
 
@@ -243,6 +243,7 @@ def _on_new_iterator(it, loader, t0: float) -> None:
         st.slots_fview = _worker.as_float64_view(slots)
         st.num_workers = nw
         it._dlw_slots = slots
+        worker_burst.on_new_slots(st)
     else:
         st.slots = st.slots_view = st.slots_fview = None
         st.num_workers = 0

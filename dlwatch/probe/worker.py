@@ -49,10 +49,14 @@ HIST0 = 7
 HIST_PER_OCTAVE = wire.FETCH_HIST_PER_OCTAVE
 HIST_BUCKETS = wire.FETCH_HIST_BUCKETS
 HIST_LO_S = wire.FETCH_HIST_LO_S
-NFIELDS = HIST0 + HIST_BUCKETS
 # The lower edges of buckets 1.. (seconds): a fetch's bucket is how many of
 # them it reaches (a C bisect, cheaper than a log and no clamping needed).
 _HIST_EDGES = [wire.fetch_hist_bounds_ms(k)[0] / 1e3 for k in range(1, HIST_BUCKETS)]
+# A worker profile burst (worker_sampler.py), after the histogram: the
+# trainer writes BURST_GEN (its id), BURST_HZ and BURST_END_S (float64
+# seconds); the worker writes BURST_ACK = BURST_GEN once it samples.
+BURST_GEN, BURST_HZ, BURST_END_S, BURST_ACK = range(HIST0 + HIST_BUCKETS, HIST0 + HIST_BUCKETS + 4)
+NFIELDS = HIST0 + HIST_BUCKETS + 4
 
 # This process's row (int64 view), set when the hook runs in a worker; None
 # outside one.
@@ -202,9 +206,17 @@ def _timed(orig, row, frow, base: int):
     hist = [row[i_hist + k] for k in range(HIST_BUCKETS)]
     hrow = row[i_hist : i_hist + HIST_BUCKETS]  # the row's histogram, indexed by bucket
     edges = _HIST_EDGES
+    i_gen = base + BURST_GEN
+    # The last burst id this worker looked at: a new one starts its sampler
+    # (one int64 load and compare per fetch: a memoryview read, ~25 ns as
+    # measured above; no thread until then).
+    seen = 0
 
     def fetch(self, possibly_batched_index):
-        nonlocal busy, batches
+        nonlocal busy, batches, seen
+        if row[i_gen] != seen:
+            seen = row[i_gen]
+            _start_sampler(row, frow, base, seen)
         t0 = _clock()
         frow[i_cur] = t0
         try:
@@ -229,6 +241,18 @@ def _timed(orig, row, frow, base: int):
 
     fetch._dlwatch_orig = orig  # type: ignore[attr-defined]  # what a re-patch unwraps
     return fetch
+
+
+def _start_sampler(row, frow, base: int, gen: int) -> None:
+    try:
+        from dlwatch.probe import worker_sampler
+
+        worker_sampler.start(row, frow, base, gen, _FETCH_CODE)
+    except Exception:
+        pass  # a burst that cannot sample costs its samples, never the fetch
+
+
+_FETCH_CODE = _timed(None, [0] * NFIELDS, [0.0] * NFIELDS, 0).__code__
 
 
 def read_workers(

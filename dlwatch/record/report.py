@@ -17,7 +17,7 @@ from dlwatch.diagnose.render import KEY_EVIDENCE, evidence_items
 from dlwatch.record import svgchart
 from dlwatch.record.compare import Comparison, fmt_value
 from dlwatch.record.series import SETTINGS, LoaderSeries, RecordingSeries, summary
-from dlwatch.snapshot import as_dict, as_str, num, percent
+from dlwatch.snapshot import as_dict, as_str, num, percent, records
 
 MIB = float(1 << 20)
 
@@ -209,7 +209,28 @@ def _job_section(s: RecordingSeries, pid: int, job: dict[str, Any], loaders: lis
         out.append('<p class="note">No DataLoader iterator recorded for this job.</p>')
     for ls in loaders:
         out += _loader_section(s, ls)
-    return out
+    return out + _worker_profile_section(job)
+
+
+def _worker_profile_section(job: dict[str, Any]) -> list[str]:
+    """The last worker profile burst of the job during the recording (``W``,
+    ``dlwatch profile --workers``): its stages."""
+    wp = as_dict(job.get("worker_profile"))
+    stages = records(wp.get("stages"))
+    if not stages:
+        return []
+    when = time.strftime("%H:%M:%S", time.localtime(num(wp.get("t")) or 0))
+    rows = "".join(
+        f"<tr><td>{escape(as_str(st.get('stage')))}</td><td>{100 * (num(st.get('share')) or 0.0):.0f} %</td>"
+        "</tr>"
+        for st in stages
+    )
+    return [
+        f"<h3>Worker profile (loader {escape(str(wp.get('loader_id')))}, taken at {when}, "
+        f"{escape(str(wp.get('samples')))} samples)</h3>",
+        f"<p>{escape(as_str(wp.get('verdict'), 'no verdict'))}: {escape(as_str(wp.get('suggestion')))}</p>",
+        f"<table><tr><th>stage</th><th>share of the workers' time inside fetches</th></tr>{rows}</table>",
+    ]
 
 
 def _loader_section(s: RecordingSeries, ls: LoaderSeries) -> list[str]:

@@ -141,6 +141,7 @@ class DlwatchApp(App):
         time_format: Callable[[float], str] = local_time,
         version: str = __version__,
         profiler: Runner | None = None,
+        worker_profiler: Runner | None = None,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
@@ -151,6 +152,7 @@ class DlwatchApp(App):
         self.time_format = time_format
         self.version = version
         self.profiler = profiler
+        self.worker_profiler = worker_profiler
         self.paused = False
         self.snapshot: dict | None = None
         self.rows: list[JobRow] = []
@@ -494,7 +496,7 @@ class DlwatchApp(App):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action.startswith("replay_"):
             return self.is_replay
-        if action == "profile":
+        if action in ("profile", "worker_profile"):
             return not self.is_replay  # a recording has no job to ask
         return True
 
@@ -579,21 +581,31 @@ class DlwatchApp(App):
         self.redraw(full=True)
 
     def action_profile(self) -> None:
+        pid = self._profilable_pid(self.profiler)
+        if pid is not None and self.profiler is not None:
+            self.push_screen(ProfileScreen(pid, self.profiler))
+
+    def action_worker_profile(self) -> None:
+        pid = self._profilable_pid(self.worker_profiler)
+        if pid is not None and self.worker_profiler is not None:
+            self.push_screen(ProfileScreen(pid, self.worker_profiler, workers=True))
+
+    def _profilable_pid(self, runner: Runner | None) -> int | None:
         job = self.selected_job()
         pid = fmt.intval(job.get("pid")) if job else None
         if pid is None:
             self.notify("no job selected", severity="warning")
-            return
+            return None
         if job_state(job) != "live":
             self.notify("only a live job can be profiled", severity="warning")
-            return
-        if self.profiler is None:
+            return None
+        if runner is None:
             # A replay, or a view built without a way to reach the jobs.
             self.notify("profiling needs the live view (dlwatch top)", severity="warning")
-            return
+            return None
         if isinstance(self.screen, ProfileScreen):
-            return
-        self.push_screen(ProfileScreen(pid, self.profiler))
+            return None
+        return pid
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         # Ours replace Textual's "Keys" and "Screenshot", which do the same
@@ -605,9 +617,15 @@ class DlwatchApp(App):
             yield SystemCommand(key.command, key.command_help, getattr(self, key.method))
 
 
-def run_tui(source: SnapshotSource, interval: float = 0.5, profiler: Runner | None = None) -> int:
+def run_tui(
+    source: SnapshotSource,
+    interval: float = 0.5,
+    profiler: Runner | None = None,
+    worker_profiler: Runner | None = None,
+) -> int:
     """Run the TUI until the user quits; the CLI's exit code. ``profiler``
-    runs a burst on a job (the CLI passes the collector's; None: no bursts)."""
-    app = DlwatchApp(source, interval=interval, profiler=profiler)
+    runs a burst on a job, ``worker_profiler`` a worker profile (the CLI
+    passes the collector's; None: no bursts)."""
+    app = DlwatchApp(source, interval=interval, profiler=profiler, worker_profiler=worker_profiler)
     app.run()
     return 0 if app.return_code in (None, 0) else int(app.return_code)

@@ -125,6 +125,16 @@ APP_KEYS = [
         display="P",
         command="Profile job",
     ),
+    Key(
+        "W",
+        "worker_profile",
+        "workers",
+        False,
+        "W",
+        "profile the DataLoader workers for 5 s: which stage of __getitem__ costs what",
+        display="W",
+        command="Profile workers",
+    ),
 ]
 
 # Textual's own, listed in the help all the same.

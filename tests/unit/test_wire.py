@@ -446,6 +446,8 @@ BUILT = {
     "profile": wire.profile_request(10, 30.0, "/tmp/x"),
     "profile_status": wire.profile_status("running", "late", steps=10, steps_done=2, loader={"id": 0}),
     "profile_result": wire.profile_result({"steps": 10}, "the job exited"),
+    "worker_profile": wire.worker_profile_request(5.0, 100),
+    "worker_profile_result": wire.worker_profile_result({"stacks": []}, "no worker fetched", broadcast=True),
 }
 
 
