@@ -118,6 +118,7 @@ def test_persistent_loader_changes_workers_with_the_same_batches(short_tmpdir):
     assert res["digest"] == base["digest"]
 
 
+@pytest.mark.timing  # "does not wait" is a measured rate: a loaded box makes any loop wait
 def test_a_loop_that_does_not_wait_is_left_as_it_is(short_tmpdir):
     args = ["--kind", "io", "--epochs", "4", "--batches", "60", "--sample-ms", "0.1", "--step-ms", "20"]
     res, err = _finish(_start(short_tmpdir, True, *args, "--workers", "2"))
