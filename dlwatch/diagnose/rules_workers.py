@@ -60,7 +60,7 @@ MIN_WORTHWHILE_SPEEDUP = 1.10
 # Sanity ceiling for the uncapped I/O-bound recommendation: a tiny step time
 # must not turn into "use 400 workers" (every worker costs memory and a pid).
 IO_MAX_RECOMMENDED_WORKERS = 64
-# pipeline-has-headroom: workers busier than this are not "mostly idle" (brief ~0.3).
+# pipeline-has-headroom: workers busier than this are not "mostly idle".
 HEADROOM_MAX_BUSY = 0.30
 # ... and the loop must practically never wait. Not 0: taking a ready batch
 # from the queue costs the loop 1-2 ms of IPC and unpickling (measured with
