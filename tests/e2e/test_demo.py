@@ -26,7 +26,6 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "dlwatch" / "demo" / "train.py"
 PY = sys.executable
 
-pytestmark = pytest.mark.slow
 
 # Small, quick-to-start settings shared by most runs.
 SMALL = ["--dataset-size", "512", "--batch-size", "16", "--quiet"]
@@ -169,6 +168,7 @@ def test_start_methods_report_accounts_for_loop_time(tmp_path):
     assert len(checksums) == 1
 
 
+@pytest.mark.timing
 def test_step_time_follows_step_ms(tmp_path):
     r = _run_all(
         {

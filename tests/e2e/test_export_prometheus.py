@@ -28,8 +28,6 @@ from dlwatch import wire
 from tests.e2e.test_faults_monitor import FakeJob, hello, window
 from tests.e2e_util import Job, short_tmpdir, truth_in_window
 
-pytestmark = pytest.mark.slow
-
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 RANKED_JOB = Path(__file__).resolve().parent.parent / "jobs" / "ranked_job.py"
 GRACE_S = 2.0

@@ -22,8 +22,6 @@ from dlwatch.collect.jobs import JobConnection
 from dlwatch.collect.monitor import take_snapshot
 from tests.e2e_util import dlwatch, short_tmpdir
 
-pytestmark = pytest.mark.slow
-
 HERE = Path(__file__).resolve().parent.parent
 SCEN = HERE / "jobs" / "fault_scenarios.py"
 FRAMEWORKS = HERE / "jobs" / "fault_frameworks.py"
