@@ -36,29 +36,10 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader, IterableDataset  # noqa: E402
 
 if __package__:
-    from .loop import Run
-    from .workload import (
-        CostSpec,
-        DataSpec,
-        DemoCollate,
-        DemoWorkerInit,
-        SyntheticImages,
-        SyntheticImageStream,
-        Trainer,
-        build_model,
-    )
+    from . import loop, workload
 else:  # run as a script: this file's folder is sys.path[0]
-    from loop import Run
-    from workload import (
-        CostSpec,
-        DataSpec,
-        DemoCollate,
-        DemoWorkerInit,
-        SyntheticImages,
-        SyntheticImageStream,
-        Trainer,
-        build_model,
-    )
+    import loop
+    import workload
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -370,8 +351,8 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_ERROR
 
     torch.manual_seed(args.seed)
-    cost = CostSpec(args.sample_ms, args.cost_kind, args.worker_threads or 1)
-    spec = DataSpec(
+    cost = workload.CostSpec(args.sample_ms, args.cost_kind, args.worker_threads or 1)
+    spec = workload.DataSpec(
         size=args.dataset_size,
         image_size=args.image_size,
         seed=args.seed,
@@ -380,10 +361,10 @@ def main(argv: list[str] | None = None) -> int:
         leak_bytes_per_sample=args.leak_bytes_per_sample,
         shuffle=args.shuffle,
     )
-    dataset_cls = SyntheticImageStream if args.iterable else SyntheticImages
+    dataset_cls = workload.SyntheticImageStream if args.iterable else workload.SyntheticImages
     train_set = dataset_cls(spec)
-    collate = DemoCollate(cost, args.batch_cost_ms, args.grow_bytes_per_batch, args.grow_limit_bytes)
-    worker_init = DemoWorkerInit(args.worker_threads)
+    collate = workload.DemoCollate(cost, args.batch_cost_ms, args.grow_bytes_per_batch, args.grow_limit_bytes)
+    worker_init = workload.DemoWorkerInit(args.worker_threads)
     train_loader = make_loader(
         args,
         train_set,
@@ -400,8 +381,8 @@ def main(argv: list[str] | None = None) -> int:
         val_spec = replace(spec, size=val_size, seed=args.seed + 1, shuffle=False, leak_bytes_per_sample=0)
         val_loader = make_loader(args, dataset_cls(val_spec), collate, worker_init, None, False, pin_memory)
 
-    trainer = Trainer(
-        build_model(spec.channels, spec.num_classes),
+    trainer = workload.Trainer(
+        workload.build_model(spec.channels, spec.num_classes),
         device,
         pin_memory,
         args.step_ms,
@@ -422,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu_count=os.cpu_count(),
     )
 
-    run = Run(args, config)
+    run = loop.Run(args, config)
     run.stop.install()
     _log(
         args,

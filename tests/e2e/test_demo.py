@@ -207,23 +207,23 @@ def _digest(image, label) -> tuple:
 
 
 def test_samples_depend_only_on_seed_and_index():
-    train = pytest.importorskip("dlwatch.demo.train")
-    spec = train.DataSpec(size=40, seed=3)
-    a, b = train.SyntheticImages(spec), train.SyntheticImages(spec)
+    workload = pytest.importorskip("dlwatch.demo.workload")
+    spec = workload.DataSpec(size=40, seed=3)
+    a, b = workload.SyntheticImages(spec), workload.SyntheticImages(spec)
     assert [_digest(*a[i]) for i in range(40)] == [_digest(*b[i]) for i in (range(40))]
-    other = train.SyntheticImages(train.DataSpec(size=40, seed=4))
+    other = workload.SyntheticImages(workload.DataSpec(size=40, seed=4))
     assert _digest(*a[5]) != _digest(*other[5])
     with pytest.raises(IndexError):
         a[40]
 
 
 def test_iterable_shards_cover_every_sample_once():
-    train = pytest.importorskip("dlwatch.demo.train")
+    workload = pytest.importorskip("dlwatch.demo.workload")
     from torch.utils.data import DataLoader
 
-    spec = train.DataSpec(size=30, seed=2, shuffle=True)
-    expected = sorted(_digest(*train.SyntheticImages(spec)[i]) for i in range(30))
-    stream = train.SyntheticImageStream(spec)
+    spec = workload.DataSpec(size=30, seed=2, shuffle=True)
+    expected = sorted(_digest(*workload.SyntheticImages(spec)[i]) for i in range(30))
+    stream = workload.SyntheticImageStream(spec)
     loader = DataLoader(
         stream, batch_size=4, num_workers=2, multiprocessing_context="fork", collate_fn=lambda batch: batch
     )
