@@ -19,6 +19,15 @@ if _os.environ.get("DLWATCH_DISABLE", "").strip() in ("", "0", "false", "no"):
         _patches.install()
     except Exception:  # the job must train on whatever happens here
         pass
+    if _os.environ.get("DLWATCH_AUTOTUNE"):
+        try:
+            from dlwatch.probe import autotune as _autotune
+
+            if _autotune.enabled():
+                _patches.after_new_iterator = _autotune.after_new_iterator
+                _autotune.install()
+        except Exception:
+            pass
     if _os.environ.get("DLWATCH_OVERRIDES"):
         try:
             from dlwatch.probe import overrides as _overrides

@@ -117,6 +117,9 @@ class Loader(_LoaderRequired, total=False):
     wait_s_total: float | None
     step_s_total: float | None
     history: History
+    # Only under `dlwatch run --autotune` (README "Autotune"): state, reason,
+    # current/original setting, changes (epoch, from, to, why, batches_per_s).
+    autotune: dict | None
 
 
 class _JobRequired(TypedDict):
@@ -170,6 +173,8 @@ class _GpuRequired(TypedDict):
 
 
 class Gpu(_GpuRequired, total=False):
+    uuid: str | None  # NVML's, e.g. "GPU-5f2c…" (dcgm-exporter's UUID label)
+    processes: list[int] | None  # PIDs with a compute context on it, in NVML's PID namespace
     history: list[float | None]
     mem_history: list[float | None]
 

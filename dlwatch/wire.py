@@ -193,6 +193,7 @@ LOADER_OPTIONAL = {
     "teardown_ns": _INT,
     "iterator": _STR,
     "dataset": _STR,
+    "autotune": _DICT,
 }
 QUEUE_OPTIONAL = {"ready": _INT, "in_flight": _INT, "capacity": _INT}
 WORKER = {"id": _INT, "pid": _INT, "batches": _INT, "fetch_ns": _INT, "busy_ns": _INT}

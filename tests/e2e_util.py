@@ -217,3 +217,23 @@ def hello_and_drain(sock, hello: bytes) -> bytes | None:
     except TimeoutError:
         return None
     return data
+
+
+def self_signed_cert(directory: str) -> tuple[str, str]:
+    """(cert.pem, key.pem): a self-signed certificate for 127.0.0.1 and
+    localhost, its own CA, made by the openssl command (pytest.skip without it)."""
+    import pytest
+
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("no openssl command to make a test certificate")
+    cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+    subprocess.run(
+        [
+            openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=dlwatch",
+            "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", key, "-out", cert,
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return cert, key

@@ -15,6 +15,8 @@ import sys
 from dlwatch import rundir
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+# `dlwatch compare --max-regression`: B regressed against A (a CI gate's "fail").
+EXIT_REGRESSION = 3
 # As shells report them: 126 not executable, 127 not found, 130 interrupted.
 EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_INTERRUPTED = 126, 127, 130
 

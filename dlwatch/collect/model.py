@@ -252,4 +252,6 @@ def loader_dict(
         "window_mono_ns": [w.get("start_mono_ns"), w.get("end_mono_ns")],
         "workers": workers,
         "history": history,
+        # Only with `dlwatch run --autotune`: its state and decisions (README "Autotune").
+        "autotune": ld.get("autotune") if isinstance(ld.get("autotune"), dict) else None,
     }

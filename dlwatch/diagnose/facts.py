@@ -24,6 +24,7 @@ from dlwatch.snapshot import (  # noqa: F401
     live_workers,
     num,
 )
+from dlwatch.thresholds import ceil_ratio  # noqa: F401 (the rules' arithmetic)
 
 # Phases a loader can be in, as far as the rate-based rules are concerned.
 STEADY = "steady"  # window figures are trustworthy
@@ -49,12 +50,6 @@ def whole_cores(free: float) -> int:
     should not cost the loader a whole worker (1.9 -> 2), half a core should
     (3.5 -> 3)."""
     return max(0, math.floor(free + 0.25))
-
-
-def ceil_ratio(a: float, b: float) -> int:
-    # 0.7 / 0.1 is 6.999999999999999 and 0.3 / 0.1 is 2.9999999999999996 in
-    # binary floating point: a tolerance keeps exact ratios exact (40/10 -> 4).
-    return max(0, math.ceil(a / b - 1e-9))
 
 
 def pct(fraction: float) -> str:

@@ -89,7 +89,15 @@ def tune_command(job: Mapping, config: Mapping) -> str | None:
     rec, cur = config.get("num_workers"), config.get("current")
     if isinstance(rec, int) and isinstance(cur, int) and rec != cur:
         opts = f" --workers {','.join(str(n) for n in sorted({cur, rec}))}"
+    if is_notebook_kernel(cmdline):
+        # The tuner re-runs a command; a kernel's command line re-runs nothing.
+        return f"%dlwatch tune{opts} train.py"
     return f"dlwatch tune{opts} -- {cmdline.strip()}"
+
+
+def is_notebook_kernel(cmdline: str) -> bool:
+    """A Jupyter kernel's command line (``python -m ipykernel_launcher -f ...``)."""
+    return "ipykernel_launcher" in cmdline or "ipykernel.kernelapp" in cmdline
 
 
 def with_tune_command(h: dict, snapshot: Mapping) -> dict:
@@ -106,4 +114,5 @@ def with_tune_command(h: dict, snapshot: Mapping) -> dict:
     )
     if cmd is None:
         return h
-    return dict(h, suggestion=f"{h.get('suggestion', '')}; verify with `{cmd}`")
+    where = " with the loop saved as train.py" if cmd.startswith("%") else ""
+    return dict(h, suggestion=f"{h.get('suggestion', '')}; verify with `{cmd}`{where}")

@@ -15,6 +15,15 @@ limit and the same arithmetic holds past the core count.
 
 from __future__ import annotations
 
+# Shared with `dlwatch tune`'s search and the probe's autotune (dlwatch/thresholds.py).
+from dlwatch.thresholds import (  # noqa: F401 (re-exported for the rules' readers)
+    CPU_BOUND_MIN_SHARE,
+    DATA_BOUND_WAIT,
+    IO_MAX_RECOMMENDED_WORKERS,
+    LITTLE_SAFETY,
+    little_workers,
+)
+
 from . import capacity
 from .facts import (
     Context,
@@ -30,26 +39,12 @@ from .facts import (
     worker_values,
 )
 
-# Loop time spent waiting for data above which the job is "data-bound". README "Hints"
-# says "material (≥ 5–10 %)"; 10 % is where a fix buys a visible speed-up and
-# epoch-boundary noise no longer matters.
-DATA_BOUND_WAIT = 0.10
 # num_workers == 0 with wait between this and DATA_BOUND_WAIT: an info hint —
 # worth knowing, not worth a warning (the lower edge of the catalog's 5–10 %, README "Hints").
 NO_WORKERS_INFO_WAIT = 0.05
 # Mean worker busy fraction from which the workers are "the limit": above it a
 # worker hardly ever sits idle waiting for the next index (RULES.md: ~0.8).
 WORKERS_SATURATED_BUSY = 0.80
-# Share of busy time a worker spends on a CPU from which loading counts as
-# CPU-bound; below it the worker mostly sleeps inside fetch (I/O). The catalog's
-# io-bound example is "CPU < 50 % of busy time"; one boundary keeps the two
-# hints mutually exclusive.
-CPU_BOUND_MIN_SHARE = 0.50
-# Multiplier on the Little's-law ratio. 1.0: the fetch time is measured under
-# the current contention and the prefetch queue (prefetch_factor batches per
-# worker) already absorbs jitter, so the plain ratio is the honest minimum; the
-# 40 ms / 10 ms -> 4 workers example of README "What it does" holds exactly.
-LITTLE_SAFETY = 1.0
 # Cores counted as saturated when worker CPU + main loops reach this fraction
 # of the usable cores (psutil never reads exactly 100 % of a quota).
 CORES_SATURATED_FRACTION = 0.90
@@ -57,9 +52,6 @@ CORES_SATURATED_FRACTION = 0.90
 # ~10 % the change is within run-to-run noise of a real job and not worth a
 # warning (the issue's bar).
 MIN_WORTHWHILE_SPEEDUP = 1.10
-# Sanity ceiling for the uncapped I/O-bound recommendation: a tiny step time
-# must not turn into "use 400 workers" (every worker costs memory and a pid).
-IO_MAX_RECOMMENDED_WORKERS = 64
 # pipeline-has-headroom: workers busier than this are not "mostly idle".
 HEADROOM_MAX_BUSY = 0.30
 # ... and the loop must practically never wait. Not 0: taking a ready batch
@@ -102,11 +94,6 @@ def _data_bound_workers(lv: LoaderView) -> bool:
         and lv.busy_mean is not None
         and lv.busy_mean >= WORKERS_SATURATED_BUSY
     )
-
-
-def little_workers(worker_ms: float, step_ms: float) -> int:
-    """Workers needed so the pool delivers a batch every ``step_ms``."""
-    return max(1, ceil_ratio(worker_ms * LITTLE_SAFETY, step_ms))
 
 
 def _common_evidence(lv: LoaderView) -> dict:

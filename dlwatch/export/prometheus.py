@@ -16,6 +16,12 @@ with non-persistent workers). There is no label named ``job``: Prometheus
 sets that one itself to the scrape job's name. A missing figure (None in
 the snapshot) is a missing sample, never NaN or 0.
 
+GPU series carry dcgm-exporter's label names and values instead (``gpu``:
+the NVML index as a string, ``UUID``, ``Hostname``, ``modelName``), so that
+PromQL joins them with ``DCGM_FI_DEV_*`` series: ``dlwatch_job_gpu`` says
+which GPUs each job's trainer holds a context on, and ``on(UUID)`` takes
+the job's labels to dcgm-exporter's figures of those GPUs.
+
 A job that exits keeps its series for ``grace_s`` (its last counters get
 scraped, ``dlwatch_job_up`` reads 0), then they disappear; a new PID is a new
 set of series.
@@ -23,7 +29,9 @@ set of series.
 
 from __future__ import annotations
 
+import inspect
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,6 +45,7 @@ from dlwatch.snapshot import (
     PERCENT_PER_CORE,
     as_dict,
     as_int,
+    as_list,
     as_str,
     is_live,
     num,
@@ -47,6 +56,8 @@ DEFAULT_GRACE_S = 60.0
 JOB_LABELS = ("host", "pid", "rank", "run_id")
 LOADER_LABELS = (*JOB_LABELS, "loader")
 WORKER_LABELS = (*LOADER_LABELS, "worker")
+# dcgm-exporter's names, so that GPU series join with its DCGM_FI_DEV_* ones.
+GPU_LABELS = ("gpu", "UUID", "Hostname", "modelName")
 QUEUE_STATES = ("ready", "in_flight", "capacity")
 # Loader settings carried by the info metric (a change of settings is a new
 # series, as a change of version is for build_info metrics).
@@ -199,6 +210,38 @@ FAMILIES: tuple[tuple[str, type[Metric], str, tuple[str, ...], str, str], ...] =
         "",
         "Cores this host's jobs may use (CPU affinity and cgroup quota)",
     ),
+    (
+        "job_gpu",
+        _GAUGE,
+        "dlwatch_job_gpu",
+        (*JOB_LABELS, *GPU_LABELS),
+        "",
+        "1 for each GPU the job's trainer process uses (NVML's compute processes)",
+    ),
+    (
+        "gpu_util",
+        _GAUGE,
+        "dlwatch_gpu_utilization_ratio",
+        GPU_LABELS,
+        "ratio",
+        "GPU utilization as NVML samples it (0..1)",
+    ),
+    (
+        "gpu_mem_used",
+        _GAUGE,
+        "dlwatch_gpu_memory_used_bytes",
+        GPU_LABELS,
+        "bytes",
+        "GPU memory in use",
+    ),
+    (
+        "gpu_mem_total",
+        _GAUGE,
+        "dlwatch_gpu_memory_total_bytes",
+        GPU_LABELS,
+        "bytes",
+        "GPU memory in all",
+    ),
     ("jobs", _GAUGE, "dlwatch_exporter_jobs", (*_HOST, "state"), "", "Jobs the exporter follows, by state"),
     (
         "age",
@@ -279,6 +322,7 @@ class SnapshotCollector(Collector):
             if pid is not None:
                 labels_of[pid] = jl
             self._job(job, jl, fam)
+        self._gpus(snap, labels_of, fam)
         for h in records(snap.get("hints")):
             pid = as_int(h.get("job_pid"))
             if pid is not None and pid not in labels_of:
@@ -286,6 +330,20 @@ class SnapshotCollector(Collector):
             jl = labels_of.get(pid) if pid is not None else [host, "", "", ""]
             hl = [*jl, _label(as_int(h.get("loader_id"))), as_str(h.get("id")), as_str(h.get("severity"))]
             _add(fam["hint"], hl, 1)
+
+    def _gpus(self, snap: dict, jobs: dict[int, list[str]], fam: dict[str, Metric]) -> None:
+        for g in records(snap.get("gpus")):
+            index = as_int(g.get("index"))
+            if index is None:
+                continue
+            gl = [str(index), as_str(g.get("uuid")), self._default_host, as_str(g.get("name"))]
+            _add(fam["gpu_util"], gl, _ratio(g.get("util_percent")))
+            _add(fam["gpu_mem_used"], gl, num(g.get("mem_used_bytes")))
+            _add(fam["gpu_mem_total"], gl, num(g.get("mem_total_bytes")))
+            # NVML names processes by the host's PIDs: they match the jobs'
+            # only when the exporter shares the host's PID namespace.
+            for pid in sorted({p for p in (as_int(x) for x in as_list(g.get("processes"))) if p in jobs}):
+                _add(fam["job_gpu"], [*jobs[pid], *gl], 1)
 
     def _visible(self, jobs: list[dict], t: float | None) -> list[dict]:
         """Live jobs, and ended ones for ``grace_s`` of snapshot time."""
@@ -364,12 +422,50 @@ def _add(family: Metric, labels: list[str], value: float | dict[str, str] | None
         family.add_metric(labels, value)  # type: ignore[attr-defined]
 
 
-def serve(collector: Collector, port: int, addr: str = "127.0.0.1") -> tuple[Any, threading.Thread]:
+def serve(
+    collector: Collector,
+    port: int,
+    addr: str = "127.0.0.1",
+    tls: tuple[str | None, str | None] = (None, None),
+) -> tuple[Any, threading.Thread]:
     """Serve ``/metrics`` on a daemon thread: ``collector`` and the standard
     ``process_*`` metrics of the exporter itself (its CPU and memory, as
-    every exporter reports them). Raises OSError when the address cannot be
-    bound. Returns (server, thread); ``server.shutdown()`` stops it."""
+    every exporter reports them); over HTTPS when ``tls`` is (certificate
+    file, key file), prometheus_client's own TLS (check them first with
+    ``tls_problem``). Raises OSError when the address cannot be bound.
+    Returns (server, thread); ``server.shutdown()`` stops it."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     ProcessCollector(registry=registry)
-    return start_http_server(port, addr=addr, registry=registry)
+    certfile, keyfile = tls
+    server, thread = start_http_server(port, addr=addr, registry=registry, certfile=certfile, keyfile=keyfile)
+    if certfile:
+        # prometheus_client wraps the listening socket, so each TLS handshake
+        # runs inside accept(), on the one thread that accepts every
+        # connection: a client that connects and says nothing would stall
+        # every scrape. Deferred, the handshake runs on the connection's own
+        # request thread, at its first read.
+        server.socket.do_handshake_on_connect = False
+    return server, thread
+
+
+def tls_problem(certfile: str, keyfile: str) -> str | None:
+    """Why the certificate and key cannot serve HTTPS, in one line, or None.
+    Checked before the port is bound, so that a bad file is said as such
+    rather than as a failure to listen."""
+    if "certfile" not in inspect.signature(start_http_server).parameters:
+        # The extra asks for 0.19, the first with TLS; an older one installed
+        # some other way is said, not a TypeError.
+        return "--tls-cert needs prometheus_client 0.19 or newer: pip install -U 'dlwatch[export]'"
+    for flag, path in (("--tls-cert", certfile), ("--tls-key", keyfile)):
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as e:
+            return f"cannot read {flag} {path}: {e.strerror or e}"
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(certfile, keyfile)
+    except (ssl.SSLError, OSError, ValueError) as e:
+        why = getattr(e, "reason", None) or e
+        return f"--tls-cert {certfile} and --tls-key {keyfile} are not a PEM certificate and its key: {why}"
+    return None

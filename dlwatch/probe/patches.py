@@ -33,6 +33,9 @@ _finder = None
 # Called with no arguments when the first iterator of a trainer process
 # exists; the publisher sets it (keeps this module free of socket code).
 on_first_iterator = None
+# Set by dlwatch.hook when autotune is on (probe/autotune.py): called with
+# (iterator, loader, stats) for every new iterator. None: nothing runs.
+after_new_iterator = None
 
 
 def install() -> None:
@@ -238,6 +241,12 @@ def _on_new_iterator(it, loader, t0: float) -> None:
         st.num_workers = 0
     st.begin_epoch(it, t0)
     it._dlw_stats = st
+    at = after_new_iterator
+    if at is not None:
+        try:
+            at(it, loader, st)
+        except Exception:
+            pass
     cb = on_first_iterator
     if cb is not None:
         cb()

@@ -60,6 +60,7 @@ class LoaderStats:
         "slots_fview",
         "num_workers",
         "dead_since",
+        "autotune",
         "__weakref__",
     )
 
@@ -86,6 +87,7 @@ class LoaderStats:
         self.slots_fview = None  # float64 view of the same table
         self.num_workers = int(config.get("num_workers") or 0)
         self.dead_since = 0  # clock when the publisher first saw the loader gone
+        self.autotune: dict | None = None  # what autotune decided (probe/autotune.py), when it is on
 
     # --- called from the patched iterator (trainer main thread) -------------
 
@@ -189,6 +191,8 @@ class LoaderStats:
                 "workers": workers,
             }
         )
+        if self.autotune is not None:
+            out["autotune"] = self.autotune
         return out
 
 

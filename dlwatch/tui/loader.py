@@ -104,6 +104,31 @@ def queue_line(ld: dict, pal: fmt.Palette) -> Text:
     return t
 
 
+def autotune_line(ld: dict, pal: fmt.Palette) -> Text | None:
+    """What `dlwatch run --autotune` did to this loader (None: it is off)."""
+    at = ld.get("autotune")
+    if not isinstance(at, dict):
+        return None
+    t = Text("autotune ", "bold")
+    state = fmt.s(at.get("state"), "?")
+    cur, orig = fmt.d(at.get("current")), fmt.d(at.get("original"))
+    t.append(state, pal.info if state != "left alone" else pal.dim)
+    if state == "left alone":
+        t.append(f": {fmt.s(at.get('reason'))}", pal.dim)
+        return t
+    t.append(
+        f" · num_workers {fmt.count(orig.get('num_workers'))} → {fmt.count(cur.get('num_workers'))}"
+        f" · prefetch_factor {fmt.count(cur.get('prefetch_factor'))}"
+    )
+    paces = [p for p in fmt.lst(at.get("epoch_batches_per_s")) if fmt.num(p) is not None]
+    if len(paces) >= 2 and paces[0] > 0:
+        t.append(f" · last epoch {fmt.rate(paces[-1])} batches/s ({paces[-1] / paces[0]:.2f}× the first)")
+    changes = [c for c in fmt.lst(at.get("changes")) if isinstance(c, dict)]
+    if changes:
+        t.append(f" · {len(changes)} change{'s' if len(changes) != 1 else ''}", pal.dim)
+    return t
+
+
 class WaitGauge(Horizontal):
     """Headline: share of the loop's time spent waiting for data."""
 
@@ -171,6 +196,7 @@ class LoaderPanel(Vertical):
         self._stats = TextLine(id="loader-stats", classes="line")
         self._epochs = TextLine(id="loader-epochs", classes="line")
         self._queue = TextLine(id="loader-queue", classes="line")
+        self._autotune = TextLine(id="loader-autotune", classes="line")
         self._table = WorkersTable(id="workers")
         self._no_workers = TextLine(id="no-workers", classes="line")
         self._notes = Static(id="worker-notes")
@@ -182,6 +208,7 @@ class LoaderPanel(Vertical):
             self._stats,
             self._epochs,
             self._queue,
+            self._autotune,
             self._table,
             self._no_workers,
             self._notes,
@@ -228,6 +255,10 @@ class LoaderPanel(Vertical):
             raise NoMatches("the gauge is still mounting")
         set_static(self._title, loader_title(ld, pal))
         self._headline(ld, pal, wide, history=True)
+        at = autotune_line(ld, pal)
+        self._autotune.display = at is not None
+        if at is not None:
+            set_static(self._autotune, at)
         workers = [w for w in fmt.lst(ld.get("workers")) if isinstance(w, dict)]
         table = self._table
         table.show(workers, pal)

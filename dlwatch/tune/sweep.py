@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dlwatch.tune import search
+from dlwatch import search
 from dlwatch.tune.runner import TrialOutcome, run_trial
 
 SCHEMA_VERSION = 1

@@ -3,9 +3,17 @@ compared with what the job's own loop measured over the same window."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+
 import pytest
 
-from tests.e2e_util import Job, snapshot_json, truth_in_window, worker_truth
+from dlwatch import snapshot as S
+from dlwatch.record import reader
+from tests.e2e_util import Job, dlwatch, snapshot_json, truth_in_window, worker_truth
 
 # (name, job args, settle seconds before the snapshot, rough worker busy, for the record)
 # Costs are sleeps (off-CPU) so the truth does not depend on how busy the
@@ -125,3 +133,59 @@ def test_torchdata_stateful_dataloader_is_instrumented():
         assert w["batches"] > 0
         assert w["busy_fraction"] == pytest.approx(wt["busy_fraction"], abs=0.05), (w, wt)
         assert w["fetch_ms_mean"] == pytest.approx(wt["fetch_ms"], rel=0.10), (w, wt)
+
+
+def test_follow_streams_json_lines_until_count_a_closed_pipe_or_ctrl_c():
+    """`snapshot --follow`: one contract-valid document per line, each
+    line's figures the loop's own over that line's window; `| head -1` and
+    Ctrl-C end it quietly, status 0, nothing on stderr."""
+    job = Job("--duration", "14", "--sample-ms", "5", "--step-ms", "5")
+    env = dict(os.environ, DLWATCH_DIR=job.dir)
+    follow = [sys.executable, "-m", "dlwatch", "snapshot", "--follow", "--interval", "0.5"]
+    try:
+        job.wait_ready(settle=0.5)
+        r = dlwatch("snapshot", "--follow", "--count", "5", "--json", runtime_dir=job.dir)
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        lines = r.stdout.splitlines()
+        assert len(lines) == 5, r.stdout
+        snaps = [json.loads(line) for line in lines]
+        assert all(S.problems(s) == [] for s in snaps), [S.problems(s) for s in snaps]
+        times = [s["time"] for s in snaps]
+        assert times == sorted(times) and len(set(times)) == 5
+        assert all("history" not in ld for s in snaps for j in s["jobs"] for ld in j["loaders"])
+        # Saved, the stream is a recording (one without a header line).
+        saved = os.path.join(job.workdir, "stream.jsonl")
+        with open(saved, "w") as f:
+            f.write(r.stdout)
+        rec = reader.read(saved)
+        assert len(rec.snapshots) == 5 and [w for w in rec.warnings if "header" not in w] == []
+
+        # The reader stops after one line: the next write finds the pipe closed.
+        shell = " ".join(follow) + ' | head -1; echo "status=${PIPESTATUS[0]}"'
+        p = subprocess.run(["bash", "-c", shell], env=env, capture_output=True, text=True, timeout=30)
+        first, status = p.stdout.splitlines()
+        assert json.loads(first)["schema_version"] == 1
+        assert status == "status=0" and p.stderr == "", p.stderr
+
+        # Ctrl-C (SIGINT) once lines flow.
+        p = subprocess.Popen(follow, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first = p.stdout.readline()
+        p.send_signal(signal.SIGINT)
+        rest, err = p.communicate(timeout=15)
+        assert p.returncode == 0 and err == "", err
+        assert all(json.loads(line) for line in [first, *rest.splitlines()])
+        result = job.finish()
+    finally:
+        job.cleanup()
+    batches = result["recs"]["train"]["batches"]
+    checked = 0
+    for s in snaps:
+        for ld in (ld for j in s["jobs"] if j["pid"] == job.proc.pid for ld in j["loaders"]):
+            start, end = ld["window_mono_ns"]
+            if ld["data_wait_fraction"] is None or start < batches[0][1] or end > batches[-1][2]:
+                continue  # the first batch or the end of the job inside the window
+            truth = truth_in_window(batches, start, end)
+            got = ld["data_wait_fraction"]
+            assert got == pytest.approx(truth["data_wait_fraction"], abs=0.02), (s["time"], ld, truth)
+            checked += 1
+    assert checked >= 3, snaps

@@ -2,15 +2,21 @@
 
 One exporter (a ``dlwatch export`` subprocess) and one Prometheus (Debian's
 ``/usr/bin/prometheus`` with a temp config and storage, scraping every 1 s,
-on 127.0.0.1 only) serve both tests; what the tests assert is read back
-through Prometheus's HTTP API, as a Grafana panel would read it.
+on 127.0.0.1 only) serve the tests; what the tests assert is read back
+through Prometheus's HTTP API, as a Grafana panel would read it. The same
+Prometheus also scrapes a second ``dlwatch export`` over HTTPS (its own
+runtime directory, no jobs), and, for the GPU join, the exporter's collector
+on a snapshot built with NVML faked (this machine has no GPU) beside a
+stand-in for dcgm-exporter's ``/metrics``.
 """
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import socket
@@ -25,8 +31,10 @@ from pathlib import Path
 import pytest
 
 from dlwatch import wire
+from dlwatch.export.prometheus import SnapshotCollector, serve
 from tests.e2e.test_faults_monitor import FakeJob, hello, window
-from tests.e2e_util import Job, short_tmpdir, truth_in_window
+from tests.e2e_util import Job, self_signed_cert, short_tmpdir, truth_in_window
+from tests.unit.test_export import gpu_snapshot
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 RANKED_JOB = Path(__file__).resolve().parent.parent / "jobs" / "ranked_job.py"
@@ -35,6 +43,17 @@ GRACE_S = 2.0
 WAIT_RATIO = (
     "rate(dlwatch_data_wait_seconds_total[10s]) / (rate(dlwatch_data_wait_seconds_total[10s])"
     " + rate(dlwatch_step_seconds_total[10s]))"
+)
+README = Path(__file__).resolve().parents[2] / "README.md"
+# What dcgm-exporter serves for the two GPUs of gpu_snapshot(): its metric,
+# its label names, and its values (the index as a string, NVML's UUID).
+DCGM_METRICS = (
+    b"# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n"
+    b"# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
+    b'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-aaaa",device="nvidia0",'
+    b'modelName="NVIDIA H100 80GB HBM3",Hostname="node-7"} 87\n'
+    b'DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-bbbb",device="nvidia1",'
+    b'modelName="NVIDIA A10G",Hostname="node-7"} 0\n'
 )
 
 
@@ -47,6 +66,17 @@ def free_port() -> int:
 def http_get(url: str, timeout: float = 5.0) -> bytes:
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.read()
+
+
+class DcgmStandIn(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        self.wfile.write(DCGM_METRICS)
+
+    def log_message(self, *args):
+        pass
 
 
 class Stack:
@@ -63,15 +93,43 @@ class Stack:
             stderr=subprocess.PIPE,
             text=True,
         )
-        self.metrics_url = self._exporter_url()
+        # The HTTPS exporter: a runtime directory of its own, without jobs.
+        self.cert, key = self_signed_cert(self.work)
+        self.tls_dir = short_tmpdir()
+        self.tls_exporter = subprocess.Popen(
+            [
+                sys.executable, "-m", "dlwatch", "export", "--port", "0",
+                "--tls-cert", self.cert, "--tls-key", key,
+            ],
+            env=dict(os.environ, DLWATCH_DIR=self.tls_dir),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        self.metrics_url = self._exporter_url(self.exporter, "http")
+        self.tls_url = self._exporter_url(self.tls_exporter, "https")
+        gpu = gpu_snapshot()
+        self.gpu_server, _ = serve(SnapshotCollector(lambda: gpu, hostname="node-7"), 0)
+        self.dcgm = http.server.ThreadingHTTPServer(("127.0.0.1", 0), DcgmStandIn)
+        threading.Thread(target=self.dcgm.serve_forever, daemon=True).start()
         self.prom_port = free_port()
         target = urllib.parse.urlsplit(self.metrics_url).netloc
+        tls_target = urllib.parse.urlsplit(self.tls_url).netloc
+        gpu_target = f"127.0.0.1:{self.gpu_server.server_address[1]}"
+        dcgm_target = f"127.0.0.1:{self.dcgm.server_address[1]}"
         config = os.path.join(self.work, "prometheus.yml")
         with open(config, "w") as f:
             f.write(
                 "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
                 "scrape_configs:\n  - job_name: dlwatch\n"
                 f"    static_configs:\n      - targets: ['{target}']\n"
+                "  - job_name: dlwatch-tls\n    scheme: https\n"
+                f"    tls_config:\n      ca_file: {self.cert}\n"
+                f"    static_configs:\n      - targets: ['{tls_target}']\n"
+                "  - job_name: dlwatch-gpu\n"
+                f"    static_configs:\n      - targets: ['{gpu_target}']\n"
+                "  - job_name: dcgm\n"
+                f"    static_configs:\n      - targets: ['{dcgm_target}']\n"
             )
         self.prom_log = open(os.path.join(self.work, "prometheus.log"), "wb")
         self.prometheus = subprocess.Popen(
@@ -88,14 +146,15 @@ class Stack:
         )
         self._wait_prometheus()
 
-    def _exporter_url(self) -> str:
+    @staticmethod
+    def _exporter_url(exporter: subprocess.Popen, scheme: str) -> str:
         lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: lines.put(self.exporter.stdout.readline()), daemon=True).start()
+        threading.Thread(target=lambda: lines.put(exporter.stdout.readline()), daemon=True).start()
         try:
             line = lines.get(timeout=30)
         except queue.Empty:
             raise AssertionError("dlwatch export printed no address in 30 s") from None
-        assert line.startswith("dlwatch export: serving http://127.0.0.1:"), (line, self.exporter.stderr)
+        assert line.startswith(f"dlwatch export: serving {scheme}://127.0.0.1:"), (line, exporter.stderr)
         return line.split()[3]
 
     def _wait_prometheus(self) -> None:
@@ -134,9 +193,13 @@ class Stack:
         raise AssertionError(f"{what}: {promql} -> {result}")
 
     def close(self) -> int | None:
-        """Stop both; the exporter's exit status on SIGTERM (None: it had to be killed)."""
+        """Stop them all; the exporters' exit status on SIGTERM (0 when both
+        stopped cleanly, None when one had to be killed)."""
+        for server in (self.gpu_server, self.dcgm):
+            server.shutdown()
+            server.server_close()
         codes = []
-        for p in (self.prometheus, self.exporter):
+        for p in (self.prometheus, self.tls_exporter, self.exporter):
             if p.poll() is None:
                 p.terminate()
                 try:
@@ -150,7 +213,11 @@ class Stack:
         self.prom_log.close()
         shutil.rmtree(self.work, ignore_errors=True)
         shutil.rmtree(self.dir, ignore_errors=True)
-        return codes[1]
+        shutil.rmtree(self.tls_dir, ignore_errors=True)
+        exporters = codes[1:]
+        if None in exporters:
+            return None
+        return next((c for c in exporters if c != 0), 0)
 
 
 @pytest.fixture(scope="module")
@@ -309,6 +376,40 @@ def test_every_query_of_the_grafana_dashboard_runs_on_prometheus(stack):
         for var in ("host", "run_id", "pid"):
             promql = promql.replace(f"${var}", ".*")
         stack.query(promql)  # asserts status "success": no syntax or type error
+
+
+def test_prometheus_scrapes_the_exporter_over_tls(stack):
+    (up,) = stack.wait_for('up{job="dlwatch-tls"} == 1', lambda r: len(r) == 1, 15, "the HTTPS target is up")
+    assert up["metric"]["instance"] == urllib.parse.urlsplit(stack.tls_url).netloc
+    # Its figures came through: the exporter's own series, and no job (it has none).
+    stack.wait_for(
+        'dlwatch_exporter_snapshot_age_seconds{job="dlwatch-tls"}', lambda r: len(r) == 1, 15, "a TLS series"
+    )
+    assert stack.query('dlwatch_batches_total{job="dlwatch-tls"}') == []
+    # Plain HTTP on that port gets no metrics.
+    with pytest.raises(OSError):
+        http_get(stack.tls_url.replace("https://", "http://"), 5)
+
+
+def readme_queries(marker: str) -> list[str]:
+    """The PromQL of the README's code block after ``marker``: one query per
+    paragraph, comment lines left out."""
+    text = README.read_text(encoding="utf-8")
+    block = re.search(re.escape(marker) + r".*?```promql\n(.*?)```", text, re.S)
+    assert block, f"README has no promql block after {marker}"
+    paragraphs = block.group(1).split("\n\n")
+    queries = [" ".join(ln for ln in p.splitlines() if not ln.lstrip().startswith("#")) for p in paragraphs]
+    return [q.strip() for q in queries if q.strip()]
+
+
+def test_the_readme_dcgm_join_runs_and_joins_a_job_with_its_gpu(stack):
+    join, waiting = readme_queries("<!-- dcgm-join")
+    [r] = stack.wait_for(join, lambda r: len(r) == 1, 20, "the job's GPU joined with dcgm-exporter's")
+    m = r["metric"]
+    # The job's labels (as dlwatch serves them), dcgm-exporter's figure for its GPU.
+    assert (m["pid"], m["gpu"], m["UUID"], m["Hostname"]) == ("2929", "0", "GPU-aaaa", "node-7")
+    assert float(r["value"][1]) == 87.0
+    stack.query(waiting)  # runs: no syntax or type error (its result depends on the job's wait)
 
 
 def test_lifetime_counters_only_rise_across_epochs_of_new_worker_processes():

@@ -4,6 +4,7 @@ recording ends (the job exits, Ctrl-C, SIGTERM, the recorder killed)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -202,6 +203,11 @@ def test_run_record_records_the_commands_jobs_and_passes_on_its_exit_status(shor
     assert r.snapshots[-1]["jobs"][0]["state"] != "live"
 
 
+def dlwatch_run(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "dlwatch", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
 def io_bound(d: str, path: str, workers: int) -> subprocess.Popen:
     return dlwatch_proc(
         "run",
@@ -232,11 +238,7 @@ def test_compare_one_vs_four_workers_of_an_io_bound_job_and_the_html_report(shor
     for p in (pa, pb):
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
-    r = subprocess.run(
-        [sys.executable, "-m", "dlwatch", "compare", a, b, "-o", os.path.join(short_tmpdir, "c.html")],
-        capture_output=True,
-        text=True,
-    )
+    r = dlwatch_run("compare", a, b, "-o", os.path.join(short_tmpdir, "c.html"))
     assert r.returncode == 0, r.stderr
     row = next(line for line in r.stdout.splitlines() if line.startswith("num_workers"))
     assert row.split()[1:] == ["1", "4", "differs"], r.stdout
@@ -254,6 +256,23 @@ def test_compare_one_vs_four_workers_of_an_io_bound_job_and_the_html_report(shor
     assert wait[3] < wait[2]
     html = open(os.path.join(short_tmpdir, "c.html"), encoding="utf-8").read()
     assert "num_workers" in html and 'class="differs"' in html and "<svg" in html
+
+    # The same two runs as a CI gate: four workers is the baseline, one the regression.
+    fast, slow = b, a
+    r = dlwatch_run("compare", fast, slow, "--max-regression", "10")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert re.search(r"^FAIL: B's batches/s is \d+\.\d % below A's", r.stdout, re.M), r.stdout
+    r = dlwatch_run("compare", slow, fast, "--max-regression", "10", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["gate"]["result"] == "pass" and doc["exit_status"] == 0
+    assert doc["gate"]["checks"][0]["change"] > 150  # 4 workers: more than 2.5x the batches/s
+    # A recording cut short before its first snapshot ended cannot be judged.
+    torn = os.path.join(short_tmpdir, "torn.jsonl.gz")
+    with open(slow, "rb") as src, open(torn, "wb") as dst:
+        dst.write(src.read()[:400])
+    r = dlwatch_run("compare", fast, torn, "--max-regression", "10")
+    assert r.returncode == 1 and "holds no snapshots" in r.stderr and "Traceback" not in r.stderr
 
     # The single report, rendered by a real browser.
     out = os.path.join(short_tmpdir, "four.html")

@@ -210,3 +210,16 @@ def test_snapshot_text_says_what_a_window_covers_and_why_a_figure_is_missing():
     out = render_snapshot(snap)
     assert "data wait n/a" in out and "data wait n/a: no batch yet: the loop is waiting" in out
     assert "0.0 %" not in out
+
+
+def test_snapshot_follow_usage_errors(capsys):
+    from dlwatch.cli.main import main
+
+    for argv, why in (
+        (["snapshot", "--count", "2"], "--count needs --follow"),
+        (["snapshot", "--follow", "--count", "0"], "--count must be 1 or more"),
+        (["snapshot", "--follow", "--interval", "0.1"], "--interval must be between 0.5 and 60 seconds"),
+        (["snapshot", "--follow", "--window", "0"], "--window must be positive"),
+    ):
+        assert main(argv) == 2
+        assert capsys.readouterr().err == f"dlwatch snapshot: {why}\n"

@@ -273,6 +273,137 @@ def test_the_host_label_is_the_jobs_own_hostname_unless_overridden():
     assert got["dlwatch_batches_total"][0].labels["host"] == "node-3"
 
 
+def gpu_snapshot(fail: dict | None = None) -> dict:
+    """What the monitor builds of the recorded job (pid 2929) with two GPUs,
+    NVML faked at the boundary: GPU 0 runs the job and another process."""
+    from dlwatch.collect.gpu import GpuSampler
+    from tests.unit.test_collect_gpu import FakeNvml, two_gpus
+    from tests.unit.test_snapshot_contract import recorded_monitor
+
+    devices = two_gpus()
+    devices[0]["pids"] = [2929, 77]
+    return recorded_monitor(gpu=GpuSampler(nvml=FakeNvml(devices, fail))).build(3.0)
+
+
+def test_gpu_series_carry_dcgm_exporters_labels_and_say_which_job_uses_which_gpu():
+    """The collector's own GPU path (GpuSampler in the Monitor), NVML faked
+    at the boundary: the labels dcgm-exporter puts on DCGM_FI_DEV_* series."""
+    snap = gpu_snapshot()
+    got = scrape(SnapshotCollector(lambda: snap, hostname="node-7"))
+    util = {s.labels["gpu"]: s for s in got["dlwatch_gpu_utilization_ratio"]}
+    assert util["0"].labels == {
+        "gpu": "0",
+        "UUID": "GPU-aaaa",  # NVML's bytes, as text
+        "Hostname": "node-7",
+        "modelName": "NVIDIA H100 80GB HBM3",
+    }
+    assert util["0"].value == 0.87 and util["1"].value == 0.0
+    assert util["1"].labels["UUID"] == "GPU-bbbb"
+    mem = {s.labels["gpu"]: s.value for s in got["dlwatch_gpu_memory_used_bytes"]}
+    assert mem == {"0": 40 * 2**20, "1": 0}
+    [used] = got["dlwatch_job_gpu"]
+    assert used.value == 1
+    assert used.labels == {
+        "host": "node-7",
+        "pid": "2929",
+        "rank": "",
+        "run_id": "",
+        "gpu": "0",
+        "UUID": "GPU-aaaa",
+        "Hostname": "node-7",
+        "modelName": "NVIDIA H100 80GB HBM3",
+    }
+    # A GPU whose UUID NVML would not give keeps its other figures.
+    snap = gpu_snapshot(fail={("uuid", 1): nvml_error()})
+    got = scrape(SnapshotCollector(lambda: snap, hostname="node-7"))
+    assert [s.labels["UUID"] for s in got["dlwatch_gpu_utilization_ratio"]] == ["GPU-aaaa", ""]
+    # Without a GPU (this machine, and CI): no GPU series at all.
+    from tests.unit.test_snapshot_contract import recorded_monitor
+
+    snap = recorded_monitor().build(3.0)
+    got = scrape(SnapshotCollector(lambda: snap))
+    assert "dlwatch_gpu_utilization_ratio" not in got and "dlwatch_job_gpu" not in got
+
+
+def nvml_error():
+    import pynvml
+
+    return pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+
+# ------------------------------------------------------------- TLS
+
+
+def test_tls_serves_https_and_an_idle_connection_stalls_no_scrape(short_tmpdir):
+    import ssl
+    import urllib.request
+
+    from dlwatch.export.prometheus import serve, tls_problem
+    from tests.e2e_util import self_signed_cert
+
+    cert, key = self_signed_cert(short_tmpdir)
+    assert tls_problem(cert, key) is None
+    snap = with_totals(F.data_bound())
+    server, _ = serve(collector_of(snap)[0], 0, tls=(cert, key))
+    port = server.server_address[1]
+    try:
+        # A client that connects and says nothing (a port scan, a TCP
+        # health check) holds its own thread, not the one that accepts.
+        with socket.create_connection(("127.0.0.1", port)):
+            ctx = ssl.create_default_context(cafile=cert)
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", timeout=10, context=ctx) as r:
+                body = r.read().decode()
+        assert "dlwatch_batches_total{" in body
+        # Plain HTTP gets no metrics.
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_tls_files_that_cannot_serve_are_one_line_errors(short_tmpdir, monkeypatch, capsys):
+    from tests.e2e_util import self_signed_cert
+
+    cert, key = self_signed_cert(short_tmpdir)
+    other = Path(short_tmpdir, "other")
+    other.mkdir()
+    _, other_key = self_signed_cert(str(other))
+    garbage = str(Path(short_tmpdir, "garbage.pem"))
+    Path(garbage).write_text("not a certificate\n")
+    missing = str(Path(short_tmpdir, "missing.pem"))
+    rt = Path(short_tmpdir, "rt")
+    rt.mkdir(mode=0o700)
+    monkeypatch.setenv("DLWATCH_DIR", str(rt))
+    for argv, needle in (
+        (
+            ["--tls-cert", missing, "--tls-key", key],
+            f"cannot read --tls-cert {missing}: No such file or directory",
+        ),
+        (
+            ["--tls-cert", cert, "--tls-key", missing],
+            f"cannot read --tls-key {missing}: No such file or directory",
+        ),
+        (
+            ["--tls-cert", short_tmpdir, "--tls-key", key],
+            f"cannot read --tls-cert {short_tmpdir}: Is a directory",
+        ),
+        (["--tls-cert", garbage, "--tls-key", key], "are not a PEM certificate and its key"),
+        (["--tls-cert", cert, "--tls-key", other_key], "are not a PEM certificate and its key"),
+    ):
+        assert main(["export", "--port", "0", *argv]) == 1, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("dlwatch export: ") and needle in err, err
+    assert main(["export", "--port", "0", "--tls-cert", cert]) == 2
+    assert "--tls-cert and --tls-key go together" in capsys.readouterr().err
+    # A prometheus_client older than the extra asks for (no TLS in it).
+    import dlwatch.export.prometheus as P
+
+    monkeypatch.setattr(P, "start_http_server", lambda port, addr="", registry=None: None)
+    assert main(["export", "--port", "0", "--tls-cert", cert, "--tls-key", key]) == 1
+    assert "needs prometheus_client 0.19 or newer" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------- the command
 
 

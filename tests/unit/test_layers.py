@@ -35,7 +35,7 @@ CASES = [
     ("overrides.py", "from dlwatch import record", MONITOR_CODE),
     ("diagnose/facts.py", "from dlwatch.tui import fmt", LAYERS),
     ("collect/model.py", "from dlwatch.cli import common", LAYERS),
-    ("tune/search.py", "from dlwatch.probe import overrides", PROBE_CODE),
+    ("tune/sweep.py", "from dlwatch.probe import overrides", PROBE_CODE),
     ("cli/text.py", "import dlwatch.hook", PROBE_CODE),
     ("export/__init__.py", "from dlwatch.probe import stats", PROBE_CODE),
     ("tui/app.py", "from dlwatch.collect import control", "the TUI asks no job for anything itself"),

@@ -65,7 +65,7 @@ def recorded_monitor(**kw) -> Monitor:
     """A monitor holding the recorded job's stream, with fixed samplers and clock."""
     m = Monitor(
         directory="/nonexistent-dlwatch",
-        gpu=False,
+        gpu=kw.pop("gpu", False),
         procs=FixedProcs(),
         host=kw.pop("host", FixedHost()),
         diagnoser=False,

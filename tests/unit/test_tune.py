@@ -10,10 +10,9 @@ import sys
 
 import pytest
 
-from dlwatch import overrides
+from dlwatch import overrides, search
 from dlwatch.diagnose.render import tune_command, with_tune_command
 from dlwatch.probe import overrides as probe_overrides
-from dlwatch.tune import search
 from dlwatch.tune.measure import TrialMeter
 from dlwatch.tune.sweep import code_line
 

@@ -16,7 +16,8 @@ DESCRIPTION = (
     "Run the collector without a display and serve the figures of every job of this user on "
     "this machine at http://ADDR:PORT/metrics in the Prometheus text format: data-wait and "
     "step seconds, batches, per-worker busy seconds, CPU and memory, prefetch queue, active "
-    "hints. Bound to 127.0.0.1 unless --addr says otherwise; the endpoint has no "
+    "hints, GPUs (with dcgm-exporter's labels). Bound to 127.0.0.1 unless --addr says otherwise; "
+    "HTTPS with --tls-cert/--tls-key; the endpoint has no "
     "authentication (as node_exporter's and dcgm-exporter's). Needs the 'export' extra: "
     "pip install 'dlwatch[export]'. Stops on SIGINT or SIGTERM."
 )
@@ -63,6 +64,14 @@ def add_arguments(p) -> None:
         help="value of the 'host' label (default: each job's own hostname), e.g. the node name "
         "in a Kubernetes DaemonSet",
     )
+    p.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="serve HTTPS with this PEM certificate (chain); needs --tls-key",
+    )
+    p.add_argument(
+        "--tls-key", metavar="FILE", help="the certificate's PEM private key (may be the same file)"
+    )
 
 
 def run(args) -> int:
@@ -70,7 +79,7 @@ def run(args) -> int:
     if problem:
         return fail(problem, EXIT_USAGE, PROG)
     try:
-        from dlwatch.export.prometheus import SnapshotCollector, serve
+        from dlwatch.export.prometheus import SnapshotCollector, serve, tls_problem
     except ImportError as e:
         return fail(
             f"the exporter needs prometheus_client ({e}); install it with: pip install 'dlwatch[export]'",
@@ -78,6 +87,8 @@ def run(args) -> int:
             PROG,
         )
     problem = dir_problem()
+    if args.tls_cert and not problem:
+        problem = tls_problem(args.tls_cert, args.tls_key)
     if problem:
         return fail(problem, EXIT_ERROR, PROG)
     from dlwatch.collect.monitor import Monitor
@@ -85,7 +96,7 @@ def run(args) -> int:
     monitor = Monitor(window_s=args.window, interval=args.interval)
     collector = SnapshotCollector(monitor.latest, hostname=args.hostname, grace_s=args.grace)
     try:
-        server, _ = serve(collector, args.port, args.addr)
+        server, _ = serve(collector, args.port, args.addr, tls=(args.tls_cert, args.tls_key))
     except OSError as e:
         monitor.stop()
         where = _hostport(args.addr, args.port)
@@ -96,7 +107,7 @@ def run(args) -> int:
     monitor.start()
     host, port = server.server_address[:2]
     # One line on stdout, flushed: scripts (and the tests) read the port from it.
-    url = f"http://{_hostport(host, port)}/metrics"
+    url = f"{'https' if args.tls_cert else 'http'}://{_hostport(host, port)}/metrics"
     print(f"dlwatch export: serving {url} for jobs in {rundir.runtime_dir()}")
     if not _loopback(args.addr):
         print(
@@ -126,6 +137,8 @@ def _usage_problem(args) -> str | None:
         return "--grace must be 0 or more"
     if not args.addr.strip():
         return "--addr must not be empty"
+    if bool(args.tls_cert) != bool(args.tls_key):
+        return "--tls-cert and --tls-key go together"
     return None
 
 

@@ -46,6 +46,12 @@ def add_arguments(p) -> None:
         "read it with dlwatch replay/report",
     )
     add_record_arguments(p, output_flags=())
+    p.add_argument(
+        "--autotune",
+        action="store_true",
+        help="change num_workers and prefetch_factor between epochs of map-style loaders, "
+        "by tune's search, without changing the batches or their order (README 'Autotune')",
+    )
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD [ARGS...]")
 
 
@@ -53,6 +59,9 @@ def run(args) -> int:
     cmd = command_from(args.cmd, "run", PROG)
     if isinstance(cmd, int):
         return cmd
+    if args.autotune:
+        # Read by the hook inside the job (probe/autotune.py).
+        os.environ["DLWATCH_AUTOTUNE"] = "1"
     if args.record:
         return run_recorded(cmd, args)
     try:

@@ -1,40 +1,68 @@
-"""``dlwatch snapshot``: one measurement of every job, as text or JSON, then exit."""
+"""``dlwatch snapshot``: one measurement of every job, as text or JSON, then
+exit; or with ``--follow``, a JSON Lines stream of them."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sys
+import threading
 
 from dlwatch import rundir
 from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, dir_problem, fail, no_jobs_message
+from dlwatch.cli.recording import MAX_INTERVAL_S, MIN_INTERVAL_S
 
 NAME = "snapshot"
-HELP = "one measurement of every job, then exit"
+HELP = "one measurement of every job, then exit (--follow: a JSON Lines stream)"
 ORDER = 20
+PROG = "dlwatch snapshot"
+DEFAULT_WINDOW_S = 3.0
+# A consumer that misses a notification still gets its line this late.
+WAKE_SLACK = 2.0
 
 
 def add_arguments(p) -> None:
-    p.add_argument(
-        "--json", action="store_true", help='print the snapshot as JSON (its schema: README, "Snapshot JSON")'
-    )
+    p.add_argument("--json", action="store_true", help='print it as JSON (schema: README, "Snapshot JSON")')
     p.add_argument("--pid", type=int, help="only the job with this trainer PID")
     p.add_argument(
-        "--window", type=float, default=3.0, metavar="S", help="seconds the rates cover (default 3)"
+        "--window",
+        type=float,
+        metavar="S",
+        help=f"seconds the rates cover (default {DEFAULT_WINDOW_S:g}; with --follow, the interval)",
     )
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="print one snapshot per line as JSON (JSON Lines, as a recording's lines) every "
+        "--interval seconds, until Ctrl-C, SIGTERM, --count, or the reader closes the pipe",
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help=f"with --follow: seconds between snapshots (default 1, {MIN_INTERVAL_S:g}-{MAX_INTERVAL_S:g})",
+    )
+    p.add_argument("--count", type=int, metavar="N", help="with --follow: stop after N snapshots")
 
 
 def run(args) -> int:
     from dlwatch.collect.monitor import take_snapshot
 
-    if args.window <= 0:
-        return fail("--window must be positive", EXIT_USAGE, "dlwatch snapshot")
+    problem = _usage_problem(args)
+    if problem:
+        return fail(problem, EXIT_USAGE, PROG)
     problem = dir_problem()
     if problem:
-        if args.json:
+        if args.json or args.follow:
             # A script reading the JSON gets the document, with the reason in
             # the schema's own field, rather than an empty stdout.
-            print(json.dumps(empty_snapshot(problem), indent=2))
+            print(json.dumps(empty_snapshot(problem), indent=None if args.follow else 2))
         return fail(problem, EXIT_ERROR)
-    snap = take_snapshot(window_s=args.window, only_pid=args.pid)
+    if args.follow:
+        return follow(args)
+    snap = take_snapshot(window_s=args.window or DEFAULT_WINDOW_S, only_pid=args.pid)
     if args.pid is not None and not snap["jobs"]:
         return fail(f"no dlwatch job with PID {args.pid} in {rundir.runtime_dir()}")
     if args.json:
@@ -46,6 +74,63 @@ def run(args) -> int:
     from dlwatch.cli.text import render_snapshot
 
     print(render_snapshot(snap))
+    return EXIT_OK
+
+
+def _usage_problem(args) -> str | None:
+    if args.window is not None and args.window <= 0:
+        return "--window must be positive"
+    if not args.follow:
+        if args.count is not None:
+            return "--count needs --follow"
+        return None
+    if not MIN_INTERVAL_S <= args.interval <= MAX_INTERVAL_S:
+        return f"--interval must be between {MIN_INTERVAL_S:g} and {MAX_INTERVAL_S:g} seconds"
+    if args.count is not None and args.count < 1:
+        return "--count must be 1 or more"
+    return None
+
+
+def follow(args) -> int:
+    """Each snapshot the live collector builds, as one line of JSON: the
+    document of ``snapshot --json`` as a recording stores it (no history
+    series, the stream is the history; hints judged as in the live view), so
+    the output is also a recording that ``replay`` and ``report`` read."""
+    from dlwatch.collect.monitor import Monitor
+    from dlwatch.record.fileformat import compact
+
+    monitor = Monitor(window_s=args.window or args.interval, interval=args.interval, only_pid=args.pid)
+    built, stop = threading.Event(), threading.Event()
+
+    def on_signal(*_):
+        stop.set()
+        built.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    monitor.subscribe(built.set)
+    monitor.start()
+    written, last = 0, None
+    try:
+        while not stop.is_set() and (args.count is None or written < args.count):
+            built.wait(args.interval * WAKE_SLACK)
+            built.clear()
+            snap = monitor.latest()
+            if snap is None or snap is last or stop.is_set():
+                continue
+            last = snap
+            sys.stdout.write(json.dumps(compact(snap), separators=(",", ":"), default=str) + "\n")
+            sys.stdout.flush()
+            written += 1
+    except BrokenPipeError:
+        # The reader is gone (`| head -1`): that is the end of the stream,
+        # not an error. Point stdout at /dev/null so the interpreter's own
+        # flush at exit does not hit the closed pipe again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    finally:
+        monitor.stop()
     return EXIT_OK
 
 

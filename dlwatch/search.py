@@ -1,5 +1,7 @@
 """Which trial to run next, and which setting to recommend: pure functions of
-the trials measured so far.
+the trials measured so far. ``dlwatch tune`` runs a trial per process;
+the probe's autotune (``dlwatch run --autotune``) an epoch per trial, so this
+module is stdlib only and sits in the lowest layer, importable by both.
 
 A trial here is the dict of the result document (README "Tune"): ``config``
 (the knobs it overrode), ``settings`` (the loader's four knobs as the probe
@@ -34,14 +36,14 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from dlwatch.diagnose.rules_workers import (
+from dlwatch.overrides import KNOBS, resolve
+from dlwatch.snapshot import num
+from dlwatch.thresholds import (
     CPU_BOUND_MIN_SHARE,
     DATA_BOUND_WAIT,
     IO_MAX_RECOMMENDED_WORKERS,
     little_workers,
 )
-from dlwatch.overrides import KNOBS, resolve
-from dlwatch.snapshot import num
 
 # The loop still waits for data above this after a change: more of the same
 # may help (under it the pipeline keeps up; the rest is epoch boundaries and
@@ -193,6 +195,9 @@ def fastest(trials: Sequence[dict]) -> Group | None:
 class Options:
     cuda: bool = False
     workers: list[int] | None = None  # an explicit grid replaces the search
+    # The knobs the search may change (autotune cannot change persistent_workers
+    # after the DataLoader exists, nor pin what the model receives).
+    knobs: tuple[str, ...] = KNOBS
 
 
 Proposal = tuple[dict | None, str]  # (config to try, why) or (None, why the search stops)
@@ -317,7 +322,8 @@ def _knobs_step(trials, base_s, bf: Facts, opts: Options, new: Callable[[dict], 
     cfg["num_workers"] = nw
     stall, epoch = num(t.get("epoch_start_ms")), num(t.get("epoch_ms"))
     if (
-        "persistent_workers" not in tried_knobs
+        "persistent_workers" in opts.knobs
+        and "persistent_workers" not in tried_knobs
         and not s.get("persistent_workers")
         and stall is not None
         and epoch
@@ -333,7 +339,8 @@ def _knobs_step(trials, base_s, bf: Facts, opts: Options, new: Callable[[dict], 
     wait = best.wait
     pf = s.get("prefetch_factor") or 2
     if (
-        "prefetch_factor" not in tried_knobs
+        "prefetch_factor" in opts.knobs
+        and "prefetch_factor" not in tried_knobs
         and wait is not None
         and wait >= STILL_WAITING
         and pf < PREFETCH_TRY
@@ -344,7 +351,8 @@ def _knobs_step(trials, base_s, bf: Facts, opts: Options, new: Callable[[dict], 
                 c,
                 f"the loop still waits {wait * 100:.0f} % of the time: a deeper queue absorbs slow batches",
             )
-    if opts.cuda and "pin_memory" not in tried_knobs and not s.get("pin_memory"):
+    pin_ok = opts.cuda and "pin_memory" in opts.knobs
+    if pin_ok and "pin_memory" not in tried_knobs and not s.get("pin_memory"):
         c = dict(cfg, pin_memory=True)
         if new(c):
             return c, "the job uses CUDA: page-locked batches copy to the GPU faster and asynchronously"

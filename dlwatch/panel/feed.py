@@ -1,0 +1,232 @@
+"""The notebook panel's collector: a child process of the kernel.
+
+``python -m dlwatch.panel.feed --pid KERNEL_PID`` runs the ordinary collector
+(``dlwatch.collect.Monitor``, the same diagnosis as the terminal view) on that
+one job and prints one JSON line per change, about once a second::
+
+    {"state": "live", "html": "<div ...>", "text": "dlwatch · ..."}
+
+It lives outside the kernel so that sampling /proc, reading the socket,
+diagnosing and rendering take no GIL time from the training loop. It ends when
+its stdin closes (the kernel is gone or stopped it), when ``stop`` arrives on
+stdin (after one last frame, state "stopped"), or when the kernel's process
+exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Mapping
+
+from dlwatch.collect.monitor import Monitor
+from dlwatch.panel import html
+from dlwatch.snapshot import as_int, find_job, num, records
+
+# A loop is taken as stopped after this many seconds without a batch, or three
+# of its own steps when those are slower (a slow step is not the end of a loop).
+IDLE_S = 3.0
+IDLE_STEPS = 3
+NICE = 5
+
+
+class Tracker:
+    """Whether the kernel's loop is running, and its figures since it began.
+
+    Fed one snapshot at a time; pure apart from the clock it is given."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.state = html.WAITING
+        self.last_batch_at: float | None = None
+        self.started_at: float | None = None
+        self.active_s = 0.0
+        self._prev: float | None = None
+        self._totals: dict[int, int] = {}
+        self._first: dict[int, dict] = {}
+        self._last_loaders: dict[int, dict] = {}
+        self._seen: dict[int, dict] = {}
+        self._step_s = 0.0
+        self.hints: list[dict] = []
+        # The last snapshot in which the loop moved: what a frozen panel shows.
+        self.last_live: Mapping | None = None
+        self.summary: html.Summary | None = None
+
+    def update(self, snapshot: Mapping | None, now: float) -> str:
+        job = find_job(snapshot, self.pid) if isinstance(snapshot, Mapping) else None
+        # A new loop counts from the loaders as last seen (idle time between
+        # loops counts as a step in the lifetime counters, so not as of their
+        # last batch).
+        before = dict(self._seen)
+        moved = False
+        for ld in records((job or {}).get("loaders")):
+            lid = as_int(ld.get("id"))
+            total = as_int(ld.get("batches_total"))
+            if lid is None or total is None:
+                continue
+            if total > self._totals.get(lid, 0):
+                moved = True
+                # Its figures as of its last batch: once the loop stops, the
+                # idle time would count as a step in later snapshots.
+                self._last_loaders[lid] = dict(ld)
+            self._totals[lid] = max(total, self._totals.get(lid, 0))
+            self._seen[lid] = dict(ld)
+            rate = num(ld.get("batches_per_s"))
+            if rate:
+                self._step_s = 1.0 / rate
+        if moved:
+            if self.state != html.LIVE:
+                self._begin(now, before)
+            if self._prev is not None:
+                self.active_s += now - self._prev
+            self.last_batch_at = now
+            if isinstance(snapshot, Mapping):
+                self.hints = html.job_hints(snapshot, self.pid)
+                self.last_live = snapshot
+        elif self.state == html.LIVE and self.last_batch_at is not None:
+            if now - self.last_batch_at >= max(IDLE_S, IDLE_STEPS * self._step_s):
+                self.state = html.FINISHED
+                self.summary = self.make_summary(now)
+        self._prev = now
+        return self.state
+
+    def _begin(self, now: float, before: dict[int, dict]) -> None:
+        self.state = html.LIVE
+        self.started_at = self._prev if self._prev is not None else now
+        self.active_s = 0.0
+        self.summary = None
+        # The loop's figures count from the loaders as they were before it
+        # began; a loader first seen now counts from zero.
+        self._first = before
+
+    def make_summary(self, now: float) -> html.Summary | None:
+        if self.started_at is None:
+            return None
+        out = html.Summary(seconds=(self.last_batch_at or now) - self.started_at)
+        for lid, last in sorted(self._last_loaders.items()):
+            first = self._first.get(lid, {})
+            batches = (as_int(last.get("batches_total")) or 0) - (as_int(first.get("batches_total")) or 0)
+            if batches <= 0:
+                continue
+            wait = _delta(last, first, "wait_s_total")
+            step = _delta(last, first, "step_s_total")
+            frac = wait / (wait + step) if wait is not None and step is not None and wait + step > 0 else None
+            epochs = (as_int(last.get("epoch")) or 0) - (as_int(first.get("epoch")) or 0) + 1
+            bps = batches / self.active_s if self.active_s > 0 else None
+            out.loaders.append(
+                html.LoaderSummary(lid, str(last.get("dataset") or "DataLoader"), batches, epochs, frac, bps)
+            )
+        return out
+
+
+def _delta(last: Mapping, first: Mapping, key: str) -> float | None:
+    a, b = num(last.get(key)), num(first.get(key))
+    if a is None:
+        return None
+    return a - (b or 0.0)
+
+
+def frame(tracker: Tracker, snapshot: Mapping | None, now: float, note: str = "") -> dict:
+    state = tracker.state
+    frozen = state in (html.FINISHED, html.STOPPED, html.ENDED)
+    hints = tracker.hints if frozen else None
+    if frozen and tracker.last_live is not None:
+        snapshot = tracker.last_live
+    return {
+        "state": state,
+        "html": html.render(
+            snapshot, tracker.pid, state, hints=hints, summary=tracker.summary, note=note, now=now
+        ),
+        "text": html.render_text(snapshot, tracker.pid, state, hints=hints),
+    }
+
+
+def _emit(doc: dict) -> bool:
+    try:
+        sys.stdout.write(json.dumps(doc) + "\n")
+        sys.stdout.flush()
+        return True
+    except (BrokenPipeError, OSError, ValueError):
+        return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _watch_stdin(stop: threading.Event, asked: threading.Event) -> None:
+    try:
+        for line in sys.stdin:
+            if line.strip() == "stop":
+                asked.set()
+                break
+    except (OSError, ValueError):
+        pass
+    stop.set()
+
+
+def run(pid: int, interval: float, directory: str | None) -> int:
+    # The panel must not compete with the training loop it watches when the
+    # cores are short: it yields to it.
+    try:
+        os.nice(NICE)
+    except OSError:
+        pass
+    monitor = Monitor(directory=directory, only_pid=pid, interval=min(0.5, interval))
+    tracker = Tracker(pid)
+    stop, asked = threading.Event(), threading.Event()
+    threading.Thread(target=_watch_stdin, args=(stop, asked), daemon=True, name="dlwatch-panel-stdin").start()
+    monitor.start()
+    last_html = None
+    snap: Mapping | None = None
+    try:
+        while not stop.is_set() and _alive(pid):
+            now = time.time()
+            snap = monitor.latest()
+            tracker.update(snap, now)
+            doc = frame(tracker, snap, now)
+            # The clock in the heading changes every second; only a change in
+            # the figures is worth a message to the kernel.
+            body = doc["html"].split("\n", 2)[-1]
+            if body != last_html:
+                if not _emit(doc):
+                    return 0
+                last_html = body
+            stop.wait(interval)
+        now = time.time()
+        if asked.is_set():
+            if tracker.state == html.LIVE:
+                tracker.summary = tracker.make_summary(now)
+            tracker.state = html.STOPPED
+            _emit(frame(tracker, snap, now))
+        elif not _alive(pid):
+            tracker.state = html.ENDED
+            _emit(frame(tracker, snap, now, note="the kernel's process has exited"))
+    finally:
+        monitor.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dlwatch.panel.feed", description=__doc__.splitlines()[0])
+    p.add_argument("--pid", type=int, required=True, help="the kernel's process id")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between frames (default 1)")
+    p.add_argument("--dir", default=None, help="runtime directory (default: as dlwatch)")
+    args = p.parse_args(argv)
+    if args.interval <= 0:
+        p.error("--interval must be > 0")
+    return run(args.pid, args.interval, args.dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Autotune's pure parts: when it is on, which knobs its search may move, what
+it says at exit and in the live view. Real jobs: tests/e2e/test_autotune.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlwatch import search
+from dlwatch.probe import autotune
+from dlwatch.tui import fmt
+from dlwatch.tui.loader import autotune_line
+
+
+@pytest.mark.parametrize(
+    "env, on",
+    [
+        ({}, False),
+        ({"DLWATCH_AUTOTUNE": "1"}, True),
+        ({"DLWATCH_AUTOTUNE": "yes"}, True),
+        ({"DLWATCH_AUTOTUNE": "0"}, False),
+        # a tune trial measures fixed settings
+        ({"DLWATCH_AUTOTUNE": "1", "DLWATCH_OVERRIDES": '{"num_workers": 2}'}, False),
+    ],
+)
+def test_enabled(env, on):
+    assert autotune.enabled(env) is on
+
+
+def _trial(nw: int, rate: float, wait: float, **kw) -> dict:
+    settings = {"num_workers": nw, "prefetch_factor": 2 if nw else None, "pin_memory": False,
+                "persistent_workers": False}  # fmt: skip
+    return {"status": "ok", "config": {"num_workers": nw} if kw.pop("changed", False) else {},
+            "settings": settings, "batches_per_s": rate, "data_wait_fraction": wait, "step_ms_mean": 10.0,
+            "worker_ms_per_batch": 40.0, "worker_cpu_share_of_busy": 0.1, "usable_cores": 2.0,
+            "epoch_start_ms": 300.0, "epoch_ms": 4000.0, "steady_s": 4.0, **kw}  # fmt: skip
+
+
+def test_the_search_never_offers_a_knob_autotune_cannot_move():
+    # a loader whose epoch starts stall: tune would try persistent_workers
+    trials = [
+        _trial(1, 25.0, 0.75),
+        _trial(4, 90.0, 0.05, changed=True, epoch_start_ms=900.0, epoch_ms=2000.0),
+    ]
+    full = search.Options()
+    limited = search.Options(knobs=autotune.AUTOTUNE_KNOBS)
+    seen_full, seen_limited = set(), set()
+    for opts, seen in ((full, seen_full), (limited, seen_limited)):
+        ts = list(trials)
+        for _ in range(8):
+            config, _why = search.propose(ts, opts)
+            if config is None:
+                break
+            seen.update(config)
+            ts.append(dict(_trial(config.get("num_workers", 1), 50.0, 0.2), config=config))
+    assert "persistent_workers" in seen_full
+    assert seen_limited <= {"num_workers", "prefetch_factor"}
+
+
+def test_an_iterable_or_worker_init_loader_is_left_alone():
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+    class It(IterableDataset):
+        def __iter__(self):
+            yield from range(3)
+
+    ds = TensorDataset(torch.zeros(8, 2))
+    assert autotune._left_alone(DataLoader(ds)) is None
+    assert "iterable" in autotune._left_alone(DataLoader(It()))
+    assert "worker_init_fn" in autotune._left_alone(DataLoader(ds, worker_init_fn=lambda i: None))
+
+
+def test_live_view_line():
+    pal = fmt.DEFAULT_PALETTE
+    assert autotune_line({}, pal) is None
+    left = autotune_line({"autotune": {"state": "left alone", "reason": "an iterable dataset"}}, pal)
+    assert left is not None and "left alone: an iterable dataset" in left.plain
+    at = {"state": "converged", "original": {"num_workers": 1}, "changes": [{"epoch": 2}]}
+    at |= {"current": {"num_workers": 8, "prefetch_factor": 2}, "epoch_batches_per_s": [24.0, 110.0, 118.0]}
+    line = autotune_line({"autotune": at}, pal).plain
+    assert (
+        "converged" in line
+        and "num_workers 1 → 8" in line
+        and "4.92× the first" in line
+        and "1 change" in line
+    )
+
+
+def test_exit_line_names_the_setting_to_paste():
+    class Loader:
+        num_workers, prefetch_factor, pin_memory, persistent_workers = 1, 2, False, False
+        dataset = None
+        worker_init_fn = None
+        _dataset_kind = 0
+
+    loader = Loader()
+    t = autotune.LoaderTuner(loader)
+    t.trials = [_trial(1, 25.0, 0.8), dict(_trial(8, 110.0, 0.05), config={"num_workers": 8})]
+    t.state = "converged"
+    line = t.summary_line()
+    assert line.startswith("dlwatch autotune: NoneType loader converged to DataLoader(..., num_workers=8, ")
+    assert "4.40×" in line
+    t.trials = [_trial(1, 25.0, 0.02)]
+    t.reason = "not data-bound: the training loop waits for data 2 % of the time"
+    assert "kept DataLoader(..., num_workers=1, prefetch_factor=2): not data-bound" in t.summary_line()
