@@ -234,6 +234,8 @@ def test_iterable_shards_cover_every_sample_once():
     assert first != [_digest(*s) for batch in loader for s in batch]  # reshuffled
 
 
+# Each 0.3 s run must reach a batch: forking 6 workers takes longer than that on a loaded box.
+@pytest.mark.timing
 def test_every_scenario_parses_and_starts(tmp_path):
     SCENARIOS = _catalog().SCENARIOS
     assert {
