@@ -8,6 +8,16 @@ The image pipeline runs unmodified under ``dlwatch run``.
     .venv/bin/python bench/advice_check.py            # all workloads, ~3 minutes
     .venv/bin/python bench/advice_check.py --only image
 
+With ``--timm`` (pytorch-image-models' train.py) and/or ``--imagenet``
+(pytorch/examples' imagenet/main.py), or $DLWATCH_TIMM_TRAIN / $DLWATCH_IMAGENET_MAIN
+naming them, it then runs
+those scripts unmodified and compares their live hints with a brute-force
+num_workers sweep (bench/script_sweep.py; needs an interpreter with
+torchvision, ``--python``; ~20 minutes for both):
+
+    .venv/bin/python bench/advice_check.py --only none --python /path/venv/bin/python \
+        --timm pytorch-image-models/train.py --imagenet examples/imagenet/main.py
+
 Timings on a shared box follow its load: the table also prints the other
 processes' CPU dlwatch measured during the first run.
 """
@@ -22,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import script_sweep
 
 from dlwatch.collect.monitor import Monitor
 
@@ -150,6 +162,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--only", help="run the workloads whose name contains this")
     p.add_argument("--json")
+    script_sweep.add_arguments(p, prefix="sweep-")
     a = p.parse_args()
     rows = [measure(n, args, a.seconds) for n, args in WORKLOADS.items() if not a.only or a.only in n]
     head = f"{'workload':<34} {'hint':<12} {'sev':<5} {'nw':>3} {'predicted':>9} {'measured':>9}"
@@ -164,6 +177,8 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
+    if a.timm or a.imagenet or a.replay:
+        script_sweep.run(a)
 
 
 if __name__ == "__main__":

@@ -27,8 +27,11 @@ from torch.utils.data import DataLoader, Dataset
 DEFAULT_DATA = os.path.join(tempfile.gettempdir(), "dlwatch-imagefolder")
 
 
-def make_images(root: str, classes: int = 4, per_class: int = 150) -> None:
+def make_images(
+    root: str, classes: int = 4, per_class: int = 150, size: tuple[int, int] = (320, 240)
+) -> None:
     rng = random.Random(0)
+    w, h = size
     for c in range(classes):
         d = os.path.join(root, f"class{c}")
         os.makedirs(d, exist_ok=True)
@@ -36,11 +39,12 @@ def make_images(root: str, classes: int = 4, per_class: int = 150) -> None:
             path = os.path.join(d, f"{i}.jpg")
             if os.path.exists(path):
                 continue
-            im = Image.new("RGB", (320, 240), tuple(rng.randrange(256) for _ in range(3)))
+            im = Image.new("RGB", (w, h), tuple(rng.randrange(256) for _ in range(3)))
             draw = ImageDraw.Draw(im)
             for _ in range(30):
-                x, y = rng.randrange(320), rng.randrange(240)
-                box = [x, y, x + rng.randrange(10, 80), y + rng.randrange(10, 80)]
+                x, y = rng.randrange(w), rng.randrange(h)
+                lo, hi = max(1, 10 * w // 320), max(2, 80 * w // 320)  # 10..80 px at 320 wide
+                box = [x, y, x + rng.randrange(lo, hi), y + rng.randrange(lo, hi)]
                 draw.ellipse(box, fill=tuple(rng.randrange(256) for _ in range(3)))
             im.save(path, quality=90)
 

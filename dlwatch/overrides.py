@@ -7,6 +7,12 @@ The variable holds one JSON object (README "Tune")::
     {"loader": {"index": 0, "dataset": "ImageFolder", "batch_size": 64},
      "num_workers": 4, "prefetch_factor": 4, "pin_memory": true, "persistent_workers": true}
 
+``"replay": {"batches": 20, "max_bytes": 1073741824, "after_s": 1.0}`` (each
+key optional; the probe's defaults are those) makes the selected loaders
+replay batches they already produced instead of loading new ones
+(``dlwatch/probe/replay.py``): ``dlwatch tune``'s ceiling trial. Without the
+key nothing replays.
+
 ``loader`` picks which ``DataLoader(...)`` constructions are changed: ``"all"``,
 or the ``index``-th construction (0-based, in this process) among those whose
 dataset class name and batch size match the given ones (each optional). The
@@ -28,6 +34,7 @@ KNOBS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
 # More would be a typo, not a setting: a pid and some memory per worker.
 MAX_WORKERS = 256
 MAX_PREFETCH = 64
+MAX_REPLAY_BATCHES = 10_000
 
 
 class OverrideError(ValueError):
@@ -43,7 +50,7 @@ def parse(text: str) -> dict:
         raise OverrideError(f"{ENV_VAR} is not JSON: {e}") from None
     if not isinstance(doc, dict):
         raise OverrideError(f"{ENV_VAR} must be a JSON object")
-    unknown = set(doc) - set(KNOBS) - {"loader"}
+    unknown = set(doc) - set(KNOBS) - {"loader", "replay"}
     if unknown:
         raise OverrideError(f"{ENV_VAR}: unknown keys {sorted(unknown)}")
     out: dict = {"loader": _parse_selector(doc.get("loader", "all"))}
@@ -63,6 +70,33 @@ def parse(text: str) -> dict:
             if not isinstance(v, bool):
                 raise OverrideError(f"{key} must be true or false, got {v!r}")
             out[key] = v
+    if doc.get("replay") is not None:
+        out["replay"] = _parse_replay(doc["replay"])
+    return out
+
+
+def _parse_replay(rep) -> dict:
+    if not isinstance(rep, dict):
+        raise OverrideError('replay must be an object {"batches", "max_bytes", "after_s"}')
+    unknown = set(rep) - {"batches", "max_bytes", "after_s"}
+    if unknown:
+        raise OverrideError(f"replay: unknown keys {sorted(unknown)}")
+    out = {}
+    n = rep.get("batches")
+    if n is not None:
+        if not _is_int(n) or not 1 <= n <= MAX_REPLAY_BATCHES:
+            raise OverrideError(f"replay.batches must be an integer 1..{MAX_REPLAY_BATCHES}, got {n!r}")
+        out["batches"] = n
+    b = rep.get("max_bytes")
+    if b is not None:
+        if not _is_int(b) or b < 1:
+            raise OverrideError(f"replay.max_bytes must be a positive integer, got {b!r}")
+        out["max_bytes"] = b
+    a = rep.get("after_s")
+    if a is not None:
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 <= a <= 3600:
+            raise OverrideError(f"replay.after_s must be a number of seconds 0..3600, got {a!r}")
+        out["after_s"] = float(a)
     return out
 
 

@@ -35,9 +35,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from dlwatch.overrides import KNOBS, resolve
-from dlwatch.snapshot import num
+from dlwatch.overrides import KNOBS as KNOBS
+from dlwatch.overrides import resolve
+from dlwatch.snapshot import num, percent
 from dlwatch.thresholds import (
     CPU_BOUND_MIN_SHARE,
     DATA_BOUND_WAIT,
@@ -51,10 +53,11 @@ from dlwatch.thresholds import (
 STILL_WAITING = 0.05
 # Two settings whose batches/s differ by less than this are "within noise":
 # repeated trials of one setting on a quiet 2-core box differ by 1-4 %.
-# When repeats show a wider spread, that spread is the noise (up to the cap:
-# beyond it a "within noise" pick could cost a real slow-down).
+# When repeats of any one setting in the sweep differed by more (a busy box:
+# 96 vs 113 batches/s was seen), that measured difference is the allowance,
+# up to the cap: beyond it the figures say too little to pick on.
 NOISE_FLOOR = 0.05
-NOISE_CAP = 0.10
+NOISE_CAP = 0.25
 # persistent_workers is worth a trial when later epoch starts cost this share
 # of an epoch (the hint's bar is 10 % and 500 ms: a trial can measure less).
 PERSIST_MIN_SHARE = 0.02
@@ -62,6 +65,12 @@ PERSIST_MIN_STALL_MS = 20.0
 PREFETCH_TRY = 4
 # Leading settings repeated once each (the best and the runner-up).
 REPEAT_LEADERS = 2
+
+# The step functions' arguments: the trials so far, the job's own settings,
+# and whether a candidate's settings have not been tried yet.
+Trials = Sequence[dict[str, Any]]
+Settings = dict[str, Any]
+IsNew = Callable[[Settings], bool]
 
 
 @dataclass(frozen=True)
@@ -76,7 +85,7 @@ class Facts:
     num_workers: int
 
 
-def facts(trial: dict) -> Facts:
+def facts(trial: dict[str, Any]) -> Facts:
     s = trial.get("settings") or {}
     nw = int(s.get("num_workers") or 0)
     wait = num(trial.get("data_wait_fraction"))
@@ -105,11 +114,11 @@ def facts(trial: dict) -> Facts:
     )
 
 
-def settings_key(settings: dict) -> tuple:
+def settings_key(settings: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(settings.get(k) for k in KNOBS)
 
 
-def apply(base: dict, config: dict, cuda: bool) -> dict:
+def apply(base: dict[str, Any], config: dict[str, Any], cuda: bool) -> dict[str, Any]:
     """The loader's settings once ``config`` overrides ``base`` (as the probe
     will make them: valid for torch)."""
     out = resolve(dict(base), config, lambda: cuda)
@@ -119,7 +128,7 @@ def apply(base: dict, config: dict, cuda: bool) -> dict:
     return {k: out.get(k) for k in KNOBS}
 
 
-def ok(trials: Sequence[dict]) -> list[dict]:
+def ok(trials: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [t for t in trials if t.get("status") == "ok" and num(t.get("batches_per_s")) is not None]
 
 
@@ -127,10 +136,10 @@ def ok(trials: Sequence[dict]) -> list[dict]:
 class Group:
     """All ok trials of one setting."""
 
-    key: tuple
-    settings: dict
-    config: dict
-    trials: list[dict]
+    key: tuple[Any, ...]
+    settings: dict[str, Any]
+    config: dict[str, Any]
+    trials: list[dict[str, Any]]
 
     @property
     def rates(self) -> list[float]:
@@ -154,8 +163,8 @@ class Group:
         return sum(w) / len(w) if w else None
 
 
-def groups(trials: Sequence[dict]) -> list[Group]:
-    out: dict[tuple, Group] = {}
+def groups(trials: Sequence[dict[str, Any]]) -> list[Group]:
+    out: dict[tuple[Any, ...], Group] = {}
     for t in ok(trials):
         k = settings_key(t["settings"])
         g = out.get(k)
@@ -166,15 +175,29 @@ def groups(trials: Sequence[dict]) -> list[Group]:
     return list(out.values())
 
 
-def noise(a: Group, b: Group) -> float:
-    return min(NOISE_CAP, max(NOISE_FLOOR, a.spread or 0.0, b.spread or 0.0))
+def measured_noise(gs: Sequence[Group]) -> float | None:
+    """The widest difference between repeats of one setting, relative to
+    their mean (None: nothing was repeated)."""
+    out = None
+    for g in gs:
+        r = g.rates
+        if len(r) >= 2 and g.mean > 0:
+            d = (max(r) - min(r)) / g.mean
+            out = d if out is None else max(out, d)
+    return out
 
 
-def changes(settings: dict, base: dict) -> int:
+def noise_allowance(gs: Sequence[Group]) -> float:
+    """How far below the fastest a setting may measure and still count as
+    within noise of it: the measured noise of the sweep, at least the floor."""
+    return min(NOISE_CAP, max(NOISE_FLOOR, measured_noise(gs) or 0.0))
+
+
+def changes(settings: dict[str, Any], base: dict[str, Any]) -> int:
     return sum(1 for k in KNOBS if k != "num_workers" and settings.get(k) != base.get(k))
 
 
-def choose(trials: Sequence[dict]) -> Group | None:
+def choose(trials: Sequence[dict[str, Any]]) -> Group | None:
     """The recommendation: fewest workers, then fewest changes, among the
     settings within noise of the fastest."""
     gs = groups(trials)
@@ -182,11 +205,12 @@ def choose(trials: Sequence[dict]) -> Group | None:
         return None
     base = trials[0].get("settings") or {}
     top = max(gs, key=lambda g: g.mean)
-    near = [g for g in gs if g.mean >= top.mean * (1 - noise(g, top))]
+    allow = noise_allowance(gs)
+    near = [g for g in gs if g.mean >= top.mean * (1 - allow)]
     return min(near, key=lambda g: (g.settings.get("num_workers") or 0, changes(g.settings, base), -g.mean))
 
 
-def fastest(trials: Sequence[dict]) -> Group | None:
+def fastest(trials: Sequence[dict[str, Any]]) -> Group | None:
     gs = groups(trials)
     return max(gs, key=lambda g: g.mean) if gs else None
 
@@ -200,35 +224,34 @@ class Options:
     knobs: tuple[str, ...] = KNOBS
 
 
-Proposal = tuple[dict | None, str]  # (config to try, why) or (None, why the search stops)
+Proposal = tuple[dict[str, Any] | None, str]  # (config to try, why) or (None, why the search stops)
 
 
-def propose(trials: Sequence[dict], opts: Options) -> Proposal:
+def propose(trials: Sequence[dict[str, Any]], opts: Options) -> Proposal:
     if not trials:
         return {}, "baseline: the script's own settings"
     base = trials[0]
     if base.get("status") != "ok":
         return None, f"the baseline trial did not measure ({base.get('status')}: {base.get('reason', '')})"
     bf = facts(base)
-    if not bf.data_bound:
-        wait = "n/a" if bf.data_wait is None else f"{bf.data_wait * 100:.0f} %"
-        return None, (
-            f"not data-bound: the training loop waits for data {wait} of the time "
-            f"(under {DATA_BOUND_WAIT * 100:.0f} %), so no DataLoader setting can make it faster"
-        )
     base_s = base["settings"]
     # A setting counts as tried once asked for, whatever came of it (a crash
     # is not retried) and whatever the loader reported.
     tried = {settings_key(apply(base_s, t.get("config") or {}, opts.cuda)) for t in trials}
 
-    def new(config: dict) -> bool:
+    def new(config: dict[str, Any]) -> bool:
         return settings_key(apply(base_s, config, opts.cuda)) not in tried
 
     if opts.workers is not None:
+        # An explicit grid is the user's request: run it even when the
+        # baseline says no setting can help (and say so).
+        why = "--workers grid" if bf.data_bound else f"--workers grid ({not_data_bound(bf)})"
         for n in opts.workers:
             if new({"num_workers": n}):
-                return {"num_workers": n}, "--workers grid"
+                return {"num_workers": n}, why
         return _repeat(trials) or (None, "every setting of the --workers grid was measured")
+    if not bf.data_bound:
+        return None, not_data_bound(bf) + ", so no DataLoader setting can make it faster"
     for step in (_workers_step, _knobs_step):
         p = step(trials, base_s, bf, opts, new)
         if p is not None:
@@ -236,7 +259,31 @@ def propose(trials: Sequence[dict], opts: Options) -> Proposal:
     return _repeat(trials) or (None, "converged: no untried setting is likely to be faster")
 
 
-def _kind(trials: Sequence[dict], bf: Facts) -> tuple[str | None, Facts]:
+def not_data_bound(bf: Facts) -> str:
+    return (
+        f"not data-bound: the training loop waits for data {percent(bf.data_wait)} of the time "
+        f"(under {percent(DATA_BOUND_WAIT)})"
+    )
+
+
+def ceiling_reached(trials: Sequence[dict[str, Any]], ceiling_rate: float | None) -> str | None:
+    """Why the search can stop, when the fastest setting measured is within
+    noise of the ceiling (the loop's pace with data for free); else None."""
+    best = fastest(trials)
+    if best is None or not ceiling_rate or ceiling_rate <= 0:
+        return None
+    allow = noise_allowance(groups(trials))
+    share = best.mean / ceiling_rate
+    if share < 1 - allow:
+        return None
+    return (
+        f"the fastest setting reaches {percent(share)} of the ceiling (within the "
+        f"{percent(allow)} noise allowance): the loader is no longer the limit; what is left "
+        "is the step itself (see where its time goes with `dlwatch profile`)"
+    )
+
+
+def _kind(trials: Sequence[dict[str, Any]], bf: Facts) -> tuple[str | None, Facts]:
     """CPU or I/O, judged on the first measured trial with workers."""
     if bf.kind is not None:
         return bf.kind, bf
@@ -254,7 +301,7 @@ def cpu_cap(usable_cores: float | None) -> int:
     return max(1, math.floor(usable_cores + 0.25))
 
 
-def _workers_step(trials, base_s, bf: Facts, opts: Options, new: Callable[[dict], bool]) -> Proposal | None:
+def _workers_step(trials: Trials, base_s: Settings, bf: Facts, opts: Options, new: IsNew) -> Proposal | None:
     kind, kf = _kind(trials, bf)
     cap = IO_MAX_RECOMMENDED_WORKERS if kind == "io" else cpu_cap(bf.usable_cores)
     why_cap = (
@@ -285,7 +332,7 @@ def _workers_step(trials, base_s, bf: Facts, opts: Options, new: Callable[[dict]
         if new({"num_workers": up}):
             return {"num_workers": up}, (
                 f"{nw} workers were the fastest so far and the loop still waits "
-                f"{wait * 100:.0f} % of the time; {why_cap}"
+                f"{percent(wait)} of the time; {why_cap}"
             )
     if wait is not None and wait < STILL_WAITING:
         lower = [c for c in counts if c < nw]
@@ -293,22 +340,23 @@ def _workers_step(trials, base_s, bf: Facts, opts: Options, new: Callable[[dict]
         mid = (lo + nw) // 2
         if lo < mid < nw and new({"num_workers": mid}):
             return {"num_workers": mid}, (
-                f"with {nw} workers the loop no longer waits ({wait * 100:.0f} %): fewer may keep up"
+                f"with {nw} workers the loop no longer waits ({percent(wait)}): fewer may keep up"
             )
     return None
 
 
-def _nw_key(base_s: dict, nw: int, cuda: bool) -> tuple:
+def _nw_key(base_s: dict[str, Any], nw: int, cuda: bool) -> tuple[Any, ...]:
     return settings_key(apply(base_s, {"num_workers": nw}, cuda))
 
 
 def _best_of(gs: list[Group]) -> Group:
     top = max(gs, key=lambda g: g.mean)
-    near = [g for g in gs if g.mean >= top.mean * (1 - noise(g, top))]
+    allow = noise_allowance(gs)
+    near = [g for g in gs if g.mean >= top.mean * (1 - allow)]
     return min(near, key=lambda g: g.settings.get("num_workers") or 0)
 
 
-def _knobs_step(trials, base_s, bf: Facts, opts: Options, new: Callable[[dict], bool]) -> Proposal | None:
+def _knobs_step(trials: Trials, base_s: Settings, bf: Facts, opts: Options, new: IsNew) -> Proposal | None:
     best = fastest(trials)
     if best is None:
         return None
@@ -333,7 +381,7 @@ def _knobs_step(trials, base_s, bf: Facts, opts: Options, new: Callable[[dict], 
         c = dict(cfg, persistent_workers=True)
         if new(c):
             return c, (
-                f"every epoch starts with a {stall:.0f} ms stall ({stall / epoch * 100:.0f} % of an epoch) "
+                f"every epoch starts with a {stall:.0f} ms stall ({percent(stall / epoch)} of an epoch) "
                 "while workers re-spawn"
             )
     wait = best.wait
@@ -349,7 +397,7 @@ def _knobs_step(trials, base_s, bf: Facts, opts: Options, new: Callable[[dict], 
         if new(c):
             return (
                 c,
-                f"the loop still waits {wait * 100:.0f} % of the time: a deeper queue absorbs slow batches",
+                f"the loop still waits {percent(wait)} of the time: a deeper queue absorbs slow batches",
             )
     pin_ok = opts.cuda and "pin_memory" in opts.knobs
     if pin_ok and "pin_memory" not in tried_knobs and not s.get("pin_memory"):
@@ -359,7 +407,7 @@ def _knobs_step(trials, base_s, bf: Facts, opts: Options, new: Callable[[dict], 
     return None
 
 
-def _repeat(trials: Sequence[dict]) -> Proposal | None:
+def _repeat(trials: Sequence[dict[str, Any]]) -> Proposal | None:
     """Measure the leading settings a second time (their spread is the noise)."""
     gs = sorted(groups(trials), key=lambda g: -g.mean)
     if len(gs) < 2:

@@ -20,8 +20,8 @@ guess, and a snapshot from an older collector still reads.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from typing import Any, TypedDict, get_type_hints
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol, TypedDict, get_type_hints, runtime_checkable
 
 SCHEMA_VERSION = 1
 
@@ -58,7 +58,7 @@ class _WorkerRequired(TypedDict):
     cpu_percent: float | None  # 100 = one core, over the sampling interval
     busy_fraction: float | None  # 0..1 of the window inside the dataset fetch
     fetch_ms_mean: float | None
-    batches: int
+    batches: int | None  # None for an attached job (sampled: no batch counts)
     rss_bytes: int | None
     uss_bytes: int | None  # None when /proc/PID/smaps_rollup is unreadable
     threads: int | None
@@ -71,6 +71,23 @@ class Worker(_WorkerRequired, total=False):
     # Seconds inside the dataset fetch since the loader began, over every
     # process that held this worker slot (monotonic: the exporter's counter).
     busy_s_total: float | None
+    window_batches: int  # batches this worker delivered in the loader's window
+    # The fetch-time tail of one batch (ms), over the window when it holds 50
+    # fetches or more, else over the worker's life; from a fixed histogram of
+    # 4 buckets an octave in the worker, so each is good to about ±10 %.
+    fetch_ms_p50: float | None
+    fetch_ms_p95: float | None
+    fetch_ms_p99: float | None
+    # Digests of the first two batches the worker delivered from an iterable
+    # dataset (None: a map dataset, or none yet): equal in two workers when
+    # the dataset is not shared out among them.
+    first_batch_digest: int | None
+    second_batch_digest: int | None
+    # Attached jobs: busy_fraction is the share of the worker's samples inside
+    # the fetch, ± half its 95 % interval, over this many samples.
+    busy_pm: float | None
+    busy_samples: int
+    waiting_index_fraction: float | None  # share of samples blocked on the index queue
 
 
 class History(TypedDict, total=False):
@@ -83,11 +100,12 @@ class _LoaderRequired(TypedDict):
     num_workers: int
     batch_size: int | None
     pin_memory: bool
-    persistent_workers: bool
+    persistent_workers: bool | None  # None: not known (an attached job)
     prefetch_factor: int | None
-    epoch: int
-    batches_total: int
-    batches_per_s: float
+    # None for an attached job: only the hook counts batches.
+    epoch: int | None
+    batches_total: int | None
+    batches_per_s: float | None
     data_wait_fraction: float | None  # 0..1 over the window; None: no batch in it (no_batch_reason)
     wait_ms_mean: float | None
     step_ms_mean: float | None
@@ -99,7 +117,16 @@ class _LoaderRequired(TypedDict):
 class Loader(_LoaderRequired, total=False):
     start_method: str | None
     kind: str  # "map" | "iterable"
-    dataset: str | None
+    dataset: str | None  # the user's dataset class, beneath frameworks' wrappers
+    dataset_wrappers: list[str]  # the wrappers' classes, outermost first (Subset, IterableDatasetShard)
+    in_order: bool | None  # DataLoader(in_order=) with workers, torch >= 2.6; None otherwise
+    # The thread that takes the loader's batches: {"thread": name, "main": bool}
+    # (None: no batch yet). main False: a producer thread feeding a queue; the
+    # wait figures are then the producer's, not the training loop's.
+    iterated_on: dict[str, Any] | None
+    # Share of the loop's time inside next() while later batches sat ready in
+    # the reorder buffer (head-of-line blocking), sampled ~10 times a second.
+    head_of_line_fraction: float | None
     active: bool  # an iterator is alive
     epoch_start_ms: list[float]  # recent epochs, oldest first
     epoch_ms: list[float]  # recent completed epoch durations
@@ -117,9 +144,22 @@ class Loader(_LoaderRequired, total=False):
     wait_s_total: float | None
     step_s_total: float | None
     history: History
+    # An attached job's loader (``dlwatch attach``): data_wait_fraction is the
+    # share of the training thread's samples inside __next__, with ± half its
+    # 95 % interval (data_wait_ci95) over data_wait_samples samples.
+    sampled: bool
+    data_wait_pm: float | None
+    data_wait_samples: int
+    data_wait_ci95: list[float] | None
+    iterator: str | None  # "single-process" | "multi-process", from the stacks
+    workers_busy: dict[str, Any] | None  # every worker's samples pooled: fraction, pm, samples, ci95
+    # Only in a `dlwatch tune` ceiling trial (DLWATCH_OVERRIDES' replay):
+    # {"state": "warm-up"|"caching"|"replaying", "batches_cached", "bytes_cached",
+    #  "batches_wanted", "max_bytes", "limited_by": "max_bytes"|None}
+    replay: dict[str, Any]
     # Only under `dlwatch run --autotune` (README "Autotune"): state, reason,
     # current/original setting, changes (epoch, from, to, why, batches_per_s).
-    autotune: dict | None
+    autotune: dict[str, Any] | None
 
 
 class _JobRequired(TypedDict):
@@ -147,6 +187,10 @@ class Job(_JobRequired, total=False):
     cuda_initialized: bool | None
     bad_frames: int
     last_wire_error: str | None
+    # The last worker profile burst's top stage (dlwatch.diagnose.worker_profile.brief)
+    worker_profile: dict[str, Any] | None
+    sampled: bool  # attached without the hook, sampled from outside
+    sampling: dict[str, Any]  # tool, span_s, samples, rate_hz, training thread
 
 
 class _HostRequired(TypedDict):
@@ -204,9 +248,35 @@ class Snapshot(_SnapshotRequired, total=False):
     runtime_dir: str
     runtime_dir_error: str | None
     errors: list[str]  # collector faults (a sampler that raised), newest last
+    # Why ``hints`` says nothing: the diagnosis could not start or raised.
+    # Absent when the hints are the diagnosis's own verdict.
+    hints_error: str
+
+
+# ------------------------------------------------------------- the source
+
+
+@runtime_checkable
+class SnapshotSource(Protocol):
+    """Where a consumer (the live view, the recorder, the exporter) gets
+    snapshots: the collector (``dlwatch.collect.Monitor``), or a replay.
+
+    ``latest()`` answers from memory (the newest snapshot built, None before
+    the first): it is called from an event loop or a scrape thread.
+    ``subscribe(callback)``: ``callback()`` is called, from any thread, after
+    each new snapshot, so a consumer need not poll on a timer of its own."""
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def latest(self) -> dict[str, Any] | None: ...
+    def subscribe(self, callback: Callable[[], None]) -> None: ...
+    def dismiss(self, job_pid: int) -> None: ...
 
 
 # ------------------------------------------------------------- the accessors
+
+# How every view writes a figure it does not have.
+NA = "n/a"
 
 
 def num(v: Any) -> float | None:
@@ -227,11 +297,11 @@ def as_int(v: Any) -> int | None:
     return int(f) if f is not None and f == int(f) else None
 
 
-def as_dict(v: Any) -> dict:
+def as_dict(v: Any) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
 
 
-def as_list(v: Any) -> list:
+def as_list(v: Any) -> list[Any]:
     """A list as it is, a tuple as a list, anything else as []."""
     if isinstance(v, list):
         return v
@@ -242,7 +312,7 @@ def as_str(v: Any, default: str = "") -> str:
     return v if isinstance(v, str) else default
 
 
-def records(v: Any) -> list[dict]:
+def records(v: Any) -> list[dict[str, Any]]:
     """The dicts of a list (jobs, loaders, workers, hints); anything else skipped."""
     return [x for x in as_list(v) if isinstance(x, dict)]
 
@@ -252,11 +322,11 @@ def severity_rank(severity: Any) -> int:
     return SEVERITY_ORDER.get(severity, len(SEVERITIES))
 
 
-def is_live(job: Mapping) -> bool:
+def is_live(job: Mapping[str, Any]) -> bool:
     return job.get("state", "live") in ("live", "connecting")
 
 
-def live_workers(loader: Mapping) -> list[dict]:
+def live_workers(loader: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Workers whose process still exists (their figures may still be None)."""
     return [w for w in records(loader.get("workers")) if w.get("state") not in GONE_STATES]
 
@@ -266,7 +336,19 @@ def numbers(values: Iterable[Any]) -> list[float]:
     return [f for f in (num(v) for v in values) if f is not None]
 
 
-def find_job(snapshot: Mapping, pid: int) -> dict | None:
+def percent(fraction: Any, digits: int | None = 0) -> str:
+    """A 0..1 fraction as a percentage, "42 %" (``digits`` decimals; None:
+    as many as it has, for chart ticks); ``NA`` when it is missing. The one
+    format of the hints, the CLI's text, the TUI and the report."""
+    v = num(fraction)
+    if v is None:
+        return NA
+    return f"{v * 100:g} %" if digits is None else f"{v * 100:.{digits}f} %"
+
+
+def find_job(snapshot: Mapping[str, Any], pid: int | None) -> dict[str, Any] | None:
+    if pid is None:  # no job: not the first one without a PID
+        return None
     return next((j for j in records(snapshot.get("jobs")) if as_int(j.get("pid")) == pid), None)
 
 
@@ -323,7 +405,7 @@ def _kind_ok(value: Any, typ: Any) -> bool:
     origin = getattr(typ, "__origin__", None)
     if origin is None and args and type(None) in args:  # X | None (types.UnionType)
         return value is None or any(_kind_ok(value, a) for a in args if a is not type(None))
-    if origin is not None and str(origin) == "typing.Union":
+    if origin is not None and str(origin) == "typing.Union" and args:
         return any(_kind_ok(value, a) for a in args)
     if typ is type(None):
         return value is None

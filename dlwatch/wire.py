@@ -23,6 +23,16 @@ A server that can run a profiler burst lists ``"profile"`` in its hello's
 or a single ``profile_status`` with state ``busy`` / ``unsupported`` /
 ``rejected`` when the burst cannot start at all.
 
+A server that can sample its DataLoader workers lists ``"worker-profile"``::
+
+    client -> {"type": "worker_profile", "seconds": 5, "hz": 100}
+    server -> {"type": "profile_status", "state": "running", "message": ...}  (about once a second)
+    server -> {"type": "worker_profile_result", "result": {...}}   (or with "error")
+
+with the same single ``profile_status`` refusals. Every other monitor of the
+job gets the answer too, marked ``"broadcast": true`` (and a monitor that
+connects later gets the last one after its history).
+
 A version mismatch is answered with ``{"type": "error", ...}`` and the
 connection is closed; so is a malformed or oversized frame.
 """
@@ -30,10 +40,27 @@ connection is closed; so is a malformed or oversized frame.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 PROTOCOL_VERSION = 1
+# A worker's fetch times travel as a histogram ("fetch_hist": [[bucket,
+# count], ...], cumulative): log-spaced buckets, FETCH_HIST_PER_OCTAVE to a
+# doubling (each 19 % wide) from FETCH_HIST_LO_S up; 64 reach 3.3 s, and the
+# last also counts everything longer, the first everything shorter.
+FETCH_HIST_PER_OCTAVE = 4
+FETCH_HIST_BUCKETS = 64
+FETCH_HIST_LO_S = 50e-6
+
+
+def fetch_hist_bounds_ms(k: int) -> tuple[float, float]:
+    """The fetch times (ms) that bucket ``k`` counts (its nominal edges)."""
+    lo = FETCH_HIST_LO_S * 2 ** (k / FETCH_HIST_PER_OCTAVE) * 1e3
+    return lo, lo * 2 ** (1 / FETCH_HIST_PER_OCTAVE)
+
+
 # Windows carry a handful of loaders with up to a few dozen workers each:
 # a few KiB. 1 MiB leaves room for anything real and bounds what a peer can
 # make the other side buffer.
@@ -44,6 +71,12 @@ MAX_CLIENT_FRAME_BYTES = 4096
 MAX_OUT_DIR_CHARS = 1024
 # What a server that runs profiler bursts announces in its hello.
 FEATURE_PROFILE = "profile"
+FEATURE_WORKER_PROFILE = "worker-profile"
+# Worker profile bursts: seconds and samples per second per worker.
+WORKER_PROFILE_DEFAULT_SECONDS = 5.0
+WORKER_PROFILE_MAX_SECONDS = 60.0
+WORKER_PROFILE_DEFAULT_HZ = 100
+WORKER_PROFILE_MAX_HZ = 1000
 # Profiler bursts: bounded so that a request can never make the job record
 # (and hold in memory) more than a minute of events.
 PROFILE_DEFAULT_STEPS = 10
@@ -143,61 +176,56 @@ def _short(e: BaseException) -> str:
 # absent or null. Extra fields are allowed (forward compatibility within a
 # protocol version); wrong types are not.
 
-_INT = (int,)
-_NUM = (int, float)
-_STR = (str,)
-_BOOL = (bool,)
-_LIST = (list,)
-_DICT = (dict,)
+_INT: tuple[type, ...] = (int,)
+_NUM: tuple[type, ...] = (int, float)
+_STR: tuple[type, ...] = (str,)
+_BOOL: tuple[type, ...] = (bool,)
+_LIST: tuple[type, ...] = (list,)
+_DICT: tuple[type, ...] = (dict,)
 
-HELLO_CLIENT = {"protocol": _INT}
+Fields = Mapping[str, tuple[type, ...]]
+
+
+def _of(types: tuple[type, ...], *names: str) -> dict[str, tuple[type, ...]]:
+    """Fields that all take ``types``."""
+    return dict.fromkeys(names, types)
+
+
+HELLO_CLIENT: Fields = {"protocol": _INT}
+# ``every``: send only every Nth frame; ``history_frames``: replay at most
+# this many recent frames. A value out of range is ignored (the job's
+# defaults), a value of the wrong type is a bad hello.
+HELLO_CLIENT_OPTIONAL: Fields = {"client": _STR, "every": _INT, "history_frames": _INT}
 HELLO_SERVER = {"protocol": _INT, "job": _DICT}
 HELLO_SERVER_OPTIONAL = {"history": _INT, "features": _LIST}
 JOB = {"pid": _INT, "cmdline": _STR}
-JOB_OPTIONAL = {
-    "rank": _INT,
-    "local_rank": _INT,
-    "world_size": _INT,
-    "torch_version": _STR,
-    "start_method": _STR,
-    "run_id": _STR,
-    "started": _NUM,
-    "python": _STR,
-    "hostname": _STR,
-    "dlwatch_version": _STR,
-}
+JOB_OPTIONAL = (
+    _of(_INT, "rank", "local_rank", "world_size")
+    | _of(_STR, "torch_version", "start_method", "run_id", "python", "hostname", "dlwatch_version")
+    | _of(_NUM, "started")
+)
 WINDOW = {"seq": _INT, "t": _NUM, "mono_ns": _INT, "loaders": _LIST}
 WINDOW_OPTIONAL = {"main": _DICT}
-LOADER = {
-    "id": _INT,
-    "epoch": _INT,
-    "batches": _INT,
-    "wait_ns": _INT,
-    "step_ns": _INT,
-    "num_workers": _INT,
-    "workers": _LIST,
-    "queue": _DICT,
-}
-LOADER_OPTIONAL = {
-    "batch_size": _INT,
-    "pin_memory": _BOOL,
-    "persistent_workers": _BOOL,
-    "prefetch_factor": _INT,
-    "start_method": _STR,
-    "kind": _STR,
-    "name": _STR,
-    "active": _BOOL,
-    "epoch_start_ms": _LIST,
-    "epoch_ms": _LIST,
-    "epoch_batches": _LIST,
-    "teardown_ns": _INT,
-    "iterator": _STR,
-    "dataset": _STR,
-    "autotune": _DICT,
-}
+MAIN_OPTIONAL = {"cuda_initialized": _BOOL, "py_threads": _INT}
+LOADER = (
+    _of(_INT, "id", "epoch", "batches", "wait_ns", "step_ns", "num_workers")
+    | _of(_LIST, "workers")
+    | _of(_DICT, "queue")
+)
+LOADER_OPTIONAL = (
+    _of(_INT, "batch_size", "prefetch_factor", "teardown_ns")
+    | _of(_BOOL, "pin_memory", "persistent_workers", "active")
+    | _of(_INT, "samples", "wait_samples", "hol_samples")
+    | _of(_BOOL, "in_order")
+    | _of(_STR, "start_method", "kind", "name", "iterator", "dataset")
+    | _of(_LIST, "epoch_start_ms", "epoch_ms", "epoch_batches", "dataset_wrappers")
+    | _of(_DICT, "autotune", "iterated_on", "replay")
+)
 QUEUE_OPTIONAL = {"ready": _INT, "in_flight": _INT, "capacity": _INT}
 WORKER = {"id": _INT, "pid": _INT, "batches": _INT, "fetch_ns": _INT, "busy_ns": _INT}
-WORKER_OPTIONAL = {"started_ns": _INT}
+WORKER_OPTIONAL = _of(_INT, "started_ns", "first_batch_digest", "second_batch_digest") | _of(
+    _LIST, "fetch_hist"
+)
 ERROR = {"message": _STR}
 PROFILE = {"steps": _INT}
 PROFILE_OPTIONAL = {"max_s": _NUM, "out_dir": _STR}
@@ -205,9 +233,51 @@ PROFILE_STATUS = {"state": _STR}
 PROFILE_STATUS_OPTIONAL = {"steps": _INT, "steps_done": _INT, "message": _STR, "loader": _DICT}
 PROFILE_RESULT = {"result": _DICT}
 PROFILE_RESULT_OPTIONAL = {"error": _STR}
+WORKER_PROFILE = {"seconds": _NUM}
+WORKER_PROFILE_OPTIONAL = {"hz": _INT}
+# broadcast: the copy every other monitor of the job gets (not an answer to them)
+WORKER_PROFILE_RESULT_OPTIONAL = {"error": _STR, "broadcast": _BOOL}
 
 
-def _check(obj: Any, required: dict, optional: dict | None, what: str | Callable[[], str]) -> None:
+@dataclass(frozen=True)
+class Schema:
+    required: Fields
+    optional: Fields = field(default_factory=dict)
+
+    @property
+    def fields(self) -> set[str]:
+        return set(self.required) | set(self.optional)
+
+
+# Every message a peer may send, by type ("hello" is two: the client's and
+# the job's), each with its builder below; and the records nested in them.
+MESSAGES: dict[str, Schema] = {
+    "hello/client": Schema(HELLO_CLIENT, HELLO_CLIENT_OPTIONAL),
+    "hello/server": Schema(HELLO_SERVER, HELLO_SERVER_OPTIONAL),
+    "window": Schema(WINDOW, WINDOW_OPTIONAL),
+    "error": Schema(ERROR),
+    "profile": Schema(PROFILE, PROFILE_OPTIONAL),
+    "profile_status": Schema(PROFILE_STATUS, PROFILE_STATUS_OPTIONAL),
+    "profile_result": Schema(PROFILE_RESULT, PROFILE_RESULT_OPTIONAL),
+    "worker_profile": Schema(WORKER_PROFILE, WORKER_PROFILE_OPTIONAL),
+    "worker_profile_result": Schema(PROFILE_RESULT, WORKER_PROFILE_RESULT_OPTIONAL),
+}
+RECORDS: dict[str, Schema] = {
+    "job": Schema(JOB, JOB_OPTIONAL),
+    "main": Schema({}, MAIN_OPTIONAL),
+    "loader": Schema(LOADER, LOADER_OPTIONAL),
+    "queue": Schema({}, QUEUE_OPTIONAL),
+    "worker": Schema(WORKER, WORKER_OPTIONAL),
+}
+
+
+def message_kind(msg: dict[str, Any]) -> str:
+    """The key of ``msg``'s schema in ``MESSAGES``."""
+    kind = str(msg.get("type"))
+    return f"hello/{'server' if 'job' in msg else 'client'}" if kind == "hello" else kind
+
+
+def _check(obj: Any, required: Fields, optional: Fields | None, what: str | Callable[[], str]) -> None:
     """Raise WireError unless ``obj`` is a dict with these fields. ``what``
     names it in the message; a callable is only called for a message (a
     frame holds dozens of objects, and good frames need no names)."""
@@ -233,7 +303,7 @@ def _name(what: str | Callable[[], str]) -> str:
     return what if isinstance(what, str) else what()
 
 
-def _check_type(value: Any, types: tuple, where: str) -> None:
+def _check_type(value: Any, types: tuple[Any, ...], where: str) -> None:
     if isinstance(value, bool) and bool not in types:
         raise WireError(f"{where} has the wrong type (bool)")
     if not isinstance(value, types):
@@ -250,14 +320,16 @@ def validate(msg: Any) -> dict[str, Any]:
             _check(msg, HELLO_SERVER, HELLO_SERVER_OPTIONAL, "hello")
             _check(msg["job"], JOB, JOB_OPTIONAL, "hello.job")
         else:
-            _check(msg, HELLO_CLIENT, None, "hello")
+            _check(msg, HELLO_CLIENT, HELLO_CLIENT_OPTIONAL, "hello")
     elif kind == "window":
         _check(msg, WINDOW, WINDOW_OPTIONAL, "window")
+        if msg.get("main") is not None:
+            _check(msg["main"], {}, MAIN_OPTIONAL, "window.main")
         for i, ld in enumerate(msg["loaders"]):
-            _check(ld, LOADER, LOADER_OPTIONAL, lambda i=i: f"window.loaders[{i}]")
-            _check(ld["queue"], {}, QUEUE_OPTIONAL, lambda i=i: f"window.loaders[{i}].queue")
+            _check(ld, LOADER, LOADER_OPTIONAL, partial("window.loaders[{}]".format, i))
+            _check(ld["queue"], {}, QUEUE_OPTIONAL, partial("window.loaders[{}].queue".format, i))
             for j, w in enumerate(ld["workers"]):
-                _check(w, WORKER, WORKER_OPTIONAL, lambda i=i, j=j: f"window.loaders[{i}].workers[{j}]")
+                _check(w, WORKER, WORKER_OPTIONAL, partial("window.loaders[{}].workers[{}]".format, i, j))
     elif kind == "error":
         _check(msg, ERROR, None, "error")
     elif kind == "profile":
@@ -267,8 +339,15 @@ def validate(msg: Any) -> dict[str, Any]:
         _check(msg, PROFILE_STATUS, PROFILE_STATUS_OPTIONAL, "profile_status")
         if msg["state"] not in PROFILE_STATES:
             raise WireError(f"profile_status.state {msg['state'][:40]!r} is not one of {PROFILE_STATES}")
-    elif kind == "profile_result":
-        _check(msg, PROFILE_RESULT, PROFILE_RESULT_OPTIONAL, "profile_result")
+    elif kind in ("profile_result", "worker_profile_result"):
+        _check(msg, PROFILE_RESULT, PROFILE_RESULT_OPTIONAL, kind)
+    elif kind == "worker_profile":
+        _check(msg, WORKER_PROFILE, WORKER_PROFILE_OPTIONAL, kind)
+        if not 0 < msg["seconds"] <= WORKER_PROFILE_MAX_SECONDS:
+            raise WireError(f"worker_profile.seconds must be in (0, {WORKER_PROFILE_MAX_SECONDS:g}]")
+        hz = msg.get("hz")
+        if hz is not None and not 1 <= hz <= WORKER_PROFILE_MAX_HZ:
+            raise WireError(f"worker_profile.hz must be 1..{WORKER_PROFILE_MAX_HZ}")
     else:
         raise WireError(f"unknown message type {kind!r}")
     return msg
@@ -299,13 +378,122 @@ def profile_request(steps: int, max_s: float | None = None, out_dir: str | None 
     return validate(msg)
 
 
-def client_hello(client: str, every: int | None = None) -> dict[str, Any]:
+def worker_profile_request(seconds: float, hz: int | None = None) -> dict[str, Any]:
+    """A monitor's request for a worker profile burst of ``seconds``."""
+    msg: dict[str, Any] = {"type": "worker_profile", "seconds": seconds}
+    if hz is not None:
+        msg["hz"] = hz
+    return validate(msg)
+
+
+def undeclared(msg: dict[str, Any]) -> list[str]:
+    """Fields of a valid ``msg`` (and of the records in it) that no schema
+    declares: accepted, for forward compatibility, but a field this dlwatch
+    sends must be declared (the tests hold every builder to that)."""
+    out = [
+        f"{message_kind(msg)}.{k}" for k in msg if k != "type" and k not in MESSAGES[message_kind(msg)].fields
+    ]
+
+    def nested(obj: Any, record: str, where: str) -> None:
+        if isinstance(obj, dict):
+            out.extend(f"{where}.{k}" for k in obj if k not in RECORDS[record].fields)
+
+    nested(msg.get("job"), "job", "hello.job")
+    nested(msg.get("main"), "main", "window.main")
+    for i, ld in enumerate(msg.get("loaders") or ()) if msg.get("type") == "window" else ():
+        nested(ld, "loader", f"window.loaders[{i}]")
+        nested(ld.get("queue"), "queue", f"window.loaders[{i}].queue")
+        for j, w in enumerate(ld.get("workers") or ()):
+            nested(w, "worker", f"window.loaders[{i}].workers[{j}]")
+    return out
+
+
+# --- builders ---------------------------------------------------------------
+# One per message in MESSAGES: no side builds a message by hand. The job's
+# builders do not validate (a window goes out ten times a second); the tests
+# check that every builder's output is valid and fully declared.
+
+
+def client_hello(client: str, every: int | None = None, history_frames: int | None = None) -> dict[str, Any]:
     """A monitor's hello; ``every``: send only every Nth frame (the job
-    publishes ten a second)."""
+    publishes ten a second); ``history_frames``: replay at most this many
+    recent frames (0: none, for a client that only asks for a profile)."""
     hello: dict[str, Any] = {"type": "hello", "protocol": PROTOCOL_VERSION, "client": client}
     if every is not None:
         hello["every"] = every
+    if history_frames is not None:
+        hello["history_frames"] = history_frames
     return hello
+
+
+def server_hello(job: dict[str, Any], history: int, features: list[str]) -> dict[str, Any]:
+    """The job's answer: who it is, how many history frames follow, and what
+    it can do beyond windows (``FEATURE_PROFILE``)."""
+    return {
+        "type": "hello",
+        "protocol": PROTOCOL_VERSION,
+        "job": job,
+        "history": history,
+        "features": features,
+    }
+
+
+def window(
+    seq: int, t: float, mono_ns: int, loaders: list[dict[str, Any]], main: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One frame of the job's figures: its loaders (``LOADER``) and its main
+    process (``MAIN_OPTIONAL``)."""
+    msg: dict[str, Any] = {"type": "window", "seq": seq, "t": t, "mono_ns": mono_ns, "loaders": loaders}
+    if main is not None:
+        msg["main"] = main
+    return msg
+
+
+def error(message: str) -> dict[str, Any]:
+    """Why the peer is about to hang up."""
+    return {"type": "error", "message": message}
+
+
+def profile_status(
+    state: str,
+    message: str | None = None,
+    *,
+    steps: int | None = None,
+    steps_done: int | None = None,
+    loader: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Where a profiler burst is (``PROFILE_STATES``)."""
+    msg: dict[str, Any] = {"type": "profile_status", "state": state}
+    for key, value in (
+        ("steps", steps),
+        ("steps_done", steps_done),
+        ("loader", loader),
+        ("message", message),
+    ):
+        if value is not None:
+            msg[key] = value
+    return msg
+
+
+def profile_result(result: dict[str, Any], error: str | None = None) -> dict[str, Any]:
+    """A burst's figures (``diagnose.profile``), or why there are none."""
+    msg: dict[str, Any] = {"type": "profile_result", "result": result}
+    if error is not None:
+        msg["error"] = error
+    return msg
+
+
+def worker_profile_result(
+    result: dict[str, Any], error: str | None = None, broadcast: bool = False
+) -> dict[str, Any]:
+    """A worker profile burst's stacks (``diagnose.worker_profile``), or why
+    there are none; ``broadcast``: the copy for the job's other monitors."""
+    msg: dict[str, Any] = {"type": "worker_profile_result", "result": result}
+    if error is not None:
+        msg["error"] = error
+    if broadcast:
+        msg["broadcast"] = True
+    return msg
 
 
 def check_protocol(hello: dict[str, Any]) -> None:

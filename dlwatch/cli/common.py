@@ -98,16 +98,24 @@ def open_live_view(args, source=None) -> int:
 
         # The collector builds a snapshot every interval and the view draws
         # each one as it comes: one period from the job to the screen, not two.
-        source = Monitor(window_s=args.window, interval=args.interval)
-    return run_tui(source, interval=args.interval, profiler=profile_runner(source))
+        source = Monitor(
+            window_s=args.window, interval=args.interval, attach=getattr(args, "attach", None) or ()
+        )
+    return run_tui(
+        source,
+        interval=args.interval,
+        profiler=profile_runner(source),
+        worker_profiler=profile_runner(source, workers=True),
+    )
 
 
-def profile_runner(source):
-    """How the live view runs a profiler burst: over the socket of the job in
-    ``source``'s runtime dir. The view gets it from here so that the TUI never
-    talks to a job itself."""
+def profile_runner(source, workers: bool = False):
+    """How the live view runs a profiler burst (or, ``workers``, a worker
+    profile): over the socket of the job in ``source``'s runtime dir. The view
+    gets it from here so that the TUI never talks to a job itself."""
     import functools
 
-    from dlwatch.collect.control import request_profile
+    from dlwatch.collect.control import request_profile, request_worker_profile
 
-    return functools.partial(request_profile, directory=getattr(source, "directory", None))
+    request = request_worker_profile if workers else request_profile
+    return functools.partial(request, directory=getattr(source, "directory", None))

@@ -32,6 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"dlwatch {__version__}")
     add_view_arguments(p)
+    p.add_argument(
+        "--attach",
+        type=int,
+        action="append",
+        metavar="P",
+        help="also show PID P, a job started without the hook, sampled from outside with py-spy "
+        "(marked 'sampled'; repeat for several; see `dlwatch attach --check P`)",
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for mod in commands.modules():
         sp = sub.add_parser(
@@ -80,7 +88,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_live(args) -> int:
+    attach = list(dict.fromkeys(args.attach or []))
+    for pid in attach:
+        from dlwatch.collect.attach import preflight
+
+        refused = preflight(pid)
+        if refused is not None:
+            return fail(refused[1], refused[0])
     problem = dir_problem()
-    if problem:
+    if problem and not attach:
         return fail(problem)
     return open_live_view(args)

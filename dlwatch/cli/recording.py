@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, fail
 
@@ -18,7 +18,12 @@ from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, fail
 # than the collector keeps of a job's stream.
 MIN_INTERVAL_S, MAX_INTERVAL_S = 0.5, 60.0
 
-T = TypeVar("T")
+
+class _Read(Protocol):
+    warnings: list[str]
+
+
+T = TypeVar("T", bound=_Read)
 
 
 def add_record_arguments(p, output_flags: tuple[str, ...]) -> None:

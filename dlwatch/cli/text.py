@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from dlwatch.snapshot import num
+from typing import Any
+
+from dlwatch.snapshot import num, percent
+
+# What a figure only the hook measures reads for an attached job.
+NOT_SAMPLED = "n/a (attached: sampled)"
 
 
-def _pct(x, nd=1) -> str:
-    x = num(x)
-    return "n/a" if x is None else f"{x * 100:.{nd}f} %"
+def _pct(x: Any, nd: int = 1) -> str:
+    return percent(x, nd)
 
 
 def _num(x, fmt="{:.1f}", unit="") -> str:
@@ -49,11 +53,11 @@ def render_ls(jobs: list[dict]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)
 
 
-def render_snapshot(snap: dict) -> str:
+def render_snapshot(snap: dict, title: str = "dlwatch snapshot") -> str:
     h = snap.get("host", {})
     shm = human_bytes(h.get("shm_free_bytes"))
     lines = [
-        f"dlwatch snapshot  window {snap.get('window_s', 0):.1f} s",
+        f"{title}  window {snap.get('window_s', 0):.1f} s",
         f"host: {h.get('logical_cpus')} logical CPUs, {_num(h.get('usable_cores'))} usable cores"
         + (f" ({h['cores_reason']})" if h.get("cores_reason") else "")
         + f", CPU {_num(h.get('cpu_percent'), unit=' %')}, /dev/shm free {shm}",
@@ -69,8 +73,9 @@ def render_snapshot(snap: dict) -> str:
         rank = "" if j.get("rank") is None else f"  rank {j['rank']}/{j.get('world_size') or '?'}"
         main_cpu = _num(j.get("main_cpu_percent"), "{:.0f}", " %")
         lines.append("")
+        sampled = "  sampled (attached, no hook)" if j.get("sampled") is True else ""
         lines.append(
-            f"job {j['pid']}{rank}  [{j.get('state')}]  torch {j.get('torch_version')}  "
+            f"job {j['pid']}{rank}  [{j.get('state')}]{sampled}  torch {j.get('torch_version')}  "
             f"main CPU {main_cpu}  {_short(j.get('cmdline', ''), 70)}"
         )
         if j.get("state_reason"):
@@ -78,10 +83,14 @@ def render_snapshot(snap: dict) -> str:
         if not j.get("loaders"):
             lines.append("  no DataLoader iterated yet")
         for ld in j.get("loaders", []):
-            lines.extend(_loader_lines(ld))
+            lines.extend(_sampled_loader_lines(ld, j) if ld.get("sampled") is True else _loader_lines(ld))
     lines.append("")
+    for fault in snap.get("errors") or []:
+        lines.append(f"collector error: {fault}")
     hints = snap.get("hints") or []
-    if hints:
+    if snap.get("hints_error") and not hints:
+        lines.append(f"hints: n/a: {snap['hints_error']}")
+    elif hints:
         try:
             from dlwatch.diagnose import format_hints
 
@@ -114,6 +123,12 @@ def _loader_lines(ld: dict) -> list[str]:
         lines[-1] += f"   (over {span:.0f} s, {n} batch{'es' if n != 1 else ''})"
     if num(ld.get("data_wait_fraction")) is None and ld.get("no_batch_reason"):
         lines.append(f"    data wait n/a: {ld['no_batch_reason']}")
+    on = ld.get("iterated_on")
+    if isinstance(on, dict) and on.get("main") is False:
+        lines.append(
+            f"    iterated on thread '{on.get('thread')}', not the main thread: the waits are that "
+            "producer's; the training loop's own wait is not visible"
+        )
     q = ld.get("queue", {})
     if q.get("capacity") is not None:
         lines.append(
@@ -128,9 +143,42 @@ def _loader_lines(ld: dict) -> list[str]:
     return lines
 
 
+def _sampled_loader_lines(ld: dict, job: dict) -> list[str]:
+    """A loader of an attached job: shares of samples with their ± and count."""
+    nw = ld.get("num_workers") or 0
+    sm = f" ({ld['start_method']})" if ld.get("start_method") else ""
+    it = f"{ld['iterator']} iterator, " if ld.get("iterator") else ""
+    pm = num(ld.get("data_wait_pm"))
+    pm_text = "" if pm is None else f" ± {pm * 100:.1f}"
+    sampling = job.get("sampling") or {}
+    span = num(sampling.get("span_s"))
+    rate = num(sampling.get("rate_hz"))
+    lines = [
+        f"  loader ({it}sampled): workers {nw}{sm}, pin_memory {'on' if ld.get('pin_memory') else 'off'}",
+        f"    data wait {_pct(ld.get('data_wait_fraction'))}{pm_text} "
+        f"({ld.get('data_wait_samples', 0)} samples of the training thread"
+        + (f" over {span:.1f} s" if span is not None else "")
+        + (f", {rate:.0f} Hz" if rate is not None else "")
+        + ", 95 % interval)",
+        f"    batches/s, wait/step ms, epoch, prefetch queue, per-batch worker times: {NOT_SAMPLED}",
+    ]
+    if ld.get("workers"):
+        lines.append("    worker  pid      cpu %  busy %          rss        uss        thr  state")
+        for w in ld["workers"]:
+            busy, wpm = num(w.get("busy_fraction")), num(w.get("busy_pm"))
+            busy_text = "n/a" if busy is None else f"{busy * 100:.0f} ± {(wpm or 0) * 100:.0f}"
+            lines.append(
+                f"    {w['id']:<6}  {w['pid']:<7}  {_num(w.get('cpu_percent'), '{:5.0f}')}  {busy_text:<14}  "
+                f"{human_bytes(w.get('rss_bytes')):<9}  {human_bytes(w.get('uss_bytes')):<9}  "
+                f"{_num(w.get('threads'), '{}'):<3}  {w.get('state', '')}"
+                + (f"  ({w['error']})" if w.get("error") else "")
+            )
+    return lines
+
+
 def _worker_line(w: dict) -> str:
-    busy = w.get("busy_fraction")
-    busy_pct = _num(None if num(busy) is None else busy * 100, "{:6.0f}")
+    busy = num(w.get("busy_fraction"))
+    busy_pct = _num(None if busy is None else busy * 100, "{:6.0f}")
     return (
         f"    {w['id']:<6}  {w['pid']:<7}  {_num(w.get('cpu_percent'), '{:5.0f}')}  {busy_pct}  "
         f"{_num(w.get('fetch_ms_mean'), '{:8.1f}')}  {w.get('batches', 0):<7}  "

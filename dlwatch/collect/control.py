@@ -1,4 +1,4 @@
-"""Asking a job for a profiler burst, over a connection of its own.
+"""Asking a job for a profiler burst or a worker profile, over a connection of its own.
 
 The live collector's connections only read; a burst is a request and an
 answer a minute later, so it gets its own socket to the job (the same uid
@@ -16,9 +16,11 @@ import selectors
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from dlwatch import __version__, rundir, wire
 from dlwatch.collect.jobs import pid_alive
+from dlwatch.diagnose import worker_profile
 from dlwatch.diagnose.profile import summary
 
 HELLO_TIMEOUT_S = 5.0
@@ -60,10 +62,55 @@ def request_profile(
     out_dir = os.path.abspath(out_dir or os.getcwd())
     path = rundir.socket_path(directory, pid)
     sock = _connect(pid, path, directory)
+    request = wire.profile_request(steps, max_s, out_dir)
+    ask = _Ask(request, wire.FEATURE_PROFILE, "profile_result", max_s + PROCESSING_GRACE_S, "profiler bursts")
+    ask.unit = f"of {steps} steps collected"
     try:
-        return _converse(sock, pid, steps, max_s, out_dir, on_status, cancelled)
+        msg = _converse(sock, pid, ask, on_status, cancelled)
     finally:
         sock.close()
+    return summary(pid, msg["result"], msg.get("error"))
+
+
+def request_worker_profile(
+    pid: int,
+    seconds: float = wire.WORKER_PROFILE_DEFAULT_SECONDS,
+    hz: int | None = None,
+    directory: str | None = None,
+    on_status: Callable[[dict], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> dict:
+    """Sample the fetches of job ``pid``'s busiest loader's workers for
+    ``seconds``; the summary document (``dlwatch.diagnose.worker_profile``)."""
+    if not 0 < seconds <= wire.WORKER_PROFILE_MAX_SECONDS:
+        raise ProfileError(f"--seconds must be in (0, {wire.WORKER_PROFILE_MAX_SECONDS:g}]", "usage")
+    if hz is not None and not 1 <= hz <= wire.WORKER_PROFILE_MAX_HZ:
+        raise ProfileError(f"--hz must be 1..{wire.WORKER_PROFILE_MAX_HZ}", "usage")
+    directory = directory or rundir.runtime_dir()
+    sock = _connect(pid, rundir.socket_path(directory, pid), directory)
+    request = wire.worker_profile_request(seconds, hz)
+    # The job waits up to a few seconds past the deadline for its workers' files.
+    ask = _Ask(
+        request, wire.FEATURE_WORKER_PROFILE, "worker_profile_result", seconds + 15.0, "worker profiles"
+    )
+    try:
+        msg = _converse(sock, pid, ask, on_status, cancelled)
+    finally:
+        sock.close()
+    return worker_profile.summary(pid, msg["result"], msg.get("error"))
+
+
+@dataclass
+class _Ask:
+    """One request: what to send, the feature the job must announce, the
+    answer's type, how long after the request to wait for it."""
+
+    request: dict
+    feature: str
+    result: str
+    bound_s: float
+    what: str
+    unit: str = ""  # "of N steps collected": progress in the errors
 
 
 def _connect(pid: int, path: str, directory: str) -> socket.socket:
@@ -79,9 +126,9 @@ def _connect(pid: int, path: str, directory: str) -> socket.socket:
     s.settimeout(HELLO_TIMEOUT_S)
     try:
         s.connect(path)
-        hello = wire.client_hello(f"dlwatch {__version__} profile", every=QUIET_EVERY)
-        hello["history_frames"] = 0
-        s.sendall(wire.encode(hello))
+        s.sendall(
+            wire.encode(wire.client_hello(f"dlwatch {__version__} profile", QUIET_EVERY, history_frames=0))
+        )
     except OSError as e:
         s.close()
         if not pid_alive(pid):
@@ -93,7 +140,7 @@ def _connect(pid: int, path: str, directory: str) -> socket.socket:
     return s
 
 
-def _converse(sock, pid, steps, max_s, out_dir, on_status, cancelled) -> dict:
+def _converse(sock, pid, ask: _Ask, on_status, cancelled) -> dict:
     decoder = wire.FrameDecoder()
     sel = selectors.DefaultSelector()
     sel.register(sock, selectors.EVENT_READ)
@@ -109,9 +156,9 @@ def _converse(sock, pid, steps, max_s, out_dir, on_status, cancelled) -> dict:
             if now > limit:
                 if deadline is None:
                     raise ProfileError(f"job {pid} sent no hello within {HELLO_TIMEOUT_S:g} s", "timeout")
+                done = f" ({progress['steps_done']} {ask.unit})" if ask.unit else ""
                 raise ProfileError(
-                    f"job {pid} sent no profile result within {max_s + PROCESSING_GRACE_S:g} s "
-                    f"({progress['steps_done']} of {steps} steps were collected); is its loop stalled?",
+                    f"job {pid} sent no result within {ask.bound_s:g} s{done}; is its loop stalled?",
                     "timeout",
                 )
             if not sel.select(min(0.2, max(0.0, limit - now))):
@@ -123,7 +170,7 @@ def _converse(sock, pid, steps, max_s, out_dir, on_status, cancelled) -> dict:
             except OSError:
                 data = b""
             if not data:
-                _hung_up(pid, deadline is not None, progress, steps)
+                _hung_up(pid, deadline is not None, progress, ask)
             for msg in decoder.feed(data):
                 if isinstance(msg, wire.WireError):
                     continue  # one bad frame costs that frame
@@ -131,11 +178,11 @@ def _converse(sock, pid, steps, max_s, out_dir, on_status, cancelled) -> dict:
                 if kind == "error":
                     raise ProfileError(f"job {pid} refused the connection: {msg['message']}", "connection")
                 if kind == "hello" and "job" in msg and deadline is None:
-                    _check_hello(pid, msg)
+                    _check_hello(pid, msg, ask)
                     sock.setblocking(True)
-                    sock.sendall(wire.encode(wire.profile_request(steps, max_s, out_dir)))
+                    sock.sendall(wire.encode(ask.request))
                     sock.setblocking(False)
-                    deadline = time.monotonic() + max_s + PROCESSING_GRACE_S
+                    deadline = time.monotonic() + ask.bound_s
                 elif kind == "profile_status":
                     state = msg["state"]
                     if state in _REFUSALS:
@@ -145,29 +192,30 @@ def _converse(sock, pid, steps, max_s, out_dir, on_status, cancelled) -> dict:
                     progress["steps_done"] = msg.get("steps_done") or 0
                     if on_status is not None:
                         on_status(msg)
-                elif kind == "profile_result":
-                    return summary(pid, msg["result"], msg.get("error"))
+                elif kind == ask.result and not msg.get("broadcast"):
+                    return msg  # (a broadcast is an earlier burst's answer, for every monitor)
     finally:
         sel.close()
 
 
-def _check_hello(pid: int, msg: dict) -> None:
+def _check_hello(pid: int, msg: dict, ask: _Ask) -> None:
     try:
         wire.check_protocol(msg)
     except wire.WireError as e:
         raise ProfileError(f"job {pid}: {e}", "unsupported") from None
     features = msg.get("features") or []
-    if wire.FEATURE_PROFILE in features:
+    if ask.feature in features:
         return
     version = msg["job"].get("dlwatch_version") or "unknown"
-    if "features" in msg:
+    if "features" in msg and not features:
         why = "profiling is disabled in that job (DLWATCH_PROFILE=0)"
     else:
-        why = f"its dlwatch ({version}) predates profiler bursts; restart it with dlwatch {__version__}"
-    raise ProfileError(f"job {pid} does not support profiling: {why}", "unsupported")
+        why = f"its dlwatch ({version}) predates {ask.what}; restart it with dlwatch {__version__}"
+    what = "profiling" if ask.feature == wire.FEATURE_PROFILE else ask.what
+    raise ProfileError(f"job {pid} does not support {what} (not supported): {why}", "unsupported")
 
 
-def _hung_up(pid: int, requested: bool, progress: dict, steps: int) -> None:
+def _hung_up(pid: int, requested: bool, progress: dict, ask: _Ask) -> None:
     # The job may be exiting: give it a moment to be reaped before deciding.
     for _ in range(60):
         if not pid_alive(pid):
@@ -176,8 +224,8 @@ def _hung_up(pid: int, requested: bool, progress: dict, steps: int) -> None:
     if not pid_alive(pid):
         if requested:
             raise ProfileError(
-                f"the job with PID {pid} exited during the burst "
-                f"({progress['steps_done']} of {steps} steps collected; no result)",
+                f"the job with PID {pid} exited during the burst"
+                + (f" ({progress['steps_done']} {ask.unit}; no result)" if ask.unit else ""),
                 "exited",
             )
         raise ProfileError(f"the job with PID {pid} has exited", "exited")

@@ -15,6 +15,7 @@ from collections import deque
 
 from dlwatch import __version__, rundir, wire
 from dlwatch.collect.totals import Totals
+from dlwatch.diagnose import worker_profile
 
 # Jobs publish ten frames a second. A monitor may ask for every Nth only
 # (half the decoding at N=2), but each frame skipped delays what the screen
@@ -87,6 +88,8 @@ class JobConnection:
         self.last_error = ""
         self.first_seen = time.time()
         self.ended_at: float | None = None
+        # The job's last worker profile, as the hints quote it (model.py).
+        self.worker_profile: dict | None = None
 
     # --- connection -------------------------------------------------------------
 
@@ -208,6 +211,9 @@ class JobConnection:
             self.frames.append(msg)
             self.totals.add(msg)
             return 1
+        if kind == "worker_profile_result" and not msg.get("error"):
+            doc = worker_profile.summary(self.pid, msg["result"], None)
+            self.worker_profile = worker_profile.brief(doc, time.time())
         return 0
 
     @property

@@ -10,12 +10,12 @@ is what the golden test in ``tests/unit/test_snapshot_contract.py`` pins.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from dlwatch.collect import window as win
 from dlwatch.collect.jobs import JobConnection
 from dlwatch.collect.totals import Totals
-from dlwatch.snapshot import SCHEMA_VERSION, Gpu, Host, Job, Snapshot
+from dlwatch.snapshot import SCHEMA_VERSION, Host, Job, Snapshot
 
 HISTORY_POINTS = 120
 HISTORY_EVERY_NS = 1_000_000_000
@@ -27,28 +27,32 @@ def snapshot_dict(
     *,
     now: float,
     window_s: float,
-    host: dict,
+    host: dict[str, Any],
     gpu_status: str,
-    gpus: list[Gpu],
+    gpus: list[dict[str, Any]],
     conns: Iterable[JobConnection],
-    procs: dict,
+    procs: dict[int, dict[str, Any]],
     runtime_dir: str,
     runtime_dir_error: str | None,
     errors: list[str],
+    attached: Iterable[dict[str, Any]] = (),
 ) -> Snapshot:
     """The whole document. Jobs are ordered by run, rank and PID so that the
     ranks of one torchrun run sit together. ``hints`` is left empty: the
     diagnosis fills it. ``errors`` appears only when the collector had faults,
-    so the document of a healthy collector is the schema's and nothing more."""
+    so the document of a healthy collector is the schema's and nothing more.
+    ``attached``: jobs sampled from outside (``attach.py``), already built;
+    they follow the hooked ones."""
     conns = ordered(conns)
+    attached = list(attached)
     snap: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "time": now,
         "window_s": window_s,
-        "host": host_dict(host) | cpu_accounting(host, conns, procs),
+        "host": host_dict(host) | cpu_accounting(host, conns, procs, attached),
         "gpu_status": gpu_status,
         "gpus": gpus,
-        "jobs": [job_dict(c, window_s, procs, now) for c in conns],
+        "jobs": [job_dict(c, window_s, procs, now) for c in conns] + attached,
         "hints": [],
         "runtime_dir": runtime_dir,
         "runtime_dir_error": runtime_dir_error,
@@ -64,8 +68,8 @@ def ordered(conns: Iterable[JobConnection]) -> list[JobConnection]:
     )
 
 
-def host_dict(h: dict) -> Host:
-    out = {
+def host_dict(h: dict[str, Any]) -> Host:
+    out: dict[str, Any] = {
         "logical_cpus": h.get("logical_cpus"),
         "usable_cores": h.get("usable_cores"),
         "cpu_percent": h.get("cpu_percent"),
@@ -73,10 +77,15 @@ def host_dict(h: dict) -> Host:
     }
     for k, v in h.items():
         out.setdefault(k, v)
-    return out
+    return cast(Host, out)  # checked: snapshot.problems, in the tests
 
 
-def cpu_accounting(host: dict, conns: list[JobConnection], procs: dict) -> dict:
+def cpu_accounting(
+    host: dict[str, Any],
+    conns: list[JobConnection],
+    procs: dict[int, dict[str, Any]],
+    attached: Iterable[dict[str, Any]] = (),
+) -> dict[str, Any]:
     """Who uses the usable cores, in cores (1.0 = one core), over one interval.
 
     ``jobs_cpu_cores``: the measured CPU of every live job's processes
@@ -96,6 +105,11 @@ def cpu_accounting(host: dict, conns: list[JobConnection], procs: dict) -> dict:
         if c.frames:
             for ld in c.frames[-1]["loaders"]:
                 pids.extend(w["pid"] for w in ld["workers"] if w.get("pid"))
+    for job in attached:
+        if job.get("state") in ("live", "connecting"):
+            pids.append(job["pid"])
+            for ld in job.get("loaders", []):
+                pids.extend(w["pid"] for w in ld.get("workers", []) if w.get("pid"))
     cpu = [(procs.get(p) or {}).get("cpu_percent") for p in pids]
     known = [v for v in cpu if isinstance(v, (int, float))]
     jobs = sum(known) / 100.0 if pids and len(known) == len(cpu) else None
@@ -120,7 +134,9 @@ def job_state(c: JobConnection) -> str:
     return c.state
 
 
-def job_dict(c: JobConnection, window_s: float, procs: dict, now: float, history: bool = True) -> Job:
+def job_dict(
+    c: JobConnection, window_s: float, procs: dict[int, dict[str, Any]], now: float, history: bool = True
+) -> Job:
     job = c.job or {}
     main = procs.get(c.pid, {}) if c.live else {}
     frames = list(c.frames)
@@ -153,10 +169,11 @@ def job_dict(c: JobConnection, window_s: float, procs: dict, now: float, history
         "cuda_initialized": (last or {}).get("main", {}).get("cuda_initialized"),
         "bad_frames": c.bad_frames,
         "last_wire_error": c.last_error or None,
+        "worker_profile": c.worker_profile,
         "loaders": [],
     }
     if last is None:
-        return out
+        return cast(Job, out)  # checked: snapshot.problems, in the tests
     for ld in last["loaders"]:
         out["loaders"].append(
             loader_dict(
@@ -168,10 +185,10 @@ def job_dict(c: JobConnection, window_s: float, procs: dict, now: float, history
                 c.totals,
             )
         )
-    return out
+    return cast(Job, out)  # checked: snapshot.problems, in the tests
 
 
-def _history(c: JobConnection, frames: list[dict], loader_id: int, full: bool) -> dict:
+def _history(c: JobConnection, frames: list[dict[str, Any]], loader_id: int, full: bool) -> dict[str, Any]:
     """The loader's 1 s history, computed at most once per second of the job's
     clock (its points are a second apart; the live figures are not from it).
     Without ``full``, only what warm-up detection reads: the last few points."""
@@ -188,9 +205,20 @@ def _history(c: JobConnection, frames: list[dict], loader_id: int, full: bool) -
     return {k: v[-WARMUP_POINTS:] for k, v in series.items()}
 
 
+def _iterated_on(v: Any) -> dict[str, Any] | None:
+    if not isinstance(v, dict) or not isinstance(v.get("main"), bool):
+        return None
+    return {"thread": str(v.get("thread") or "?")[:80], "main": v["main"]}
+
+
 def loader_dict(
-    frames: list[dict], ld: dict, window_s: float, procs: dict, history: dict, totals: Totals | None = None
-) -> dict:
+    frames: list[dict[str, Any]],
+    ld: dict[str, Any],
+    window_s: float,
+    procs: dict[int, dict[str, Any]],
+    history: dict[str, Any],
+    totals: Totals | None = None,
+) -> dict[str, Any]:
     w = win.loader_window(frames, ld["id"], window_s) or {}
     lifetime = (totals.loader(ld["id"]) if totals is not None else None) or {}
     esm = ld.get("epoch_start_ms") or []
@@ -205,7 +233,13 @@ def loader_dict(
                 "cpu_percent": p.get("cpu_percent"),
                 "busy_fraction": wk["busy_fraction"],
                 "fetch_ms_mean": wk["fetch_ms_mean"],
+                "fetch_ms_p50": wk.get("fetch_ms_p50"),
+                "fetch_ms_p95": wk.get("fetch_ms_p95"),
+                "fetch_ms_p99": wk.get("fetch_ms_p99"),
                 "batches": wk["batches"],
+                "window_batches": wk.get("window_batches", 0),
+                "first_batch_digest": wk.get("first_batch_digest"),
+                "second_batch_digest": wk.get("second_batch_digest"),
                 "busy_s_total": totals.worker_busy_s(ld["id"], wk["id"]) if totals is not None else None,
                 "rss_bytes": p.get("rss_bytes"),
                 "uss_bytes": p.get("uss_bytes"),
@@ -216,7 +250,7 @@ def loader_dict(
             }
         )
     q = ld.get("queue") or {}
-    return {
+    out = {
         "id": ld["id"],
         "num_workers": ld.get("num_workers", 0),
         "batch_size": ld.get("batch_size"),
@@ -226,6 +260,10 @@ def loader_dict(
         "start_method": ld.get("start_method"),
         "kind": ld.get("kind", "map"),
         "dataset": ld.get("dataset"),
+        "dataset_wrappers": list(ld.get("dataset_wrappers") or []),
+        "in_order": ld.get("in_order"),
+        "iterated_on": _iterated_on(ld.get("iterated_on")),
+        "head_of_line_fraction": w.get("head_of_line_fraction"),
         "active": bool(ld.get("active", False)),
         "epoch": ld["epoch"],
         "batches_total": ld["batches"],
@@ -255,3 +293,14 @@ def loader_dict(
         # Only with `dlwatch run --autotune`: its state and decisions (README "Autotune").
         "autotune": ld.get("autotune") if isinstance(ld.get("autotune"), dict) else None,
     }
+    if isinstance(ld.get("replay"), dict):
+        out["replay"] = _replay(ld["replay"])
+    return out
+
+
+REPLAY_KEYS = ("state", "batches_cached", "bytes_cached", "batches_wanted", "max_bytes", "limited_by")
+
+
+def _replay(rep: dict[str, Any]) -> dict[str, Any]:
+    """The replay state a tune ceiling trial's probe reports (README "Tune")."""
+    return {k: rep.get(k) for k in REPLAY_KEYS}

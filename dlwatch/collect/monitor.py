@@ -14,7 +14,10 @@ prebuilt snapshot. Its public API:
 
 A sampler that raises never stops the collector: the fault is counted per
 sampler (``error_counts``), kept in ``errors`` (the newest 20) and shown in the
-snapshot's ``errors`` list, and logged on the ``dlwatch.collect`` logger.
+snapshot's ``errors`` list, and logged on the ``dlwatch.collect`` logger. A
+sampler that cannot even be made is listed in every snapshot's ``errors``; a
+diagnosis that cannot be made or that raises sets the snapshot's
+``hints_error``, so that no hints never reads as "nothing to fix".
 """
 
 from __future__ import annotations
@@ -25,14 +28,16 @@ import selectors
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from functools import partial
+from typing import Any, Literal, TypeVar, cast
 
 from dlwatch import rundir
 from dlwatch.collect import model
 from dlwatch.collect.jobs import JobConnection, discover, pid_alive
+from dlwatch.collect.samplers import GpuSource, HintSource, HostSource, ProcSource
 from dlwatch.collect.schedstat import SchedSampler
-from dlwatch.snapshot import SCHEMA_VERSION, Snapshot
+from dlwatch.snapshot import SCHEMA_VERSION, Hint, Snapshot
 
 __all__ = ["Monitor", "take_snapshot", "SCHEMA_VERSION", "DEFAULT_WINDOW_S"]
 
@@ -79,6 +84,9 @@ USS_CPU_BUDGET = 0.002
 # box that runs thousands of short jobs must not grow the model without bound.
 MAX_EXITED = 32
 
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
 
 class Monitor:
     def __init__(
@@ -86,12 +94,13 @@ class Monitor:
         directory: str | None = None,
         window_s: float = DEFAULT_WINDOW_S,
         interval: float = 0.5,
-        gpu: Any = None,
-        procs: Any = None,
-        host: Any = None,
-        diagnoser: Any = None,
+        gpu: GpuSource | Literal[False] | None = None,
+        procs: ProcSource | Literal[False] | None = None,
+        host: HostSource | Literal[False] | None = None,
+        diagnoser: HintSource | Literal[False] | None = None,
         only_pid: int | None = None,
         clock: Callable[[], float] = time.time,
+        attach: Iterable[int] = (),
     ) -> None:
         self.directory = directory or rundir.runtime_dir()
         self.window_s = window_s
@@ -106,34 +115,60 @@ class Monitor:
         self.dir_error: str | None = None
         self._sel = selectors.DefaultSelector()
         self._last_scan = 0.0
+        self.errors: deque[str] = deque(maxlen=20)
+        self.error_counts: dict[str, int] = {}
+        # What could not be made, "what: ExcType: message": in every snapshot.
+        self.broken: dict[str, str] = {}
         # None: the real sampler; False: none at all (``dlwatch ls`` needs no figures).
-        self._gpu = _pick(gpu, _default_gpu)
-        self._procs = _pick(procs, _default_procs)
+        self._gpu = self._pick("gpu", gpu, _default_gpu)
+        self._procs = self._pick("processes", procs, _default_procs)
         # Run-queue wait of workers: CPU-starved vs off-CPU (sleeping on I/O).
         self._sched = SchedSampler() if self._procs is not None else None
-        self._host = _pick(host, _default_host)
-        self._diagnoser = _pick(diagnoser, _default_diagnoser)
+        self._host = self._pick("host", host, _default_host)
+        self._diagnoser = self._pick("diagnosis", diagnoser, _default_diagnoser)
         self._gpu_state: tuple[str, list] = ("n/a: not sampled yet", [])
-        self._gpu_hist: dict[int, deque] = {}
-        self._gpu_mem_hist: dict[int, deque] = {}
+        # GPU index (None: a device without one) -> its recent figures
+        self._gpu_hist: dict[int | None, deque[float | None]] = {}
+        self._gpu_mem_hist: dict[int | None, deque[float | None]] = {}
         self._last_gpu = 0.0
         self._proc_cache: dict[int, dict] = {}
         self._proc_cache_at: float | None = None
-        self._latest: dict | None = None
+        self._latest: dict[str, Any] | None = None
         self._host_cache: dict = {}
         self._host_at: float | None = None
         self._hints: list = []
         self._hints_at: float | None = None
+        self._hints_error: str | None = None
         self._sched_cache: dict[int, float | None] = {}
         self._sched_at: float | None = None
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._listeners: list[Callable[[], None]] = []
-        self.errors: deque[str] = deque(maxlen=20)
-        self.error_counts: dict[str, int] = {}
+        # Jobs started without the hook, sampled from outside (attach.py).
+        self.attached: dict[int, Any] = {}
+        if attach:
+            from dlwatch.collect.attach import LiveAttach
 
-    def _safe(self, what: str, fn: Callable[[], Any], default: Any) -> Any:
+            self.attached = {pid: LiveAttach(pid) for pid in attach}
+
+    def _pick(self, what: str, given: _T | Literal[False] | None, default: Callable[[], _T]) -> _T | None:
+        """``given``, or the real sampler when None, or none when False. A real
+        one that cannot be made (a missing or broken dependency) is recorded in
+        ``broken``: its figures are missing for a reason the user can read."""
+        if given is False:
+            return None
+        if given is not None:
+            return given
+        try:
+            return default()
+        except Exception as e:
+            self.broken[what] = f"{what} could not start: {type(e).__name__}: {e}"
+            self.error_counts[what] = self.error_counts.get(what, 0) + 1
+            log.debug("%s could not start", what, exc_info=e)
+            return None
+
+    def _safe(self, what: str, fn: Callable[[], _R], default: _R) -> _R:
         """``fn()``, or ``default`` when it raises: a sampler's fault costs its
         figures (n/a), never the collector; the fault is counted and kept."""
         try:
@@ -168,7 +203,7 @@ class Monitor:
                 c = JobConnection(pid, path)
                 self.conns[pid] = c
             if c.sock is None and c.state in ("connecting", "unreachable"):
-                if c.connect():
+                if c.connect() and c.sock is not None:
                     self._sel.register(c.sock, selectors.EVENT_READ, c)
         # Jobs whose socket vanished while we were not connected.
         for pid, c in list(self.conns.items()):
@@ -223,6 +258,10 @@ class Monitor:
             if c.job is not None or c.state != "connecting" or time.time() - c.first_seen > HELLO_GRACE_S
         ]
         mains, workers = self._pids(conns)
+        for pid, att in self.attached.items():
+            if not att.exited:
+                mains.add(pid)
+                workers.update(att.worker_pids())
         procs_at = self._proc_cache_at
         procs = self._sample_procs(mains, workers, reuse_procs) if self._procs else {}
         # Host load with the processes' figures, over the same interval: the
@@ -230,6 +269,15 @@ class Monitor:
         host = self._sample_host(reuse_procs and self._proc_cache_at == procs_at)
         self._sample_gpu()
         status, gpus = self._gpu_state
+        # A job that publishes through the hook as well is shown once, hooked.
+        hooked = {c.pid for c in conns if c.live}
+        attached: list[dict[str, Any]] = []
+        for pid, a in self.attached.items():
+            if pid in hooked:
+                continue
+            job = self._safe("attach", partial(a.job, procs, self.diagnose_window_s), None)
+            if job is not None:
+                attached.append(job)
         snap = model.snapshot_dict(
             now=now,
             window_s=window_s,
@@ -247,12 +295,18 @@ class Monitor:
             procs=procs,
             runtime_dir=self.directory,
             runtime_dir_error=self.dir_error,
-            errors=list(self.errors),
+            errors=[*self.broken.values(), *self.errors],
+            attached=attached,
         )
-        if self._diagnoser is not None:
+        if "diagnosis" in self.broken:
+            snap["hints_error"] = self.broken["diagnosis"]
+        diagnoser = self._diagnoser
+        if diagnoser is not None:
             t = time.monotonic()
             if reuse_procs and self._hints_at is not None and t - self._hints_at < DIAGNOSE_EVERY_S:
                 snap["hints"] = self._hints
+                if self._hints_error:
+                    snap["hints_error"] = self._hints_error
                 return snap
             dw = self.diagnose_window_s
             judged = snap
@@ -262,9 +316,18 @@ class Monitor:
                     window_s=dw,
                     jobs=[  # type: ignore[assignment]
                         model.job_dict(c, dw, procs, now, history=False) for c in conns
-                    ],
+                    ]
+                    + attached,
                 )
-            snap["hints"] = self._safe("diagnosis", lambda: self._diagnoser.update(judged), [])
+            try:
+                snap["hints"] = cast(list[Hint], diagnoser.update(judged))
+                self._hints_error = None
+            except Exception as e:
+                self._fault("diagnosis", e)
+                snap["hints"] = []
+                self._hints_error = f"diagnosis failed: {type(e).__name__}: {e}"
+                snap["hints_error"] = self._hints_error
+                snap["errors"] = [*self.broken.values(), *self.errors]
             self._hints, self._hints_at = snap["hints"], t
         return snap
 
@@ -295,7 +358,8 @@ class Monitor:
             mains, workers = self._pids(self.conns.values())
             self._sample_procs(mains, workers, reuse=False, force_uss=True)
         if self._host is not None:
-            self._safe("host", self._host.sample, {})  # primes the CPU counters
+            primed: dict[str, Any] = self._safe("host", self._host.sample, {})  # primes the CPU counters
+            del primed
         while (left := deadline - time.monotonic()) > 0:
             self.poll(min(left, 0.1))
         self._last_gpu = 0.0
@@ -316,22 +380,24 @@ class Monitor:
         at = self._proc_cache_at
         if reuse and at is not None and t - at < PROC_EVERY_S and pids.issubset(self._proc_cache):
             return {p: self._proc_cache[p] for p in pids}
-        procs = self._safe(
-            "processes", lambda: _sample(self._procs, sorted(pids), mains, workers, force_uss), {}
+        sampler, sched = self._procs, self._sched
+        if sampler is None:
+            return {}
+        procs: dict[int, dict[str, Any]] = self._safe(
+            "processes",
+            lambda: sampler.sample(sorted(pids), main_pids=mains, uss_pids=workers, force_uss=force_uss),
+            {},
         )
-        if self._sched is not None:
+        if sched is not None:
             if (
                 not reuse
                 or self._sched_at is None
                 or t - self._sched_at >= SCHED_EVERY_S
                 or not pids.issubset(self._sched_cache)
             ):
-                self._sched_cache = self._safe("run-queue", lambda: self._sched.sample(sorted(pids)), {})
+                self._sched_cache = self._safe("run-queue", lambda: sched.sample(sorted(pids)), {})
                 self._sched_at = t
-            waits = {p: v for p, v in self._sched_cache.items() if p in pids}
-            for pid, v in waits.items():
-                if pid in procs and isinstance(procs[pid], dict):
-                    procs[pid] = dict(procs[pid], runqueue_percent=v)
+            procs = add_runqueue(procs, {p: v for p, v in self._sched_cache.items() if p in pids})
         self._proc_cache, self._proc_cache_at = procs, t
         return procs
 
@@ -340,7 +406,8 @@ class Monitor:
         if self._gpu is None or t - self._last_gpu < GPU_EVERY_S:
             return
         self._last_gpu = t
-        status, gpus = self._safe("gpu", self._gpu.sample, ("n/a: GPU sampling failed", []))
+        failed: tuple[str, list[dict[str, Any]]] = ("n/a: GPU sampling failed", [])
+        status, gpus = self._safe("gpu", self._gpu.sample, failed)
         self._gpu_state = (status, gpus)
         for g in gpus:
             i = g.get("index")
@@ -356,6 +423,8 @@ class Monitor:
     def start(self) -> None:
         if self._thread is not None:
             return
+        for att in self.attached.values():
+            att.start()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="dlwatch-monitor", daemon=True)
         self._thread.start()
@@ -390,7 +459,7 @@ class Monitor:
                     self.poll(0.05)
                 snap = self.build(reuse_procs=True)
                 with self._lock:
-                    self._latest = snap
+                    self._latest = cast(dict[str, Any], snap)  # a TypedDict is a dict
                 self._notify()
             except Exception as e:  # keep sampling; the view shows the error
                 self._fault("collector", e)
@@ -401,6 +470,8 @@ class Monitor:
         if self._thread is not None:
             self._thread.join(timeout=2.0)
             self._thread = None
+        for att in self.attached.values():
+            att.stop()
         for c in self.conns.values():
             c.close()
         try:
@@ -413,73 +484,53 @@ class Monitor:
             return self._latest
 
 
+def add_runqueue(procs: dict, waits: dict) -> dict:
+    """Each process's figures with its run-queue wait (``runqueue_percent``)."""
+    for pid, v in waits.items():
+        if pid in procs and isinstance(procs[pid], dict):
+            procs[pid] = dict(procs[pid], runqueue_percent=v)
+    return procs
+
+
 def _sleep(t: float) -> list:
     time.sleep(max(0.0, t))
     return []
 
 
-def _sample(sampler, pids: list[int], mains: set[int], workers: set[int], force_uss: bool) -> dict:
-    """``sampler.sample`` with the hints a ``ProcSampler`` takes (main-thread
-    CPU only for trainer main processes, USS only for workers: the snapshot
-    shows neither for the others); a plain ``sample(pids)`` otherwise."""
+# The real samplers, imported when first made: ``dlwatch ls`` needs none of them.
+def _default_gpu() -> GpuSource:
+    from dlwatch.collect.gpu import GpuSampler
+
+    return GpuSampler()
+
+
+def _default_procs() -> ProcSource:
     from dlwatch.collect.procs import ProcSampler
 
-    if isinstance(sampler, ProcSampler):
-        return sampler.sample(pids, main_pids=mains, uss_pids=workers, force_uss=force_uss)
-    return sampler.sample(pids)
+    return ProcSampler(
+        uss_interval_s=USS_INTERVAL_S,
+        uss_max_interval_s=USS_MAX_INTERVAL_S,
+        uss_cpu_budget=USS_CPU_BUDGET,
+    )
 
 
-def _pick(given, default):
-    if given is False:
-        return None
-    return given if given is not None else default()
+def _default_host() -> HostSource:
+    from dlwatch.collect.host import HostSampler
 
-
-def _default_gpu():
-    try:
-        from dlwatch.collect.gpu import GpuSampler
-
-        return GpuSampler()
-    except Exception:
-        return None
-
-
-def _default_procs():
-    try:
-        from dlwatch.collect.procs import ProcSampler
-
-        return ProcSampler(
-            uss_interval_s=USS_INTERVAL_S,
-            uss_max_interval_s=USS_MAX_INTERVAL_S,
-            uss_cpu_budget=USS_CPU_BUDGET,
-        )
-    except Exception:
-        return None
-
-
-def _default_host():
-    try:
-        from dlwatch.collect.host import HostSampler
-
-        return HostSampler()
-    except Exception:
-        return None
+    return HostSampler()
 
 
 class _OneShotDiagnoser:
-    def update(self, snap: dict) -> list:
+    def update(self, snapshot: Mapping[str, Any]) -> list[dict]:
         from dlwatch.diagnose import evaluate
 
-        return evaluate(snap)
+        return evaluate(snapshot)
 
 
-def _default_diagnoser():
-    try:
-        from dlwatch.diagnose import Diagnoser
+def _default_diagnoser() -> HintSource:
+    from dlwatch.diagnose import Diagnoser
 
-        return Diagnoser()
-    except Exception:
-        return None
+    return Diagnoser()
 
 
 def take_snapshot(

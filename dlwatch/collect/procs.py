@@ -305,7 +305,8 @@ class ProcSampler:
             if interval < MIN_LIFETIME_S:
                 # A process this young: its tick-granular lifetime average is noise.
                 interval = 0.0
-            prev_cpu, prev_main = 0.0, 0.0
+            prev_cpu: float | None = 0.0
+            prev_main: float | None = 0.0
         else:
             interval, prev_cpu, prev_main = now - st.at, st.cpu_s, st.main_cpu_s
         if cpu_s is not None:
@@ -371,11 +372,12 @@ class ProcSampler:
                 st.uss_failure = None
             except _Failed as f:
                 st.uss, st.uss_failure = None, f
-            if self._budgeted():
+            budget = self.uss_policy.cpu_budget
+            if budget is not None and self._budgeted():
                 # The read's own CPU time, paid back at the budget's rate; a
                 # burst of first reads (a job starting) adds at most one
                 # interval on top.
-                cost = max(0.0, self._cpu_clock() - cpu0) / self.uss_policy.cpu_budget
+                cost = max(0.0, self._cpu_clock() - cpu0) / budget
                 self._uss_free_at = min(
                     max(self._uss_free_at, now) + cost, now + max(cost, self.uss_policy.interval_s or 0.0)
                 )

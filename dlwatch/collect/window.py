@@ -8,13 +8,15 @@ clock: the caller passes the frames and the samples.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from dlwatch import wire
 
 NS = 1e9
 
 
-def pick_base(frames: Sequence[dict], window_s: float, end: int | None = None) -> int:
+def pick_base(frames: Sequence[dict[str, Any]], window_s: float, end: int | None = None) -> int:
     """Index of the frame that starts a window of ``window_s`` ending at frame
     ``end`` (default: the newest): the newest frame at least ``window_s``
     older, else the oldest."""
@@ -29,11 +31,13 @@ def pick_base(frames: Sequence[dict], window_s: float, end: int | None = None) -
     return max(0, i - 1)
 
 
-def _stamp(frame: dict) -> int:
-    return frame["mono_ns"]
+def _stamp(frame: dict[str, Any]) -> int:
+    stamp: int = frame["mono_ns"]
+    return stamp
 
 
-def _loader_in(frame: dict, loader_id: int) -> dict | None:
+def _loader_in(frame: dict[str, Any], loader_id: int) -> dict[str, Any] | None:
+    ld: dict[str, Any]
     for ld in frame.get("loaders", ()):
         if ld.get("id") == loader_id:
             return ld
@@ -52,8 +56,8 @@ def _ratio(num: float, den: float) -> float | None:
 MIN_WINDOW_BATCHES = 5
 
 
-def _batch_key(loader_id: int):
-    def key(frame: dict) -> int:
+def _batch_key(loader_id: int) -> Callable[[dict[str, Any]], int]:
+    def key(frame: dict[str, Any]) -> int:
         ld = _loader_in(frame, loader_id)
         return -1 if ld is None else ld["batches"]
 
@@ -61,7 +65,11 @@ def _batch_key(loader_id: int):
 
 
 def window_base(
-    frames: Sequence[dict], loader_id: int, window_s: float, min_batches: int = 0, end: int | None = None
+    frames: Sequence[dict[str, Any]],
+    loader_id: int,
+    window_s: float,
+    min_batches: int = 0,
+    end: int | None = None,
 ) -> int:
     """Index of the frame that starts a loader's window ending at ``end``
     (default: the newest frame).
@@ -88,7 +96,9 @@ def window_base(
     return _align_phase(frames, key, i, e)
 
 
-def _align_phase(frames: Sequence[dict], key, i: int, e: int) -> int:
+def _align_phase(
+    frames: Sequence[dict[str, Any]], key: Callable[[dict[str, Any]], int], i: int, e: int
+) -> int:
     b_end = key(frames[e])
     if 2 * (b_end - key(frames[i])) > e - i:
         return i  # a batch every other frame or faster: the frames' own 0.1 s grid is finer
@@ -129,7 +139,7 @@ def _no_batch_reason(d_wait: int, d_step: int, dt: float, total: int) -> str:
 
 
 def loader_window(
-    frames: Sequence[dict], loader_id: int, window_s: float, min_batches: int = MIN_WINDOW_BATCHES
+    frames: Sequence[dict[str, Any]], loader_id: int, window_s: float, min_batches: int = MIN_WINDOW_BATCHES
 ) -> dict[str, Any] | None:
     """Rates and means of one loader over the last ``window_s`` seconds and at
     least ``min_batches`` batches (``window_base``).
@@ -183,10 +193,55 @@ def loader_window(
     n = sum(b for _, b in fetch)
     out["worker_ms_per_batch"] = round(sum(m * b for m, b in fetch) / n, 3) if n else None
     out["queue_mean"] = queue_means(frames[i:], loader_id)
+    out.update(_sample_fractions(old, new))
     return out
 
 
-def epoch_first_batch_age(frames: Sequence[dict], loader_id: int) -> float | None:
+def _sample_fractions(old: dict[str, Any], new: dict[str, Any]) -> dict[str, float | None]:
+    """Of the probe's samples in the window (one a frame while an iterator is
+    alive), the share that found the loop inside next() while later batches
+    sat ready in the reorder buffer: head-of-line blocking, as a fraction of
+    the loop's time."""
+    keys = ("samples", "hol_samples")
+    d = {k: max(0, int(new.get(k) or 0) - int(old.get(k) or 0)) for k in keys}
+    if "samples" not in new or not d["samples"]:
+        return {"head_of_line_fraction": None}
+    return {"head_of_line_fraction": round(d["hol_samples"] / d["samples"], 4)}
+
+
+def hist_percentiles(
+    new: Sequence[Any] | None, old: Sequence[Any] | None, qs: Sequence[float] = (0.5, 0.95, 0.99)
+) -> list[float | None]:
+    """Percentiles (ms) of the fetch times counted between two cumulative
+    histograms (``wire.fetch_hist``: [[bucket, count], ...]), interpolated
+    geometrically inside a bucket. None where no fetch was counted."""
+    counts: dict[int, int] = {}
+    for sign, hist in ((1, new), (-1, old)):
+        for pair in hist or ():
+            try:
+                k, c = int(pair[0]), int(pair[1])
+            except (TypeError, ValueError, IndexError):
+                continue
+            if 0 <= k < wire.FETCH_HIST_BUCKETS:
+                counts[k] = counts.get(k, 0) + sign * c
+    items = sorted((k, c) for k, c in counts.items() if c > 0)
+    total = sum(c for _, c in items)
+    if not total:
+        return [None for _ in qs]
+    out: list[float | None] = []
+    for q in qs:
+        want = q * total
+        seen = 0
+        for k, c in items:
+            if seen + c >= want:
+                lo, hi = wire.fetch_hist_bounds_ms(k)
+                out.append(round(lo * (hi / lo) ** ((want - seen) / c), 3))
+                break
+            seen += c
+    return out
+
+
+def epoch_first_batch_age(frames: Sequence[dict[str, Any]], loader_id: int) -> float | None:
     """Seconds from the current epoch's first batch to the newest frame: how
     far a window may reach back before it holds the epoch's start-up stall.
     An epoch that began before the oldest frame held: the frames' span (a
@@ -195,22 +250,24 @@ def epoch_first_batch_age(frames: Sequence[dict], loader_id: int) -> float | Non
     if new is None:
         return None
 
-    def epoch(frame: dict) -> int:
+    def epoch(frame: dict[str, Any]) -> int:
         ld = _loader_in(frame, loader_id)
         return -1 if ld is None else ld.get("epoch", 0)
 
-    t_new = frames[-1]["mono_ns"]
+    t_new = _stamp(frames[-1])
     k = bisect_left(frames, new.get("epoch", 0), key=epoch)
     if k == 0:
-        return round((t_new - frames[0]["mono_ns"]) / NS, 3)
+        return round((t_new - _stamp(frames[0])) / NS, 3)
     before = max(0, _batch_key(loader_id)(frames[k - 1]))
     first = bisect_right(frames, before, lo=k, key=_batch_key(loader_id))
     if first >= len(frames):
         return None
-    return round((t_new - frames[first]["mono_ns"]) / NS, 3)
+    return round((t_new - _stamp(frames[first])) / NS, 3)
 
 
-def worker_window(frames: Sequence[dict], base: int, loader_id: int, w_new: dict) -> dict[str, Any]:
+def worker_window(
+    frames: Sequence[dict[str, Any]], base: int, loader_id: int, w_new: dict[str, Any]
+) -> dict[str, Any]:
     """Busy fraction and fetch time of one worker, matched by PID across frames
     (non-persistent loaders get new worker processes every epoch)."""
     pid = w_new.get("pid")
@@ -231,6 +288,8 @@ def worker_window(frames: Sequence[dict], base: int, loader_id: int, w_new: dict
         "id": w_new["id"],
         "pid": pid,
         "batches": w_new["batches"],
+        "first_batch_digest": w_new.get("first_batch_digest"),
+        "second_batch_digest": w_new.get("second_batch_digest"),
         "busy_fraction": None,
         "fetch_ms_mean": None,
         "window_batches": 0,
@@ -242,7 +301,9 @@ def worker_window(frames: Sequence[dict], base: int, loader_id: int, w_new: dict
             out["fetch_ms_mean"] = round(w_new["fetch_ns"] / w_new["batches"] / 1e6, 3)
         if started and t_new > started:
             out["busy_fraction"] = round(min(1.0, w_new["busy_ns"] / (t_new - started)), 4)
+        _tail(out, w_new.get("fetch_hist"), None)
         return out
+    _tail(out, w_new.get("fetch_hist"), w_old.get("fetch_hist"))
     d_b = max(0, w_new["batches"] - w_old["batches"])
     d_fetch = max(0, w_new["fetch_ns"] - w_old["fetch_ns"])
     d_busy = max(0, w_new["busy_ns"] - w_old["busy_ns"])
@@ -255,7 +316,26 @@ def worker_window(frames: Sequence[dict], base: int, loader_id: int, w_new: dict
     return out
 
 
-def queue_means(frames: Sequence[dict], loader_id: int) -> dict[str, float | None]:
+# The fetch-time tail of a worker in the window: fewer fetches than this and
+# the lifetime histogram speaks instead (a p99 of 10 fetches is their maximum).
+TAIL_MIN_FETCHES = 50
+
+
+def _tail(out: dict[str, Any], new: Sequence[Any] | None, old: Sequence[Any] | None) -> None:
+    """fetch_ms_p50/p95/p99 of a worker, over the window where it holds
+    enough fetches, else over the worker's life."""
+    if new is None:
+        return
+    base = old
+    n = sum(int(p[1]) for p in new if isinstance(p, list) and len(p) == 2) - sum(
+        int(p[1]) for p in (old or ()) if isinstance(p, list) and len(p) == 2
+    )
+    if n < TAIL_MIN_FETCHES:
+        base = None
+    out["fetch_ms_p50"], out["fetch_ms_p95"], out["fetch_ms_p99"] = hist_percentiles(new, base)
+
+
+def queue_means(frames: Sequence[dict[str, Any]], loader_id: int) -> dict[str, float | None]:
     sums = {"ready": [0.0, 0], "in_flight": [0.0, 0]}
     for f in frames:
         ld = _loader_in(f, loader_id)
@@ -271,18 +351,18 @@ def queue_means(frames: Sequence[dict], loader_id: int) -> dict[str, float | Non
 
 
 def series(
-    frames: Sequence[dict],
+    frames: Sequence[dict[str, Any]],
     loader_id: int,
     step_s: float = 1.0,
     max_points: int = 120,
     min_batches: int = MIN_WINDOW_BATCHES,
-) -> dict[str, list]:
+) -> dict[str, list[Any]]:
     """Per-``step_s`` history of data-wait fraction and batch rate, oldest
     first. Each point is the figure of a window ending there that covers at
     least ``step_s`` and ``min_batches`` batches (``window_base``), like the
     live figure: a slow job's history does not alternate 0 and 100 %, and a
     point without a completed batch has no data-wait fraction (None)."""
-    out: dict[str, list] = {"t": [], "data_wait_fraction": [], "batches_per_s": []}
+    out: dict[str, list[Any]] = {"t": [], "data_wait_fraction": [], "batches_per_s": []}
     if len(frames) < 2:
         return out
     step = int(step_s * NS)

@@ -14,12 +14,13 @@ The rule catalog, thresholds and their origins: ``RULES.md`` next to this file.
 from .engine import (
     HOLD_OFF_S,
     HOLD_ON_S,
-    RULES,
+    REGISTRY,
     Diagnoser,
     DiagnoseState,
     diagnose,
     evaluate,
 )
+from .registry import Rule
 from .render import format_hints
 
 __all__ = [
@@ -30,5 +31,6 @@ __all__ = [
     "format_hints",
     "HOLD_ON_S",
     "HOLD_OFF_S",
-    "RULES",
+    "REGISTRY",
+    "Rule",
 ]

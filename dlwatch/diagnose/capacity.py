@@ -8,25 +8,22 @@ loop" was wrong both ways: an idle loop waiting on its GPU uses a tenth of a
 core, and a CPU-only step with torch's intra-op threads uses all of them, so a
 "free" core seen next to it did not exist.
 
-The speed-up model: one batch of the loop takes ``T0 = wait_ms + step_ms``
-now. With ``n`` workers it takes at least
-
-- ``step_ms`` (the loop's own compute, which workers cannot shorten),
-- ``load_ms / n`` (the pool delivers a batch every ``load_ms / n``), and
-- ``C / K``: the job's CPU work per batch (``C`` = its measured CPU × T0, in
-  core-ms, the same whoever does it) over the cores the job can have (``K`` =
-  usable cores minus everyone else's CPU).
-
-The third term is what "one core per main loop" missed: on a box whose cores
-the compute already saturates, a worker moves CPU from compute to loading
-and hides little. The prediction is ``T0 / max(...)``; the evidence names the
-term that bounds it.
+The speed-up model (``CycleModel``, RULES.md "Predicted gain"): one batch
+takes ``wait_ms + step_ms`` now; with another worker count it takes the
+longest of the step, the pool's delivery, the job's CPU work over its cores,
+and the step stretched by the loading CPU that does not fit on the cores the
+trainer's threads leave idle. The last term is what a brute-force sweep of
+CPU training showed: a trainer whose intra-op threads fill the cores loses a
+worker's whole CPU time per batch, it does not share the cores fairly.
+Where the model does not reproduce the measured cycle of the current count,
+it gives no number (``NoPrediction``) rather than a wrong one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .facts import PERCENT_PER_CORE, Context, LoaderView, num, r
 
@@ -35,18 +32,18 @@ from .facts import PERCENT_PER_CORE, Context, LoaderView, num, r
 UNKNOWN_TRAINER_CORES = 1.0
 
 
-def trainer_cpu(job: Mapping) -> float | None:
+def trainer_cpu(job: Mapping[str, Any]) -> float | None:
     """Measured CPU of the trainer process, all threads, in cores."""
     v = num(job.get("main_cpu_percent"))
     return None if v is None else max(0.0, v / PERCENT_PER_CORE)
 
 
-def trainer_runqueue(job: Mapping) -> float:
+def trainer_runqueue(job: Mapping[str, Any]) -> float:
     v = num(job.get("main_runqueue_percent"))
     return 0.0 if v is None else max(0.0, v / PERCENT_PER_CORE)
 
 
-def trainer_demand(job: Mapping) -> float:
+def trainer_demand(job: Mapping[str, Any]) -> float:
     cpu = trainer_cpu(job)
     return (UNKNOWN_TRAINER_CORES if cpu is None else cpu) + trainer_runqueue(job)
 
@@ -78,7 +75,7 @@ class Account:
     def demand(self) -> float:
         return self.others + self.trainers + self.workers
 
-    def evidence(self) -> dict:
+    def evidence(self) -> dict[str, Any]:
         measured = ["trainer CPU (all threads) and run-queue wait", "worker CPU and run-queue wait"]
         assumed = []
         if self.others_measured:
@@ -151,53 +148,180 @@ def job_capacity(ctx: Context, lv: LoaderView) -> float | None:
     return max(k, used or 0.0, 0.0)
 
 
+# The model's cycle for the loader's current count must match the measured
+# one within this fraction, or its prediction for another count is no number
+# to print: something it does not know (a GPU sync, a lock, a CPU figure from
+# another phase of the job) sets the pace.
+MODEL_FIT_TOLERANCE = 0.25
+
+
+@dataclass(frozen=True)
+class CycleModel:
+    """What one batch costs the job, split so another worker count can be priced.
+
+    Measured (ms per batch unless said): ``now`` = wait + step; ``step`` =
+    the loop's step; ``trainer_cores`` = the cores its threads want while
+    they compute (its CPU per batch over the step, run-queue wait included);
+    ``load_cpu`` = CPU the loading costs per batch (core-ms: the workers'
+    CPU, or with num_workers=0 the main thread's during the wait);
+    ``load_off_cpu`` = loading time off a CPU (storage, sleeps); ``capacity``
+    = the cores the job can have.
+
+    With ``n ≥ 1`` workers a batch takes the longest of: the step; the pool's
+    delivery ``(load_cpu + load_off_cpu) / n``; the job's CPU work over its
+    cores ``(trainer CPU + load_cpu) / capacity``; and the step stretched by
+    loading that does not fit on the cores the trainer leaves idle,
+    ``(step + load_cpu) / (1 + idle)``. The last is the sweep's finding on CPU
+    training: a trainer whose intra-op threads fill the cores is a gang whose
+    parallel regions wait for the slowest thread, so a worker's CPU time on
+    one of its cores stalls all of it rather than sharing the core fairly
+    (workers measured 1.00× where the CPU sum predicted 1.40×). With
+    ``n = 0`` the loop loads each batch itself: step + loading.
+    """
+
+    now: float
+    step: float
+    trainer_cores: float
+    trainer_cpu: float  # core-ms per batch of the trainer's own work (loading excluded)
+    load_cpu: float
+    load_off_cpu: float
+    capacity: float
+    workers_now: int
+
+    @property
+    def idle_cores(self) -> float:
+        return max(0.0, self.capacity - self.trainer_cores)
+
+    def terms(self, n: int) -> dict[str, float]:
+        if n <= 0:
+            return {"loop loads": self.step + self.load_cpu + self.load_off_cpu}
+        return {
+            "compute step": self.step,
+            "workers": (self.load_cpu + self.load_off_cpu) / n,
+            "CPU": (self.trainer_cpu + self.load_cpu) / self.capacity,
+            "shared cores": (self.step + self.load_cpu) / (1.0 + self.idle_cores),
+        }
+
+    def cycle(self, n: int) -> tuple[float, str]:
+        """Predicted ms per batch with ``n`` workers, and the term that sets it."""
+        t = self.terms(n)
+        bound = max(t, key=lambda k: t[k])
+        return max(t[bound], 1e-6), bound
+
+    def fit(self) -> float:
+        """Model over measurement for the current count (1.0: exact)."""
+        return self.cycle(self.workers_now)[0] / self.now
+
+
+def cycle_model(ctx: Context, lv: LoaderView) -> tuple[CycleModel | None, str]:
+    """The loader's cycle model from its measurements, or None and why not."""
+    wait_ms = num(lv.loader.get("wait_ms_mean"))
+    step = lv.step_ms
+    n0 = lv.num_workers
+    if wait_ms is None or step is None or step <= 0 or n0 is None:
+        return None, "the loader's wait and step times per batch are not measured yet"
+    c_t = trainer_cpu(lv.job)
+    cap = job_capacity(ctx, lv)
+    if c_t is None or cap is None or cap <= 0:
+        return None, "the trainer's CPU is not measured"
+    now = wait_ms + step
+    rq = trainer_runqueue(lv.job) * now
+    if n0 == 0:
+        main_thread = num(lv.job.get("main_thread_cpu_percent"))
+        frac = wait_ms / now
+        load_cores = frac if main_thread is None else min(frac, main_thread / PERCENT_PER_CORE)
+        load_cpu = load_cores * now
+        off_cpu = max(0.0, wait_ms - load_cpu)
+        trainer_work = max(0.0, c_t * now - load_cpu)
+    else:
+        if lv.cpu_missing:
+            return None, "a worker's CPU is not measured"
+        load_cpu = lv.cpu_sum * now
+        w = lv.worker_ms
+        off_cpu = 0.0 if w is None else max(0.0, w - load_cpu - lv.rq_sum * now)
+        trainer_work = c_t * now
+    # The cores the trainer's threads want while computing: their CPU and
+    # run-queue wait per batch over the step. The step itself is kept as
+    # measured: how much of it the workers stretch now is not known apart
+    # from other processes' share, so fewer workers are never priced faster
+    # than the model's sum says (no gain promised that the run queue hides).
+    cores = min(cap, (trainer_work + rq) / step)
+    m = CycleModel(now, step, cores, trainer_work, load_cpu, off_cpu, cap, n0)
+    fit = m.fit()
+    if abs(fit - 1.0) > MODEL_FIT_TOLERANCE:
+        return None, (
+            f"its CPU figures account for {m.cycle(n0)[0]:.0f} ms of the {now:.0f} ms each batch takes "
+            f"now: something they do not show sets the pace"
+        )
+    return m, ""
+
+
 @dataclass(frozen=True)
 class Prediction:
     speedup: float  # throughput after / before
     before_ms: float  # loop time per batch now: wait + step
     after_ms: float
-    bound: str  # "compute step" | "workers" | "CPU"
-    cpu_ms_per_batch: float | None  # the job's CPU work per batch (core-ms)
-    capacity_cores: float | None
+    bound: str  # "compute step" | "workers" | "CPU" | "shared cores" | "loop loads"
+    model: CycleModel
 
-    def evidence(self) -> dict:
+    def evidence(self) -> dict[str, Any]:
+        m = self.model
         return {
             "expected_speedup": r(self.speedup, 2),
             "expected_ms_per_batch": r(self.after_ms, 1),
             "ms_per_batch_now": r(self.before_ms, 1),
             "expected_bound": self.bound,
-            "job_cpu_ms_per_batch": r(self.cpu_ms_per_batch, 1),
-            "job_capacity_cores": r(self.capacity_cores, 2),
+            "model": {
+                "trainer_step_ms": r(m.step, 1),
+                "trainer_cores": r(m.trainer_cores, 2),
+                "loading_cpu_ms_per_batch": r(m.load_cpu, 1),
+                "loading_off_cpu_ms_per_batch": r(m.load_off_cpu, 1),
+                "job_capacity_cores": r(m.capacity, 2),
+                "fit": r(m.fit(), 2),
+            },
         }
 
     def phrase(self) -> str:
+        m = self.model
         why = {
             "compute step": "the loop's own step then sets the pace",
             "workers": "the workers then set the pace",
-            "CPU": (
-                f"the job's {self.cpu_ms_per_batch:.0f} core-ms of CPU per batch on the "
-                f"{self.capacity_cores:.1f} cores it can have then set the pace"
-                if self.cpu_ms_per_batch is not None and self.capacity_cores is not None
-                else "the CPU then sets the pace"
+            "CPU": f"the job's CPU work then fills the {m.capacity:.1f} cores it can have",
+            "shared cores": (
+                f"the trainer's threads use {m.trainer_cores:.1f} of the {m.capacity:.1f} cores "
+                f"it can have, so the workers' {m.load_cpu:.0f} ms of CPU per batch stretch its step"
             ),
+            "loop loads": "the loop then loads every batch itself",
         }[self.bound]
         return f"expected ≈ {self.speedup:.2f}× throughput ({why})"
 
 
-def predict(ctx: Context, lv: LoaderView, n_workers: int, load_ms: float | None) -> Prediction | None:
-    """Throughput with ``n_workers`` workers whose batch costs ``load_ms``
-    each, relative to now (module docstring)."""
-    wait_ms = num(lv.loader.get("wait_ms_mean"))
-    step = lv.step_ms
-    if wait_ms is None or step is None or step <= 0 or n_workers < 1 or load_ms is None:
+@dataclass(frozen=True)
+class NoPrediction:
+    """The measurements support no number; ``reason`` says why."""
+
+    reason: str
+
+    def evidence(self) -> dict[str, Any]:
+        return {"expected_speedup": None, "no_prediction_reason": self.reason}
+
+
+def predict(ctx: Context, lv: LoaderView, n_workers: int) -> Prediction | NoPrediction:
+    """Throughput with ``n_workers`` relative to now, priced by the loader's
+    cycle model on both sides (so its error for the current count cancels)."""
+    m, why = cycle_model(ctx, lv)
+    if m is None:
+        return NoPrediction(why)
+    cur, _ = m.cycle(m.workers_now)
+    after, bound = m.cycle(n_workers)
+    return Prediction(cur / after, m.now, m.now * after / cur, bound, m)
+
+
+def best_count(ctx: Context, lv: LoaderView, up_to: int) -> int | None:
+    """The fewest workers in 1..``up_to`` within 5 % of the model's best."""
+    m, _ = cycle_model(ctx, lv)
+    if m is None or up_to < 1:
         return None
-    before = wait_ms + step
-    terms = {"compute step": step, "workers": load_ms / n_workers}
-    used, cap = job_cpu(ctx, lv), job_capacity(ctx, lv)
-    cpu_per_batch = None
-    if used is not None and cap is not None and cap > 0:
-        cpu_per_batch = used * before
-        terms["CPU"] = cpu_per_batch / cap
-    bound = max(terms, key=lambda k: terms[k])
-    after = max(terms[bound], 1e-6)
-    return Prediction(before / after, before, after, bound, cpu_per_batch, cap)
+    cycles = {n: m.cycle(n)[0] for n in range(1, up_to + 1)}
+    best = min(cycles.values())
+    return min(n for n, c in cycles.items() if c <= best * 1.05)

@@ -26,24 +26,39 @@ same hints as watching them live.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dlwatch.snapshot import severity_rank
 
-from . import rules_cores, rules_epochs, rules_gpu, rules_memory, rules_ranks, rules_workers
+from . import (
+    ceiling,
+    rules_cores,
+    rules_epochs,
+    rules_gpu,
+    rules_memory,
+    rules_order,
+    rules_ranks,
+    rules_sampled,
+    rules_sharding,
+    rules_threads,
+    rules_workers,
+    smoothing,
+)
 from .facts import (
     INACTIVE,
     STEADY,
     WARMUP,
     Context,
+    MemSeries,
     as_dict,
     as_int,
     as_list,
     build_context,
     num,
 )
+from .registry import Rule, Scope, registry
 from .render import with_tune_command
 
 # A condition must hold this long before its hint shows: longer
@@ -52,6 +67,8 @@ HOLD_ON_S = 3.0
 # ... and be clear this long before the hint goes: longer than
 # HOLD_ON_S so a borderline condition shows steadily instead of blinking.
 HOLD_OFF_S = 5.0
+# ... or this many of the loader's own windows, when longer (slow steps).
+HOLD_OFF_WINDOWS = 2.0
 # A loader's first batches are dominated by worker start-up and cold caches:
 # a fast loader waits for 20 of them, a slow one for WARMUP_RATE_S seconds'
 # worth at its own rate, but never fewer than one full window of batches
@@ -67,36 +84,38 @@ WARMUP_STEADY_S = 3.0
 # nothing about whether a condition held in between: pending timers restart.
 STALE_GAP_S = 10.0
 
-RULES: dict[str, Callable[[Context], list[dict]]] = {
-    **rules_workers.RULES,
-    **rules_cores.RULES,
-    **rules_epochs.RULES,
-    **rules_memory.RULES,
-    **rules_gpu.RULES,
-    **rules_ranks.RULES,
-}
+# Every rule, by id: each module declares its rules' scope and precedence
+# (registry.py); the sets below are derived from those declarations.
+REGISTRY: dict[str, Rule] = registry(
+    rules_workers.RULES,
+    rules_cores.RULES,
+    rules_epochs.RULES,
+    rules_memory.RULES,
+    rules_gpu.RULES,
+    rules_ranks.RULES,
+    rules_sampled.RULES,
+    rules_sharding.RULES,
+    rules_order.RULES,
+    rules_threads.RULES,
+)
+
+
+def _rate_rules(scope: Scope) -> frozenset[str]:
+    return frozenset(r.id for r in REGISTRY.values() if r.rate and r.scope == scope)
+
 
 # Loader-level rules that judge window rates: frozen while their loader warms up.
-LOADER_RATE_RULES = frozenset(
-    {
-        "no-workers",
-        "add-workers",
-        "io-bound",
-        "cpu-bound-preprocessing",
-        "pipeline-has-headroom",
-        "worker-thread-oversubscription",
-        "enable-pin-memory",
-        "straggler-rank",
-    }
-)
+LOADER_RATE_RULES = _rate_rules("loader")
 # Job-level rate rules: frozen while the job has no steady loader but one warming.
-JOB_RATE_RULES = frozenset({"main-loop-cpu-bound"})
+JOB_RATE_RULES = _rate_rules("job")
 # Host-level rate rules: frozen while a loader that was steady re-warms (a
 # non-persistent loader re-spawning its workers at an epoch start).
-HOST_RATE_RULES = frozenset({"workers-oversubscribe-cores"})
+HOST_RATE_RULES = _rate_rules("host")
 
 
-HintKey = tuple  # (id, job_pid | None, loader_id | None)
+HintKey = tuple[str, int | None, int | None]  # (id, job_pid, loader_id)
+Hint = dict[str, Any]
+Fired = dict[HintKey, Hint]
 
 
 @dataclass(frozen=True)
@@ -112,7 +131,8 @@ class HintTrack:
     on_since: float | None  # condition continuously true since
     off_since: float | None  # shown, condition continuously false since
     shown: bool
-    hint: dict
+    hint: dict[str, Any]
+    severity_since: float | None = None  # a different severity fired continuously since
 
 
 @dataclass(frozen=True)
@@ -124,23 +144,25 @@ class DiagnoseState:
     loaders: Mapping[tuple[int, int], LoaderTrack] = field(default_factory=dict)
     hints: Mapping[HintKey, HintTrack] = field(default_factory=dict)
     # (job_pid, worker_pid) -> (first_seen_t, ((t, uss, rss), ...), growth facts)
-    mem: Mapping[tuple[int, int], tuple] = field(default_factory=dict)
+    mem: MemSeries = field(default_factory=dict)
     # rule id -> "ExcType: message" for rules that raised on the last snapshot
     rule_errors: Mapping[str, str] = field(default_factory=dict)
+    # pid -> recent CPU samples (smoothing.py): CPU over the loader's window
+    cpu: smoothing.History = field(default_factory=dict)
 
 
 def _grace(window_s: float | None) -> float:
     return max(WARMUP_STEADY_S, window_s or 0.0)
 
 
-def loader_grace(loader: Mapping, window_s: float | None) -> float:
+def loader_grace(loader: Mapping[str, Any], window_s: float | None) -> float:
     """Seconds after an epoch's first batch before the loader's window has slid
     past the start-up stall: its own window (which stretches to cover enough
     batches of a slow job) when the collector says how long it is."""
     return _grace(max(window_s or 0.0, num(loader.get("window_s")) or 0.0))
 
 
-def warmup_batches(loader: Mapping) -> int:
+def warmup_batches(loader: Mapping[str, Any]) -> int:
     """Batches a loader must have returned before its rates are judged,
     relative to its own batch rate (a rate unknown: the full count)."""
     rate = num(loader.get("batches_per_s"))
@@ -149,13 +171,13 @@ def warmup_batches(loader: Mapping) -> int:
     return max(WARMUP_FEW_BATCHES, min(WARMUP_MIN_BATCHES, math.ceil(rate * WARMUP_RATE_S)))
 
 
-def _respawns_workers(loader: Mapping) -> bool:
+def _respawns_workers(loader: Mapping[str, Any]) -> bool:
     """Whether an epoch start re-creates workers (and stalls the loop)."""
     nw = as_int(loader.get("num_workers"))
     return bool(nw) and loader.get("persistent_workers") is not True
 
 
-def history_says_steady(loader: Mapping, window_s: float | None) -> bool:
+def history_says_steady(loader: Mapping[str, Any], window_s: float | None) -> bool:
     """Stateless warm-up test: enough batches (``warmup_batches``), and the
     current epoch's first batch is older than the loader's window
     (``epoch_first_batch_age_s``): the window holds no start-up stall.
@@ -177,7 +199,7 @@ def history_says_steady(loader: Mapping, window_s: float | None) -> bool:
     return len(recent) >= need and all(v is not None and v > 0 for v in recent)
 
 
-def _iter_loaders(snapshot: Mapping):
+def _iter_loaders(snapshot: Mapping[str, Any]) -> Iterator[tuple[dict[str, Any], int, dict[str, Any], int]]:
     for job in as_list(snapshot.get("jobs")):
         if not isinstance(job, dict):
             continue
@@ -190,11 +212,15 @@ def _iter_loaders(snapshot: Mapping):
                 yield job, pid, ld, lid
 
 
-def stateless_phases(snapshot: Mapping) -> dict[tuple[int, int], str]:
+def stateless_phases(snapshot: Mapping[str, Any]) -> dict[tuple[int, int], str]:
     window = num(snapshot.get("window_s"))
     out = {}
     for _job, pid, ld, lid in _iter_loaders(snapshot):
-        if ld.get("active") is False:
+        if ld.get("sampled") is True:
+            # Attached to a running job: no batch clock to judge warm-up by,
+            # and the job was running before anyone looked.
+            out[(pid, lid)] = STEADY
+        elif ld.get("active") is False:
             out[(pid, lid)] = INACTIVE
         else:
             out[(pid, lid)] = STEADY if history_says_steady(ld, window) else WARMUP
@@ -202,8 +228,8 @@ def stateless_phases(snapshot: Mapping) -> dict[tuple[int, int], str]:
 
 
 def _track_loaders(
-    snapshot: Mapping, old: Mapping[tuple[int, int], LoaderTrack], t: float
-) -> tuple[dict, dict]:
+    snapshot: Mapping[str, Any], old: Mapping[tuple[int, int], LoaderTrack], t: float
+) -> tuple[dict[tuple[int, int], str], dict[tuple[int, int], LoaderTrack]]:
     """Advance each loader's warm-up clock; return (phases, new tracks)."""
     window = num(snapshot.get("window_s"))
     phases: dict[tuple[int, int], str] = {}
@@ -234,15 +260,17 @@ def _track_loaders(
         if steady and not tr.was_steady:
             tr = replace(tr, was_steady=True)
         tracks[key] = tr
-        if ld.get("active") is False:
+        if ld.get("sampled") is True:
+            phases[key] = STEADY  # as in stateless_phases
+        elif ld.get("active") is False:
             phases[key] = INACTIVE
         else:
             phases[key] = STEADY if steady else WARMUP
     return phases, tracks
 
 
-def _frozen_keys(ctx: Context, tracks: Mapping[tuple[int, int], LoaderTrack]) -> set:
-    frozen: set = set()
+def _frozen_keys(ctx: Context, tracks: Mapping[tuple[int, int], LoaderTrack]) -> set[HintKey]:
+    frozen: set[HintKey] = set()
     rewarming = False
     for job in ctx.live_jobs:
         pid = int(job["pid"])
@@ -259,63 +287,74 @@ def _frozen_keys(ctx: Context, tracks: Mapping[tuple[int, int], LoaderTrack]) ->
     return frozen
 
 
-# When cores are oversubscribed, per-loader advice about the worker count is
-# measured on starved workers: fix the oversubscription first, one hint at a time.
-OVERSUBSCRIPTION = ("workers-oversubscribe-cores", "worker-thread-oversubscription")
-SUPERSEDED_BY_OVERSUBSCRIPTION = frozenset({"add-workers", "io-bound", "cpu-bound-preprocessing"})
-
-
-def _run_rules(ctx: Context) -> tuple[dict, dict]:
+def _run_rules(ctx: Context) -> tuple[Fired, dict[str, str]]:
     """All candidates keyed by hint key, plus rule errors (a buggy rule must
     not take the monitor down; its error is kept in the state for tests/logs)."""
-    fired: dict = {}
-    errors: dict = {}
-    for rid, fn in RULES.items():
+    fired: Fired = {}
+    errors: dict[str, str] = {}
+    waits = {(lv.pid, lv.lid): lv.wait for lv in ctx.loaders}
+    for rid, rule in REGISTRY.items():
         try:
-            for h in fn(ctx):
-                fired[(h["id"], h["job_pid"], h["loader_id"])] = with_tune_command(h, ctx.snapshot)
+            for h in rule.check(ctx):
+                h = ceiling.bound_in(h, waits)
+                if rule.tunable:
+                    h = with_tune_command(h, ctx.snapshot)
+                fired[(h["id"], h["job_pid"], h["loader_id"])] = h
         except Exception as e:  # noqa: BLE001 - see docstring
             errors[rid] = f"{type(e).__name__}: {e}"
-    return _precedence(fired), errors
+    return _precedence(_only_sampled_inputs(fired, ctx)), errors
+
+
+def _only_sampled_inputs(fired: Fired, ctx: Context) -> Fired:
+    """An attached (sampled) job gets hints only from the rules whose inputs
+    it has; the rest would read figures it does not have as if measured."""
+    sampled = {as_int(j.get("pid")) for j in ctx.live_jobs if j.get("sampled") is True}
+    if not sampled:
+        return fired
+    return {k: h for k, h in fired.items() if k[1] not in sampled or k[0] in rules_sampled.SAMPLED_RULE_IDS}
 
 
 # One worker count per loader: where two hints recommend different counts for
-# the same loader, the earlier one here wins and the other defers to it (its
-# evidence says so, its suggestion repeats the winner's count). Cores first
-# (a count measured on starved workers is not one to follow), then the
-# data-bound rules, then the advice to save resources.
-WORKER_COUNT_PRECEDENCE = (
-    "workers-oversubscribe-cores",
-    "no-workers",
-    "add-workers",
-    "io-bound",
-    "pipeline-has-headroom",
+# the same loader, the one of lowest ``Rule.worker_count_rank`` wins and the
+# other defers to it (its evidence says so, its suggestion repeats the
+# winner's count). Cores first (a count measured on starved workers is not one
+# to follow), then the data-bound rules, then the advice to save resources.
+WORKER_COUNT_PRECEDENCE = tuple(
+    r.id
+    for r in sorted(REGISTRY.values(), key=lambda r: (r.worker_count_rank or 0, r.id))
+    if r.worker_count_rank is not None
 )
 
 
-def _precedence(fired: dict) -> dict:
-    host_wide = any(k[0] == OVERSUBSCRIPTION[0] for k in fired)
-    threaded = {(k[1], k[2]) for k in fired if k[0] == OVERSUBSCRIPTION[1]}
-    if host_wide or threaded:
+def _precedence(fired: Fired) -> Fired:
+    """Drop the hints a firing rule supersedes (registry.Rule.supersedes)."""
+    hidden: set[HintKey] = set()  # (rule id, pid, lid); pid = lid = None: everywhere
+    for rid, pid, lid in fired:
+        rule = REGISTRY.get(rid)
+        if rule is None:
+            continue
+        where = (None, None) if rule.scope == "host" else (pid, lid if rule.scope == "loader" else None)
+        hidden.update((sup, *where) for sup in rule.supersedes)
+    if hidden:
         fired = {
             k: h
             for k, h in fired.items()
-            if not (k[0] in SUPERSEDED_BY_OVERSUBSCRIPTION and (host_wide or (k[1], k[2]) in threaded))
+            if not any((k[0], p, lid) in hidden for p, lid in ((None, None), (k[1], None), (k[1], k[2])))
         }
     return _one_count_per_loader(fired)
 
 
-def _one_count_per_loader(fired: dict) -> dict:
+def _one_count_per_loader(fired: Fired) -> Fired:
     rank = {rid: i for i, rid in enumerate(WORKER_COUNT_PRECEDENCE)}
-    counts: dict[tuple, list[tuple[int, str, int]]] = {}
+    counts: dict[tuple[Any, ...], list[tuple[int, str, int]]] = {}
     for (rid, pid, lid), h in fired.items():
         ev = as_dict(h.get("evidence"))
-        if rid == WORKER_COUNT_PRECEDENCE[0]:
+        if rid in rank and REGISTRY[rid].scope == "host":
             for e in as_list(ev.get("recommended_num_workers_by_loader")):
                 e = as_dict(e)
                 n = as_int(e.get("recommended_num_workers"))
                 if n is not None:
-                    counts.setdefault((e.get("job_pid"), e.get("loader_id")), []).append((0, rid, n))
+                    counts.setdefault((e.get("job_pid"), e.get("loader_id")), []).append((rank[rid], rid, n))
         elif rid in rank:
             n = as_int(ev.get("recommended_num_workers"))
             if n is not None:
@@ -341,8 +380,8 @@ def _one_count_per_loader(fired: dict) -> dict:
     return out
 
 
-def _sorted(hints: list[dict]) -> list[dict]:
-    def key(h):
+def _sorted(hints: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def key(h: Hint) -> tuple[int, int, int, str]:
         return (
             severity_rank(h["severity"]),
             h["job_pid"] if h["job_pid"] is not None else -1,
@@ -353,13 +392,13 @@ def _sorted(hints: list[dict]) -> list[dict]:
     return sorted(hints, key=key)
 
 
-def _copy_hint(h: dict) -> dict:
+def _copy_hint(h: dict[str, Any]) -> dict[str, Any]:
     out = dict(h)
     out["evidence"] = dict(h.get("evidence") or {})
     return out
 
 
-def evaluate(snapshot: Mapping) -> list[dict]:
+def evaluate(snapshot: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Instantaneous hints for one snapshot: no hysteresis, no slopes.
 
     For one-shot callers (``dlwatch snapshot``), whose window already averages
@@ -370,33 +409,63 @@ def evaluate(snapshot: Mapping) -> list[dict]:
     return _sorted([_copy_hint(h) for h in fired.values()])
 
 
+def _hold_off(snapshot: Mapping[str, Any]) -> dict[tuple[int, int] | None, float]:
+    """Seconds a shown hint of each loader (key (pid, lid); host-wide: None)
+    stays after its condition clears: ``HOLD_OFF_S``, or two of the loader's
+    windows when they are longer (a 0.9 s/step job's 5-batch window is 4.5 s:
+    one slow window must not blink its hints off and on)."""
+    out: dict[tuple[int, int] | None, float] = {}
+    for _job, pid, ld, lid in _iter_loaders(snapshot):
+        out[(pid, lid)] = max(HOLD_OFF_S, HOLD_OFF_WINDOWS * (num(ld.get("window_s")) or 0.0))
+    out[None] = max(out.values(), default=HOLD_OFF_S)
+    return out
+
+
 def _step_hysteresis(
     old: Mapping[HintKey, HintTrack],
-    fired: Mapping,
-    frozen: set,
+    fired: Mapping[HintKey, Hint],
+    frozen: set[HintKey],
     t: float,
     restart: bool,
-) -> dict:
-    new: dict = {}
+    hold_off: Mapping[tuple[int, int] | None, float] | None = None,
+) -> dict[HintKey, HintTrack]:
+    hold_off = hold_off or {}
+    new: dict[HintKey, HintTrack] = {}
     for key in set(old) | set(fired):
         tr = old.get(key)
+        pid, lid = key[1], key[2]
+        off_s = hold_off.get((pid, lid) if pid is not None and lid is not None else None, HOLD_OFF_S)
         if key in fired:
             on = tr.on_since if (tr and tr.on_since is not None and not restart) else t
             shown = bool(tr and tr.shown) or t - on >= HOLD_ON_S
-            new[key] = HintTrack(on, None, shown, fired[key])
+            hint, since = fired[key], None
+            if tr and tr.shown and not restart and hint["severity"] != tr.hint["severity"]:
+                # A shown hint changes severity only once the new one has held
+                # (HOLD_ON_S up, the hold-off down): a steady job's warning does
+                # not blink to info and back on one window. Critical is news at once.
+                since = tr.severity_since if tr.severity_since is not None else t
+                up = severity_rank(hint["severity"]) < severity_rank(tr.hint["severity"])
+                hold = 0.0 if hint["severity"] == "critical" else HOLD_ON_S if up else off_s
+                if t - since < hold:
+                    hint = tr.hint
+                else:
+                    since = None
+            new[key] = HintTrack(on, None, shown, hint, since)
+        elif tr is None:  # every key is fired or old: for the type checker
+            continue
         elif key in frozen:
             if tr.shown:
                 new[key] = tr
         elif tr.shown:
             off = tr.off_since if tr.off_since is not None else t
-            if t - off < HOLD_OFF_S:
+            if t - off < off_s:
                 new[key] = HintTrack(None, off, True, tr.hint)
     return new
 
 
 def diagnose(
     snapshot: Mapping[str, Any], state: DiagnoseState | None = None
-) -> tuple[list[dict], DiagnoseState]:
+) -> tuple[list[dict[str, Any]], DiagnoseState]:
     """Hints to show for ``snapshot`` given the state of the previous call.
 
     Pure: reads nothing but its arguments, never modifies them, and returns a
@@ -411,13 +480,14 @@ def diagnose(
     restart = state.time is None or t < state.time or t - state.time > STALE_GAP_S
     phases, tracks = _track_loaders(snapshot, state.loaders, t)
     mem = rules_memory.update_mem_series(dict(state.mem), snapshot, t)
-    ctx = build_context(snapshot, phases, mem)
+    judged, cpu = smoothing.smooth_cpu(snapshot, {} if restart else state.cpu, t)
+    ctx = build_context(judged, phases, mem)
     fired, errors = _run_rules(ctx)
     frozen = _frozen_keys(ctx, tracks)
     # A rule that raised says nothing: keep its shown hints as they were.
     frozen.update(k for k in state.hints if k[0] in errors)
-    hints = _step_hysteresis(state.hints, fired, frozen, t, restart)
-    new_state = DiagnoseState(time=t, loaders=tracks, hints=hints, mem=mem, rule_errors=errors)
+    hints = _step_hysteresis(state.hints, fired, frozen, t, restart, _hold_off(judged))
+    new_state = DiagnoseState(time=t, loaders=tracks, hints=hints, mem=mem, rule_errors=errors, cpu=cpu)
     shown = [_copy_hint(tr.hint) for tr in hints.values() if tr.shown]
     return _sorted(shown), new_state
 
@@ -428,7 +498,7 @@ class Diagnoser:
     def __init__(self) -> None:
         self.state = DiagnoseState()
 
-    def update(self, snapshot: Mapping[str, Any]) -> list[dict]:
+    def update(self, snapshot: Mapping[str, Any]) -> list[dict[str, Any]]:
         hints, self.state = diagnose(snapshot, self.state)
         return hints
 

@@ -12,19 +12,22 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 # The contract's accessors and constants, re-exported for the rules: one
 # definition of "a number", "gone" and "100 = one core" for every consumer.
-from dlwatch.snapshot import (  # noqa: F401
-    GONE_STATES,
-    PERCENT_PER_CORE,
-    as_dict,
-    as_int,
-    as_list,
-    live_workers,
-    num,
-)
-from dlwatch.thresholds import ceil_ratio  # noqa: F401 (the rules' arithmetic)
+from dlwatch.snapshot import GONE_STATES as GONE_STATES
+from dlwatch.snapshot import NA, percent
+from dlwatch.snapshot import PERCENT_PER_CORE as PERCENT_PER_CORE
+from dlwatch.snapshot import as_dict as as_dict
+from dlwatch.snapshot import as_int as as_int
+from dlwatch.snapshot import as_list as as_list
+from dlwatch.snapshot import live_workers as live_workers
+from dlwatch.snapshot import num as num
+from dlwatch.thresholds import ceil_ratio as ceil_ratio  # the rules' arithmetic
+
+# (job_pid, worker_pid) -> (first_t, samples, growth): the memory rule's state.
+MemSeries = Mapping[tuple[int, int], tuple[Any, ...]]
 
 # Phases a loader can be in, as far as the rate-based rules are concerned.
 STEADY = "steady"  # window figures are trustworthy
@@ -52,27 +55,33 @@ def whole_cores(free: float) -> int:
     return max(0, math.floor(free + 0.25))
 
 
-def pct(fraction: float) -> str:
-    return f"{fraction * 100:.0f} %"
+# Figures in messages; a rule only words figures it has checked, but "n/a"
+# beats a TypeError should one slip through.
+def pct(fraction: float | None) -> str:
+    return percent(fraction)
 
 
-def ms(v: float) -> str:
+def ms(v: float | None) -> str:
+    if v is None:
+        return NA
     return f"{v:.1f} ms" if v < 10 else f"{v:.0f} ms"
 
 
-def mib(nbytes: float) -> str:
-    return f"{nbytes / (1 << 20):.0f} MiB"
+def mib(nbytes: float | None) -> str:
+    return NA if nbytes is None else f"{nbytes / (1 << 20):.0f} MiB"
 
 
-def cores(v: float) -> str:
+def cores(v: float | None) -> str:
+    if v is None:
+        return NA
     return f"{v:.0f}" if v == int(v) else f"{v:.1f}"
 
 
-def worker_values(workers: Iterable[Mapping], key: str) -> list[float]:
+def worker_values(workers: Iterable[Mapping[str, Any]], key: str) -> list[float]:
     return [v for v in (num(w.get(key)) for w in workers) if v is not None]
 
 
-def worker_ms_per_batch(loader: Mapping, workers: list[dict]) -> float | None:
+def worker_ms_per_batch(loader: Mapping[str, Any], workers: list[dict[str, Any]]) -> float | None:
     """Dataset fetch time one batch costs one worker.
 
     Prefers the collector's loader-level figure; falls back to the mean of the
@@ -85,18 +94,39 @@ def worker_ms_per_batch(loader: Mapping, workers: list[dict]) -> float | None:
     return m
 
 
+# The main thread's CPU (percent of a core) below which it is taken to be
+# idle: not a training loop but a launcher's or an actor's thread waiting
+# (Ray Train, for one, runs the train function on a thread of its own).
+MAIN_THREAD_IDLE_PERCENT = 5.0
+
+
+def fed_by_thread(loader: Mapping[str, Any], job: Mapping[str, Any] | None = None) -> bool:
+    """A loader iterated on a thread other than the main one while the main
+    thread works (``job``'s ``main_thread_cpu_percent``; unknown counts as
+    working): a producer feeding the training loop through a queue. Its wait
+    is the producer's, not the loop's, and the rules that judge the loop's
+    data wait must not read it (the view's ``wait`` is None;
+    rules_threads.py says what the producer waits). With an idle main
+    thread, the iterating thread is the training loop itself."""
+    on = loader.get("iterated_on")
+    if not (isinstance(on, Mapping) and on.get("main") is False):
+        return False
+    main_cpu = num(job.get("main_thread_cpu_percent")) if job is not None else None
+    return main_cpu is None or main_cpu >= MAIN_THREAD_IDLE_PERCENT
+
+
 @dataclass
 class LoaderView:
     """One loader of one live job, with the figures most rules need."""
 
-    job: dict
-    loader: dict
+    job: dict[str, Any]
+    loader: dict[str, Any]
     pid: int
     lid: int
     phase: str
-    workers: list[dict]
+    workers: list[dict[str, Any]]
     num_workers: int | None
-    wait: float | None  # data_wait_fraction 0..1
+    wait: float | None  # data_wait_fraction 0..1; None for a thread-fed loader (fed_by_thread)
     busy_mean: float | None  # mean worker busy fraction 0..1
     cpu_mean: float | None  # mean worker CPU in cores (1.0 = one core)
     cpu_missing: int  # live workers without a CPU figure
@@ -139,18 +169,18 @@ class LoaderView:
 class Context:
     """Everything the rules see: the snapshot, loader views, state-kept samples."""
 
-    snapshot: dict
+    snapshot: dict[str, Any]
     time: float | None
     window_s: float | None
-    host: dict
+    host: dict[str, Any]
     usable_cores: float | None
-    live_jobs: list[dict]
+    live_jobs: list[dict[str, Any]]
     loaders: list[LoaderView]
     gpu_ok: bool
-    gpus: list[dict]
+    gpus: list[dict[str, Any]]
     # (job_pid, worker_pid) -> (first_t, samples, growth): rules_memory; only the
     # stateful path fills it, so slope rules are silent in one-shot use.
-    mem_series: Mapping[tuple[int, int], tuple] = field(default_factory=dict)
+    mem_series: MemSeries = field(default_factory=dict)
 
     @property
     def main_loops(self) -> int:
@@ -174,7 +204,7 @@ class Context:
                 return src
         return "host.usable_cores (CPU affinity and cgroup quota, not os.cpu_count())"
 
-    def gpu_util_for(self, job: Mapping) -> tuple[float | None, str]:
+    def gpu_util_for(self, job: Mapping[str, Any]) -> tuple[float | None, str]:
         """GPU utilisation (percent, averaged over the snapshot window) for a job.
 
         Only when the mapping is unambiguous: a single GPU, or a ``local_rank``
@@ -199,9 +229,9 @@ class Context:
 
 
 def build_context(
-    snapshot: Mapping,
+    snapshot: Mapping[str, Any],
     phase_of: Mapping[tuple[int, int], str],
-    mem_series: Mapping[tuple[int, int], tuple] | None = None,
+    mem_series: MemSeries | None = None,
 ) -> Context:
     host = as_dict(snapshot.get("host"))
     usable = num(host.get("usable_cores"))
@@ -215,6 +245,8 @@ def build_context(
     views: list[LoaderView] = []
     for job in live_jobs:
         pid = as_int(job["pid"])
+        if pid is None:  # live_jobs holds none such: for the type checker
+            continue
         for ld in as_list(job.get("loaders")):
             lid = as_int(as_dict(ld).get("id"))
             if lid is None:
@@ -222,6 +254,7 @@ def build_context(
             workers = live_workers(ld)
             busy = mean(worker_values(workers, "busy_fraction"))
             cpu_vals = worker_values(workers, "cpu_percent")
+            cpu_mean = mean(cpu_vals)
             rq_vals = worker_values(workers, "runqueue_percent")
             views.append(
                 LoaderView(
@@ -232,9 +265,9 @@ def build_context(
                     phase=phase_of.get((pid, lid), WARMUP),
                     workers=workers,
                     num_workers=as_int(ld.get("num_workers")),
-                    wait=num(ld.get("data_wait_fraction")),
+                    wait=None if fed_by_thread(ld, job) else num(ld.get("data_wait_fraction")),
                     busy_mean=busy,
-                    cpu_mean=(mean(cpu_vals) / PERCENT_PER_CORE) if cpu_vals else None,
+                    cpu_mean=cpu_mean / PERCENT_PER_CORE if cpu_mean is not None else None,
                     cpu_missing=len(workers) - len(cpu_vals),
                     cpu_sum=sum(cpu_vals) / PERCENT_PER_CORE,
                     rq_sum=sum(rq_vals) / PERCENT_PER_CORE,
@@ -263,8 +296,8 @@ def hint(
     loader_id: int | None,
     message: str,
     suggestion: str,
-    evidence: dict,
-) -> dict:
+    evidence: dict[str, Any],
+) -> dict[str, Any]:
     return {
         "id": id,
         "severity": severity,

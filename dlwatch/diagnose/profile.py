@@ -9,7 +9,10 @@ the plain text the CLI prints and the live view shows.
 
 from __future__ import annotations
 
-from dlwatch.snapshot import as_dict, as_int, as_list, as_str, num, records
+from collections.abc import Callable
+from typing import Any
+
+from dlwatch.snapshot import as_dict, as_int, as_list, as_str, num, percent, records
 
 SUMMARY_SCHEMA_VERSION = 1
 VERDICTS = ("data-bound", "launch-bound", "dispatch-bound", "gpu-bound", "cpu-bound")
@@ -31,7 +34,7 @@ DISPATCH_MIN_OPS_PER_STEP = 500
 DISPATCH_MAX_MEAN_OP_US = 20.0
 
 
-def verdict(fig: dict) -> tuple[str | None, str | None, str | None]:
+def verdict(fig: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
     """(verdict, reason, suggestion) for a burst's figures; all None
     without steps."""
     steps = as_int(fig.get("steps")) or 0
@@ -49,7 +52,7 @@ def verdict(fig: dict) -> tuple[str | None, str | None, str | None]:
     if wait >= DATA_BOUND_WAIT:
         return (
             "data-bound",
-            f"the loop waits inside next(DataLoader) {wait:.0%} of each step ({per_step}): "
+            f"the loop waits inside next(DataLoader) {percent(wait)} of each step ({per_step}): "
             "the model gets no faster than its input",
             "fix the input pipeline first (see the live view's data hints): more DataLoader workers, "
             "a cheaper __getitem__/collate, pin_memory=True; profiling the model helps only once the "
@@ -63,8 +66,8 @@ def verdict(fig: dict) -> tuple[str | None, str | None, str | None]:
         if idle is not None and idle <= GPU_BUSY_IDLE_MAX:
             return (
                 "gpu-bound",
-                f"the GPU is busy {1 - idle:.0%} of the profiled steps ({per_step}) and the loop waits "
-                f"for data only {wait:.0%}: the input pipeline and kernel launches keep up",
+                f"the GPU is busy {percent(1 - idle)} of the profiled steps ({per_step}) and the loop waits "
+                f"for data only {percent(wait)}: the input pipeline and kernel launches keep up",
                 "speed up the model on the GPU: bf16/AMP autocast, channels_last, torch.compile, "
                 "fused optimizers; or accept it: this is the GPU's pace",
             )
@@ -81,11 +84,13 @@ def verdict(fig: dict) -> tuple[str | None, str | None, str | None]:
                 else "kernel launches"
             )
             spent = (
-                f"; cudaLaunchKernel takes {launch:.0%} of the step's CPU time" if launch is not None else ""
+                f"; cudaLaunchKernel takes {percent(launch)} of the step's CPU time"
+                if launch is not None
+                else ""
             )
             return (
                 "launch-bound",
-                f"{shape}{spent}; the GPU idles {idle:.0%} of the step between them ({per_step}): "
+                f"{shape}{spent}; the GPU idles {percent(idle)} of the step between them ({per_step}): "
                 "the CPU cannot launch kernels as fast as the GPU runs them",
                 "batch the work: larger batches, fuse small ops (torch.compile), or capture the step "
                 'as CUDA graphs (torch.compile(mode="reduce-overhead"))',
@@ -93,7 +98,7 @@ def verdict(fig: dict) -> tuple[str | None, str | None, str | None]:
         if idle is not None:
             return (
                 "cpu-bound",
-                f"the GPU idles {idle:.0%} of the step and the loop waits for data only {wait:.0%} "
+                f"the GPU idles {percent(idle)} of the step and the loop waits for data only {percent(wait)} "
                 f"({per_step}); {_top_share(top, step_ms, steps)}",
                 "the host side of the step is the bottleneck: move the named CPU work to the GPU or out "
                 "of the step (preprocessing into the DataLoader workers, logging less often, no .item() "
@@ -105,7 +110,7 @@ def verdict(fig: dict) -> tuple[str | None, str | None, str | None]:
         and ops >= DISPATCH_MIN_OPS_PER_STEP
         and mean_op <= DISPATCH_MAX_MEAN_OP_US
     ):
-        inside = f" ({op_ms / step_ms:.0%} of the step)" if op_ms is not None and step_ms > 0 else ""
+        inside = f" ({percent(op_ms / step_ms)} of the step)" if op_ms is not None and step_ms > 0 else ""
         name = f"; most self time: {as_str(top[0].get('name'))}" if top else ""
         return (
             "dispatch-bound",
@@ -116,23 +121,23 @@ def verdict(fig: dict) -> tuple[str | None, str | None, str | None]:
         )
     return (
         "cpu-bound",
-        f"the loop waits for data only {wait:.0%} ({per_step}); {_top_share(top, step_ms, steps)}",
+        f"the loop waits for data only {percent(wait)} ({per_step}); {_top_share(top, step_ms, steps)}",
         "the model's own CPU compute is the step: give it the cores (torch.set_num_threads to the "
         "usable cores, fewer DataLoader workers competing), move it to a GPU, or optimise the top operator",
     )
 
 
-def _top_share(top: list[dict], step_ms: float, steps: int) -> str:
+def _top_share(top: list[dict[str, Any]], step_ms: float, steps: int) -> str:
     if not top:
         return "no torch operator stands out"
     name = as_str(top[0].get("name"), "?")
     ms = num(top[0].get("self_cpu_ms"))
     if ms is None or step_ms <= 0:
         return f"the top operator is {name}"
-    return f"the top operator {name} takes {ms / (step_ms * steps):.0%} of the step time"
+    return f"the top operator {name} takes {percent(ms / (step_ms * steps))} of the step time"
 
 
-def summary(pid: int, result: dict | None, error: str | None) -> dict:
+def summary(pid: int, result: dict[str, Any] | None, error: str | None) -> dict[str, Any]:
     """The ``dlwatch profile --json`` document (README, "Profiler bursts")."""
     fig = as_dict(result)
     v, reason, suggestion = verdict(fig) if not error else (None, None, None)
@@ -172,7 +177,7 @@ def summary(pid: int, result: dict | None, error: str | None) -> dict:
     }
 
 
-def summary_lines(doc: dict) -> list[str]:
+def summary_lines(doc: dict[str, Any]) -> list[str]:
     """The summary as plain lines (CLI output, the live view's panel)."""
     pid = doc.get("pid")
     if doc.get("error"):
@@ -185,7 +190,7 @@ def summary_lines(doc: dict) -> list[str]:
         if step_ms is not None:
             head += f", {step_ms:.1f} ms per step"
         if wait is not None:
-            head += f", {wait:.0%} waiting for data"
+            head += f", {percent(wait)} waiting for data"
         lines = [head]
         if doc.get("verdict"):
             lines.append(f"verdict: {doc['verdict']}: {doc.get('reason')}")
@@ -196,16 +201,17 @@ def summary_lines(doc: dict) -> list[str]:
         cuda = doc.get("cuda")
         if isinstance(cuda, dict):
             parts = []
-            for key, fmt in (
-                ("kernels_per_step", "{:.0f} kernels/step"),
-                ("kernel_median_us", "median kernel {:.1f} µs"),
-                ("self_cuda_ms_total", "{:.1f} ms CUDA in all"),
-                ("launch_cpu_fraction", "cudaLaunchKernel {:.0%} of CPU"),
-                ("gpu_idle_fraction", "GPU idle {:.0%}"),
-            ):
+            words: tuple[tuple[str, Callable[[float], str]], ...] = (
+                ("kernels_per_step", lambda v: f"{v:.0f} kernels/step"),
+                ("kernel_median_us", lambda v: f"median kernel {v:.1f} µs"),
+                ("self_cuda_ms_total", lambda v: f"{v:.1f} ms CUDA in all"),
+                ("launch_cpu_fraction", lambda v: f"cudaLaunchKernel {percent(v)} of CPU"),
+                ("gpu_idle_fraction", lambda v: f"GPU idle {percent(v)}"),
+            )
+            for key, say in words:
                 v = num(cuda.get(key))
                 if v is not None:
-                    parts.append(fmt.format(v))
+                    parts.append(say(v))
             lines.append("CUDA: " + (", ".join(parts) if parts else "no kernels recorded"))
         top = records(doc.get("top_ops"))
         if top:

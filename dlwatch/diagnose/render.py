@@ -1,14 +1,18 @@
-"""Plain-text rendering of hints for ``dlwatch snapshot`` (no colour, no width
-assumptions beyond a readable indent)."""
+"""Hints in words: the plain text of ``dlwatch snapshot`` (no colour, no
+width assumptions beyond a readable indent), and the one rendering of a
+hint's evidence that the text, the TUI and the HTML report share."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
+from typing import Any
 
-from dlwatch.snapshot import as_int, find_job, records
+from dlwatch.snapshot import NA, as_int, find_job, records
 
-# Evidence keys worth a line in text output, most telling first; the rest are
-# in the JSON output. Keeps a hint to three or four lines on an 80-column screen.
+# Evidence keys worth a place in a few lines of text, most telling first (the
+# text and the report put them first; the rest follow in the rule's order).
+# Keeps a hint to three or four lines on an 80-column screen.
 KEY_EVIDENCE = (
     "recommended_num_workers",
     "worker_ms_per_batch",
@@ -33,15 +37,60 @@ MAX_EVIDENCE_ITEMS = 5
 TAGS = {"critical": "CRIT", "warn": "WARN", "info": "INFO"}
 
 
-def _fmt(key: str, v) -> str:
+def evidence_value(key: str, v: Any) -> str:
+    """One evidence figure for people: sizes in MiB, floats to three
+    significant digits, yes/no; a list or a record as JSON."""
+    if v is None:
+        return NA
+    if isinstance(v, bool):
+        return "yes" if v else "no"
     if key.endswith("_bytes") and isinstance(v, (int, float)):
         return f"{v / (1 << 20):.0f} MiB"
     if isinstance(v, float):
-        return f"{v:g}"
-    return str(v)
+        if v.is_integer() and abs(v) < 1e12:
+            return str(int(v))
+        return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
+    if isinstance(v, (int, str)):
+        return str(v)
+    try:
+        return json.dumps(v, separators=(", ", ": "), default=str)
+    except (TypeError, ValueError):
+        return NA
 
 
-def _where(h: Mapping) -> str:
+def evidence_items(
+    ev: Any,
+    limit: int | None = None,
+    *,
+    first: Iterable[str] = (),
+    compact: bool = False,
+    missing: bool = False,
+) -> list[tuple[str, str]]:
+    """(key, figure) pairs of a hint's evidence: the keys in ``first`` that it
+    has, then the rest in the rule's order; at most ``limit``. ``compact``:
+    one line's worth, without lists and records; ``missing``: figures the
+    rule could not measure too (n/a)."""
+    if not isinstance(ev, Mapping):
+        return []
+    keys = [k for k in first if k in ev]
+    keys += [k for k in ev if k not in keys]
+    out = []
+    for k in keys:
+        v = ev[k]
+        if (v is None and not missing) or (compact and isinstance(v, (list, dict))):
+            continue
+        out.append((str(k), evidence_value(str(k), v)))
+    return out[:limit]
+
+
+def evidence_text(ev: Any, limit: int | None = None, first: Iterable[str] = ()) -> str:
+    """``k=v, k=v`` for one line; "…" at the end when items were left out."""
+    items = evidence_items(ev, first=first, compact=True)
+    out = ", ".join(f"{k}={v}" for k, v in items[:limit])
+    return out + (", …" if limit is not None and len(items) > limit else "")
+
+
+def _where(h: Mapping[str, Any]) -> str:
     parts = []
     if h.get("job_pid") is not None:
         parts.append(f"pid {h['job_pid']}")
@@ -50,33 +99,26 @@ def _where(h: Mapping) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def format_hints(hints: Iterable[Mapping]) -> str:
+def format_hints(hints: Iterable[Mapping[str, Any]]) -> str:
     """One block per hint: ``[WARN] id (pid, loader): message``, ``→ suggestion``,
     and up to five key evidence figures. Empty input gives a one-line all-clear."""
     blocks = []
     for h in hints:
-        tag = TAGS.get(h.get("severity"), str(h.get("severity", "?")).upper())
+        tag = TAGS.get(str(h.get("severity")), str(h.get("severity", "?")).upper())
         lines = [
             f"[{tag}] {h.get('id')}{_where(h)}: {h.get('message', '')}",
             f"    → {h.get('suggestion', '')}",
         ]
-        ev = h.get("evidence") or {}
-        items = [f"{k}={_fmt(k, ev[k])}" for k in KEY_EVIDENCE if ev.get(k) is not None]
-        if items:
-            lines.append("    evidence: " + ", ".join(items[:MAX_EVIDENCE_ITEMS]))
+        ev = evidence_text(h.get("evidence"), MAX_EVIDENCE_ITEMS, first=KEY_EVIDENCE)
+        if ev:
+            lines.append("    evidence: " + ev)
         blocks.append("\n".join(lines))
     if not blocks:
         return "No hints: nothing in the input pipeline needs attention."
     return "\n".join(blocks)
 
 
-# Hints whose advice is a DataLoader setting `dlwatch tune` can measure.
-TUNABLE_HINTS = frozenset(
-    {"no-workers", "add-workers", "io-bound", "pipeline-has-headroom", "enable-persistent-workers"}
-)
-
-
-def tune_command(job: Mapping, config: Mapping) -> str | None:
+def tune_command(job: Mapping[str, Any], config: Mapping[str, Any]) -> str | None:
     """The ``dlwatch tune`` command line that measures ``config`` against the
     job's own settings on the job's own command (None without a command).
     ``config``: ``num_workers`` (the recommended count) and ``current`` (the
@@ -100,9 +142,10 @@ def is_notebook_kernel(cmdline: str) -> bool:
     return "ipykernel_launcher" in cmdline or "ipykernel.kernelapp" in cmdline
 
 
-def with_tune_command(h: dict, snapshot: Mapping) -> dict:
-    """``h`` with its suggestion ending in the command that verifies it."""
-    if h.get("id") not in TUNABLE_HINTS or not isinstance(snapshot, Mapping):
+def with_tune_command(h: dict[str, Any], snapshot: Mapping[str, Any]) -> dict[str, Any]:
+    """``h`` (a hint of a tunable rule, registry.Rule.tunable) with its
+    suggestion ending in the command that verifies it."""
+    if not isinstance(snapshot, Mapping):
         return h
     job = find_job(snapshot, h.get("job_pid"))
     if job is None:

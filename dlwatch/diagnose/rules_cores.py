@@ -11,8 +11,12 @@ importing torch for a second or two, which is not a steady oversubscription.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from . import capacity
-from .facts import Context, LoaderView, cores, hint, median, num, pct, r, whole_cores, worker_values
+from .facts import Context, LoaderView, cores, hint, median, num, pct, r, worker_values
+from .registry import Rule
 
 # A worker below 10 % of a core is parked (a persistent worker between epochs,
 # or one blocked on a full prefetch queue): it costs memory, not CPU time, so
@@ -35,35 +39,42 @@ THREAD_CPU_CORES_PER_WORKER = 1.2
 
 
 OVERSUB_SLACK_CORES = 0.5
-# Run-queue wait (workers and trainers, in cores) from which an
-# oversubscription costs throughput: below a tenth of the usable cores the
-# runnable processes hardly ever wait for a core, so the hint is info.
-HARMFUL_RUNQUEUE_FRACTION = 0.10
+# A lower worker count is advised (and the hint is a warning) only when the
+# cycle model prices it at least this much faster: the worker-count hints' bar.
+MIN_LOWERING_GAIN = 1.10
 
 
-def _demand(ctx: Context, loaders) -> tuple[float, capacity.Account]:
+def _demand(ctx: Context, loaders: Iterable[LoaderView]) -> tuple[float, capacity.Account | None]:
     """Cores wanted by these loaders' workers, every trainer (measured CPU of
-    all its threads, plus run-queue wait) and everyone else on the box."""
+    all its threads, plus run-queue wait) and everyone else on the box
+    (nothing known without the usable cores)."""
     acc = capacity.account(ctx, list(loaders))
-    return acc.demand, acc
+    return (acc.demand, acc) if acc is not None else (0.0, None)
 
 
-def _runqueue_cores(ctx: Context, loaders) -> float:
-    return sum(lv.rq_sum for lv in loaders) + sum(capacity.trainer_runqueue(j) for j in ctx.live_jobs)
+def _runqueue_cores(ctx: Context, loaders: Iterable[LoaderView]) -> float:
+    return 0.0 + sum(lv.rq_sum for lv in loaders) + sum(capacity.trainer_runqueue(j) for j in ctx.live_jobs)
 
 
-def _per_loader(acc: capacity.Account, with_workers: list[LoaderView]) -> tuple[int, dict]:
-    """Workers each loader with workers fits in, and the loaders that have
-    more: the cores left once everyone else and the trainers (their CPU, not
-    the time they wait for a core, which the cut removes) are served, shared
-    equally."""
-    left = acc.usable - acc.others - (acc.trainers - acc.trainers_runqueue)
-    share = max(1, whole_cores(left / max(1, len(with_workers))))
-    cut = {(lv.pid, lv.lid): share for lv in with_workers if (lv.num_workers or 0) > share}
-    return share, cut
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
 
 
-def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict]:
+Lowering = tuple[int, "capacity.Prediction | capacity.NoPrediction"]
+
+
+def _lower_count(ctx: Context, lv: LoaderView) -> Lowering:
+    """The fewer workers (num_workers-1 down to 0) the cycle model prices
+    best, with its prediction (ties: the most workers)."""
+    nw = lv.num_workers or 0
+    preds = [(n, capacity.predict(ctx, lv, n)) for n in range(nw - 1, -1, -1)]
+    known = [(n, p) for n, p in preds if isinstance(p, capacity.Prediction)]
+    if not known:
+        return preds[0]
+    return max(known, key=lambda x: (round(x[1].speedup, 2), x[0]))
+
+
+def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
     if ctx.usable_cores is None:
         return []
     steady = [lv for lv in ctx.loaders if lv.steady]
@@ -73,6 +84,8 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict]:
             1 for v in worker_values(lv.workers, "cpu_percent") if v >= IDLE_WORKER_CPU_PERCENT
         )
     demand, acc = _demand(ctx, steady)
+    if acc is None:
+        return []
     # Runnable things against cores: busy workers, plus the cores the trainers
     # (all threads) and other processes measurably use. A trainer waiting on
     # its GPU counts for the tenth of a core it uses, a CPU step with
@@ -87,42 +100,50 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict]:
         return []
     total_workers = sum(len(lv.workers) for lv in ctx.loaders)
     jobs = sorted(int(j["pid"]) for j in ctx.live_jobs)
-    with_workers = [lv for lv in steady if lv.workers]
-    per_loader, cut = _per_loader(acc, with_workers)
+    with_workers = [lv for lv in steady if lv.workers and (lv.num_workers or 0) >= 1]
     rq = _runqueue_cores(ctx, steady)
-    harmful = rq >= HARMFUL_RUNQUEUE_FRACTION * ctx.usable_cores
+    # Advice that can be followed: a lower count only where the cycle model
+    # (capacity.py, the one the worker-count hints use) prices it >= 10 %
+    # faster; never the current count or more.
+    cut: dict[tuple[int, int], int] = {}
+    verdicts = []
+    for lv in with_workers:
+        n, pred = _lower_count(ctx, lv)
+        if isinstance(pred, capacity.Prediction) and pred.speedup >= MIN_LOWERING_GAIN:
+            cut[(lv.pid, lv.lid)] = n
+            verdicts.append(f"{lv.title} with num_workers={n}: {pred.phrase()}")
+        elif isinstance(pred, capacity.Prediction):
+            verdicts.append(
+                f"{lv.title}: fewer workers are not predicted to help "
+                f"(num_workers={n}: expected ≈ {pred.speedup:.2f}×)"
+            )
+        else:
+            verdicts.append(f"{lv.title}: the gain of fewer workers cannot be predicted ({pred.reason})")
+    harmful = bool(cut)
     usable = cores(ctx.usable_cores)
-    parts = [f"{busy_workers} busy DataLoader workers use {cores(round(acc.workers, 1))}"]
-    parts.append(
-        f"{ctx.main_loops} trainer process{'es' if ctx.main_loops != 1 else ''} "
-        f"{cores(round(acc.trainers, 1))} (all threads)"
-    )
+    who = [
+        f"{'the trainer' if ctx.main_loops == 1 else _plural(ctx.main_loops, 'trainer')} "
+        f"{cores(round(acc.trainers, 1))} cores (all threads, run-queue wait included)",
+        f"{_plural(busy_workers, 'busy DataLoader worker')} {cores(round(acc.workers, 1))}",
+    ]
     if acc.others_measured and acc.others >= 0.05:
-        parts.append(f"other processes {cores(round(acc.others, 1))}")
+        who.append(f"other processes {cores(round(acc.others, 1))}")
     msg = (
-        f"Cores are oversubscribed ({len(jobs)} job{'s' if len(jobs) != 1 else ''}): "
-        f"{'; '.join(parts)} — {cores(round(demand, 1))} cores of CPU plus run-queue wait "
-        f"on {usable} usable cores."
+        f"The {usable} usable cores are fully used{window_note(ctx)}: {', '.join(who[:-1])} and "
+        f"{who[-1]}; threads waited {cores(round(rq, 1))} cores' worth for a CPU "
+        f"({pct(rq / ctx.usable_cores)} of the cores)."
     )
+    if verdicts:
+        msg += " " + "; ".join(verdicts) + "."
     if harmful:
-        msg += (
-            f" Runnable threads wait {cores(round(rq, 1))} cores' worth for a CPU "
-            f"({pct(rq / ctx.usable_cores)} of the cores): every extra worker only adds context switches."
-        )
+        parts = [f"num_workers={n} for loader {lid} of PID {pid}" for (pid, lid), n in sorted(cut.items())]
+        sugg = "lower " + ", ".join(parts)
     else:
-        msg += (
-            f" It costs no measurable throughput yet: run-queue wait is only {cores(round(rq, 2))} cores "
-            f"(< {pct(HARMFUL_RUNQUEUE_FRACTION)} of the cores), so this is worth knowing, not fixing."
-        )
-    if len(with_workers) == 1:
-        sugg = f"lower num_workers so workers + trainers fit {usable} cores: num_workers={per_loader}"
-    elif with_workers:
+        msg += " Worth knowing, nothing to lower."
         sugg = (
-            f"lower num_workers so workers + trainers fit {usable} cores: about num_workers="
-            f"{per_loader} for each of the {len(with_workers)} loaders with workers"
+            "nothing to change in num_workers; a step whose intra-op threads fill the cores leaves a "
+            "worker none (torch.set_num_threads trades one for the other): `dlwatch tune` measures it"
         )
-    else:
-        sugg = f"lower num_workers so workers + trainers fit {usable} cores"
     logical = num(ctx.host.get("logical_cpus"))
     ev = {
         "total_workers": total_workers,
@@ -135,8 +156,8 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict]:
         "cpu_demand_cores": r(demand, 2),
         "runqueue_cores": r(rq, 2),
         "costs_throughput": harmful,
-        "suggested_num_workers_per_loader": per_loader,
-        # What engine.py's precedence compares with the per-loader hints.
+        # What engine.py's precedence compares with the per-loader hints:
+        # only counts below the current one, priced >= 10 % faster.
         "recommended_num_workers_by_loader": [
             {"job_pid": pid, "loader_id": lid, "recommended_num_workers": n}
             for (pid, lid), n in sorted(cut.items())
@@ -147,7 +168,11 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict]:
     return [hint("workers-oversubscribe-cores", "warn" if harmful else "info", None, None, msg, sugg, ev)]
 
 
-def rule_worker_thread_oversubscription(ctx: Context) -> list[dict]:
+def window_note(ctx: Context) -> str:
+    return f" (last {ctx.window_s:.0f} s)" if ctx.window_s else ""
+
+
+def rule_worker_thread_oversubscription(ctx: Context) -> list[dict[str, Any]]:
     if ctx.usable_cores is None:
         return []
     # Every live worker's threads count towards the box total, warm or not:
@@ -199,7 +224,26 @@ def rule_worker_thread_oversubscription(ctx: Context) -> list[dict]:
     return out
 
 
-RULES = {
-    "workers-oversubscribe-cores": rule_workers_oversubscribe_cores,
-    "worker-thread-oversubscription": rule_worker_thread_oversubscription,
-}
+# When cores are oversubscribed, per-loader advice about the worker count is
+# measured on starved workers: fix the oversubscription first, one hint at a time.
+SUPERSEDED_BY_OVERSUBSCRIPTION = frozenset(
+    {"add-workers", "io-bound", "cpu-bound-preprocessing", "sampled-worker-count"}
+)
+
+RULES = (
+    Rule(
+        "workers-oversubscribe-cores",
+        rule_workers_oversubscribe_cores,
+        "host",
+        rate=True,
+        worker_count_rank=0,
+        supersedes=SUPERSEDED_BY_OVERSUBSCRIPTION,
+    ),
+    Rule(
+        "worker-thread-oversubscription",
+        rule_worker_thread_oversubscription,
+        "loader",
+        rate=True,
+        supersedes=SUPERSEDED_BY_OVERSUBSCRIPTION,
+    ),
+)

@@ -8,7 +8,10 @@ has "a few seconds of steady state".
 
 from __future__ import annotations
 
+from typing import Any
+
 from .facts import Context, as_list, hint, median, ms, num, pct, r
+from .registry import Rule
 
 # An epoch-start stall under half a second is not worth a config change even
 # when epochs are short.
@@ -17,11 +20,11 @@ PERSIST_MIN_STALL_MS = 500.0
 PERSIST_MIN_FRACTION = 0.10
 
 
-def _numbers(v) -> list[float]:
+def _numbers(v: Any) -> list[float]:
     return [x for x in (num(e) for e in as_list(v)) if x is not None and x >= 0]
 
 
-def rule_enable_persistent_workers(ctx: Context) -> list[dict]:
+def rule_enable_persistent_workers(ctx: Context) -> list[dict[str, Any]]:
     out = []
     for lv in ctx.loaders:
         ld = lv.loader
@@ -40,6 +43,8 @@ def rule_enable_persistent_workers(ctx: Context) -> list[dict]:
             continue
         stall = median(later)
         epoch = median(epochs)
+        if stall is None or epoch is None:  # both lists are non-empty: for the type checker
+            continue
         frac = stall / epoch
         if stall < PERSIST_MIN_STALL_MS or frac < PERSIST_MIN_FRACTION:
             continue
@@ -66,4 +71,4 @@ def rule_enable_persistent_workers(ctx: Context) -> list[dict]:
     return out
 
 
-RULES = {"enable-persistent-workers": rule_enable_persistent_workers}
+RULES = (Rule("enable-persistent-workers", rule_enable_persistent_workers, "loader", tunable=True),)

@@ -7,7 +7,10 @@ index): "the GPU is idle" must be measured, not assumed.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .facts import Context, hint, num, pct, r
+from .registry import Rule
 
 # Data wait that makes a pageable host-to-device copy worth fixing: the copy
 # happens in the loop, so any material wait (the catalog's lower 5 %, README "Hints") counts.
@@ -23,7 +26,7 @@ MAIN_LOW_WAIT = 0.05
 MAIN_THREAD_PEGGED_PERCENT = 80.0
 
 
-def rule_enable_pin_memory(ctx: Context) -> list[dict]:
+def rule_enable_pin_memory(ctx: Context) -> list[dict[str, Any]]:
     if not ctx.gpu_ok or not ctx.gpus:
         return []
     out = []
@@ -59,7 +62,7 @@ def rule_enable_pin_memory(ctx: Context) -> list[dict]:
     return out
 
 
-def rule_main_loop_cpu_bound(ctx: Context) -> list[dict]:
+def rule_main_loop_cpu_bound(ctx: Context) -> list[dict[str, Any]]:
     if not ctx.gpu_ok or not ctx.gpus:
         return []
     out = []
@@ -68,9 +71,10 @@ def rule_main_loop_cpu_bound(ctx: Context) -> list[dict]:
         if job.get("cuda_initialized") is not True:
             continue  # a CPU-only run has an idle GPU by design
         steady = [lv for lv in ctx.loaders_of(pid) if lv.steady and lv.wait is not None]
-        if not steady:
+        waits = [lv.wait for lv in steady if lv.wait is not None]
+        if not waits:
             continue
-        wait = max(lv.wait for lv in steady)
+        wait = max(waits)
         if wait >= MAIN_LOW_WAIT:
             continue
         main_cpu = num(job.get("main_thread_cpu_percent"))
@@ -99,7 +103,7 @@ def rule_main_loop_cpu_bound(ctx: Context) -> list[dict]:
     return out
 
 
-RULES = {
-    "enable-pin-memory": rule_enable_pin_memory,
-    "main-loop-cpu-bound": rule_main_loop_cpu_bound,
-}
+RULES = (
+    Rule("enable-pin-memory", rule_enable_pin_memory, "loader", rate=True),
+    Rule("main-loop-cpu-bound", rule_main_loop_cpu_bound, "job", rate=True),
+)

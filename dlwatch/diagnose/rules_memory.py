@@ -10,9 +10,12 @@ copied), which is why the slope is taken on ``uss_bytes`` only.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 from .facts import (
     Context,
+    MemSeries,
     as_int,
     as_list,
     hint,
@@ -22,6 +25,7 @@ from .facts import (
     num,
     r,
 )
+from .registry import Rule
 
 MIB = float(1 << 20)
 
@@ -60,13 +64,15 @@ DEFAULT_PREFETCH_FACTOR = 2
 # than the whole rest of the diagnosis.
 
 
-def update_mem_series(old: dict, snapshot: dict, t: float) -> dict:
+def update_mem_series(
+    old: MemSeries, snapshot: Mapping[str, Any], t: float
+) -> dict[tuple[int, int], tuple[Any, ...]]:
     """Fold this snapshot's USS readings into the per-worker sample history.
 
     Returns a new dict (tuples inside are shared, never mutated). Workers no
     longer in the snapshot are dropped: a new pid is a new process.
     """
-    new: dict = {}
+    new: dict[tuple[int, int], tuple[Any, ...]] = {}
     for job in as_list(snapshot.get("jobs")):
         if not isinstance(job, dict) or job.get("state", "live") != "live":
             continue
@@ -113,7 +119,7 @@ def fit_line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
     return slope, r2
 
 
-def worker_growth(samples) -> dict | None:
+def worker_growth(samples: tuple[tuple[float, float, float | None], ...]) -> dict[str, Any] | None:
     """Slope facts for one worker's samples, or None if too few to judge."""
     if len(samples) < MEM_MIN_SAMPLES:
         return None
@@ -138,11 +144,13 @@ def worker_growth(samples) -> dict | None:
     }
 
 
-def _grows(g: dict) -> bool:
-    return g["slope_mib_per_min"] > 0 and g["r2"] >= MEM_MIN_R2 and g["growth_mib"] >= MEM_MIN_GROWTH_MIB
+def _grows(g: dict[str, Any]) -> bool:
+    return (
+        bool(g["slope_mib_per_min"] > 0) and g["r2"] >= MEM_MIN_R2 and g["growth_mib"] >= MEM_MIN_GROWTH_MIB
+    )
 
 
-def rule_worker_memory_growth(ctx: Context) -> list[dict]:
+def rule_worker_memory_growth(ctx: Context) -> list[dict[str, Any]]:
     out = []
     for lv in ctx.loaders:
         measured = []
@@ -159,6 +167,8 @@ def rule_worker_memory_growth(ctx: Context) -> list[dict]:
             continue
         slope = median(g["slope_mib_per_min"] for g in growing)
         growth = median(g["growth_mib"] for g in growing)
+        if slope is None or growth is None:  # growing is not empty: for the type checker
+            continue
         span = min(g["span_s"] for g in growing)
         nw = lv.num_workers or len(lv.workers)
         rss_slopes = [g["rss_slope_mib_per_min"] for g in growing if g["rss_slope_mib_per_min"] is not None]
@@ -192,7 +202,7 @@ def rule_worker_memory_growth(ctx: Context) -> list[dict]:
     return out
 
 
-def rule_shm_low(ctx: Context) -> list[dict]:
+def rule_shm_low(ctx: Context) -> list[dict[str, Any]]:
     free = num(ctx.host.get("shm_free_bytes"))
     if free is None or free < 0:
         return []
@@ -222,8 +232,8 @@ def rule_shm_low(ctx: Context) -> list[dict]:
         if bb is None or bb <= 0:
             known = False
         else:
-            need += lv.num_workers * pf * bb
-    workers = sum(lv.num_workers for lv in users)
+            need += (lv.num_workers or 0) * pf * bb
+    workers = sum(lv.num_workers or 0 for lv in users)
     if known:
         if free >= SHM_HEADROOM * need:
             return []
@@ -259,7 +269,7 @@ def rule_shm_low(ctx: Context) -> list[dict]:
     return [hint("shm-low", severity, None, None, msg, sugg, ev)]
 
 
-RULES = {
-    "worker-memory-growth": rule_worker_memory_growth,
-    "shm-low": rule_shm_low,
-}
+RULES = (
+    Rule("worker-memory-growth", rule_worker_memory_growth, "loader"),
+    Rule("shm-low", rule_shm_low, "host"),
+)

@@ -13,7 +13,10 @@ other ranks are elsewhere is judged on the ranks here.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .facts import Context, LoaderView, as_int, hint, median, ms, num, pct, r
+from .registry import Rule
 
 # The straggler waits for data at least this much of its loop: the threshold
 # at which a single job's loader is data-bound (rules_workers.DATA_BOUND_WAIT).
@@ -42,8 +45,8 @@ def _primary(views: list[LoaderView]) -> LoaderView | None:
     return max(steady, key=lambda lv: num(lv.loader.get("batches_per_s")) or 0.0)
 
 
-def _runs(ctx: Context) -> dict[str, list[dict]]:
-    runs: dict[str, list[dict]] = {}
+def _runs(ctx: Context) -> dict[str, list[dict[str, Any]]]:
+    runs: dict[str, list[dict[str, Any]]] = {}
     for job in ctx.live_jobs:
         run_id = job.get("run_id")
         if isinstance(run_id, str) and run_id and as_int(job.get("rank")) is not None:
@@ -60,7 +63,7 @@ def _pipeline(lv: LoaderView) -> str:
     return ", ".join(parts)
 
 
-def rule_straggler_rank(ctx: Context) -> list[dict]:
+def rule_straggler_rank(ctx: Context) -> list[dict[str, Any]]:
     out = []
     for run_id, jobs in _runs(ctx).items():
         if len(jobs) < 2:
@@ -82,7 +85,7 @@ def rule_straggler_rank(ctx: Context) -> list[dict]:
     return out
 
 
-def _judge(run_id: str, jobs: list[dict], ranks: list[tuple]) -> dict | None:
+def _judge(run_id: str, jobs: list[dict[str, Any]], ranks: list[tuple[Any, ...]]) -> dict[str, Any] | None:
     rates = [rate for _, _, rate, _ in ranks]
     if max(rates) > min(rates) * (1 + SAME_RATE_TOLERANCE):
         return None
@@ -143,4 +146,4 @@ def _judge(run_id: str, jobs: list[dict], ranks: list[tuple]) -> dict | None:
     return hint("straggler-rank", "warn", slow.pid, slow.lid, msg, sugg, ev)
 
 
-RULES = {"straggler-rank": rule_straggler_rank}
+RULES = (Rule("straggler-rank", rule_straggler_rank, "loader", rate=True),)

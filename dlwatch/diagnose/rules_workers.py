@@ -15,6 +15,9 @@ limit and the same arithmetic holds past the core count.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 # Shared with `dlwatch tune`'s search and the probe's autotune (dlwatch/thresholds.py).
 from dlwatch.thresholds import (  # noqa: F401 (re-exported for the rules' readers)
     CPU_BOUND_MIN_SHARE,
@@ -28,6 +31,7 @@ from . import capacity
 from .facts import (
     Context,
     LoaderView,
+    as_dict,
     ceil_ratio,
     cores,
     hint,
@@ -38,6 +42,7 @@ from .facts import (
     whole_cores,
     worker_values,
 )
+from .registry import Rule
 
 # num_workers == 0 with wait between this and DATA_BOUND_WAIT: an info hint —
 # worth knowing, not worth a warning (the lower edge of the catalog's 5–10 %, README "Hints").
@@ -96,7 +101,7 @@ def _data_bound_workers(lv: LoaderView) -> bool:
     )
 
 
-def _common_evidence(lv: LoaderView) -> dict:
+def _common_evidence(lv: LoaderView) -> dict[str, Any]:
     share = lv.cpu_share_of_busy
     ev = {
         "data_wait_fraction": r(lv.wait),
@@ -114,20 +119,33 @@ def _common_evidence(lv: LoaderView) -> dict:
     return ev
 
 
-def _gain(pred: capacity.Prediction | None) -> tuple[bool, str]:
-    """Whether the predicted gain is worth a warning, and the sentence saying it."""
+def _gain(pred: capacity.Prediction | capacity.NoPrediction | None) -> tuple[bool, str]:
+    """Whether the predicted gain is worth a warning, and the sentence saying it.
+    No number the measurements support: info, and why (the suggestion ends
+    with the `dlwatch tune` command that measures it)."""
     if pred is None:
         return True, ""
+    if isinstance(pred, capacity.NoPrediction):
+        return False, f" dlwatch cannot predict the gain: {pred.reason}; measure it instead."
     text = f" Changing it: {pred.phrase()}"
     if pred.speedup < MIN_WORTHWHILE_SPEEDUP:
         text += f"; under {pct(MIN_WORTHWHILE_SPEEDUP - 1)} gain, so this is only worth knowing"
     return pred.speedup >= MIN_WORTHWHILE_SPEEDUP, text + "."
 
 
-def _prediction_evidence(pred: capacity.Prediction | None) -> dict:
+def _prediction_evidence(pred: capacity.Prediction | capacity.NoPrediction | None) -> dict[str, Any]:
     if pred is None:
         return {"expected_speedup": None}
     return pred.evidence()
+
+
+def window_phrase(lv: LoaderView) -> str:
+    """Which window a hint's figures cover: the live headline reads a shorter one."""
+    w = num(lv.loader.get("window_s"))
+    b = lv.loader.get("window_batches")
+    if w is None:
+        return ""
+    return f" (last {w:.0f} s" + (f", {b} batches)" if isinstance(b, int) and b > 0 else ")")
 
 
 def _loading_cpu(lv: LoaderView, job_cpu_main_thread: float | None) -> tuple[float, str]:
@@ -143,10 +161,48 @@ def _loading_cpu(lv: LoaderView, job_cpu_main_thread: float | None) -> tuple[flo
     )
 
 
-def rule_no_workers(ctx: Context) -> list[dict]:
+def _no_workers_sampled(ctx: Context, lv: LoaderView) -> dict[str, Any] | None:
+    """no-workers for an attached job (``dlwatch attach``): from shares of
+    stack samples instead of per-batch times (rules_sampled.py)."""
+    from .rules_sampled import _cap, _pm, _sampling_evidence, _wait, estimate
+
+    wait = _wait(lv)
+    if wait is None or wait[0] < NO_WORKERS_INFO_WAIT:
+        return None
+    est = estimate(0, None, wait)
+    rec = est["recommended_num_workers"]
+    # The loop loads on its own CPU: each worker taking that over needs a core.
+    cap = _cap(ctx, lv, released=wait[0])
+    if cap is not None:
+        rec = min(rec, cap)
+    lo, hi = est["range"]
+    msg = (
+        f"{lv.title} spends {pct(wait[0])}{_pm(lv)} of the loop waiting for data with "
+        f"num_workers=0 (sampled from outside: {lv.loader.get('data_wait_samples')} samples): "
+        f"the training loop loads every batch itself. Loading vs computing per batch says "
+        f"about {est['workers_needed']:.1f} workers keep up ({lo}–{hi} within the sampling's 95 % "
+        "interval)"
+    )
+    if cap is not None and rec < est["recommended_num_workers"]:
+        msg += f"; the free cores allow {rec}"
+    msg += "."
+    sugg = f"set num_workers={rec} in DataLoader(...) so batches load while the loop computes"
+    ev = _sampling_evidence(lv) | est | {"num_workers": 0, "core_cap": cap, "usable_cores": ctx.usable_cores}
+    ev["recommended_num_workers"] = rec
+    severity = "warn" if wait[0] >= DATA_BOUND_WAIT else "info"
+    return hint("no-workers", severity, lv.pid, lv.lid, msg, sugg, ev)
+
+
+def rule_no_workers(ctx: Context) -> list[dict[str, Any]]:
     out = []
     for lv in ctx.loaders:
         if not lv.steady or lv.num_workers != 0 or lv.wait is None:
+            continue
+        if lv.loader.get("sampled") is True:
+            # Attached: shares of samples, no per-batch times.
+            h = _no_workers_sampled(ctx, lv)
+            if h is not None:
+                out.append(h)
             continue
         if lv.wait < NO_WORKERS_INFO_WAIT:
             continue
@@ -168,11 +224,14 @@ def rule_no_workers(ctx: Context) -> list[dict]:
                 if cpu_loading:
                     cap = max(1, whole_cores(free))
                     rec = min(rec, cap)
-            pred = capacity.predict(ctx, lv, rec, wait_ms)
+            best = capacity.best_count(ctx, lv, rec)
+            if best is not None:
+                rec = best
+            pred = capacity.predict(ctx, lv, rec)
         worth, gain_text = _gain(pred)
         severity = "warn" if lv.wait >= DATA_BOUND_WAIT and worth else "info"
         msg = (
-            f"{lv.title} spends {pct(lv.wait)} of the loop waiting for data "
+            f"{lv.title} spends {pct(lv.wait)} of the loop waiting for data{window_phrase(lv)} "
             f"with num_workers=0: the training loop loads every batch itself"
         )
         if wait_ms is not None and lv.step_ms is not None:
@@ -186,14 +245,14 @@ def rule_no_workers(ctx: Context) -> list[dict]:
                 f"set num_workers={rec} in DataLoader(...) so batches load in the "
                 f"background while the loop computes"
             )
-            if not worth:
+            if isinstance(pred, capacity.Prediction) and not worth:
                 sugg += "; or, since the CPU is the limit, make loading cheaper (cache decoded samples)"
         else:
             sugg = (
                 "set num_workers=2 in DataLoader(...) to load in the background, "
                 "then re-measure the data wait"
             )
-        ev = {
+        ev: dict[str, Any] = {
             "data_wait_fraction": r(lv.wait),
             "num_workers": 0,
             "wait_ms_mean": r(wait_ms, 1),
@@ -212,7 +271,7 @@ def rule_no_workers(ctx: Context) -> list[dict]:
     return out
 
 
-def _sizable(ctx: Context, cpu_bound: bool):
+def _sizable(ctx: Context, cpu_bound: bool) -> Iterator[tuple[LoaderView, str, int]]:
     """Data-bound loaders of one kind (CPU- or I/O-bound) whose worker time and
     step time are known: (view, why-this-kind, Little's-law worker count)."""
     for lv in ctx.loaders:
@@ -226,14 +285,14 @@ def _sizable(ctx: Context, cpu_bound: bool):
         yield lv, kind[1], little_workers(lv.worker_ms, lv.step_ms)
 
 
-def rule_add_workers(ctx: Context) -> list[dict]:
+def rule_add_workers(ctx: Context) -> list[dict[str, Any]]:
     out = []
     for lv, why, little in _sizable(ctx, cpu_bound=True):
         got = capacity.free_cores_for(ctx, lv)
         if got is None:
             continue
         free, acc = got
-        nw = lv.num_workers
+        nw = lv.num_workers or 0  # _sizable: at least 1
         # Little's law can say "enough" while the loop still waits (the fetch
         # time misses IPC/unpickling): one more worker is then the measured
         # next step.
@@ -242,10 +301,10 @@ def rule_add_workers(ctx: Context) -> list[dict]:
         rec = min(needed, cap)
         if rec <= nw:
             continue  # no whole core free: cpu-bound-preprocessing's case
-        pred = capacity.predict(ctx, lv, rec, lv.worker_ms)
+        pred = capacity.predict(ctx, lv, rec)
         worth, gain_text = _gain(pred)
         msg = (
-            f"{lv.title} waits for data {pct(lv.wait)} of the time; its "
+            f"{lv.title} waits for data {pct(lv.wait)} of the time{window_phrase(lv)}; its "
             f"{nw} worker{'s are' if nw != 1 else ' is'} busy {pct(lv.busy_mean)} of the time "
             f"and one batch costs a worker {ms(lv.worker_ms)} while the loop uses one every "
             f"{ms(lv.step_ms)}"
@@ -277,21 +336,22 @@ def rule_add_workers(ctx: Context) -> list[dict]:
     return out
 
 
-def rule_io_bound(ctx: Context) -> list[dict]:
+def rule_io_bound(ctx: Context) -> list[dict[str, Any]]:
     out = []
     for lv, why, little in _sizable(ctx, cpu_bound=False):
-        nw = lv.num_workers
+        nw = lv.num_workers or 0  # _sizable: at least 1
+        share = lv.cpu_share_of_busy or 0.0  # _bound_kind: known
         rec = min(max(little, nw + 1), IO_MAX_RECOMMENDED_WORKERS)
         if rec <= nw:
             continue
         msg = (
-            f"{lv.title} waits for data {pct(lv.wait)} of the time; its {nw} "
+            f"{lv.title} waits for data {pct(lv.wait)} of the time{window_phrase(lv)}; its {nw} "
             f"worker{'s are' if nw != 1 else ' is'} busy {pct(lv.busy_mean)} of the time but on a "
-            f"CPU only {pct(min(lv.cpu_share_of_busy, 1.0))} of it: loading waits on storage or network. "
+            f"CPU only {pct(min(share, 1.0))} of it: loading waits on storage or network. "
             f"One batch takes a worker {ms(lv.worker_ms)} and the loop uses one every "
             f"{ms(lv.step_ms)}."
         )
-        pred = capacity.predict(ctx, lv, rec, lv.worker_ms)
+        pred = capacity.predict(ctx, lv, rec)
         worth, gain_text = _gain(pred)
         msg += gain_text
         sugg = (
@@ -310,7 +370,7 @@ def rule_io_bound(ctx: Context) -> list[dict]:
     return out
 
 
-def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict]:
+def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict[str, Any]]:
     out = []
     for lv in ctx.loaders:
         if not _data_bound_workers(lv):
@@ -322,30 +382,38 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict]:
         if got is None:
             continue
         free, _ = got
-        if whole_cores(free) > lv.num_workers:
+        nw = lv.num_workers or 0
+        if whole_cores(free) > nw:
             continue  # a core is free: add-workers applies instead
         acc = capacity.account(ctx)
+        if acc is None or ctx.usable_cores is None:  # free_cores_for found both: for the type checker
+            continue
         demand = acc.demand
         if demand < CORES_SATURATED_FRACTION * ctx.usable_cores:
             continue
-        more = capacity.predict(ctx, lv, lv.num_workers + 1, lv.worker_ms)
+        more = capacity.predict(ctx, lv, nw + 1)
         # The most cheaper batches could give: no wait at all, the job's CPU
         # then only the trainer's.
         upside = _speedup_if_loading_free(ctx, lv)
         worth = upside is None or upside >= MIN_WORTHWHILE_SPEEDUP
-        parts = [f"the workers {cores(round(acc.workers, 1))}"]
+        one_more_helps = isinstance(more, capacity.Prediction) and more.speedup >= MIN_WORTHWHILE_SPEEDUP
+        parts = [f"its workers {cores(round(acc.workers, 1))}"]
         parts.append(f"the trainer{'s' if ctx.main_loops != 1 else ''} {cores(round(acc.trainers, 1))}")
-        if acc.others_measured:
+        if acc.others_measured and acc.others >= 0.05:
             parts.append(f"other processes {cores(round(acc.others, 1))}")
         msg = (
-            f"{lv.title} waits for data {pct(lv.wait)} of the time while its "
-            f"{lv.num_workers} CPU-bound workers are busy {pct(lv.busy_mean)} of the time, and "
-            f"the cores are taken: {', '.join(parts)} of {cores(ctx.usable_cores)} usable cores "
-            f"(measured CPU plus run-queue wait). More workers cannot help"
+            f"{lv.title} waits for data {pct(lv.wait)} of the time{window_phrase(lv)} while its "
+            f"{lv.num_workers} CPU-bound worker{'s are' if lv.num_workers != 1 else ' is'} busy "
+            f"{pct(lv.busy_mean)} of the time, and the cores are taken: of the {cores(ctx.usable_cores)} "
+            f"usable, {_and(parts)} (cores of CPU plus run-queue wait)."
         )
-        if more is not None:
-            msg += f" (one more: expected ≈ {more.speedup:.2f}×)"
-        msg += "."
+        # One story: never "cannot help" beside a predicted gain.
+        if isinstance(more, capacity.NoPrediction):
+            msg += f" Whether one more worker helps cannot be predicted: {more.reason}."
+        elif one_more_helps:
+            msg += f" One more worker still helps: {more.phrase()}."
+        else:
+            msg += f" More workers cannot help: one more, {more.phrase()}."
         if upside is not None:
             msg += f" Cheaper batches could give up to ≈ {upside:.2f}× throughput."
         sugg = "make each batch cheaper: decode/resize once and cache the result, use lighter transforms"
@@ -353,6 +421,17 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict]:
             sugg += ", or move augmentation to the GPU (e.g. torchvision.transforms.v2 on CUDA tensors, DALI)"
         else:
             sugg += ", or a faster decoder (e.g. Pillow-SIMD, decoding at reduced size)"
+        wp = _worker_profile_of(lv)
+        if wp is not None:
+            msg += (
+                f" The last worker profile puts {pct(wp['top_share'])} of the workers' time in "
+                f"{wp['top_stage']} ({wp['verdict']})."
+            )
+            sugg = str(wp.get("suggestion") or sugg)
+        else:
+            sugg += "; to see which stage costs what: dlwatch profile --workers (W in the live view)"
+        if one_more_helps:
+            sugg = f"set num_workers={nw + 1} in DataLoader(...); beyond that, " + sugg
         ev = _common_evidence(lv) | {
             "usable_cores": ctx.usable_cores,
             "usable_cores_source": ctx.usable_cores_source(),
@@ -363,11 +442,26 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict]:
             "cpu_accounting": acc.evidence(),
             "speedup_if_loading_free": r(upside, 2),
         }
+        if one_more_helps:
+            ev["recommended_num_workers"] = nw + 1
         ev |= _prediction_evidence(more)
+        ev["worker_profile"] = wp
         out.append(
             hint("cpu-bound-preprocessing", "warn" if worth else "info", lv.pid, lv.lid, msg, sugg, ev)
         )
     return out
+
+
+def _worker_profile_of(lv: LoaderView) -> dict[str, Any] | None:
+    """The job's last worker profile, if it was of this loader."""
+    wp = lv.job.get("worker_profile")
+    if not isinstance(wp, dict) or wp.get("loader_id") != lv.lid or num(wp.get("top_share")) is None:
+        return None
+    return wp
+
+
+def _and(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
 def _speedup_if_loading_free(ctx: Context, lv: LoaderView) -> float | None:
@@ -383,7 +477,7 @@ def _speedup_if_loading_free(ctx: Context, lv: LoaderView) -> float | None:
     return before / after
 
 
-def rule_pipeline_has_headroom(ctx: Context) -> list[dict]:
+def rule_pipeline_has_headroom(ctx: Context) -> list[dict[str, Any]]:
     out = []
     for lv in ctx.loaders:
         nw = lv.num_workers
@@ -393,7 +487,7 @@ def rule_pipeline_has_headroom(ctx: Context) -> list[dict]:
             continue
         if lv.busy_mean is None or lv.busy_mean >= HEADROOM_MAX_BUSY:
             continue
-        q = lv.loader.get("queue") if isinstance(lv.loader.get("queue"), dict) else {}
+        q = as_dict(lv.loader.get("queue"))
         ready, cap = num(q.get("ready")), num(q.get("capacity"))
         if ready is None or cap is None or cap <= 0 or ready < HEADROOM_QUEUE_FULL * cap:
             continue
@@ -409,14 +503,16 @@ def rule_pipeline_has_headroom(ctx: Context) -> list[dict]:
         if rec >= nw:
             continue
         idle_cpu = sum(worker_values(lv.workers, "cpu_percent")) / 100.0
-        pred = capacity.predict(ctx, lv, rec, lv.worker_ms)
+        pred = capacity.predict(ctx, lv, rec)
         msg = (
             f"{lv.title} has its prefetch queue full ({int(ready)}/{int(cap)} "
             f"batches ready), the loop waits {pct(lv.wait)} of the time and its {nw} workers are "
             f"busy only {pct(lv.busy_mean)} of the time."
         )
-        if pred is not None:
+        if isinstance(pred, capacity.Prediction):
             msg += f" With {rec}: {pred.phrase()}."
+        elif isinstance(pred, capacity.NoPrediction):
+            msg += f" Whether {rec} keep up cannot be predicted: {pred.reason}; measure it."
         sugg = f"num_workers={rec} would keep up and free CPU and memory for other work"
         ev = _common_evidence(lv) | {
             "recommended_num_workers": rec,
@@ -430,10 +526,17 @@ def rule_pipeline_has_headroom(ctx: Context) -> list[dict]:
     return out
 
 
-RULES = {
-    "no-workers": rule_no_workers,
-    "add-workers": rule_add_workers,
-    "io-bound": rule_io_bound,
-    "cpu-bound-preprocessing": rule_cpu_bound_preprocessing,
-    "pipeline-has-headroom": rule_pipeline_has_headroom,
-}
+RULES = (
+    Rule("no-workers", rule_no_workers, "loader", rate=True, worker_count_rank=1, tunable=True),
+    Rule("add-workers", rule_add_workers, "loader", rate=True, worker_count_rank=2, tunable=True),
+    Rule("io-bound", rule_io_bound, "loader", rate=True, worker_count_rank=4, tunable=True),
+    Rule("cpu-bound-preprocessing", rule_cpu_bound_preprocessing, "loader", rate=True, tunable=True),
+    Rule(
+        "pipeline-has-headroom",
+        rule_pipeline_has_headroom,
+        "loader",
+        rate=True,
+        worker_count_rank=5,
+        tunable=True,
+    ),
+)

@@ -43,6 +43,7 @@ from prometheus_client.registry import Collector
 
 from dlwatch.snapshot import (
     PERCENT_PER_CORE,
+    SnapshotSource,
     as_dict,
     as_int,
     as_list,
@@ -265,7 +266,7 @@ def _families() -> dict[str, Metric]:
 
 
 class SnapshotCollector(Collector):
-    """Metric families from ``latest()`` (``Monitor.latest``), on each scrape.
+    """Metric families from ``source.latest()`` (the collector's), on each scrape.
 
     ``hostname`` overrides the ``host`` label (a node name in Kubernetes,
     where a pod's own hostname is the pod's); by default each job's own
@@ -274,12 +275,12 @@ class SnapshotCollector(Collector):
 
     def __init__(
         self,
-        latest: Callable[[], dict | None],
+        source: SnapshotSource,
         hostname: str | None = None,
         grace_s: float = DEFAULT_GRACE_S,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        self._latest = latest
+        self._source = source
         self._hostname = hostname
         self._default_host = hostname or socket.gethostname()
         self.grace_s = grace_s
@@ -294,7 +295,7 @@ class SnapshotCollector(Collector):
         return []
 
     def collect(self) -> Iterator[Metric]:
-        snap = self._latest()
+        snap = self._source.latest()
         fam = _families()
         if isinstance(snap, dict):
             self._fill(snap, fam)
@@ -327,7 +328,7 @@ class SnapshotCollector(Collector):
             pid = as_int(h.get("job_pid"))
             if pid is not None and pid not in labels_of:
                 continue  # a job whose series were dropped (or never shown)
-            jl = labels_of.get(pid) if pid is not None else [host, "", "", ""]
+            jl = labels_of.get(pid, []) if pid is not None else [host, "", "", ""]
             hl = [*jl, _label(as_int(h.get("loader_id"))), as_str(h.get("id")), as_str(h.get("severity"))]
             _add(fam["hint"], hl, 1)
 
@@ -445,7 +446,7 @@ def serve(
         # connection: a client that connects and says nothing would stall
         # every scrape. Deferred, the handshake runs on the connection's own
         # request thread, at its first read.
-        server.socket.do_handshake_on_connect = False
+        server.socket.do_handshake_on_connect = False  # type: ignore[attr-defined]  # an SSLSocket here
     return server, thread
 
 

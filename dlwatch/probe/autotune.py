@@ -31,6 +31,7 @@ import threading
 import time
 import warnings
 import weakref
+from typing import Any
 
 from dlwatch import search
 from dlwatch.probe import postimport
@@ -99,7 +100,7 @@ def _patch(mod) -> None:
             return orig(self)
 
     __iter__.__doc__ = orig.__doc__
-    __iter__._dlwatch_orig = orig
+    __iter__._dlwatch_orig = orig  # type: ignore[attr-defined]  # what uninstall restores
     cls.__iter__ = __iter__
 
 
@@ -176,11 +177,11 @@ class LoaderTuner:
         self.mark(st, now)
         self._publish(st)
 
-    def _measure(self, st, loader, now: float) -> dict | None:
+    def _measure(self, st: Any, loader: Any, now: float) -> dict | None:
         """The figures since the mark: the epoch that just ended, and any
         short ones before it."""
         mark = self._mark
-        if mark is None or mark.get("stats") is not st:
+        if mark is None or st is None or mark["stats"] is not st:
             return None
         cur = _counters(st, now)
         batches = cur["batches"] - mark["batches"]

@@ -7,6 +7,10 @@ when it is set, so without it nothing here runs. The patch is on
 ``DataLoader.__init__`` (once per loader, never per batch) and never raises
 into the job: if anything goes wrong the script's own arguments are used.
 
+With ``"replay"`` in the document the selected loaders also get a ``Replay``
+(``replay.py``) and ``DataLoader.__iter__`` is patched to route their batches
+through it; without it ``__iter__`` stays torch's own.
+
 Nothing the script's own DataLoader would reject is produced: with 0 workers
 ``prefetch_factor``, ``persistent_workers`` and ``multiprocessing_context``
 are cleared (torch raises on each), and ``pin_memory`` is only turned on when
@@ -30,6 +34,7 @@ _spec: dict | None = None
 _seen: dict[tuple, int] = {}
 _lock = threading.Lock()
 _orig_init = None
+_orig_iter = None
 _finder = None
 
 
@@ -56,13 +61,15 @@ def install() -> None:
 
 
 def uninstall() -> None:
-    global _spec, _finder, _orig_init
+    global _spec, _finder, _orig_init, _orig_iter
     postimport.disarm(_finder)
     _finder = None
     mod = sys.modules.get(TARGET_MODULE)
     if mod is not None and _orig_init is not None:
         mod.DataLoader.__init__ = _orig_init
-    _orig_init = None
+    if mod is not None and _orig_iter is not None:
+        mod.DataLoader.__iter__ = _orig_iter
+    _orig_init = _orig_iter = None
     _spec = None
     _seen.clear()
 
@@ -78,26 +85,73 @@ def _patch(mod) -> None:
     signature = inspect.signature(orig)
 
     def __init__(self, *args, **kwargs):
+        selected = False
         try:
-            args, kwargs = _overridden(signature, self, args, kwargs)
+            args, kwargs, selected = _overridden(signature, self, args, kwargs)
         except Exception:
             pass
-        return orig(self, *args, **kwargs)
+        out = orig(self, *args, **kwargs)
+        if selected:
+            _arm_replay(self)
+        return out
 
     __init__.__doc__ = orig.__doc__
-    __init__.__wrapped__ = orig
+    __init__.__wrapped__ = orig  # type: ignore[attr-defined]  # inspect.signature sees the original
     _orig_init = orig
     cls.__init__ = __init__
+    if _spec is not None and "replay" in _spec:
+        _patch_iter(cls)
 
 
-def _overridden(signature, self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+def _arm_replay(loader) -> None:
+    spec = _spec
+    if spec is None or "replay" not in spec:
+        return
+    try:
+        from dlwatch.probe.replay import Replay
+
+        loader._dlw_replay = Replay(spec["replay"], loader)
+    except Exception:
+        pass
+
+
+def _patch_iter(cls) -> None:
+    """``iter(loader)`` of a replaying loader: the replaying iterator again
+    (no workers spawned, none reset); before that, the loader's own iterator
+    with its batches routed through the replay. Patched only in replay mode."""
+    global _orig_iter
+    orig = cls.__iter__
+
+    def __iter__(self):
+        rep = getattr(self, "_dlw_replay", None)
+        if rep is None:
+            return orig(self)
+        try:
+            if rep.replaying:
+                return rep.new_epoch()
+        except Exception:
+            pass
+        it = orig(self)
+        try:
+            rep.attach(it)
+        except Exception:
+            pass
+        return it
+
+    __iter__.__doc__ = orig.__doc__
+    __iter__.__wrapped__ = orig  # type: ignore[attr-defined]
+    _orig_iter = orig
+    cls.__iter__ = __iter__
+
+
+def _overridden(signature, self, args: tuple, kwargs: dict) -> tuple[tuple, dict, bool]:
     spec = _spec
     if spec is None or _in_worker_process():
-        return args, kwargs
+        return args, kwargs, False
     bound = signature.bind(self, *args, **kwargs)
     a = bound.arguments
     if not _selected(spec["loader"], a):
-        return args, kwargs
+        return args, kwargs, False
     keys = (*KNOBS, "multiprocessing_context")
     settings = {k: a.get(k, signature.parameters[k].default) for k in keys if k in signature.parameters}
     knobs = {k: spec[k] for k in KNOBS if k in spec}
@@ -105,7 +159,7 @@ def _overridden(signature, self, args: tuple, kwargs: dict) -> tuple[tuple, dict
     for k, v in new.items():
         if k in signature.parameters and v != settings.get(k):
             a[k] = v
-    return bound.args[1:], bound.kwargs
+    return bound.args[1:], bound.kwargs, True
 
 
 def _selected(sel, a: dict) -> bool:

@@ -19,9 +19,11 @@ from __future__ import annotations
 import dis
 import sys
 import types
+from collections.abc import Callable
 from time import perf_counter as _clock  # float seconds: see stats.py
+from typing import Any
 
-from dlwatch.probe import postimport
+from dlwatch.probe import postimport, worker_burst
 from dlwatch.probe import worker as _worker
 from dlwatch.probe.stats import Registry
 
@@ -32,10 +34,10 @@ _originals: dict[str, object] = {}
 _finder = None
 # Called with no arguments when the first iterator of a trainer process
 # exists; the publisher sets it (keeps this module free of socket code).
-on_first_iterator = None
+on_first_iterator: Callable[[], None] | None = None
 # Set by dlwatch.hook when autotune is on (probe/autotune.py): called with
 # (iterator, loader, stats) for every new iterator. None: nothing runs.
-after_new_iterator = None
+after_new_iterator: Callable[[Any, Any, Any], None] | None = None
 
 
 def install() -> None:
@@ -117,8 +119,8 @@ def _patch(mod) -> None:
     _reset = _as_frame_of(_reset, orig_reset, mod)
     __next__ = _wrap_next(orig_next)
 
-    __init__._dlwatch_orig = orig_init
-    _reset._dlwatch_orig = orig_reset
+    __init__._dlwatch_orig = orig_init  # type: ignore[attr-defined]  # what uninstall restores
+    _reset._dlwatch_orig = orig_reset  # type: ignore[attr-defined]
     for f, o in ((__init__, orig_init), (__next__, orig_next), (_reset, orig_reset)):
         f.__doc__ = getattr(o, "__doc__", None)
     cls.__init__ = __init__
@@ -173,7 +175,7 @@ def _wrap_next(orig_next):
             st.first_batch(t1)
         return data
 
-    __next__._dlwatch_orig = orig_next
+    __next__._dlwatch_orig = orig_next  # type: ignore[attr-defined]  # what uninstall restores
     return __next__
 
 
@@ -209,9 +211,14 @@ def _as_frame_of(wrapper, orig, mod):
 def _call_line(code) -> int:
     """The line of the wrapper that calls the original (the first line that
     loads the closure variable ``orig_*``)."""
+    line: int | None = None
     for instr in dis.get_instructions(code):
+        positions = getattr(instr, "positions", None)  # Python 3.11+
+        if positions is not None:
+            line = positions.lineno
+        elif instr.starts_line:  # 3.10: set on the first instruction of a line
+            line = instr.starts_line
         if instr.opname == "LOAD_DEREF" and str(instr.argval).startswith("orig_"):
-            line = instr.positions.lineno if instr.positions else None
             if line:
                 return line
     return code.co_firstlineno
@@ -236,6 +243,7 @@ def _on_new_iterator(it, loader, t0: float) -> None:
         st.slots_fview = _worker.as_float64_view(slots)
         st.num_workers = nw
         it._dlw_slots = slots
+        worker_burst.on_new_slots(st)
     else:
         st.slots = st.slots_view = st.slots_fview = None
         st.num_workers = 0

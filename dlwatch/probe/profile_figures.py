@@ -140,7 +140,7 @@ def _union_within(intervals: list[tuple[int, int]], window: tuple[int, int]) -> 
     """Length of the union of sorted intervals, clipped to ``window``."""
     lo, hi = window
     busy = 0
-    cur_s = cur_e = None
+    cur_s, cur_e = 0, None
     for s, e in intervals:
         s, e = max(s, lo), min(e, hi)
         if e <= s:

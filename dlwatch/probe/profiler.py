@@ -28,7 +28,9 @@ import sys
 import threading
 import time
 from time import perf_counter_ns as _clock
+from typing import Any
 
+from dlwatch import wire
 from dlwatch.probe import profile_figures
 
 TARGET_MODULE = "torch.utils.data.dataloader"
@@ -99,7 +101,7 @@ class Burst:
         self.result: dict | None = None
         self.error: str | None = None
         self.cuda = False
-        self._prof = None
+        self._prof: Any = None  # torch.profiler.profile, while a burst runs
         self._tid: int | None = None
         self._rss0 = 0
         self._cls = None
@@ -132,23 +134,18 @@ class Burst:
             self._reported = self.steps_done
             out.append(self.status())
         if self.state == DONE:
-            msg: dict = {"type": "profile_result", "result": self.result or {}}
-            if self.error:
-                msg["error"] = self.error
-            out.append(msg)
+            out.append(wire.profile_result(self.result or {}, self.error or None))
         return out
 
     def status(self) -> dict:
-        msg = {
-            "type": "profile_status",
-            "state": self.state if self.state != DONE else PROCESSING,
-            "steps": self.steps,
-            "steps_done": self.steps_done,
-            "loader": self.loader,
-        }
-        if self.state == RUNNING and _clock() > self.deadline_ns:
-            msg["message"] = "past the time bound: the profiler stops at the loop's next batch"
-        return msg
+        late = self.state == RUNNING and _clock() > self.deadline_ns
+        return wire.profile_status(
+            self.state if self.state != DONE else PROCESSING,
+            "past the time bound: the profiler stops at the loop's next batch" if late else None,
+            steps=self.steps,
+            steps_done=self.steps_done,
+            loader=self.loader,
+        )
 
     def cancel(self) -> None:
         """The monitor went away: stop at the next step, write nothing."""
@@ -294,7 +291,12 @@ class Burst:
         self._finish(result, error)
 
     def _write_trace(self, prof, rows: list) -> dict:
-        out = {"trace_path": None, "trace_bytes": None, "trace_truncated": False, "trace_note": None}
+        out: dict[str, Any] = {
+            "trace_path": None,
+            "trace_bytes": None,
+            "trace_truncated": False,
+            "trace_note": None,
+        }
         try:
             path, note = self._create_trace_file()
         except OSError as e:
@@ -366,7 +368,7 @@ def _make_next(burst: Burst, prev):
         return prev(self)
 
     __next__.__doc__ = getattr(prev, "__doc__", None)
-    __next__._dlwatch_orig = prev
+    __next__._dlwatch_orig = prev  # type: ignore[attr-defined]  # what uninstall restores
     return __next__
 
 

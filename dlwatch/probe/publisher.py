@@ -21,7 +21,7 @@ import time
 from collections import deque
 
 from dlwatch import rundir, wire
-from dlwatch.probe import patches, profiler
+from dlwatch.probe import control, patches
 from dlwatch.probe.identity import job_identity
 
 INTERVAL_S = 0.1
@@ -101,9 +101,8 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-# Batches per loader over about the last second: a profiler burst follows
-# the loader that stepped most in it (the training loop, not a validation
-# loader that ran once an epoch ago).
+# Batches per loader over about the last second (control.py: a burst
+# follows the loader that stepped most in it).
 BUSY_FRAMES = 11
 
 # A client may ask for every Nth frame only ("every" in its hello): the live
@@ -143,8 +142,7 @@ class Publisher:
         self.frames_built = 0
         self.clients_dropped = 0
         self._recent: deque[dict[int, int]] = deque(maxlen=BUSY_FRAMES)
-        self._burst: profiler.Burst | None = None
-        self._burst_client: _Client | None = None
+        self._control = control.Control(self)
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -154,7 +152,7 @@ class Publisher:
         self._job = job_identity()
 
     def _bind(self) -> None:
-        path = rundir.socket_path(self.directory, os.getpid())
+        path = rundir.socket_path(self.directory or rundir.runtime_dir(), os.getpid())
         if os.path.lexists(path):
             os.unlink(path)  # a stale socket of a dead process with our pid
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -183,9 +181,21 @@ class Publisher:
                 old_sock.close()
             self._sel.register(sock, selectors.EVENT_READ, None)
 
+    @property
+    def _selector(self) -> selectors.BaseSelector:
+        if self._sel is None:
+            raise RuntimeError("the publisher is not started")
+        return self._sel
+
+    @property
+    def _listener(self) -> socket.socket:
+        if self._sock is None:
+            raise RuntimeError("the publisher is not open")
+        return self._sock
+
     def start(self) -> None:
         self._sel = selectors.DefaultSelector()
-        self._sel.register(self._sock, selectors.EVENT_READ, None)
+        self._sel.register(self._listener, selectors.EVENT_READ, None)
         self._thread = threading.Thread(target=self._run, name="dlwatch-publisher", daemon=True)
         self._thread.start()
 
@@ -194,7 +204,7 @@ class Publisher:
         t = self._thread
         if t is not None and t.is_alive() and t is not threading.current_thread():
             t.join(timeout=1.0)
-        self._farewell()
+        self._control.farewell()
         self._close_sockets()
         self._unlink_own()
 
@@ -238,7 +248,7 @@ class Publisher:
         while not self._stop.is_set():
             try:
                 timeout = max(0.0, next_tick - time.monotonic())
-                for key, mask in self._sel.select(timeout):
+                for key, mask in self._selector.select(timeout):
                     if key.data is None:
                         self._accept()
                     else:
@@ -268,9 +278,8 @@ class Publisher:
         self.frames_built += 1
         for c in list(self._clients.values()):
             if c.greeted and not c.closing and self._seq % c.every == 0:
-                self._queue(c, data)
-        if self._burst is not None:
-            self._poll_burst()
+                self.queue(c, data)
+        self._control.poll()
 
     def build_frame(self) -> dict:
         now = time.perf_counter_ns()
@@ -291,19 +300,13 @@ class Publisher:
                 cuda_init = bool(torch.cuda.is_initialized())
         except Exception:
             cuda_init = None
-        return {
-            "type": "window",
-            "seq": self._seq,
-            "t": time.time(),
-            "mono_ns": now,
-            "loaders": loaders,
-            "main": {"cuda_initialized": cuda_init, "py_threads": threading.active_count()},
-        }
+        main = {"cuda_initialized": cuda_init, "py_threads": threading.active_count()}
+        return wire.window(self._seq, time.time(), now, loaders, main)
 
     def _accept(self) -> None:
         while True:
             try:
-                conn, _ = self._sock.accept()
+                conn, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -314,7 +317,7 @@ class Publisher:
             conn.setblocking(False)
             c = _Client(conn)
             self._clients[conn.fileno()] = c
-            self._sel.register(conn, selectors.EVENT_READ, c)
+            self._selector.register(conn, selectors.EVENT_READ, c)
 
     @staticmethod
     def _peer_allowed(conn: socket.socket) -> bool:
@@ -350,9 +353,8 @@ class Publisher:
             self._fail(c, str(msg))
             return
         if c.greeted:
-            if msg.get("type") == "profile":
-                self._on_profile(c, msg)
-            return  # nothing else is expected from a client; ignore
+            self._control.on_request(c, msg)
+            return
         if msg.get("type") != "hello" or "job" in msg:
             self._fail(c, "expected a client hello first")
             return
@@ -383,117 +385,26 @@ class Publisher:
             budget -= len(frame)
             keep += 1
         history = history[len(history) - keep :]
-        hello = {
-            "type": "hello",
-            "protocol": wire.PROTOCOL_VERSION,
-            "job": self._job,
-            "history": len(history),
-            "features": [wire.FEATURE_PROFILE] if profiler.enabled() else [],
-        }
-        self._queue(c, wire.encode(hello))
+        hello = wire.server_hello(self._job, len(history), self._control.features())
+        self.queue(c, wire.encode(hello))
         for frame in history:
             if c.closing:
                 break
-            self._queue(c, frame)
-
-    # --- profiler bursts ------------------------------------------------------------
-
-    def _on_profile(self, c: _Client, msg: dict) -> None:
-        def answer(state: str, message: str) -> None:
-            self._queue(c, wire.encode({"type": "profile_status", "state": state, "message": message}))
-
-        if not profiler.enabled():
-            answer("unsupported", "profiling is disabled in this job (it was started with DLWATCH_PROFILE=0)")
-            return
-        if self._burst is not None and self._burst.state != profiler.DONE:
-            b = self._burst
-            answer(
-                "busy",
-                f"another monitor's profiler burst is {b.state} in this job "
-                f"({b.steps_done} of {b.steps} steps); try again when it is done",
-            )
-            return
-        st = self._busiest_loader()
-        if st is None:
-            answer("rejected", "this job has no DataLoader that is stepping: nothing to profile")
-            return
-        loader = {"id": st.id, "name": f"loader {st.id} ({st.config.get('dataset') or 'dataset'})"[:80]}
-        try:
-            burst, why = profiler.start(
-                st,
-                msg["steps"],
-                msg.get("max_s") or wire.PROFILE_MAX_SECONDS,
-                msg.get("out_dir"),
-                self.directory,
-                loader,
-            )
-        except Exception as e:
-            answer("rejected", f"could not arm the profiler: {type(e).__name__}: {e}")
-            return
-        if burst is None:
-            answer("busy", why or "busy")
-            return
-        self._burst, self._burst_client = burst, c
-        self._queue(c, wire.encode(burst.status()))
-
-    def _farewell(self) -> None:
-        """The job is exiting mid-burst: tell the monitor that asked, best effort."""
-        b, c = self._burst, self._burst_client
-        if b is None or c is None:
-            return
-        try:
-            if b.state == profiler.DONE:  # stopped by the profiler's own exit hook
-                msgs = [m for m in b.poll() if m.get("type") == "profile_result"]
-            else:
-                why = f"the job exited during the burst ({b.steps_done} of {b.steps} steps collected)"
-                result = {"steps": b.steps_done, "steps_requested": b.steps}
-                msgs = [{"type": "profile_result", "result": result, "error": why}]
-            data = bytes(c.out) + b"".join(wire.encode(m) for m in msgs)
-            c.sock.send(data, socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
-        except Exception:
-            pass
-
-    def _busiest_loader(self):
-        """The live loader with the most batches over the last second (ties:
-        the one that returned a batch last)."""
-        live = [
-            st for st in patches.registry.snapshot() if st.iter_ref is not None and st.iter_ref() is not None
-        ]
-        if not live:
-            return None
-        old = self._recent[0] if self._recent else {}
-        return max(live, key=lambda st: (st.batches - old.get(st.id, 0), st.t_last))
-
-    def _poll_burst(self) -> None:
-        b, c = self._burst, self._burst_client
-        if c is not None and c not in self._clients.values():
-            b.cancel()  # the monitor that asked has gone
-            c = self._burst_client = None
-        try:
-            msgs = b.poll()
-        except Exception:
-            msgs = []
-        for m in msgs:
-            if c is not None:
-                try:
-                    self._queue(c, wire.encode(m))
-                except (wire.WireError, ValueError, TypeError) as e:
-                    self._queue(c, wire.encode({"type": "profile_result", "result": {}, "error": str(e)}))
-        if b.state == profiler.DONE:
-            profiler.release(b)
-            self._burst = self._burst_client = None
+            self.queue(c, frame)
+        for data in self._control.replay():
+            self.queue(c, data)
 
     def _fail(self, c: _Client, message: str) -> None:
         """Tell the client why, best effort, then hang up."""
         try:
-            c.out += wire.encode({"type": "error", "message": message})
+            c.out += wire.encode(wire.error(message))
         except wire.WireError:
             pass
         c.closing = True
         self._flush(c)
         self._drop(c)
 
-    def _queue(self, c: _Client, data: bytes) -> None:
+    def queue(self, c: _Client, data: bytes) -> None:
         if c.closing:
             return
         if len(c.out) + len(data) > MAX_CLIENT_BACKLOG:
@@ -521,7 +432,7 @@ class Publisher:
             return
         want = selectors.EVENT_READ | (selectors.EVENT_WRITE if c.out else 0)
         try:
-            self._sel.modify(c.sock, want, c)
+            self._selector.modify(c.sock, want, c)
         except (KeyError, ValueError, OSError):
             pass
 
@@ -532,7 +443,7 @@ class Publisher:
             fd = -1
         if fd >= 0:
             try:
-                self._sel.unregister(c.sock)
+                self._selector.unregister(c.sock)
             except (KeyError, ValueError):
                 pass
             self._clients.pop(fd, None)
@@ -554,6 +465,8 @@ class Publisher:
                 self._drop(c)
 
     def _check_socket_file(self) -> None:
+        if self.path is None:
+            return
         try:
             st = os.stat(self.path)
             if (st.st_dev, st.st_ino) == self._inode:
@@ -565,6 +478,18 @@ class Publisher:
             self._bind()
         except (OSError, rundir.RuntimeDirError):
             pass  # try again at the next check; the job trains on regardless
+
+    def broadcast(self, data: bytes, skip: _Client | None = None) -> None:
+        for c in list(self._clients.values()):
+            if c.greeted and not c.closing and c is not skip:
+                self.queue(c, data)
+
+    def connected(self, c: _Client) -> bool:
+        return c in self._clients.values()
+
+    def recent_batches(self) -> deque[dict[int, int]]:
+        """Batches per loader id in the last BUSY_FRAMES frames, oldest first."""
+        return self._recent
 
     @property
     def clients(self) -> int:

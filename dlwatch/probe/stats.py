@@ -23,6 +23,7 @@ import threading
 import weakref
 from collections import deque
 from time import perf_counter as _clock  # float seconds, as the hot path's
+from typing import Any
 
 from dlwatch.probe import worker as _worker
 
@@ -60,6 +61,11 @@ class LoaderStats:
         "slots_fview",
         "num_workers",
         "dead_since",
+        "thread_name",
+        "thread_main",
+        "samples",
+        "wait_samples",
+        "hol_samples",
         "autotune",
         "__weakref__",
     )
@@ -82,11 +88,22 @@ class LoaderStats:
         self.epoch_b0 = 0  # self.batches when the epoch began
         self.epoch_batches: deque[int] = deque(maxlen=EPOCH_HISTORY)  # beside epoch_ms
         self.iter_ref = None
-        self.slots = None
-        self.slots_view = None  # int64 view of the workers' table
-        self.slots_fview = None  # float64 view of the same table
+        self.slots: Any = None  # the workers' shared table (a ctypes array)
+        self.slots_view: memoryview[int] | None = None  # int64 view of the workers' table
+        self.slots_fview: memoryview[float] | None = None  # float64 view of the same table
         self.num_workers = int(config.get("num_workers") or 0)
         self.dead_since = 0  # clock when the publisher first saw the loader gone
+        # The thread that took the current epoch's first batch: a loader fed
+        # from a producer thread is not the training loop's (None: no batch yet).
+        self.thread_name: str | None = None
+        self.thread_main: bool | None = None
+        # The publisher's samples of this loader (one a frame while an
+        # iterator is alive), those that found the loop inside __next__, and
+        # those that found it there while later batches sat ready in the
+        # reorder buffer of an in-order loader (head-of-line blocking).
+        self.samples = 0
+        self.wait_samples = 0
+        self.hol_samples = 0
         self.autotune: dict | None = None  # what autotune decided (probe/autotune.py), when it is on
 
     # --- called from the patched iterator (trainer main thread) -------------
@@ -137,6 +154,9 @@ class LoaderStats:
         if self.first_pending:
             self.first_pending = False
             self.epoch_start_ms.append((t1 - self.epoch_t0) * 1e3)
+            th = threading.current_thread()
+            self.thread_name = th.name
+            self.thread_main = th is threading.main_thread()
 
     def end_epoch(self, t0: float, t1: float) -> None:
         # The __next__ that raises StopIteration joins non-persistent workers:
@@ -160,12 +180,21 @@ class LoaderStats:
         step = self.step_s
         t_enter = self.t_enter
         t_last = self.t_last
+        inside = False
         if t_enter > t_last and t_enter <= now:  # inside __next__
             wait += now - t_enter
+            inside = True
         elif t_last and t_last <= now:  # between batches: the loop's work
             step += now - t_last
         it = self.iter_ref() if self.iter_ref is not None else None
-        workers = []
+        queue, buffered = _queue_state(it, self.num_workers)
+        if it is not None and (inside or t_last):
+            self.samples += 1
+            if inside:
+                self.wait_samples += 1
+                if buffered > 0:
+                    self.hol_samples += 1
+        workers: list[dict[str, Any]] = []
         view = self.slots_view
         fview = self.slots_fview
         if view is not None and fview is not None and it is not None:
@@ -187,10 +216,15 @@ class LoaderStats:
                 "epoch_start_ms": [round(x, 3) for x in self.epoch_start_ms],
                 "epoch_ms": [round(x, 3) for x in self.epoch_ms],
                 "epoch_batches": list(self.epoch_batches),
-                "queue": _queue_state(it, self.num_workers),
+                "queue": queue,
                 "workers": workers,
+                "samples": self.samples,
+                "wait_samples": self.wait_samples,
+                "hol_samples": self.hol_samples,
             }
         )
+        if self.thread_name is not None:
+            out["iterated_on"] = {"thread": self.thread_name, "main": bool(self.thread_main)}
         if self.autotune is not None:
             out["autotune"] = self.autotune
         return out
@@ -214,11 +248,14 @@ def _worker_pids(it) -> list[int]:
         return []
 
 
-def _queue_state(it, num_workers: int) -> dict:
-    """Prefetch queue, read from torch's private iterator fields defensively."""
-    q = {"ready": None, "in_flight": None, "capacity": None}
+def _queue_state(it, num_workers: int) -> tuple[dict[str, int | None], int]:
+    """Prefetch queue, read from torch's private iterator fields defensively,
+    and how many of its ready batches sit in the reorder buffer (arrived
+    before the batch the loop must take next)."""
+    q: dict[str, int | None] = {"ready": None, "in_flight": None, "capacity": None}
+    buffered = 0
     if it is None or num_workers <= 0:
-        return q
+        return q, buffered
     try:
         pf = getattr(it, "_prefetch_factor", None)
         if isinstance(pf, int):
@@ -226,7 +263,7 @@ def _queue_state(it, num_workers: int) -> dict:
         outstanding = getattr(it, "_tasks_outstanding", None)
         task_info = getattr(it, "_task_info", None)
         if getattr(it, "_shutdown", False):
-            return q
+            return q, buffered
         queued = None
         dq = getattr(it, "_data_queue", None)
         if dq is not None:
@@ -243,9 +280,10 @@ def _queue_state(it, num_workers: int) -> dict:
                 q["in_flight"] = max(0, outstanding - queued)
             else:
                 q["in_flight"] = max(0, outstanding)
+            buffered = max(0, buffered)
     except Exception:
         pass
-    return q
+    return q, buffered
 
 
 def loader_config(loader, it) -> dict:
@@ -264,13 +302,43 @@ def loader_config(loader, it) -> dict:
         pf = getattr(loader, "prefetch_factor", None)
         cfg["prefetch_factor"] = pf if nw > 0 and isinstance(pf, int) else None
         cfg["start_method"] = _start_method(loader) if nw > 0 else None
+        in_order = getattr(loader, "in_order", None)  # torch >= 2.6
+        if isinstance(in_order, bool) and nw > 0:
+            cfg["in_order"] = in_order
         ds = getattr(loader, "dataset", None)
         cfg["kind"] = "iterable" if _is_iterable(ds) else "map"
-        cfg["dataset"] = type(ds).__name__
+        user, wrappers = _user_dataset(ds)
+        cfg["dataset"] = type(user).__name__
+        if wrappers:
+            cfg["dataset_wrappers"] = wrappers
         cfg["iterator"] = type(it).__name__
+        rep = getattr(loader, "_dlw_replay", None)  # only with DLWATCH_OVERRIDES' replay
+        if rep is not None:
+            cfg["replay"] = rep.status
     except Exception:
         cfg.setdefault("num_workers", 0)
     return cfg
+
+
+# Packages whose dataset classes wrap the user's dataset (``.dataset``):
+# sharding for processes (Accelerate's IterableDatasetShard, transformers'),
+# torch's own Subset. The view names the user's dataset beneath them.
+_WRAPPER_PACKAGES = ("accelerate", "transformers", "lightning", "pytorch_lightning", "torch", "torchdata")
+_MAX_WRAPPERS = 4
+
+
+def _user_dataset(ds):
+    """The dataset the user wrote beneath frameworks' wrappers, and the
+    wrappers' class names, outermost first."""
+    wrappers: list[str] = []
+    while len(wrappers) < _MAX_WRAPPERS:
+        inner = getattr(ds, "dataset", None)
+        pkg = (type(ds).__module__ or "").split(".")[0]
+        if inner is None or pkg not in _WRAPPER_PACKAGES:
+            break
+        wrappers.append(type(ds).__name__)
+        ds = inner
+    return ds, wrappers
 
 
 def _is_iterable(ds) -> bool:

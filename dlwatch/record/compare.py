@@ -11,10 +11,12 @@ and its summary figures (``series.summary``). ``compare`` returns plain data;
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from dlwatch.record.series import SETTINGS, LoaderSeries, RecordingSeries, summary
-from dlwatch.snapshot import as_int, num
+from dlwatch.snapshot import as_int, num, percent
 
 # (key, label, unit kind, which direction is better): "+" higher is better,
 # "-" lower is better, "" neither.
@@ -43,8 +45,8 @@ class Comparison:
     hints_a_only: list[str]
     hints_b_only: list[str]
     hints_both: list[str]
-    figures_a: dict = field(default_factory=dict)  # series.summary of each main loader
-    figures_b: dict = field(default_factory=dict)
+    figures_a: dict[str, Any] = field(default_factory=dict)  # series.summary of each main loader
+    figures_b: dict[str, Any] = field(default_factory=dict)
 
     @property
     def differing(self) -> list[tuple[str, object, object, bool]]:
@@ -89,7 +91,7 @@ def change(va: float | None, vb: float | None, kind: str) -> str:
     return f"{(vb - va) / abs(va) * 100:+.0f} % (×{vb / va:.2f})"
 
 
-def fmt_value(v, kind: str) -> str:
+def fmt_value(v: Any, kind: str) -> str:
     if v is None:
         return "n/a"
     if isinstance(v, bool):
@@ -97,9 +99,9 @@ def fmt_value(v, kind: str) -> str:
     if not isinstance(v, (int, float)):
         return str(v)
     if kind == "frac":
-        return f"{v * 100:.1f} %"
+        return percent(v, 1)
     if kind == "pct":
-        return f"{v:.0f} %"
+        return percent(v / 100)
     if kind == "bytes":
         return f"{v / 2**20:.0f} MiB"
     if kind == "rate":
@@ -133,7 +135,7 @@ def _what(ls: LoaderSeries | None) -> str:
     return f"job {ls.job_pid}, loader {ls.loader_id}: {ls.cmdline[:80]}"
 
 
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
+def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
 
@@ -165,7 +167,9 @@ class Verdict:
         return [c for c in self.checks if c.failed]
 
 
-def gate(a: dict, b: dict, max_regression: float | None, max_wait_increase: float | None = None) -> Verdict:
+def gate(
+    a: dict[str, Any], b: dict[str, Any], max_regression: float | None, max_wait_increase: float | None = None
+) -> Verdict:
     """Did B regress against A? ``a`` and ``b`` are the main loaders' figures
     (``batches_per_s``, ``batch_size``, ``data_wait_mean``).
 
@@ -206,7 +210,7 @@ def _drop(figure: str, va: float, vb: float, limit: float, note: str) -> Check:
     return Check(figure, va, vb, change, limit, not note and change < -limit, note)
 
 
-def _batch_size(figures: dict) -> int | None:
+def _batch_size(figures: dict[str, Any]) -> int | None:
     bs = as_int(figures.get("batch_size"))
     return bs if bs is not None and bs > 0 else None
 
@@ -227,7 +231,7 @@ def reasons(v: Verdict) -> list[str]:
     failed ones first, each starting FAIL or ok."""
     out = []
     for c in sorted(v.checks, key=lambda c: not c.failed):
-        if c.note:
+        if c.note or c.change is None:  # shown, not judged
             continue
         a, b, _change, _limit = _check_values(c)
         if c.figure == "data wait":
@@ -255,11 +259,11 @@ def verdict_text(v: Verdict, c: Comparison) -> str:
     return "\n".join(lines + reasons(v))
 
 
-def as_json(c: Comparison, v: Verdict | None, exit_status: int) -> dict:
+def as_json(c: Comparison, v: Verdict | None, exit_status: int) -> dict[str, Any]:
     """The comparison (and the gate's verdict, if one was asked for) as one
     JSON document: ``dlwatch compare --json``."""
 
-    def side(rec: RecordingSeries, ls: LoaderSeries | None, figures: dict) -> dict:
+    def side(rec: RecordingSeries, ls: LoaderSeries | None, figures: dict[str, Any]) -> dict[str, Any]:
         loader = None
         if ls is not None:
             loader = {
@@ -275,7 +279,7 @@ def as_json(c: Comparison, v: Verdict | None, exit_status: int) -> dict:
             "figures": figures,
         }
 
-    doc: dict = {
+    doc: dict[str, Any] = {
         "a": side(c.a, c.la, c.figures_a),
         "b": side(c.b, c.lb, c.figures_b),
         "settings_differing": [k for k, *_ in c.differing],

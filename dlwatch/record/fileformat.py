@@ -43,7 +43,7 @@ def open_write(path: str, exclusive: bool) -> IO[str]:
     return open(path, "x" if exclusive else "w", encoding="utf-8")
 
 
-def header(**fields: Any) -> dict:
+def header(**fields: Any) -> dict[str, Any]:
     return {HEADER_KEY: FORMAT_VERSION, **fields}
 
 
@@ -51,9 +51,9 @@ def is_header(obj: Any) -> bool:
     return isinstance(obj, dict) and HEADER_KEY in obj
 
 
-def compact(snapshot: dict) -> dict:
+def compact(snapshot: dict[str, Any]) -> dict[str, Any]:
     """The snapshot as a recording stores it (see the module docstring)."""
-    out = _rounded(snapshot)
+    out: dict[str, Any] = _rounded(snapshot)
     for job in out.get("jobs") or ():
         for ld in (job.get("loaders") or ()) if isinstance(job, dict) else ():
             if isinstance(ld, dict):

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any, BinaryIO
 
 from dlwatch.record import fileformat
 from dlwatch.snapshot import SCHEMA_VERSION, as_int, num
@@ -21,8 +23,8 @@ from dlwatch.snapshot import SCHEMA_VERSION, as_int, num
 @dataclass
 class Recording:
     path: str
-    header: dict = field(default_factory=dict)
-    snapshots: list[dict] = field(default_factory=list)
+    header: dict[str, Any] = field(default_factory=dict)
+    snapshots: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -92,7 +94,7 @@ def _take(rec: Recording, n: int, line: bytes, last: bool) -> None:
     rec.snapshots.append(obj)
 
 
-def _lines(path: str, notes: list[str]):
+def _lines(path: str, notes: list[str]) -> Iterator[bytes]:
     """The file's lines (bytes, without the newline), streamed. A gzip stream
     cut short (no trailer, a partial block: the recorder was killed) yields
     everything that decompressed before the cut, and a note."""
@@ -110,7 +112,7 @@ def _lines(path: str, notes: list[str]):
             yield rest
 
 
-def _gunzip(f, notes: list[str]):
+def _gunzip(f: BinaryIO, notes: list[str]) -> Iterator[bytes]:
     # zlib directly rather than gzip.GzipFile: GzipFile raises at a cut and
     # loses what it had decompressed in that read.
     d, fed = zlib.decompressobj(wbits=31), False

@@ -26,7 +26,7 @@ from typing import Any
 
 from dlwatch import __version__
 from dlwatch.record import fileformat
-from dlwatch.snapshot import SCHEMA_VERSION, Snapshot, as_int, records
+from dlwatch.snapshot import SCHEMA_VERSION, SnapshotSource, as_int, records
 
 # How many builds the recorder may fall behind before a line is written
 # anyway: a missed notification (none is lost, but be safe) costs a line's
@@ -53,15 +53,15 @@ class Recorder:
     """
 
     path: str
-    monitor: Any
+    monitor: SnapshotSource
     _: KW_ONLY
     interval: float
     window_s: float
     duration_s: float | None = None
-    until: Callable[[Snapshot], str | None] | None = None
+    until: Callable[[dict[str, Any]], str | None] | None = None
     keep_job: Callable[[int], bool] | None = None
     overwrite: InitVar[bool] = False
-    meta: dict | None = None
+    meta: dict[str, Any] | None = None
     clock: Callable[[], float] = time.monotonic
 
     def __post_init__(self, overwrite: bool) -> None:
@@ -104,7 +104,7 @@ class Recorder:
                     "python": platform.python_version(),
                     "logical_cpus": os.cpu_count(),
                 },
-                **self.meta,
+                **(self.meta or {}),
             )
         )
         jobs: set[int] = set()
@@ -139,7 +139,7 @@ class Recorder:
             self.stats.reason = reason or self._stop_reason or "ended"
         return self.stats
 
-    def _kept(self, snap: Snapshot) -> Snapshot:
+    def _kept(self, snap: dict[str, Any]) -> dict[str, Any]:
         if self.keep_job is None:
             return snap
         keep = {
@@ -147,7 +147,7 @@ class Recorder:
             for j in records(snap.get("jobs"))
             if (p := as_int(j.get("pid"))) is not None and self.keep_job(p)
         }
-        return dict(  # type: ignore[return-value]
+        return dict(
             snap,
             jobs=[j for j in records(snap.get("jobs")) if as_int(j.get("pid")) in keep],
             hints=[
@@ -155,7 +155,7 @@ class Recorder:
             ],
         )
 
-    def _write(self, obj: dict) -> None:
+    def _write(self, obj: dict[str, Any]) -> None:
         line = json.dumps(obj, separators=(",", ":"), default=str) + "\n"
         self._out.write(line)
         # Every line reaches the file now: a recorder killed at any moment

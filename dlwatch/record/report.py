@@ -7,15 +7,17 @@ mail client's viewer, and opening it fetches nothing.
 
 from __future__ import annotations
 
-import json
 import time
+from collections.abc import Iterable
 from html import escape
+from typing import Any
 
 from dlwatch import __version__
+from dlwatch.diagnose.render import KEY_EVIDENCE, evidence_items
 from dlwatch.record import svgchart
 from dlwatch.record.compare import Comparison, fmt_value
 from dlwatch.record.series import SETTINGS, LoaderSeries, RecordingSeries, summary
-from dlwatch.snapshot import as_dict, as_str, num
+from dlwatch.snapshot import as_dict, as_str, num, percent, records
 
 MIB = float(1 << 20)
 
@@ -52,7 +54,8 @@ footer { margin-top: 32px; color: #57606a; font-size: 12px; }
 
 
 def pct(v: float) -> str:
-    return f"{v:g} %"
+    """A chart tick already in percent."""
+    return percent(v / 100, None)
 
 
 def page(title: str, body: list[str]) -> str:
@@ -155,8 +158,8 @@ def _hints_section(s: RecordingSeries) -> list[str]:
     out = ["<h2>Hints</h2>"]
     if not s.hints:
         return out + ['<p class="note">No hint was shown during the recording.</p>']
-    rows: dict[tuple, list] = {}
-    sev: dict[tuple, str] = {}
+    rows: dict[tuple[Any, ...], list[Any]] = {}
+    sev: dict[tuple[Any, ...], str] = {}
     for h in s.hints:
         key = (h.id, h.job_pid, h.loader_id)
         rows.setdefault(key, []).append((h.start, h.end))
@@ -168,7 +171,10 @@ def _hints_section(s: RecordingSeries) -> list[str]:
     out.append(figure("hints over time", svgchart.timeline(chart_rows, s.duration_s, s.interval_s)))
     trs = []
     for h in s.hints:
-        ev = "".join(f"<dt>{escape(str(k))}</dt><dd>{escape(_ev(v))}</dd>" for k, v in h.evidence.items())
+        ev = "".join(
+            f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>"
+            for k, v in evidence_items(h.evidence, first=KEY_EVIDENCE, missing=True)
+        )
         where = (
             "host"
             if h.job_pid is None
@@ -189,15 +195,7 @@ def _hints_section(s: RecordingSeries) -> list[str]:
     return out
 
 
-def _ev(v) -> str:
-    if isinstance(v, float):
-        return f"{v:g}"
-    if isinstance(v, (dict, list)):
-        return json.dumps(v, default=str)
-    return str(v)
-
-
-def _job_section(s: RecordingSeries, pid: int, job: dict, loaders: list[LoaderSeries]) -> list[str]:
+def _job_section(s: RecordingSeries, pid: int, job: dict[str, Any], loaders: list[LoaderSeries]) -> list[str]:
     rank = job.get("rank")
     title = f"Job {pid}" + (f", rank {rank}/{job.get('world_size')}" if rank is not None else "")
     out = [
@@ -211,7 +209,28 @@ def _job_section(s: RecordingSeries, pid: int, job: dict, loaders: list[LoaderSe
         out.append('<p class="note">No DataLoader iterator recorded for this job.</p>')
     for ls in loaders:
         out += _loader_section(s, ls)
-    return out
+    return out + _worker_profile_section(job)
+
+
+def _worker_profile_section(job: dict[str, Any]) -> list[str]:
+    """The last worker profile burst of the job during the recording (``W``,
+    ``dlwatch profile --workers``): its stages."""
+    wp = as_dict(job.get("worker_profile"))
+    stages = records(wp.get("stages"))
+    if not stages:
+        return []
+    when = time.strftime("%H:%M:%S", time.localtime(num(wp.get("t")) or 0))
+    rows = "".join(
+        f"<tr><td>{escape(as_str(st.get('stage')))}</td><td>{100 * (num(st.get('share')) or 0.0):.0f} %</td>"
+        "</tr>"
+        for st in stages
+    )
+    return [
+        f"<h3>Worker profile (loader {escape(str(wp.get('loader_id')))}, taken at {when}, "
+        f"{escape(str(wp.get('samples')))} samples)</h3>",
+        f"<p>{escape(as_str(wp.get('verdict'), 'no verdict'))}: {escape(as_str(wp.get('suggestion')))}</p>",
+        f"<table><tr><th>stage</th><th>share of the workers' time inside fetches</th></tr>{rows}</table>",
+    ]
 
 
 def _loader_section(s: RecordingSeries, ls: LoaderSeries) -> list[str]:
@@ -307,7 +326,7 @@ def _host_cores(s: RecordingSeries) -> list[float | None]:
     return [None if v is None or cpus is None else v * cpus for v in s.host_cpu]
 
 
-def _scaled(values, k: float) -> list[float | None]:
+def _scaled(values: Iterable[float | None], k: float) -> list[float | None]:
     return [None if v is None else v * k for v in values]
 
 
@@ -363,7 +382,9 @@ def compare_html(c: Comparison) -> str:
     return page(f"dlwatch comparison: {c.a.recording.name} vs {c.b.recording.name}", body)
 
 
-def _overlay(la: LoaderSeries, lb: LoaderSeries, attr: str, k: float, ymax, t_max: float) -> str:
+def _overlay(
+    la: LoaderSeries, lb: LoaderSeries, attr: str, k: float, ymax: float | None, t_max: float
+) -> str:
     """A and B on one time axis, each from its own first sample; the chart
     takes one time axis, so B's points are placed on A's where they fall."""
     ta = [t - la.t[0] for t in la.t]

@@ -9,10 +9,15 @@ recording's start.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from dlwatch.record.reader import Recording
 from dlwatch.snapshot import GONE_STATES, as_dict, as_int, as_str, num, records, severity_rank
+
+# A hint's identity across lines: (id, job_pid, loader_id).
+HintKey = tuple[str, int | None, int | None]
 
 # The loader settings a report shows and a comparison diffs, in that order.
 SETTINGS = (
@@ -43,7 +48,7 @@ class LoaderSeries:
     loader_id: int
     cmdline: str = ""
     rank: int | None = None
-    settings: dict = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
     settings_changed: list[str] = field(default_factory=list)
     t: list[float] = field(default_factory=list)
     data_wait: list[float | None] = field(default_factory=list)  # 0..1
@@ -77,7 +82,7 @@ class HintSpan:
     end: float
     message: str
     suggestion: str
-    evidence: dict
+    evidence: dict[str, Any]
 
 
 @dataclass
@@ -92,7 +97,7 @@ class RecordingSeries:
     gpus: dict[int, list[float | None]] = field(default_factory=dict)
     gpu_names: dict[int, str] = field(default_factory=dict)
     hints: list[HintSpan] = field(default_factory=list)
-    jobs: dict[int, dict] = field(default_factory=dict)  # pid -> the job's last record
+    jobs: dict[int, dict[str, Any]] = field(default_factory=dict)  # pid -> the job's last record
 
     @property
     def duration_s(self) -> float:
@@ -110,7 +115,7 @@ def build(rec: Recording) -> RecordingSeries:
     snaps.sort(key=lambda s: num(s.get("time")) or 0.0)
     t0 = rec.start if rec.start is not None else (num(snaps[0].get("time")) if snaps else 0.0) or 0.0
     out = RecordingSeries(rec, t0, num(rec.header.get("interval_s")) or _median_step(snaps) or 1.0)
-    open_hints: dict[tuple, HintSpan] = {}
+    open_hints: dict[HintKey, HintSpan] = {}
     for snap in snaps:
         t = (num(snap.get("time")) or t0) - t0
         out.times.append(t)
@@ -137,19 +142,19 @@ def build(rec: Recording) -> RecordingSeries:
         _add_hints(out, open_hints, snap, t)
     for ls in out.loaders.values():
         ls._pad_workers()
-    for g in out.gpus.values():
-        g.extend([None] * (len(out.times) - len(g)))
+    for util in out.gpus.values():
+        util.extend([None] * (len(out.times) - len(util)))
     out.hints.sort(key=lambda h: (h.start, severity_rank(h.severity), h.id))
     return out
 
 
-def _median_step(snaps: list[dict]) -> float | None:
+def _median_step(snaps: list[dict[str, Any]]) -> float | None:
     ts = [num(s.get("time")) or 0.0 for s in snaps]
     steps = [b - a for a, b in zip(ts, ts[1:]) if b > a]
     return statistics.median(steps) if steps else None
 
 
-def _add_loader(out: RecordingSeries, pid: int, job: dict, ld: dict, t: float) -> None:
+def _add_loader(out: RecordingSeries, pid: int, job: dict[str, Any], ld: dict[str, Any], t: float) -> None:
     lid = as_int(ld.get("id"))
     if lid is None:
         return
@@ -192,8 +197,10 @@ def _add_loader(out: RecordingSeries, pid: int, job: dict, ld: dict, t: float) -
         ws.rss.append(num(w.get("rss_bytes")))
 
 
-def _add_hints(out: RecordingSeries, open_hints: dict, snap: dict, t: float) -> None:
-    seen = set()
+def _add_hints(
+    out: RecordingSeries, open_hints: dict[HintKey, HintSpan], snap: dict[str, Any], t: float
+) -> None:
+    seen: set[HintKey] = set()
     for h in records(snap.get("hints")):
         key = (as_str(h.get("id")), as_int(h.get("job_pid")), as_int(h.get("loader_id")))
         if not key[0]:
@@ -234,13 +241,13 @@ def _moved(ls: LoaderSeries) -> int:
 # ---------------------------------------------------------------- summaries
 
 
-def mean(values) -> float | None:
+def mean(values: Iterable[float | None]) -> float | None:
     xs = [v for v in values if v is not None]
     return sum(xs) / len(xs) if xs else None
 
 
-def quantile(values, q: float) -> float | None:
-    xs = sorted(v for v in values if v is not None)
+def quantile(values: Iterable[float | None], q: float) -> float | None:
+    xs: list[float] = sorted(v for v in values if v is not None)
     if not xs:
         return None
     k = (len(xs) - 1) * q
@@ -248,7 +255,7 @@ def quantile(values, q: float) -> float | None:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def summary(ls: LoaderSeries) -> dict:
+def summary(ls: LoaderSeries) -> dict[str, Any]:
     """The figures a report's table and a comparison show for one loader.
 
     Throughput is batches moved over the time they took (from the job's

@@ -22,6 +22,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from dlwatch import __version__
+from dlwatch.snapshot import SnapshotSource
 from dlwatch.tui import fmt
 from dlwatch.tui.gpu import GpuPanel
 from dlwatch.tui.help import HelpScreen
@@ -29,14 +30,15 @@ from dlwatch.tui.hints import HintDetailScreen, HintsPanel
 from dlwatch.tui.host import HostLine
 from dlwatch.tui.jobs import JobList, JobRow, group_jobs, job_state
 from dlwatch.tui.keyed import set_static
-from dlwatch.tui.keys import APP_KEYS, SCREEN_KEYS
+from dlwatch.tui.keys import APP_KEYS, SCREEN_KEYS, palette_keys
 from dlwatch.tui.loader import LoaderPanel
 from dlwatch.tui.profile import ProfileScreen, Runner
-from dlwatch.tui.sources import Source
+from dlwatch.tui.sources import ReplayControls
 from dlwatch.tui.status import job_header, status_text
 from dlwatch.tui.textline import TextLine
 
 W = TypeVar("W")
+_R = TypeVar("_R")
 
 # The headline (data wait, rates, prefetch queue) and the job list are drawn
 # from every snapshot; the panels fed by once-a-second samples (workers' CPU
@@ -97,8 +99,10 @@ class MonitorScreen(Screen):
         and a DOM query on every refresh is a measurable share of the TUI's CPU."""
         widget = self._refs.get(selector)
         if widget is None:
-            widget = self._refs[selector] = self.query_one(selector, kind)
-        return widget  # type: ignore[return-value]
+            widget = self._refs[selector] = self.query_one(selector)
+        if not isinstance(widget, kind):
+            raise TypeError(f"{selector} is a {type(widget).__name__}, not a {kind.__name__}")
+        return widget
 
     def on_mount(self) -> None:
         self.ready = True
@@ -129,7 +133,7 @@ class DlwatchApp(App):
 
     def __init__(
         self,
-        source: Source,
+        source: SnapshotSource,
         interval: float = 0.5,
         *,
         runtime_dir: str | None = None,
@@ -137,6 +141,7 @@ class DlwatchApp(App):
         time_format: Callable[[float], str] = local_time,
         version: str = __version__,
         profiler: Runner | None = None,
+        worker_profiler: Runner | None = None,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
@@ -147,6 +152,7 @@ class DlwatchApp(App):
         self.time_format = time_format
         self.version = version
         self.profiler = profiler
+        self.worker_profiler = worker_profiler
         self.paused = False
         self.snapshot: dict | None = None
         self.rows: list[JobRow] = []
@@ -182,12 +188,10 @@ class DlwatchApp(App):
         # soon as each one is built; the timer then only keeps the status
         # line honest (staleness). Polling alone would add up to one more
         # period between the job and the screen.
-        subscribe = getattr(self.source, "subscribe", None)
-        if callable(subscribe):
-            try:
-                subscribe(self._snapshot_ready)
-            except Exception:
-                pass  # the timer still polls
+        try:
+            self.source.subscribe(self._snapshot_ready)
+        except Exception:
+            pass  # the timer still polls
         self.set_interval(self.interval, self.tick, name="dlwatch-refresh")
         self.tick()
 
@@ -347,20 +351,20 @@ class DlwatchApp(App):
                 error, Text(f"✖ could not draw {what}: {msg}{more}; the rest is live", self.palette.bad)
             )
 
-    def _draw_host(self, screen: Screen, snap: dict | None, pal: fmt.Palette, wide: bool) -> None:
+    def _draw_host(self, screen: MonitorScreen, snap: dict | None, pal: fmt.Palette, wide: bool) -> None:
         host = screen.ref("#host", HostLine)
         host.display = snap is not None
         if snap is not None:
             host.show(snap, pal, wide)
 
-    def _draw_headline(self, screen: Screen, job: dict | None, pal: fmt.Palette, wide: bool) -> None:
+    def _draw_headline(self, screen: MonitorScreen, job: dict | None, pal: fmt.Palette, wide: bool) -> None:
         loaders = [ld for ld in fmt.lst((job or {}).get("loaders")) if isinstance(ld, dict)]
         panels = list(screen.ref("#loaders", Vertical).query_children(LoaderPanel))
         for panel, ld in zip(panels, loaders):
             panel.show_headline(ld, pal, wide)
 
     def _draw_job(
-        self, screen: Screen, snap: dict | None, job: dict | None, pal: fmt.Palette, wide: bool
+        self, screen: MonitorScreen, snap: dict | None, job: dict | None, pal: fmt.Palette, wide: bool
     ) -> None:
         header = screen.ref("#job-header", TextLine)
         message = screen.ref("#message", Static)
@@ -466,7 +470,7 @@ class DlwatchApp(App):
         if self.is_replay:
             # Replay pauses the playback itself: the display keeps following
             # it, so seeking while paused shows where it lands.
-            self._replay_control("toggle_pause")
+            self._replay_control(lambda r: r.toggle_pause())
             return
         self.paused = not self.paused
         self._guard("status", self._draw_status)
@@ -483,26 +487,34 @@ class DlwatchApp(App):
     def is_replay(self) -> bool:
         """The source plays a recording (``ReplaySource``): no job is reachable,
         and the replay keys move through it."""
-        return getattr(self.source, "replay", False) is True
+        return self._replay() is not None
+
+    def _replay(self) -> ReplayControls | None:
+        source = self.source
+        return source if isinstance(source, ReplayControls) and source.replay is True else None
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action.startswith("replay_"):
             return self.is_replay
-        if action == "profile":
+        if action in ("profile", "worker_profile"):
             return not self.is_replay  # a recording has no job to ask
         return True
 
     def _replay_status(self) -> str | None:
-        if not self.is_replay:
+        replay = self._replay()
+        if replay is None:
             return None
         try:
-            return str(self.source.status())  # type: ignore[attr-defined]
+            return str(replay.status())
         except Exception as e:
             return f"replay ({type(e).__name__}: {e})"
 
-    def _replay_control(self, name: str, *args):
+    def _replay_control(self, control: Callable[[ReplayControls], _R]) -> _R | None:
+        replay = self._replay()
+        if replay is None:
+            return None
         try:
-            result = getattr(self.source, name)(*args)
+            result = control(replay)
         except Exception as e:
             self.notify(f"replay: {type(e).__name__}: {e}", severity="error")
             return None
@@ -511,20 +523,19 @@ class DlwatchApp(App):
         return result
 
     def action_replay_seek(self, seconds: float) -> None:
-        self._replay_control("seek", float(seconds))
+        self._replay_control(lambda r: r.seek(float(seconds)))
 
     def action_replay_step(self, lines: int) -> None:
-        self._replay_control("step", int(lines))
+        self._replay_control(lambda r: r.step(int(lines)))
 
     def action_replay_edge(self, end: int) -> None:
-        self._replay_control("step", (1 if end else -1) * (1 << 40))
+        self._replay_control(lambda r: r.step((1 if end else -1) * (1 << 40)))
 
     def action_replay_speed(self, factor: float) -> None:
-        speed = float(getattr(self.source, "speed", 1.0))
-        self._replay_control("set_speed", speed * float(factor))
+        self._replay_control(lambda r: r.set_speed(float(r.speed) * float(factor)))
 
     def action_replay_hint(self, direction: int) -> None:
-        ids = self._replay_control("jump_hint", int(direction))
+        ids = self._replay_control(lambda r: r.jump_hint(int(direction)))
         if ids is None:
             self.notify(f"no {'later' if direction > 0 else 'earlier'} hint in this recording", timeout=3)
         else:
@@ -537,9 +548,10 @@ class DlwatchApp(App):
         pid = fmt.intval(job.get("pid")) if job else None
         self.push_screen(HintDetailScreen(self.snapshot, pid, self.palette))
 
-    def action_screenshot(self) -> None:
+    def action_screenshot(self, filename: str | None = None, path: str | None = None) -> None:
+        """``s``: an SVG of the screen, in the working directory unless told."""
         try:
-            path = self.save_screenshot(path=os.getcwd())
+            path = self.save_screenshot(filename, path=path or os.getcwd())
         except OSError as e:
             self.notify(f"screenshot failed: {e.strerror or e}", severity="error")
             return
@@ -569,21 +581,31 @@ class DlwatchApp(App):
         self.redraw(full=True)
 
     def action_profile(self) -> None:
+        pid = self._profilable_pid(self.profiler)
+        if pid is not None and self.profiler is not None:
+            self.push_screen(ProfileScreen(pid, self.profiler))
+
+    def action_worker_profile(self) -> None:
+        pid = self._profilable_pid(self.worker_profiler)
+        if pid is not None and self.worker_profiler is not None:
+            self.push_screen(ProfileScreen(pid, self.worker_profiler, workers=True))
+
+    def _profilable_pid(self, runner: Runner | None) -> int | None:
         job = self.selected_job()
         pid = fmt.intval(job.get("pid")) if job else None
         if pid is None:
             self.notify("no job selected", severity="warning")
-            return
+            return None
         if job_state(job) != "live":
             self.notify("only a live job can be profiled", severity="warning")
-            return
-        if self.profiler is None:
+            return None
+        if runner is None:
             # A replay, or a view built without a way to reach the jobs.
             self.notify("profiling needs the live view (dlwatch top)", severity="warning")
-            return
+            return None
         if isinstance(self.screen, ProfileScreen):
-            return
-        self.push_screen(ProfileScreen(pid, self.profiler))
+            return None
+        return pid
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         # Ours replace Textual's "Keys" and "Screenshot", which do the same
@@ -591,30 +613,19 @@ class DlwatchApp(App):
         for command in super().get_system_commands(screen):
             if command.title not in ("Keys", "Screenshot"):
                 yield command
-        ours = (
-            ("Pause / resume", "Stop or restart updating the display (p)", self.action_toggle_pause),
-            (
-                "Save screenshot",
-                "Write an SVG of the screen to the current directory (s)",
-                self.action_screenshot,
-            ),
-            ("Next job", "Select the next job (tab, j)", self.action_next_job),
-            ("Previous job", "Select the previous job (shift+tab, k)", self.action_prev_job),
-            ("Dismiss exited job", "Forget the selected exited job (d)", self.action_dismiss_job),
-            (
-                "Profile job",
-                "torch.profiler over 10 steps of the selected job: verdict and trace (P)",
-                self.action_profile,
-            ),
-            ("Keys", "Show the key bindings and the legend (?)", self.action_help),
-        )
-        for title, help_text, action in ours:
-            yield SystemCommand(title, help_text, action)
+        for key in palette_keys():
+            yield SystemCommand(key.command, key.command_help, getattr(self, key.method))
 
 
-def run_tui(source: Source, interval: float = 0.5, profiler: Runner | None = None) -> int:
+def run_tui(
+    source: SnapshotSource,
+    interval: float = 0.5,
+    profiler: Runner | None = None,
+    worker_profiler: Runner | None = None,
+) -> int:
     """Run the TUI until the user quits; the CLI's exit code. ``profiler``
-    runs a burst on a job (the CLI passes the collector's; None: no bursts)."""
-    app = DlwatchApp(source, interval=interval, profiler=profiler)
+    runs a burst on a job, ``worker_profiler`` a worker profile (the CLI
+    passes the collector's; None: no bursts)."""
+    app = DlwatchApp(source, interval=interval, profiler=profiler, worker_profiler=worker_profiler)
     app.run()
     return 0 if app.return_code in (None, 0) else int(app.return_code)

@@ -14,7 +14,7 @@ from typing import Any
 
 from rich.text import Text
 
-from dlwatch.snapshot import as_dict, as_list, num, severity_rank  # noqa: F401
+from dlwatch.snapshot import as_dict, as_list, num, percent, severity_rank  # noqa: F401
 
 NA = "n/a"
 
@@ -72,15 +72,14 @@ def s(x: Any, default: str = "") -> str:
 
 
 def pct(frac: Any, digits: int = 0) -> str:
-    """A 0..1 fraction as a percentage."""
-    v = num(frac)
-    return NA if v is None else f"{v * 100:.{digits}f}%"
+    """A 0..1 fraction as a percentage (``dlwatch.snapshot.percent``)."""
+    return percent(frac, digits)
 
 
 def pct100(p: Any, digits: int = 0) -> str:
-    """A value already in percent."""
+    """A value already in percent (CPU: 100 = one core)."""
     v = num(p)
-    return NA if v is None else f"{v:.{digits}f}%"
+    return percent(None if v is None else v / 100, digits)
 
 
 def ms(v: Any) -> str:
@@ -143,27 +142,6 @@ def duration(v: Any) -> str:
     if x < 86400:
         return f"{x // 3600}h{(x % 3600) // 60:02d}m"
     return f"{x // 86400}d{(x % 86400) // 3600}h"
-
-
-def evidence_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        if v.is_integer() and abs(v) < 1e12:
-            return str(int(v))
-        return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
-    if isinstance(v, (int, str)):
-        return str(v)
-    return "…"
-
-
-def evidence(ev: Any, limit: int = 4) -> str:
-    """The first few evidence items as ``k=v`` (the rule puts the key ones first)."""
-    items = list(d(ev).items())
-    out = ", ".join(f"{k}={evidence_value(v)}" for k, v in items[:limit])
-    if len(items) > limit:
-        out += ", …"
-    return out
 
 
 def truncate(text: str, width: int) -> str:
@@ -244,7 +222,8 @@ def sparkline_rows(
     width = max(0, width)
     height = max(1, height)
     vals = [num(v) for v in lst(values)][-width:] if width else []
-    cols: list[float | None] = [None] * (width - len(vals)) + vals
+    cols: list[float | None] = [None] * (width - len(vals))
+    cols += vals
     rows: list[list[tuple[str, float | None]]] = [[] for _ in range(height)]
     levels = 8 * height
     for v in cols:

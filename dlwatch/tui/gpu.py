@@ -40,7 +40,7 @@ def gpu_summary(g: dict, pal: fmt.Palette, wide: bool) -> Text:
     t.append(f"GPU{fmt.count(g.get('index'))} ", "bold")
     if wide:
         t.append(fmt.truncate(fmt.s(g.get("name"), "?"), 24) + " ", pal.dim)
-    t.append(f"util {fmt.pct100(util):>4} ")
+    t.append(f"util {fmt.pct100(util):>5} ")
     t.append("mem ")
     t.append_text(fmt.bar(frac, MEM_BAR if wide else 5, pal.accent, pal))
     t.append(f" {fmt.size(used)}/{fmt.size(total)} ")

@@ -9,6 +9,7 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.widgets import Static
 
+from dlwatch.diagnose.render import evidence_items, evidence_text
 from dlwatch.tui import fmt
 from dlwatch.tui.keyed import set_static
 from dlwatch.tui.textmodal import TextModal
@@ -41,7 +42,7 @@ def hint_text(h: dict, pal: fmt.Palette, wide: bool) -> Text:
         t.append(f" (loader {fmt.count(h.get('loader_id'))})", pal.dim)
     t.append(": " + fmt.s(h.get("message"), fmt.NA))
     suggestion = fmt.s(h.get("suggestion"))
-    ev = fmt.evidence(h.get("evidence"), limit=6 if wide else 3)
+    ev = evidence_text(h.get("evidence"), limit=6 if wide else 3)
     if suggestion:
         t.append("\n  → ", f"bold {pal.level(level)}")
         t.append(suggestion)
@@ -74,7 +75,11 @@ class HintsPanel(Static):
             return
         hints, others = relevant_hints(snapshot.get("hints"), job_pid)
         out = Text()
-        if not hints:
+        broken = fmt.s(snapshot.get("hints_error"))
+        if broken and not hints:
+            # No hints from a diagnosis that did not run is not "nothing to fix".
+            out.append(f"✖ no hints: {broken}", pal.bad)
+        elif not hints:
             out.append("✓ no hints" + (" for this job" if others else ""), pal.good)
             out.append(" — nothing to fix in the input pipeline right now" if not others else "", pal.dim)
         for i, h in enumerate(hints):
@@ -92,22 +97,13 @@ def hint_detail(h: dict, pal: fmt.Palette) -> Text:
     """One hint in full: the message, the next step and every evidence item
     on its own line (the panel shows the first few, cut to the width)."""
     t = hint_text({k: v for k, v in h.items() if k != "evidence"}, pal, wide=True)
-    ev = fmt.d(h.get("evidence"))
-    if ev:
+    items = evidence_items(h.get("evidence"), missing=True)
+    if items:
         t.append("\n  evidence:", "bold")
-        for k, v in ev.items():
+        for k, v in items:
             t.append(f"\n    {k} = ", pal.dim)
-            t.append(fmt.evidence_value(v) if not isinstance(v, (list, dict)) else _compact(v))
+            t.append(v)
     return t
-
-
-def _compact(v: Any) -> str:
-    import json
-
-    try:
-        return json.dumps(v, separators=(", ", ": "), default=str)
-    except (TypeError, ValueError):
-        return fmt.NA
 
 
 class HintDetailScreen(TextModal):

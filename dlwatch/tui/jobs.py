@@ -66,8 +66,7 @@ class JobRow:
 
     @property
     def batches_per_s(self) -> float | None:
-        vals = [fmt.num(primary_loader(j).get("batches_per_s")) for j in self.jobs]
-        vals = [v for v in vals if v is not None]
+        vals = [v for j in self.jobs if (v := fmt.num(primary_loader(j).get("batches_per_s"))) is not None]
         return sum(vals) if vals else None
 
     @property
@@ -174,6 +173,8 @@ class JobList(LineTable):
             else:
                 label_cell = str(pid) if pid is not None else fmt.NA
             cmd = fmt.s(job.get("cmdline"), fmt.NA)
+            if job.get("sampled") is True:
+                cmd = "[sampled] " + cmd
             wait_prefix = ""
         state = row.state
         wait = row.data_wait

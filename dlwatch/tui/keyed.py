@@ -16,6 +16,8 @@ from rich.text import Text
 from textual.geometry import Size
 from textual.widgets import Static
 
+from dlwatch.tui.textline import TextLine
+
 
 def text_key(value: Any) -> Any:
     """What a cell or line looks like, as a comparable value."""
@@ -37,7 +39,7 @@ _SHOWN = "_dlwatch_shown"
 _ANY = Size(0, 0)
 
 
-def set_static(widget: Static, content: Any) -> bool:
+def set_static(widget: Static | TextLine, content: Any) -> bool:
     """``widget.update(content)`` unless it already shows exactly that.
 
     A changed content is repainted; a new layout of the screen (which
@@ -55,7 +57,7 @@ def set_static(widget: Static, content: Any) -> bool:
     return True
 
 
-def _needs_layout(widget: Static) -> bool:
+def _needs_layout(widget: Static | TextLine) -> bool:
     try:
         if any(not node.display for node in widget.ancestors_with_self):
             # Hidden (by CSS, e.g. the compact layout, or with its panel):

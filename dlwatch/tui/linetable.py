@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rich.cells import cell_len
+from rich.console import JustifyMethod
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -53,7 +54,7 @@ class Column:
     key: str
     label: str
     width: int
-    justify: str = "left"  # for cells that do not say
+    justify: JustifyMethod = "left"  # for cells that do not say
 
 
 @dataclass
@@ -65,7 +66,7 @@ class _Row:
     strip_key: tuple | None = None
 
 
-def fit(text: Text, width: int, justify: str) -> Text:
+def fit(text: Text, width: int, justify: JustifyMethod) -> Text:
     """``text`` on one line of exactly ``width`` cells: cut with an ellipsis
     when too long, padded on the side its justification says."""
     t = text.copy()
@@ -185,9 +186,9 @@ class LineTable(ScrollView, can_focus=False):
         self._index = {r.key: i for i, r in enumerate(new)}
         cursor = self._index.get(cursor_key) if (self.show_cursor and cursor_key is not None) else None
         if cursor != self._cursor:
-            for i in (self._cursor, cursor):
-                if i is not None and i < len(new):
-                    changed[i] = None
+            for at in (self._cursor, cursor):
+                if at is not None and at < len(new):
+                    changed[at] = None
             self._cursor = cursor
         if len(new) != len(old):
             self._update_virtual_size()
@@ -311,11 +312,11 @@ class LineTable(ScrollView, can_focus=False):
         row = self._rows[index]
         is_cursor = index == self._cursor
         striped = self.zebra and index % 2 == 0
-        key = (width, is_cursor, striped)
-        if row.strip is None or row.strip_key != key:
+        row_key = (width, is_cursor, striped)
+        if row.strip is None or row.strip_key != row_key:
             pre = base + stripe if striped else base
             post = cursor if is_cursor else None
             row.strip = self._line(row.cells, pre, post, width, row.sig)
-            row.strip_key = key
+            row.strip_key = row_key
             self.strips_built += 1
         return row.strip

@@ -30,6 +30,13 @@ def loader_title(ld: dict, pal: fmt.Palette) -> Text:
     kind = fmt.s(ld.get("kind"))
     if kind:
         parts.append(kind)
+    ds = fmt.s(ld.get("dataset"))
+    if ds:
+        parts.append(ds)
+    on = ld.get("iterated_on")
+    if isinstance(on, dict) and on.get("main") is False:
+        # Its waits are a producer thread's, not the training loop's.
+        parts.append(Text(f"on thread {fmt.s(on.get('thread')) or '?'}", pal.dim))
     parts.append(f"{fmt.count(nw)} workers" if nw != 1 else "1 worker")
     parts.append(f"batch {fmt.count(ld.get('batch_size'))}")
     parts.append(f"pin {_flag(ld.get('pin_memory'))}")
@@ -48,6 +55,8 @@ def loader_stats(ld: dict, pal: fmt.Palette, wide: bool) -> Text:
     """The rates line. Compact: rates and the epoch on one line (cut with an
     ellipsis). Wide: the rates only, the epoch figures on ``epoch_stats``'s
     line below, so that neither is cut at 120 columns."""
+    if ld.get("sampled") is True:
+        return sampled_stats(ld, pal)
     parts: list[Text | str] = [
         Text.assemble((fmt.rate(ld.get("batches_per_s")), "bold"), " batch/s"),
         f"wait {fmt.ms(ld.get('wait_ms_mean'))}",
@@ -64,6 +73,25 @@ def loader_stats(ld: dict, pal: fmt.Palette, wide: bool) -> Text:
         parts.append(f"worker {fmt.ms(ld.get('worker_ms_per_batch'))}/batch")
     else:
         parts.append(f"epoch {fmt.count(ld.get('epoch'))} (start {fmt.ms(ld.get('epoch_start_ms_last'))})")
+    return fmt.join(parts, pal=pal)
+
+
+# What a figure only the hook measures reads for an attached job.
+NOT_SAMPLED = "n/a (attached: sampled)"
+
+
+def sampled_stats(ld: dict, pal: fmt.Palette) -> Text:
+    """An attached job's rates line: the data wait's ± and sample count, and
+    what sampling cannot give."""
+    pm = fmt.num(ld.get("data_wait_pm"))
+    parts: list[Text | str] = [
+        Text.assemble(
+            ("data wait ", "bold"),
+            f"{fmt.pct(ld.get('data_wait_fraction'))}" + ("" if pm is None else f" ± {pm * 100:.0f}"),
+        ),
+        f"{fmt.count(ld.get('data_wait_samples'))} samples over {fmt.duration(ld.get('window_s'))}",
+        Text(f"batch/s, wait, step, epoch: {NOT_SAMPLED}", pal.dim),
+    ]
     return fmt.join(parts, pal=pal)
 
 
@@ -93,7 +121,8 @@ def queue_line(ld: dict, pal: fmt.Palette) -> Text:
     q = fmt.d(ld.get("queue"))
     ready, flight, cap = q.get("ready"), q.get("in_flight"), q.get("capacity")
     t = Text("queue ", "bold")
-    if fmt.intval(cap) is None or fmt.intval(cap) <= 0:
+    capacity = fmt.intval(cap)
+    if capacity is None or capacity <= 0:
         if fmt.intval(ld.get("num_workers")) == 0:
             t.append("n/a (num_workers=0: the loop loads each batch itself)", pal.dim)
         else:
@@ -166,7 +195,7 @@ class WaitGauge(Horizontal):
             label.append("for data\n", "bold")
         else:
             label.append("DATA WAIT ", "bold")
-            label.append(f"{fmt.pct(frac):>4}", f"bold {style}")
+            label.append(f"{fmt.pct(frac):>5}", f"bold {style}")
             label.append(" ")
         label.append(fmt.LEVEL_LABEL[level] if level else "n/a", f"bold {style}")
         label.append(" ")
@@ -174,11 +203,9 @@ class WaitGauge(Horizontal):
         if not history:
             return  # the history moves once a second: drawn with the rest of the screen
         spark = self._spark
-        history = [
-            None if fmt.num(v) is None else fmt.num(v) * 100
-            for v in fmt.lst(fmt.d(ld.get("history")).get("data_wait_fraction"))
-        ]
-        spark.set_values(history, lambda v: pal.level(fmt.wait_level(v / 100)) or "", pal)
+        points = [fmt.num(v) for v in fmt.lst(fmt.d(ld.get("history")).get("data_wait_fraction"))]
+        percents = [None if v is None else v * 100 for v in points]
+        spark.set_values(percents, lambda v: pal.level(fmt.wait_level(v / 100) or "") or "", pal)
         set_static(self._axis, Text("history, 1 sample/s, fixed scale 0–100 %", pal.dim))
 
 

@@ -1,4 +1,5 @@
-"""The `P` screen: a profiler burst of the selected job, progress then summary.
+"""The `P` and `W` screens: a profiler burst of the selected job (or, with
+``workers``, a worker profile burst), progress then summary.
 
 A modal over the live screen, which keeps updating underneath. The request
 runs in a thread worker (it waits on the job's socket for up to a minute);
@@ -27,6 +28,7 @@ class ProfileScreen(ModalScreen[None]):
         Binding("escape", "close", "close"),
         Binding("q", "close", "close", show=False),
         Binding("P", "close", "close", show=False),
+        Binding("W", "close", "close", show=False),
     ]
 
     DEFAULT_CSS = """
@@ -38,11 +40,13 @@ class ProfileScreen(ModalScreen[None]):
     ProfileScreen #profile-text { width: 100%; }
     """
 
-    def __init__(self, pid: int, runner: Runner, steps: int = 10) -> None:
+    def __init__(self, pid: int, runner: Runner, steps: int = 10, workers: bool = False) -> None:
         super().__init__()
         self.pid = pid
         self.runner = runner
         self.steps = steps
+        self.of_workers = workers
+        self.what = "worker profile" if workers else "profile"
         self.doc: dict | None = None
         self.error: str | None = None
         self._cancel = threading.Event()
@@ -72,6 +76,9 @@ class ProfileScreen(ModalScreen[None]):
         if self.doc is not None or self.error is not None:
             return
         state = msg.get("state")
+        if self.of_workers:
+            self._text().update(self._progress_text(str(msg.get("message") or state)))
+            return
         done, total = msg.get("steps_done") or 0, msg.get("steps") or self.steps
         if state == "armed":
             what = "waiting for the loop's next batch"
@@ -84,7 +91,7 @@ class ProfileScreen(ModalScreen[None]):
 
     def _progress_text(self, what: str, note: str | None = None) -> Text:
         t = Text()
-        t.append(f"profiling PID {self.pid}\n\n", "bold")
+        t.append(f"{'worker profile of' if self.of_workers else 'profiling'} PID {self.pid}\n\n", "bold")
         t.append(f"{what}\n")
         if note:
             t.append(f"{note}\n", "dim")
@@ -92,12 +99,12 @@ class ProfileScreen(ModalScreen[None]):
         return t
 
     def _show_summary(self, doc: dict) -> None:
-        from dlwatch.diagnose.profile import summary_lines
+        from dlwatch.diagnose import profile, worker_profile
 
         self.doc = doc
         t = Text()
-        lines = summary_lines(doc)
-        t.append(f"profile of PID {self.pid}\n\n", "bold")
+        lines = (worker_profile if self.of_workers else profile).summary_lines(doc)
+        t.append(f"{self.what} of PID {self.pid}\n\n", "bold")
         for line in lines[1:] if not doc.get("error") else lines:
             style = "bold" if line.startswith(("verdict:", "next step:")) else ""
             t.append(line + "\n", style)
@@ -109,7 +116,7 @@ class ProfileScreen(ModalScreen[None]):
     def _show_error(self, message: str) -> None:
         self.error = message
         t = Text()
-        t.append(f"profile of PID {self.pid}\n\n", "bold")
+        t.append(f"{self.what} of PID {self.pid}\n\n", "bold")
         t.append(f"✖ {message}\n", "red")
         t.append("\nescape closes", "dim")
         self._text().update(t)

@@ -10,19 +10,25 @@ from __future__ import annotations
 
 import copy
 import threading
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+from dlwatch.snapshot import SnapshotSource
 
 
 @runtime_checkable
-class Source(Protocol):
-    """What the app needs. A source may also have ``subscribe(callback)``:
-    the app then redraws when the callback (from any thread) says a new
-    snapshot is ready, instead of waiting for its next timer tick."""
+class ReplayControls(SnapshotSource, Protocol):
+    """A source that plays a recording: what the replay keys call."""
 
-    def start(self) -> None: ...
-    def stop(self) -> None: ...
-    def latest(self) -> dict | None: ...
-    def dismiss(self, job_pid: int) -> None: ...
+    replay: bool
+    speed: float
+
+    def status(self) -> str: ...
+    def toggle_pause(self) -> None: ...
+    def set_speed(self, speed: float) -> None: ...
+    def step(self, lines: int) -> None: ...
+    def seek(self, seconds: float) -> None: ...
+    def jump_hint(self, direction: int = 1) -> tuple[str, ...] | None: ...
 
 
 def _without_jobs(snapshot: dict | None, dismissed: set[int]) -> dict | None:
@@ -57,6 +63,9 @@ class StaticSource:
 
     def start(self) -> None:
         self.started = True
+
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        """Nothing to announce: the app's timer polls."""
 
     def stop(self) -> None:
         self.stopped = True
@@ -127,7 +136,7 @@ class ReplaySource:
         self._paused = False
         self._current: dict | None = None
         self._dismissed: set[int] = set()
-        self._listeners: list = []
+        self._listeners: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -135,7 +144,7 @@ class ReplaySource:
         # Where each hint id starts showing (not shown on the line before):
         # what "jump to the next hint" jumps to.
         self._onsets: list[tuple[int, tuple[str, ...]]] = []
-        before: set[str] = set()
+        before: set[Any] = set()
         for i, snap in enumerate(self._snapshots):
             ids = {h.get("id") for h in snap.get("hints") or () if isinstance(h, dict) and h.get("id")}
             new = sorted(str(x) for x in ids - before)
@@ -172,7 +181,7 @@ class ReplaySource:
         if t is not None:
             t.join(timeout=2)
 
-    def subscribe(self, callback) -> None:
+    def subscribe(self, callback: Callable[[], None]) -> None:
         self._listeners.append(callback)
 
     def latest(self) -> dict | None:

@@ -45,6 +45,11 @@ def status_text(
         parts.append(Text("⏸ PAUSED (p resumes)", f"bold reverse {pal.warn}"))
     if source_error:
         parts.append(Text(f"✖ source: {source_error}", pal.bad))
+    faults = [e for e in fmt.lst(fmt.d(snapshot).get("errors")) if isinstance(e, str)]
+    if faults:
+        # The newest fault; the rest are in `dlwatch snapshot` and the JSON.
+        more = f" (+{len(faults) - 1})" if len(faults) > 1 else ""
+        parts.append(Text(f"✖ collector: {faults[-1]}{more}", pal.bad))
     if snapshot is None:
         parts.append(Text("waiting for data…", pal.dim))
     else:
@@ -80,6 +85,9 @@ def job_header(job: Any, pal: fmt.Palette, wide: bool) -> Text:
         reason = fmt.s(job.get("state_reason"))
         parts.append(Text(f"■ {state.upper()}" + (f" ({reason})" if reason else ""), f"bold {pal.warn}"))
         parts.append(Text("last figures; d dismisses", pal.dim))
+    if job.get("sampled") is True:
+        # Attached without the hook: figures are shares of stack samples.
+        parts.append(Text("◌ sampled (attached, no hook)", f"bold {pal.warn}"))
     parts.append(f"main CPU {fmt.pct100(job.get('main_cpu_percent'))}")
     if wide:
         parts.append(f"main thread {fmt.pct100(job.get('main_thread_cpu_percent'))}")

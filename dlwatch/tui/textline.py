@@ -64,7 +64,7 @@ class TextLine(Widget):
     def render_line(self, y: int) -> Strip:
         width = self.size.width
         if self._strips is None or self._strips[0] != width:
-            self._strips = (width, self._render(width))
+            self._strips = (width, self._layout(width))
         strips = self._strips[1]
         if 0 <= y < len(strips):
             return strips[y]
@@ -75,7 +75,7 @@ class TextLine(Widget):
             self._base = self.rich_style
         return self._base
 
-    def _render(self, width: int) -> list[Strip]:
+    def _layout(self, width: int) -> list[Strip]:
         base = self._base_style()
         console = self.app.console
         strips = []

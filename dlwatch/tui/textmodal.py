@@ -3,6 +3,8 @@ help (``?``) and the hints in full (``e``) are both this."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -53,5 +55,5 @@ class TextModal(ModalScreen[None]):
         with box:
             yield Static(self._body, id=self._body_id, classes="modal-text")
 
-    def action_dismiss(self) -> None:
+    async def action_dismiss(self, result: Any = None) -> None:
         self.dismiss(None)

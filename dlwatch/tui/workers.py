@@ -27,8 +27,8 @@ class WorkersTable(LineTable):
     COLUMNS = (
         ("id", "id", 2),
         ("pid", "PID", 7),
-        ("cpu", "CPU", CPU_BAR + 5),
-        ("busy", "busy", 4),
+        ("cpu", "CPU", CPU_BAR + 6),
+        ("busy", "busy", 5),
         ("fetch", "fetch", 7),
         ("rss", "RSS", 7),
         ("uss", "USS", 7),
@@ -57,7 +57,7 @@ class WorkersTable(LineTable):
         # Plain strings and (text, style) runs: see linetable.Cell.
         cpu = fmt.num(w.get("cpu_percent"))
         cpu_cell = fmt.bar_runs(None if cpu is None else cpu / 100, CPU_BAR, pal.accent, pal) + (
-            (f"{fmt.pct100(cpu):>5}", ""),
+            (f"{fmt.pct100(cpu):>6}", ""),
         )
         state = fmt.s(w.get("state"), fmt.NA)
         error = fmt.s(w.get("error"))

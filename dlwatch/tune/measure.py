@@ -42,6 +42,11 @@ FIRST_BATCH_TIMEOUT_S = 120.0
 STABLE_TOLERANCE = 0.02
 STABLE_MIN_SHARE = 0.5
 STABLE_MIN_S = 3.0
+# A replay (ceiling) trial whose loader has not started replaying this long
+# after its first batch is reported rather than waited on (the warm-up and
+# the cached batches take seconds; a loop that never iterates the selected
+# loader again would take forever).
+REPLAY_START_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -93,11 +98,22 @@ class TrialMeter:
 
     ``loader_id``: the loader to measure (later trials); None: every loader
     is followed and the busiest (the most loop time spent on it) is reported.
+    ``replay``: a ceiling trial: the steady state starts once the loader
+    replays (its ``replay.state`` read "replaying" in an earlier snapshot,
+    so no window of the steady state holds a batch that was loaded).
     """
 
-    def __init__(self, trial_s: float, loader_id: int | None = None, warmup_s: float | None = None) -> None:
+    def __init__(
+        self,
+        trial_s: float,
+        loader_id: int | None = None,
+        warmup_s: float | None = None,
+        replay: bool = False,
+    ) -> None:
         self.trial_s = trial_s
         self.loader_id = loader_id
+        self.replay = replay
+        self.replaying_at: float | None = None
         self.warmup_s = WARMUP_AFTER_FIRST_BATCH_S if warmup_s is None else warmup_s
         self.started: float | None = None
         self.first_batch_at: float | None = None
@@ -127,8 +143,7 @@ class TrialMeter:
         if job is None:
             return
         self.job = job
-        lds = {as_int(ld.get("id")): ld for ld in records(job.get("loaders"))}
-        lds.pop(None, None)
+        lds = {lid: ld for ld in records(job.get("loaders")) if (lid := as_int(ld.get("id"))) is not None}
         self.loaders.update(lds)
         watched = [lds[self.loader_id]] if self.loader_id in lds else list(lds.values())
         if self.loader_id is not None and self.loader_id not in lds:
@@ -138,11 +153,13 @@ class TrialMeter:
                 self.first_batch_at = t
             return
         if self.steady_from is None:
+            if self.replay and not self._replay_started(watched, t):
+                return
             if t - self.first_batch_at < self.warmup_s:
                 return
             self.steady_from = t
         for ld in watched:
-            self.points.setdefault(as_int(ld["id"]), []).append(_point(t, ld))
+            self.points.setdefault(as_int(ld["id"]) or 0, []).append(_point(t, ld))  # keys of lds: ints
         for h in records(snapshot.get("hints")):
             if as_int(h.get("job_pid")) == as_int(job.get("pid")) and isinstance(h.get("id"), str):
                 self.hint_ids.add(h["id"])
@@ -158,6 +175,13 @@ class TrialMeter:
             self._job.worker_uss = max(self._job.worker_uss or 0, int(sum(uss)))
         if rss:
             self._job.worker_rss = max(self._job.worker_rss or 0, int(sum(rss)))
+
+    def _replay_started(self, watched: list, t: float) -> bool:
+        if self.replaying_at is not None:
+            return True
+        if any(as_dict(ld.get("replay")).get("state") == "replaying" for ld in watched):
+            self.replaying_at = t
+        return False
 
     # --- state -----------------------------------------------------------------
 
@@ -184,7 +208,8 @@ class TrialMeter:
             return True
         if s < max(STABLE_MIN_S, STABLE_MIN_SHARE * self.trial_s):
             return False
-        pts = self.points.get(self.busiest() if self.loader_id is None else self.loader_id, [])
+        lid = self.busiest() if self.loader_id is None else self.loader_id
+        pts = self.points.get(lid, []) if lid is not None else []
         half = len(pts) // 2
         if half < 2:
             return False
@@ -195,12 +220,22 @@ class TrialMeter:
 
     @property
     def stuck(self) -> bool:
-        return (
-            self.first_batch_at is None
-            and self.started is not None
-            and self.last_t is not None
-            and self.last_t - self.started > FIRST_BATCH_TIMEOUT_S
-        )
+        return self.stuck_reason is not None
+
+    @property
+    def stuck_reason(self) -> str | None:
+        if self.started is None or self.last_t is None:
+            return None
+        if self.first_batch_at is None:
+            if self.last_t - self.started > FIRST_BATCH_TIMEOUT_S:
+                return "no batch within the first-batch timeout"
+        elif (
+            self.replay
+            and self.replaying_at is None
+            and self.last_t - self.first_batch_at > REPLAY_START_TIMEOUT_S
+        ):
+            return f"the loader did not start replaying within {REPLAY_START_TIMEOUT_S:.0f} s"
+        return None
 
     def busiest(self) -> int | None:
         """The loader the loop spent the most time on over the steady state
@@ -286,7 +321,15 @@ class TrialMeter:
             "worker_cpu_share_of_busy": _round(share, 3),
             "usable_cores": self.usable_cores,
             "cuda_initialized": (self.job or {}).get("cuda_initialized"),
+            "replay": as_dict(ld.get("replay")) or None,
             "hints": sorted(self.hint_ids),
+            # What each worker-count hint promised (the last one seen), for the
+            # ceiling to bound (sweep).
+            "hint_speedups": {
+                k: num(as_dict(h.get("evidence")).get("expected_speedup"))
+                for k, h in sorted(self.hints.items())
+                if num(as_dict(h.get("evidence")).get("expected_speedup")) is not None
+            },
             "loaders_seen": [
                 {
                     "id": i,

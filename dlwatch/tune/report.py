@@ -3,7 +3,7 @@ table, the recommendation and the reason the search stopped at the end."""
 
 from __future__ import annotations
 
-from dlwatch.snapshot import num
+from dlwatch.snapshot import num, percent
 
 
 def settings_text(s: dict | None) -> str:
@@ -22,7 +22,13 @@ def settings_text(s: dict | None) -> str:
 def config_text(config: dict) -> str:
     if not config:
         return "the script's own settings"
+    if "replay" in config:
+        return "the script's own settings, data for free (replay)"
     return ", ".join(f"{k}={v}" for k, v in config.items())
+
+
+def trial_name(index: int, max_trials: int) -> str:
+    return "ceiling trial" if index < 0 else f"trial {index + 1} of at most {max_trials}"
 
 
 def _clock(seconds: float | None) -> str:
@@ -39,10 +45,10 @@ def progress_line(index: int, max_trials: int, config: dict, meter, trial_elapse
         phase = f"steady {meter.steady_s:.0f}/{meter.trial_s:.0f} s"
     figures = "n/a" if rate is None else f"{rate:.1f} batches/s"
     if wait is not None:
-        figures += f", data wait {wait * 100:.0f} %"
+        figures += f", data wait {percent(wait)}"
     left = sweep.budget_left()
     return (
-        f"trial {index + 1} of at most {max_trials} ({config_text(config)}): {phase}, {figures} | "
+        f"{trial_name(index, max_trials)} ({config_text(config)}): {phase}, {figures} | "
         f"elapsed {_clock(sweep.elapsed_s)}" + (f", budget left {_clock(left)}" if left is not None else "")
     )
 
@@ -52,16 +58,48 @@ def _mib(v) -> str:
     return "n/a" if v is None else f"{v / (1 << 20):.0f} MiB"
 
 
+def _group_means(trials: list[dict]) -> dict[tuple, float]:
+    """Mean batches/s of each setting over its ok trials (repeats included)."""
+    rates: dict[tuple, list[float]] = {}
+    for t in trials:
+        rate = num(t.get("batches_per_s"))
+        if t.get("status") == "ok" and rate is not None:
+            rates.setdefault(_key(t.get("settings")), []).append(rate)
+    return {k: sum(v) / len(v) for k, v in rates.items()}
+
+
+def _key(settings) -> tuple:
+    return tuple(sorted((settings or {}).items()))
+
+
+def _pct(v) -> str:
+    return "-" if num(v) is None else percent(v)
+
+
+def _row(t: dict, number: str, label: str, speedup: str, note: str) -> tuple:
+    ok = t.get("status") == "ok"
+    rate = num(t.get("batches_per_s"))
+    return (
+        number,
+        label,
+        f"{rate:.1f}" if ok and rate is not None else "-",
+        f"{t['samples_per_s']:.0f}" if ok and num(t.get("samples_per_s")) is not None else "-",
+        speedup,
+        _pct(t.get("data_wait_fraction")) if ok else "-",
+        f"{t['cpu_cores']:.1f}" if ok and num(t.get("cpu_cores")) is not None else "-",
+        _mib(t.get("worker_uss_bytes")) if ok and t.get("worker_uss_bytes") else "-",
+        note,
+    )
+
+
 def table(doc: dict) -> str:
+    """One row per trial, then the ceiling's. A trial's speed-up is its
+    setting's mean over the baseline setting's mean, repeats included: the
+    figure the recommendation states, and 1.00x for the baseline by definition."""
     base = doc.get("baseline") or {}
-    base_rates = [
-        t["batches_per_s"]
-        for t in doc.get("trials", [])
-        if t.get("status") == "ok"
-        and t.get("settings") == base.get("settings")
-        and num(t.get("batches_per_s"))
-    ]
-    base_rate = sum(base_rates) / len(base_rates) if base_rates else None
+    trials = doc.get("trials", [])
+    means = _group_means(trials)
+    base_rate = means.get(_key(base.get("settings"))) if base.get("status") == "ok" else None
     header = (
         "#",
         "settings",
@@ -74,27 +112,23 @@ def table(doc: dict) -> str:
         "",
     )
     rows = [header]
-    for t in doc.get("trials", []):
-        rate = num(t.get("batches_per_s"))
+    for t in trials:
         ok = t.get("status") == "ok"
         note = "" if ok else f"{t.get('status')}: {t.get('reason', '')}"
         if t.get("index") == 0:
             note = ("baseline; " + note) if note else "baseline"
-        rows.append(
-            (
-                str(t.get("index", "") + 1),
-                settings_text(t.get("settings")) if ok else config_text(t.get("config") or {}),
-                f"{rate:.1f}" if ok and rate is not None else "-",
-                f"{t['samples_per_s']:.0f}" if ok and num(t.get("samples_per_s")) is not None else "-",
-                f"{rate / base_rate:.2f}x" if ok and rate is not None and base_rate else "-",
-                f"{t['data_wait_fraction'] * 100:.0f} %"
-                if ok and num(t.get("data_wait_fraction")) is not None
-                else "-",
-                f"{t['cpu_cores']:.1f}" if ok and num(t.get("cpu_cores")) is not None else "-",
-                _mib(t.get("worker_uss_bytes")) if ok and t.get("worker_uss_bytes") else "-",
-                note,
-            )
-        )
+        mean = means.get(_key(t.get("settings"))) if ok else None
+        speedup = f"{mean / base_rate:.2f}x" if mean is not None and base_rate else "-"
+        label = settings_text(t.get("settings")) if ok else config_text(t.get("config") or {})
+        rows.append(_row(t, str(t.get("index", 0) + 1), label, speedup, note))
+    c = doc.get("ceiling")
+    if c is not None:
+        t = c.get("trial") or {}
+        sp = num(c.get("speedup"))
+        note = "" if t.get("status") == "ok" else f"{t.get('status')}: {t.get('reason', '')}"
+        if t.get("status") == "ok":
+            note = _replay_note(c)
+        rows.append(_row(t, "-", "data is free: ceiling", f"{sp:.2f}x" if sp is not None else "-", note))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
     right = {2, 3, 4, 5, 6, 7}
     lines = []
@@ -102,6 +136,14 @@ def table(doc: dict) -> str:
         cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
         lines.append("  ".join(cells) + ("  " + r[-1] if r[-1] else ""))
     return "\n".join(line.rstrip() for line in lines)
+
+
+def _replay_note(c: dict) -> str:
+    n, want = c.get("batches_cached"), c.get("batches_wanted")
+    note = f"{n} cached batches replayed"
+    if c.get("limited_by") == "max_bytes":
+        note += f" (of {want}: the byte budget, {_mib(c.get('bytes_cached'))} cached, was reached)"
+    return note
 
 
 def summary(doc: dict) -> str:
@@ -114,7 +156,6 @@ def summary(doc: dict) -> str:
     best = doc.get("best")
     if best is not None and doc.get("recommendation"):
         sp = doc.get("speedup")
-        spread = doc.get("speedup_spread")
         n = len(best.get("repeats") or [])
         same = best.get("settings") == (doc.get("baseline") or {}).get("settings")
         if same:
@@ -124,12 +165,42 @@ def summary(doc: dict) -> str:
             )
         else:
             how = f"{sp:.2f}x the baseline's batches/s" if sp is not None else "speed-up n/a"
-            if spread:
-                how += f" (± {spread * 100:.0f} %"
-                how += f", {n} trials)" if n > 1 else ")"
+            ceiling = doc.get("ceiling") or {}
+            share, csp = num(ceiling.get("best_share")), num(ceiling.get("speedup"))
+            if sp is not None and share is not None and csp is not None:
+                how += f" = {percent(share)} of the ceiling {csp:.2f}x"
+            if n > 1:
+                how += f" ({n} trials)"
             lines.append(f"Recommendation: {doc['recommendation']}")
             lines.append(f"  measured {how}")
+        if len(doc.get("trials") or []) > 1:
+            lines.append(noise_line(doc))
     elif doc.get("baseline") is None or (doc.get("baseline") or {}).get("status") != "ok":
         lines.append("No recommendation: the baseline trial did not measure.")
+    for h in (doc.get("ceiling") or {}).get("hints") or []:
+        if num(h.get("promised")) is not None and h["expected_speedup"] < h["promised"]:
+            lines.append(
+                f"  the baseline's {h['id']} hint promised {h['promised']:.2f}x: at most "
+                f"{h['expected_speedup']:.2f}x, the measured ceiling"
+            )
     lines.append(f"Stopped: {doc.get('stopped_because') or 'n/a'}")
     return "\n".join(lines)
+
+
+def noise_line(doc: dict) -> str:
+    """The noise the sweep measured between repeats of one setting, and the
+    allowance the recommendation used."""
+    nz = doc.get("noise") or {}
+    allow = num(nz.get("allowance"))
+    measured = num(nz.get("measured"))
+    reps = [f"{x:.1f}" for x in nz.get("repeats") or []]
+    if measured is None:
+        text = "  noise: no setting was repeated"
+    else:
+        text = (
+            f"  noise: repeats of {settings_text(nz.get('settings'))} measured {' vs '.join(reps)} "
+            f"batches/s ({percent(measured)} apart)"
+        )
+    if allow is not None:
+        text += f"; settings within {percent(allow)} of the fastest count as equal"
+    return text

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dlwatch import overrides
+from dlwatch.snapshot import SnapshotSource
 from dlwatch.tune.measure import TrialMeter
 
 # The collector's cadence during a trial: windows that tile the steady state.
@@ -51,7 +52,7 @@ def run_trial(
     loader_id: int | None = None,
     warmup_s: float | None = None,
     on_progress: Callable[[TrialMeter, float], None] | None = None,
-    monitor_factory: Callable[[str], object] | None = None,
+    monitor_factory: Callable[[str], SnapshotSource] | None = None,
 ) -> TrialOutcome:
     """Run ``cmd`` until ``trial_s`` of steady state (or it ends). ``env`` is
     the bootstrap environment; ``override`` the DLWATCH_OVERRIDES document
@@ -67,7 +68,9 @@ def run_trial(
     env.pop(overrides.ENV_VAR, None)
     if override is not None:
         env[overrides.ENV_VAR] = overrides.encode(override)
-    meter = TrialMeter(trial_s, loader_id=loader_id, warmup_s=warmup_s)
+    replay = bool(override and "replay" in override)
+    meter = TrialMeter(trial_s, loader_id=loader_id, warmup_s=warmup_s, replay=replay)
+    cpu = _GroupCpu()
     t0 = time.monotonic()
     err = open(err_path, "wb")
     try:
@@ -84,7 +87,7 @@ def run_trial(
         shutil.rmtree(workdir, ignore_errors=True)
         return TrialOutcome("failed", meter.figures(), reason=f"cannot start {cmd[0]}: {e.strerror or e}")
     monitor = (monitor_factory or _monitor)(rdir)
-    monitor.start()  # type: ignore[attr-defined]
+    monitor.start()
     status, reason = "ok", ""
     try:
         seen = None
@@ -94,26 +97,28 @@ def run_trial(
                 status = "crashed" if proc.returncode != 0 else "exited"
                 reason = _exit_reason(proc.returncode, meter)
                 break
-            snap = monitor.latest()  # type: ignore[attr-defined]
+            snap = monitor.latest()
             if snap is not None and snap is not seen:
                 seen = snap
                 meter.feed(snap)
+                if meter.phase == "steady":
+                    cpu.sample(proc.pid)
                 if on_progress is not None:
                     on_progress(meter, time.monotonic() - t0)
                 if meter.done:
                     break
                 if meter.stuck:
-                    status, reason = "no-batches", "no batch within the first-batch timeout"
+                    status, reason = "no-batches", meter.stuck_reason or ""
                     break
             time.sleep(0.1)
     except KeyboardInterrupt as e:
-        outcome = _finish(proc, monitor, err, err_path, workdir, meter, "interrupted", "interrupted", t0)
+        outcome = _finish(proc, monitor, err, err_path, workdir, meter, "interrupted", "interrupted", t0, cpu)
         e.outcome = outcome  # type: ignore[attr-defined]
         raise
-    return _finish(proc, monitor, err, err_path, workdir, meter, status, reason, t0)
+    return _finish(proc, monitor, err, err_path, workdir, meter, status, reason, t0, cpu)
 
 
-def _monitor(directory: str):
+def _monitor(directory: str) -> SnapshotSource:
     from dlwatch.collect.monitor import Monitor
 
     # No GPU sampling: NVML's figures are not part of a trial's result and its
@@ -134,7 +139,9 @@ def _exit_reason(code: int, meter: TrialMeter) -> str:
     return f"exited with code {code} {when}"
 
 
-def _finish(proc, monitor, err, err_path, workdir, meter, status, reason, t0) -> TrialOutcome:
+def _finish(proc, monitor, err, err_path, workdir, meter, status, reason, t0, cpu) -> TrialOutcome:
+    if meter.phase == "steady":
+        cpu.sample(proc.pid)  # the end of the steady state, before the group is stopped
     cleanup = stop_group(proc)
     try:
         monitor.stop()
@@ -146,6 +153,8 @@ def _finish(proc, monitor, err, err_path, workdir, meter, status, reason, t0) ->
         cleanup.append(f"removed {len(left)} leftover socket(s)")
     shutil.rmtree(workdir, ignore_errors=True)
     figures = meter.figures()
+    if cpu.cores is not None:
+        figures["cpu_cores"] = round(cpu.cores, 2)
     if status == "ok" and figures["batches_per_s"] is None:
         status, reason = "no-batches", "no steady-state batches were measured"
     return TrialOutcome(
@@ -193,6 +202,58 @@ def stop_group(proc: subprocess.Popen) -> list[str]:
     if left:
         notes.append(f"{len(left)} process(es) of the group still running: {sorted(left)}")
     return notes
+
+
+class _GroupCpu:
+    """CPU of the trial's whole process group over the steady state, in
+    cores: the first and the last ``sample()`` of the group's cumulative CPU
+    time. Each member counts its own time and that of the children it has
+    reaped (``cutime``, ``cstime``), zombies their own: DataLoader workers
+    that exit inside the trial (replaced every epoch without
+    ``persistent_workers``) count, which per-process CPU rates of the live
+    workers miss."""
+
+    def __init__(self) -> None:
+        self.first: tuple[float, float] | None = None
+        self.last: tuple[float, float] | None = None
+
+    def sample(self, pgid: int) -> None:
+        v = group_cpu_s(pgid)
+        if v is None:
+            return
+        now = time.monotonic()
+        if self.first is None:
+            self.first = (now, v)
+        self.last = (now, v)
+
+    @property
+    def cores(self) -> float | None:
+        if self.first is None or self.last is None or self.last[0] - self.first[0] < 0.5:
+            return None
+        return max(0.0, (self.last[1] - self.first[1]) / (self.last[0] - self.first[0]))
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def group_cpu_s(pgid: int) -> float | None:
+    """Cumulative CPU seconds of the process group ``pgid`` (see ``_GroupCpu``)."""
+    total = 0
+    found = False
+    for name in _listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        rest = stat[stat.rfind(b")") + 2 :].split()
+        # rest[0] is field 3 (state); utime..cstime are fields 14-17.
+        if len(rest) > 14 and int(rest[2]) == pgid:
+            total += sum(int(x) for x in rest[11:15])
+            found = True
+    return total / _TICKS if found else None
 
 
 def group_members(pgid: int) -> set[int]:

@@ -6,8 +6,16 @@ The result document (``dlwatch tune --json``, README "Tune"):
 objects: ``index``, ``config`` — the knobs the trial overrode —, ``settings``,
 ``status``, ``why`` and the figures of ``measure.TrialMeter``), ``best`` (a
 trial object of the recommended setting, with its mean and spread over its
-repeats), ``speedup`` (best over baseline batches/s), ``recommendation`` (a
-code line) and ``stopped_because``.
+repeats), ``speedup`` (best over baseline batches/s), ``ceiling`` (the
+replay trial: the loop's pace when data is free), ``noise``,
+``recommendation`` (a code line) and ``stopped_because``.
+
+The ceiling trial runs right after a baseline that waits for data (the
+search's data-bound threshold): the script's own settings with
+``DLWATCH_OVERRIDES``' replay, so the selected loader serves batches it
+already made. It is not one of ``trials`` (the search never sees it), does
+not count towards ``--max-trials``, and once the fastest setting is within
+noise of it the sweep stops: no loader setting can do better.
 """
 
 from __future__ import annotations
@@ -17,11 +25,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dlwatch import search
+from dlwatch.diagnose import ceiling as hint_ceiling
 from dlwatch.tune.runner import TrialOutcome, run_trial
 
 SCHEMA_VERSION = 1
 DEFAULT_TRIAL_S = 20.0
 DEFAULT_MAX_TRIALS = 8
+# The replay cache of the ceiling trial: about 20 batches (enough that a
+# loop's per-batch variation averages out), within a byte budget.
+CEILING_BATCHES = 20
+DEFAULT_CEILING_BYTES = 1 << 30
 
 
 @dataclass
@@ -32,6 +45,8 @@ class TuneOptions:
     workers: list[int] | None = None
     all_loaders: bool = False
     warmup_s: float | None = None
+    ceiling: bool = True
+    ceiling_bytes: int = DEFAULT_CEILING_BYTES
 
 
 @dataclass(eq=False)
@@ -54,6 +69,7 @@ class Sweep:
         self.started = self.clock()
         self.selector: dict | str | None = None
         self.loader_id: int | None = None
+        self.ceiling_trial: dict | None = None
 
     @property
     def elapsed_s(self) -> float:
@@ -74,6 +90,12 @@ class Sweep:
     def _loop(self) -> None:
         sopts = search.Options(cuda=self._cuda(), workers=self.opts.workers)
         while True:
+            if self._wants_ceiling():
+                self._run_ceiling()
+            reached = search.ceiling_reached(self.trials, self.ceiling_rate())
+            if reached is not None:
+                self.stopped_because = reached
+                return
             config, why = search.propose(self.trials, sopts)
             if config is None:
                 self.stopped_because = why
@@ -89,6 +111,43 @@ class Sweep:
                     return
             self._trial(config, why)
             sopts.cuda = self._cuda()
+
+    def _wants_ceiling(self) -> bool:
+        if not self.opts.ceiling or self.ceiling_trial is not None or len(self.trials) != 1:
+            return False
+        base = self.trials[0]
+        return base.get("status") == "ok" and search.facts(base).data_bound
+
+    def ceiling_rate(self) -> float | None:
+        c = self.ceiling_trial
+        return c.get("batches_per_s") if c is not None and c.get("status") == "ok" else None
+
+    def _run_ceiling(self) -> None:
+        why = "data is free: the loader replays batches it already made (the ceiling)"
+        replay = {"batches": CEILING_BATCHES, "max_bytes": self.opts.ceiling_bytes}
+        if self.on_trial_start is not None:
+            self.on_trial_start(-1, {"replay": replay}, why)
+        override = {"loader": self.selector or "all", "replay": replay}
+        try:
+            out = self.runner(
+                self.cmd,
+                self.env,
+                override,
+                self.opts.trial_s,
+                loader_id=self.loader_id,
+                warmup_s=self.opts.warmup_s,
+                on_progress=self.on_progress,
+            )
+        except KeyboardInterrupt as e:
+            partial = getattr(e, "outcome", None)
+            if partial is not None:
+                self.ceiling_trial = self._trial_doc(-1, {}, why, partial)
+            raise
+        self.ceiling_trial = self._trial_doc(-1, {}, why, out)
+        rep = self.ceiling_trial.get("replay") or {}
+        if out.status == "ok" and rep.get("state") != "replaying":
+            self.ceiling_trial["status"] = "not-applied"
+            self.ceiling_trial["reason"] = "the loader never replayed: the override did not reach it"
 
     def _cuda(self) -> bool:
         return bool(self.trials and self.trials[0].get("cuda_initialized") is True)
@@ -118,10 +177,26 @@ class Sweep:
         self._record(index, config, why, out)
 
     def _record(self, index: int, config: dict, why: str, out: TrialOutcome) -> None:
+        trial = self._trial_doc(index, config, why, out)
+        settings = trial["settings"]
+        loader = out.figures.get("loader") or {}
+        if index == 0:
+            self._pick_loader(trial, loader)
+        elif out.status == "ok" and self.trials and self.trials[0].get("settings"):
+            want = search.apply(self.trials[0]["settings"], config, self._cuda())
+            if search.settings_key(want) != search.settings_key(settings):
+                trial["status"] = "not-applied"
+                trial["reason"] = (
+                    f"the loader reported {_fmt_settings(settings)}, not {_fmt_settings(want)}: "
+                    "the override did not reach it (does the script build its loaders in another order?)"
+                )
+        self.trials.append(trial)
+
+    def _trial_doc(self, index: int, config: dict, why: str, out: TrialOutcome) -> dict:
         fig = dict(out.figures)
         loader = fig.pop("loader", None) or {}
         settings = {k: loader.get(k) for k in search.KNOBS} if loader else {}
-        trial = {
+        return {
             "index": index,
             "config": dict(config),
             "settings": settings,
@@ -134,17 +209,6 @@ class Sweep:
             "elapsed_s": out.elapsed_s,
             "cleanup": out.cleanup,
         }
-        if index == 0:
-            self._pick_loader(trial, loader)
-        elif out.status == "ok" and self.trials and self.trials[0].get("settings"):
-            want = search.apply(self.trials[0]["settings"], config, self._cuda())
-            if search.settings_key(want) != search.settings_key(settings):
-                trial["status"] = "not-applied"
-                trial["reason"] = (
-                    f"the loader reported {_fmt_settings(settings)}, not {_fmt_settings(want)}: "
-                    "the override did not reach it (does the script build its loaders in another order?)"
-                )
-        self.trials.append(trial)
 
     def _pick_loader(self, trial: dict, loader: dict) -> None:
         """The loader later trials change (and measure): the baseline's busiest."""
@@ -181,7 +245,7 @@ class Sweep:
         )
         best = speedup = spread = None
         rec = None
-        if chosen is not None and base_group is not None:
+        if chosen is not None and base_group is not None and base is not None:
             rep = max(chosen.trials, key=lambda t: t["batches_per_s"])
             best = dict(
                 rep,
@@ -190,8 +254,7 @@ class Sweep:
                 repeats=[t["index"] for t in chosen.trials],
             )
             speedup = round(chosen.mean / base_group.mean, 3) if base_group.mean > 0 else None
-            spreads = [s for s in (chosen.spread, base_group.spread) if s is not None]
-            spread = round(sum(s * s for s in spreads) ** 0.5, 4) if spreads else None
+            spread = _r(search.measured_noise(search.groups(self.trials)), 4)
             rec = code_line(chosen.settings, base["settings"])
         return {
             "schema_version": SCHEMA_VERSION,
@@ -205,11 +268,60 @@ class Sweep:
             "best": best,
             "speedup": speedup,
             "speedup_spread": spread,
+            "noise": self._noise(),
+            "ceiling": self._ceiling_doc(base_group, chosen),
             "recommendation": rec,
             "stopped_because": self.stopped_because,
             "interrupted": self.interrupted,
             "elapsed_s": round(self.elapsed_s, 1),
         }
+
+    def _noise(self) -> dict:
+        gs = search.groups(self.trials)
+        worst = max(
+            (g for g in gs if len(g.trials) >= 2),
+            key=lambda g: (max(g.rates) - min(g.rates)) / g.mean if g.mean > 0 else 0.0,
+            default=None,
+        )
+        return {
+            "measured": _r(search.measured_noise(gs), 4),
+            "allowance": round(search.noise_allowance(gs), 4),
+            "repeats": [round(x, 3) for x in worst.rates] if worst is not None else [],
+            "settings": worst.settings if worst is not None else None,
+        }
+
+    def _ceiling_doc(self, base_group, chosen) -> dict | None:
+        c = self.ceiling_trial
+        if c is None:
+            return None
+        rate = c.get("batches_per_s") if c.get("status") == "ok" else None
+        rep = c.get("replay") or {}
+        base_rate = base_group.mean if base_group is not None and base_group.mean > 0 else None
+        return {
+            "batches_per_s": rate,
+            "speedup": round(rate / base_rate, 3) if rate and base_rate else None,
+            "method": "replay",
+            "batches_cached": rep.get("batches_cached"),
+            "batches_wanted": rep.get("batches_wanted"),
+            "bytes_cached": rep.get("bytes_cached"),
+            "limited_by": rep.get("limited_by"),
+            "best_share": round(chosen.mean / rate, 3) if rate and chosen is not None else None,
+            "hints": self._bounded_hints(rate / base_rate if rate and base_rate else None),
+            "status": c.get("status"),
+            "reason": c.get("reason"),
+            "trial": c,
+        }
+
+    def _bounded_hints(self, measured: float | None) -> list[dict]:
+        """The baseline's worker-count hints with their promise bounded by the
+        measured ceiling (the live view can only estimate it)."""
+        base = self.trials[0] if self.trials else {}
+        out = []
+        for hid, promised in (base.get("hint_speedups") or {}).items():
+            h = {"id": hid, "evidence": {"expected_speedup": promised}}
+            ev = hint_ceiling.bound(h, None, measured)["evidence"]
+            out.append({"id": hid, "promised": promised, "expected_speedup": ev["expected_speedup"]})
+        return out
 
 
 def code_line(settings: dict, base: dict) -> str:

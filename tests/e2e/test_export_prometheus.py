@@ -32,6 +32,7 @@ import pytest
 
 from dlwatch import wire
 from dlwatch.export.prometheus import SnapshotCollector, serve
+from dlwatch.tui.sources import StaticSource
 from tests.e2e.test_faults_monitor import FakeJob, hello, window
 from tests.e2e_util import Job, self_signed_cert, short_tmpdir, truth_in_window
 from tests.unit.test_export import gpu_snapshot
@@ -109,7 +110,7 @@ class Stack:
         self.metrics_url = self._exporter_url(self.exporter, "http")
         self.tls_url = self._exporter_url(self.tls_exporter, "https")
         gpu = gpu_snapshot()
-        self.gpu_server, _ = serve(SnapshotCollector(lambda: gpu, hostname="node-7"), 0)
+        self.gpu_server, _ = serve(SnapshotCollector(StaticSource([gpu]), hostname="node-7"), 0)
         self.dcgm = http.server.ThreadingHTTPServer(("127.0.0.1", 0), DcgmStandIn)
         threading.Thread(target=self.dcgm.serve_forever, daemon=True).start()
         self.prom_port = free_port()

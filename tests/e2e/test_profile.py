@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from dlwatch.probe.profiler import MAX_TRACE_BYTES
+from dlwatch.snapshot import percent
 from tests.e2e_util import Job, dlwatch, short_tmpdir, stop_sessions
 
 TINY = Path(__file__).resolve().parents[1] / "jobs" / "tiny_ops_job.py"
@@ -121,7 +122,7 @@ def test_data_bound_demo_wait_share_matches_the_snapshot():
             snap_wait,
             window_s,
         )
-        assert f"{doc['data_wait_fraction']:.0%}" in doc["reason"]
+        assert percent(doc["data_wait_fraction"]) in doc["reason"]
         assert doc["top_ops"][0]["name"].startswith("enumerate(DataLoader)")
     finally:
         m.stop()

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is no
 
 ROOT = str(Path(__file__).resolve().parents[2])
 JOB_ARGS = ("--start-method", "fork", "--persistent", "--duration", "150")
-WAIT_RE = re.compile(r"DATA WAIT\s+(\d{1,3})%\s+(✓ OK|▲ WARN|✖ BAD)")
+WAIT_RE = re.compile(r"DATA WAIT\s+(\d{1,3}) %\s+(✓ OK|▲ WARN|✖ BAD)")
 SGR_RE = re.compile(r"\x1b\[([0-9;:]*)m")
 LIMIT_S = 30.0  # generous "eventually" on a loaded 2-core machine
 
@@ -148,7 +148,7 @@ def test_dlwatch_in_tmux_shows_workers_and_wait_then_quits_on_q(job, width, heig
                 pytest.fail(f"dlwatch exited early; its screen:\n{screen}")
             time.sleep(0.25)
         else:
-            pytest.fail(f"workers {sorted(workers)} and DATA WAIT NN% never shown:\n{screen}")
+            pytest.fail(f"workers {sorted(workers)} and DATA WAIT NN % never shown:\n{screen}")
         shown = WAIT_RE.search(screen)
         # The level is spelled out next to the figure (it must survive NO_COLOR).
         assert shown.group(2) in _levels_for(int(shown.group(1))), shown.group(0)

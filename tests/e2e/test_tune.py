@@ -56,7 +56,7 @@ def ok_trials(doc: dict) -> list[dict]:
 def test_io_bound_goes_past_the_cores_and_triples_throughput():
     # 8 samples x 5 ms of sleep per batch = 40 ms in one worker vs a 5 ms step.
     rc, doc, err = tune(
-        "--trial-seconds", "3", "--max-trials", "3", "--",
+        "--trial-seconds", "3", "--max-trials", "3", "--no-ceiling", "--",
         *DEMO, "--num-workers", "1", "--sample-ms", "5", "--cost-kind", "sleep",
         "--batch-size", "8", "--step-ms", "5", "--seed", "1201",
     )  # fmt: skip
@@ -75,11 +75,38 @@ def test_io_bound_goes_past_the_cores_and_triples_throughput():
 
 
 @pytest.mark.timing
+def test_the_ceiling_of_an_io_bound_loader_is_one_batch_per_step():
+    # 40 ms of sleep per batch in 1 worker, a 10 ms step: with data for free
+    # the loop does one batch per step, 4x+ the baseline. 8 x 3x32x32 float
+    # images are ~98 KiB a batch: a 500 KiB budget holds 5 of the 20 wanted.
+    rc, doc, err = tune(
+        "--trial-seconds", "3", "--max-trials", "2", "--ceiling-bytes", "500K", "--",
+        *DEMO, "--num-workers", "1", "--sample-ms", "5", "--cost-kind", "sleep",
+        "--batch-size", "8", "--step-ms", "10", "--seed", "1207",
+    )  # fmt: skip
+    assert rc == 0, err[-3000:]
+    c, base = doc["ceiling"], doc["baseline"]
+    assert c is not None and c["status"] == "ok", c
+    assert c["method"] == "replay" and c["limited_by"] == "max_bytes" and 1 <= c["batches_cached"] < 20
+    # One batch per step: the loop's own step (10 ms of sleep plus the model; longer on a busy
+    # box, and the box's load changes between trials, so measured in the same trial) sets the pace.
+    t = c["trial"]
+    one_per_step = 1000.0 / t["step_ms_mean"]
+    assert c["batches_per_s"] == pytest.approx(one_per_step, rel=0.15), (c, t["step_ms_mean"])
+    assert t["step_ms_mean"] < 2.0 * base["step_ms_mean"], (t["step_ms_mean"], base["step_ms_mean"])
+    assert c["speedup"] >= 3.0, c
+    allowance = doc["noise"]["allowance"]
+    assert all(t["batches_per_s"] <= c["batches_per_s"] * (1 + allowance) for t in ok_trials(doc))
+    assert t["data_wait_fraction"] < 0.05
+    assert not marked("--seed 1207")
+
+
+@pytest.mark.timing
 def test_cpu_bound_stays_within_the_cores():
     # 16 ms of CPU per batch in a worker vs a 2 ms step: Little's law asks for
     # 8 workers, the box has 2 cores.
     rc, doc, err = tune(
-        "--trial-seconds", "3", "--max-trials", "3", "--",
+        "--trial-seconds", "3", "--max-trials", "3", "--no-ceiling", "--",
         *DEMO, "--num-workers", "1", "--sample-ms", "2", "--cost-kind", "cpu",
         "--batch-size", "8", "--step-ms", "2", "--seed", "1202",
     )  # fmt: skip
@@ -101,6 +128,7 @@ def test_not_data_bound_is_one_trial():
     assert rc == 0, err[-3000:]
     assert len(doc["trials"]) == 1
     assert "not data-bound" in doc["stopped_because"]
+    assert doc["ceiling"] is None  # the loop does not wait: nothing to replay
     assert doc["speedup"] == 1.0
     assert doc["best"]["index"] == 0
 
@@ -111,6 +139,7 @@ def test_a_crash_in_the_second_trial_is_reported_not_measured():
         "2",
         "--max-trials",
         "2",
+        "--no-ceiling",
         "--",
         sys.executable,
         os.path.join(JOBS, "tune_crash_job.py"),
@@ -160,7 +189,7 @@ def test_ctrl_c_mid_trial_stops_it_and_prints_what_was_measured():
 def test_two_loaders_only_the_busiest_changes():
     # Train (2048 samples) is where the loop spends its time; val (64) is short.
     rc, doc, err = tune(
-        "--trial-seconds", "3", "--workers", "2", "--max-trials", "2", "--",
+        "--trial-seconds", "3", "--workers", "2", "--max-trials", "2", "--no-ceiling", "--",
         *DEMO, "--num-workers", "1", "--sample-ms", "3", "--cost-kind", "sleep", "--batch-size", "8",
         "--step-ms", "3", "--val", "--val-size", "64", "--seed", "1206",
     )  # fmt: skip

@@ -11,7 +11,7 @@ import pytest
 
 from dlwatch.collect import host as host_mod
 from dlwatch.collect.model import cpu_accounting
-from dlwatch.diagnose import evaluate
+from dlwatch.diagnose import capacity, evaluate
 from tests.unit.test_diagnose_rules import (
     cpu_bound_loader,
     get,
@@ -31,15 +31,18 @@ def no_workers(main_cpu, main_thread, *, wait_ms=30.0, step_ms=60.0, **snap_kw):
 
 
 def test_no_workers_promises_nothing_when_the_loops_threads_fill_the_cores():
-    # 30 ms loading + 60 ms step on 2 intra-op threads: 150 core-ms per 90 ms
-    # batch (1.67 cores) on 2 cores. A worker can only bring it to 75 ms: 1.2x.
+    # 30 ms loading + 60 ms step on 2 intra-op threads: the step's threads use
+    # 2.0 cores (120 core-ms in 60 ms), so a worker's 30 ms of CPU stretches
+    # the step by as much (the sweep's finding): 1.00x, where the CPU sum
+    # (150 core-ms on 2 cores) promised 1.2x.
     s = no_workers(167.0, 100.0, usable=2.0, gpus=[], gpu_status="n/a", other_cpu_cores=0.0)
     h = get(evaluate(s), "no-workers")
     ev = h["evidence"]
     assert ev["recommended_num_workers"] == 1
-    assert ev["expected_speedup"] == pytest.approx(1.2, abs=0.02)
-    assert ev["expected_bound"] == "CPU"
-    assert "expected ≈ 1.20×" in h["message"]
+    assert ev["expected_speedup"] == pytest.approx(1.0, abs=0.02)
+    assert ev["expected_bound"] == "shared cores"
+    assert h["severity"] == "info" and "expected ≈ 1.00×" in h["message"]
+    assert ev["model"]["trainer_cores"] == pytest.approx(2.0, abs=0.02)
     assert ev["cpu_accounting"]["trainer_cpu_cores"] == pytest.approx(1.67)
 
 
@@ -138,24 +141,46 @@ def oversubscribed(rq):
     )
 
 
-def test_oversubscription_without_runqueue_wait_is_info():
-    h = get(evaluate(oversubscribed(0.0)), "workers-oversubscribe-cores")
+@pytest.mark.parametrize("rq", [0.0, 20.0])
+def test_oversubscription_that_fewer_workers_would_not_fix_is_info(rq):
+    # Run-queue wait or not, the cycle model prices no lower count faster:
+    # no "lower", no warning (the sweep found none either).
+    h = get(evaluate(oversubscribed(rq)), "workers-oversubscribe-cores")
     assert h["severity"] == "info" and h["evidence"]["costs_throughput"] is False
-    assert "costs no measurable throughput" in h["message"]
-    h = get(evaluate(oversubscribed(20.0)), "workers-oversubscribe-cores")
-    assert h["severity"] == "warn" and h["evidence"]["runqueue_cores"] == pytest.approx(1.6)
+    assert h["evidence"]["recommended_num_workers_by_loader"] == []
+    assert "lower" not in h["suggestion"] and "nothing to lower" in h["message"]
+    assert "fewer workers are not predicted to help (num_workers=" in h["message"]
+    if rq:
+        assert h["evidence"]["runqueue_cores"] == pytest.approx(1.6)
 
 
-def test_one_worker_count_per_loader():
+def _priced(speedups):
+    """capacity.predict pricing each count by ``speedups[n]`` (the rest 1.0)."""
+    model = capacity.CycleModel(100.0, 50.0, 1.0, 50.0, 20.0, 0.0, 4.0, 8)
+
+    def predict(ctx, lv, n):
+        sp = speedups.get(n, 1.0)
+        return capacity.Prediction(sp, 100.0, 100.0 / sp, "CPU", model)
+
+    return predict
+
+
+def test_oversubscription_warns_only_for_a_lower_count_priced_10_percent_faster(monkeypatch):
+    monkeypatch.setattr(capacity, "predict", _priced({4: 1.25, 3: 1.2}))
     hints = evaluate(oversubscribed(20.0))
-    over = get(hints, "workers-oversubscribe-cores")
+    h = get(hints, "workers-oversubscribe-cores")
+    assert h["severity"] == "warn" and h["evidence"]["costs_throughput"] is True
+    (entry,) = h["evidence"]["recommended_num_workers_by_loader"]
+    assert entry["recommended_num_workers"] == 4 and "num_workers=4" in h["suggestion"]
+    assert "expected ≈ 1.25×" in h["message"]
+    # One count per loader: the headroom hint defers to it.
     head = get(hints, "pipeline-has-headroom")
-    (entry,) = over["evidence"]["recommended_num_workers_by_loader"]
-    assert head["evidence"]["recommended_num_workers"] == entry["recommended_num_workers"]
     assert head["evidence"]["defers_to"] == "workers-oversubscribe-cores"
-    assert head["evidence"]["own_recommended_num_workers"] != entry["recommended_num_workers"]
-    assert f"num_workers={entry['recommended_num_workers']}" in head["suggestion"]
-    assert head["severity"] == "info"
+    assert head["evidence"]["recommended_num_workers"] == 4 and head["severity"] == "info"
+    # 9 % is not enough, and the current count (8) or more is never "lower".
+    monkeypatch.setattr(capacity, "predict", _priced({4: 1.09, 8: 1.5, 9: 2.0}))
+    h = get(evaluate(oversubscribed(20.0)), "workers-oversubscribe-cores")
+    assert h["severity"] == "info" and h["evidence"]["recommended_num_workers_by_loader"] == []
 
 
 class _Conn:

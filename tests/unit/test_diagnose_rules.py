@@ -780,8 +780,12 @@ def test_no_workers_severity_and_recommendation():
 
 
 def test_no_workers_recommendation_capped_by_cores():
-    h = get(evaluate(one(loader(nw=0, wait=0.8, step_ms=10.0, wait_ms=100.0), usable=4.0)), "no-workers")
-    assert h["evidence"]["recommended_num_workers"] == 3
+    # Little's law says 10; the loop loads on its main thread (a core while it
+    # waits) and computes on one: 4 cores hold 4 workers, no more.
+    ld = loader(nw=0, wait=0.8, step_ms=10.0, wait_ms=100.0)
+    s = one(ld, usable=4.0, job_kw={"main_thread_cpu": 100.0})
+    h = get(evaluate(s), "no-workers")
+    assert h["evidence"]["recommended_num_workers"] == 4 and h["evidence"]["core_cap"] == 4
 
 
 def test_no_workers_without_times_still_suggests_a_step():
@@ -804,8 +808,8 @@ def test_oversubscribe_evidence_counts_all_jobs():
     assert ev["total_workers"] == 8 and ev["busy_workers"] == 8 and ev["main_loops"] == 2
     assert ev["jobs"] == [1000, 2000] and ev["usable_cores"] == 6.0
     assert ev["usable_cores_source"] == "cgroup cpu.max 6.0"
-    assert ev["suggested_num_workers_per_loader"] == 2
-    assert "num_workers=2" in h["suggestion"]
+    assert "2 trainers 1.6 cores" in h["message"] and "8 busy DataLoader workers 4.8" in h["message"]
+    assert "nothing to change in num_workers" in h["suggestion"]
     ev = get(
         evaluate(snap([a, b], usable=6.0, cores_reason="cgroup quota 6 CPUs")), "workers-oversubscribe-cores"
     )["evidence"]

@@ -20,6 +20,7 @@ from dlwatch.collect import model
 from dlwatch.collect.jobs import JobConnection
 from dlwatch.collect.totals import Totals
 from dlwatch.export.prometheus import SnapshotCollector
+from dlwatch.tui.sources import StaticSource
 from tests import tui_fixtures as F
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -127,10 +128,11 @@ def collector_of(*snaps: dict, **kw) -> tuple[SnapshotCollector, list]:
     feed = list(snaps)
     current = [feed[0]]
 
-    def latest():
-        return current[0]
+    class Feed(StaticSource):
+        def latest(self):
+            return current[0]
 
-    c = SnapshotCollector(latest, wall=lambda: F.T0 + 0.5, **kw)
+    c = SnapshotCollector(Feed(), wall=lambda: F.T0 + 0.5, **kw)
     return c, current
 
 
@@ -289,7 +291,7 @@ def test_gpu_series_carry_dcgm_exporters_labels_and_say_which_job_uses_which_gpu
     """The collector's own GPU path (GpuSampler in the Monitor), NVML faked
     at the boundary: the labels dcgm-exporter puts on DCGM_FI_DEV_* series."""
     snap = gpu_snapshot()
-    got = scrape(SnapshotCollector(lambda: snap, hostname="node-7"))
+    got = scrape(SnapshotCollector(StaticSource([snap]), hostname="node-7"))
     util = {s.labels["gpu"]: s for s in got["dlwatch_gpu_utilization_ratio"]}
     assert util["0"].labels == {
         "gpu": "0",
@@ -315,13 +317,13 @@ def test_gpu_series_carry_dcgm_exporters_labels_and_say_which_job_uses_which_gpu
     }
     # A GPU whose UUID NVML would not give keeps its other figures.
     snap = gpu_snapshot(fail={("uuid", 1): nvml_error()})
-    got = scrape(SnapshotCollector(lambda: snap, hostname="node-7"))
+    got = scrape(SnapshotCollector(StaticSource([snap]), hostname="node-7"))
     assert [s.labels["UUID"] for s in got["dlwatch_gpu_utilization_ratio"]] == ["GPU-aaaa", ""]
     # Without a GPU (this machine, and CI): no GPU series at all.
     from tests.unit.test_snapshot_contract import recorded_monitor
 
     snap = recorded_monitor().build(3.0)
-    got = scrape(SnapshotCollector(lambda: snap))
+    got = scrape(SnapshotCollector(StaticSource([snap])))
     assert "dlwatch_gpu_utilization_ratio" not in got and "dlwatch_job_gpu" not in got
 
 

@@ -118,20 +118,24 @@ CUDA_IDLE_SHORT = {
 @pytest.mark.parametrize(
     "figures, expected, words",
     [
-        ({**BASE, "data_wait_fraction": 0.55}, "data-bound", ["55%", "next(DataLoader)"]),
+        ({**BASE, "data_wait_fraction": 0.55}, "data-bound", ["55 %", "next(DataLoader)"]),
         # data first, even when the GPU also idles between short kernels
-        ({**BASE, "data_wait_fraction": 0.4, "cuda": CUDA_IDLE_SHORT}, "data-bound", ["40%"]),
-        ({**BASE, "cuda": CUDA_IDLE_SHORT}, "launch-bound", ["3000 kernel launches", "3.0 µs", "40%", "85%"]),
+        ({**BASE, "data_wait_fraction": 0.4, "cuda": CUDA_IDLE_SHORT}, "data-bound", ["40 %"]),
+        (
+            {**BASE, "cuda": CUDA_IDLE_SHORT},
+            "launch-bound",
+            ["3000 kernel launches", "3.0 µs", "40 %", "85 %"],
+        ),
         # few kernels, but the host spends its step in cudaLaunchKernel
         (
             {**BASE, "cuda": {**CUDA_IDLE_SHORT, "kernels_per_step": 50.0, "kernel_median_us": 400.0}},
             "launch-bound",
-            ["cudaLaunchKernel takes 40%"],
+            ["cudaLaunchKernel takes 40 %"],
         ),
         (
             {**BASE, "cuda": {**CUDA_IDLE_SHORT, "gpu_idle_fraction": 0.05}},
             "gpu-bound",
-            ["busy 95%"],
+            ["busy 95 %"],
         ),
         (
             {
@@ -145,7 +149,7 @@ CUDA_IDLE_SHORT = {
                 },
             },
             "cpu-bound",
-            ["idles 85%", "aten::conv2d", "75%"],
+            ["idles 85 %", "aten::conv2d", "75 %"],
         ),
         (
             {
@@ -156,10 +160,10 @@ CUDA_IDLE_SHORT = {
                 "top_ops": [{"name": "aten::add", "calls": 40000, "self_cpu_ms": 100.0}],
             },
             "dispatch-bound",
-            ["4000 torch operators per step", "4.5 µs", "90%", "aten::add"],
+            ["4000 torch operators per step", "4.5 µs", "90 %", "aten::add"],
         ),
         # many ops, but each one heavy: the model's compute
-        ({**BASE, "ops_per_step": 4000.0, "mean_op_us": 400.0}, "cpu-bound", ["only 2%"]),
+        ({**BASE, "ops_per_step": 4000.0, "mean_op_us": 400.0}, "cpu-bound", ["only 2 %"]),
         ({**BASE, "ops_per_step": 30.0, "mean_op_us": 600.0}, "cpu-bound", ["no torch operator stands out"]),
     ],
 )

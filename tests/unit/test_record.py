@@ -239,9 +239,7 @@ def test_replay_keys_are_off_for_a_live_source_and_in_the_help_for_a_replay():
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.press("question_mark")
             assert isinstance(app.screen, HelpScreen)
-            assert "jump to where the next / previous hint appears" in str(
-                app.screen.query_one("#help-text").content
-            )
+            assert "jump to the next / previous hint" in str(app.screen.query_one("#help-text").content)
 
     asyncio.run(go())
 

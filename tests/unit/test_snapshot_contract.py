@@ -30,7 +30,7 @@ T_BUILD = 1795408912.0
 
 
 class FixedProcs:
-    def sample(self, pids):
+    def sample(self, pids, main_pids=None, uss_pids=None, force_uss=False):
         return {
             p: {
                 "cpu_percent": 10.0 + i,
@@ -68,7 +68,7 @@ def recorded_monitor(**kw) -> Monitor:
         gpu=kw.pop("gpu", False),
         procs=FixedProcs(),
         host=kw.pop("host", FixedHost()),
-        diagnoser=False,
+        diagnoser=kw.pop("diagnoser", False),
         clock=lambda: T_BUILD,
         **kw,
     )
@@ -169,3 +169,49 @@ def test_a_sampler_fault_is_recorded_not_swallowed(caplog):
     assert S.problems(snap) == []
     # A healthy collector's document has no "errors" key at all.
     assert "errors" not in recorded_monitor().build(3.0)
+
+
+class RaisingDiagnoser:
+    def update(self, snapshot):
+        raise KeyError("loaders")
+
+
+def test_a_broken_diagnosis_is_an_error_not_no_hints(monkeypatch):
+    """A diagnoser that raises, or one that cannot be made, leaves the hints
+    empty with the reason beside them (``hints_error``), in the snapshot and
+    in ``dlwatch snapshot``'s text, never a silent "no hints"."""
+    from dlwatch.cli.text import render_snapshot
+    from dlwatch.collect import monitor as monitor_mod
+
+    m = recorded_monitor()
+    m._diagnoser = RaisingDiagnoser()
+    snap = m.build(3.0)
+    assert snap["hints"] == [] and snap["hints_error"] == "diagnosis failed: KeyError: 'loaders'"
+    assert snap["errors"] == ["diagnosis: KeyError: 'loaders'"]
+    assert m.error_counts == {"diagnosis": 1}
+    assert S.problems(snap) == []
+    text = render_snapshot(snap)
+    assert "hints: n/a: diagnosis failed: KeyError: 'loaders'" in text
+    assert "hints: none" not in text
+
+    def missing():
+        raise ImportError("No module named 'dlwatch.diagnose'")
+
+    monkeypatch.setattr(monitor_mod, "_default_diagnoser", missing)
+    m = Monitor(directory="/nonexistent-dlwatch", gpu=False, procs=False, host=False)
+    why = "diagnosis could not start: ImportError: No module named 'dlwatch.diagnose'"
+    for _ in range(2):  # in every snapshot, not only the first
+        snap = m.build(3.0)
+        assert snap["hints_error"] == why and snap["errors"] == [why]
+    assert f"hints: n/a: {why}" in render_snapshot(snap)
+    m.stop()
+    monkeypatch.undo()
+    # A working diagnosis has no hints_error.
+    assert "hints_error" not in recorded_monitor(diagnoser=None).build(3.0)
+
+
+def test_the_collector_is_the_snapshot_source_every_consumer_reads():
+    # The TUI, the recorder and the exporter are typed on SnapshotSource alone.
+    m = recorded_monitor()
+    assert isinstance(m, S.SnapshotSource)
+    m.stop()

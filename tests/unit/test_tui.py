@@ -13,14 +13,17 @@ import time
 import pytest
 from textual.widgets import Digits, Static
 
+from dlwatch.diagnose.render import evidence_value
+from dlwatch.snapshot import SnapshotSource
 from dlwatch.tui import fmt
 from dlwatch.tui.app import DlwatchApp, run_tui
 from dlwatch.tui.help import HelpScreen
 from dlwatch.tui.hints import HintDetailScreen, HintsPanel
 from dlwatch.tui.host import HostLine
 from dlwatch.tui.jobs import JobList, group_jobs
+from dlwatch.tui.keys import palette_keys
 from dlwatch.tui.loader import LoaderPanel
-from dlwatch.tui.sources import ReplaySource, Source, StaticSource
+from dlwatch.tui.sources import ReplayControls, ReplaySource, StaticSource
 from dlwatch.tui.sparkline import FixedSparkline
 from dlwatch.tui.textline import TextLine
 from dlwatch.tui.workers import WorkersTable
@@ -69,7 +72,7 @@ async def test_headline_figures_and_workers_match_snapshot():
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
         label = plain(app.screen.query_one("#wait-label", TextLine))
-        assert "DATA WAIT" in label and "62%" in label and "BAD" in label
+        assert "DATA WAIT" in label and "62 %" in label and "BAD" in label
         stats = plain(app.screen.query_one("#loader-stats", TextLine))
         assert "12.3 batch/s" in stats and "wait 50.4 ms" in stats and "step 81.2 ms" in stats
         assert "epoch 3" in stats and "1.84 s" in stats
@@ -81,7 +84,7 @@ async def test_headline_figures_and_workers_match_snapshot():
         pids = [row_text(table, key)[1] for key in table.row_keys]
         assert pids == ["4301", "4302", "4303", "4304"]
         first = row_text(table, table.row_keys[0])
-        assert first[2].endswith("97%") and first[3] == "98%" and first[4] == "176 ms"
+        assert first[2].endswith("97 %") and first[3] == "98 %" and first[4] == "176 ms"
         assert first[5] == "610 MiB" and first[6] == "240 MiB" and first[7] == "3" and first[8] == "running"
         assert row_text(table, table.row_keys[2])[6] == "n/a"  # uss None
 
@@ -100,14 +103,14 @@ async def test_a_window_without_a_batch_is_never_zero_or_ok():
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
         label = plain(app.screen.query_one("#wait-label", TextLine))
-        assert "n/a" in label and "OK" not in label and "0%" not in label
+        assert "n/a" in label and "OK" not in label and "0 %" not in label
         assert app.screen.query_one("#wait-digits", Digits).value == "--"
         stats = plain(app.screen.query_one("#loader-stats", TextLine))
         assert reason in stats and "over 62 s · 0 batches" in stats
         history = app.screen.query_one("#wait-history", FixedSparkline)
         assert history.values[-1] is None  # a gap, not a zero
         row = row_text(app.screen.query_one(JobList), "job:4242")
-        assert "n/a" in row[3] and "0%" not in row[3]
+        assert "n/a" in row[3] and "0 %" not in row[3]
 
 
 @sync
@@ -116,7 +119,7 @@ async def test_compact_layout_shows_gauge_workers_and_hints_at_80x24():
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
         screen = "\n".join(screen_lines(app))
-        assert "DATA WAIT  62% ✖ BAD" in screen
+        assert "DATA WAIT  62 % ✖ BAD" in screen
         for pid in ("4301", "4302", "4303", "4304"):
             assert pid in screen
         assert "add-workers" in screen and "▲ WARN" in screen
@@ -135,8 +138,8 @@ async def test_wide_layout_uses_big_digits_and_gpu_history():
         assert digits.value == "62" and digits.display and digits.has_class("-bad")
         rows = [plain(s) for s in app.screen.query(".gpu-summary").results(TextLine)]
         assert len(rows) == 2
-        assert "GPU0" in rows[0] and "util  23%" in rows[0] and "9.0 GiB/80 GiB" in rows[0]
-        assert "util  71%" in rows[1]
+        assert "GPU0" in rows[0] and "util  23 %" in rows[0] and "9.0 GiB/80 GiB" in rows[0]
+        assert "util  71 %" in rows[1]
         graphs = list(app.screen.query(".gpu-history").results(FixedSparkline))
         assert graphs[1].values[-1] == F.fake_gpus()[1]["history"][-1]
 
@@ -147,7 +150,7 @@ async def test_compact_gpu_is_one_line():
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
         line = plain(app.screen.query_one("#gpu-line", TextLine))
-        assert line == "GPU0 util 23% mem 11% · GPU1 util 71% mem 51%"
+        assert line == "GPU0 util 23 % mem 11 % · GPU1 util 71 % mem 51 %"
         assert not app.screen.query_one("#gpu-rows").display
 
 
@@ -159,7 +162,7 @@ async def test_no_gpu_is_one_line_with_reason_and_host_line():
         assert plain(app.screen.query_one("#gpu-line", TextLine)) == "GPU: n/a: NVML not found"
         host = plain(app.screen.query_one(HostLine))
         assert "4 usable cores (cgroup v2 quota 4 cores)" in host
-        assert "load 103% of usable" in host and "/dev/shm free 31 GiB" in host
+        assert "load 103 % of usable" in host and "/dev/shm free 31 GiB" in host
 
 
 @sync
@@ -184,6 +187,20 @@ async def test_no_hints_and_waiting_states():
         assert "waiting for data" in plain(app.screen.query_one(HintsPanel))
         source.push(F.data_bound(hints=False))
         await wait_until(pilot, lambda: "no hints" in plain(app.screen.query_one(HintsPanel)))
+
+
+@sync
+async def test_a_failed_diagnosis_and_collector_faults_are_shown():
+    snap = F.data_bound(hints=False)
+    snap["hints_error"] = "diagnosis failed: KeyError: 'loaders'"
+    snap["errors"] = ["host: PermissionError: /proc/stat", "diagnosis: KeyError: 'loaders'"]
+    app = make_app([snap])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        hints = plain(app.screen.query_one(HintsPanel))
+        assert "no hints: diagnosis failed: KeyError: 'loaders'" in hints
+        assert "nothing to fix" not in hints
+        assert "collector: diagnosis: KeyError: 'loaders' (+1)" in status(app)
 
 
 @sync
@@ -233,7 +250,7 @@ async def test_job_appears_then_shows_exited_with_last_figures():
         source.push(F.with_exited(F.data_bound()))
         await wait_until(pilot, lambda: row_text(jobs, "job:4242")[2] == "exited")
         assert "EXITED (exit code 0)" in plain(app.screen.query_one("#job-header", TextLine))
-        assert "62%" in plain(app.screen.query_one("#wait-label", TextLine))  # last figures kept
+        assert "62 %" in plain(app.screen.query_one("#wait-label", TextLine))  # last figures kept
         assert "1 exited" in status(app)
 
 
@@ -247,7 +264,7 @@ async def test_ranks_of_one_run_are_grouped_under_an_aggregate_row():
         assert keys == ["run:a1b2c3:2", "job:5001", "job:5002", "job:4242", "job:6001"]
         agg = row_text(jobs, "run:a1b2c3:2")
         assert agg[0].startswith("▾ run ×2")
-        assert agg[3].startswith("r0 40%")  # the slowest rank (40 % vs 20 %), named
+        assert agg[3].startswith("r0 40 %")  # the slowest rank (40 % vs 20 %), named
         assert agg[4].strip() == "21.0"  # 10 + 11 batches/s
         assert row_text(jobs, "job:5002")[0].strip() == "r1 5002"
 
@@ -349,7 +366,7 @@ async def test_workers_table_is_updated_in_place_by_key():
         await wait_until(pilot, lambda: table.row_count == 5)
         keys_after = table.row_keys
         assert keys_after[:3] == keys_before[:3]
-        assert row_text(table, keys_after[0])[2].endswith("12%")
+        assert row_text(table, keys_after[0])[2].endswith("12 %")
         assert [row_text(table, k)[1] for k in keys_after] == ["4301", "4302", "4303", "4399", "4305"]
         loaders = app.screen.query(LoaderPanel)
         assert len(loaders) == 1
@@ -379,7 +396,7 @@ async def test_tables_updated_in_place_render_like_fresh_ones():
         await settle(pilot)
         source.push(_changed_figures())
         workers = app.screen.query_one(WorkersTable)
-        await wait_until(pilot, lambda: row_text(workers, workers.row_keys[0])[2].endswith("11%"))
+        await wait_until(pilot, lambda: row_text(workers, workers.row_keys[0])[2].endswith("11 %"))
         await settle(pilot)
         updated = [list(s) for s in app.screen._compositor.render_strips()]
     fresh_app = make_app(StaticSource([_changed_figures()]), interval=FAST)
@@ -401,12 +418,12 @@ async def test_line_table_repaints_only_the_rows_that_changed():
 
     cols = [Column("a", "a", 5, "right"), Column("b", "b", 5), Column("c", "c", 5)]
     old = [
-        ("r0", [Text("1"), Text("x", style="red"), Text("10%")]),
-        ("r1", [Text("2"), Text("y"), Text("20%")]),
+        ("r0", [Text("1"), Text("x", style="red"), Text("10 %")]),
+        ("r1", [Text("2"), Text("y"), Text("20 %")]),
     ]
     new = [
-        ("r0", [Text("1"), Text("x", style="green"), Text("11%")]),
-        ("r1", [Text("2"), Text("y"), Text("20%")]),
+        ("r0", [Text("1"), Text("x", style="green"), Text("11 %")]),
+        ("r1", [Text("2"), Text("y"), Text("20 %")]),
     ]
 
     class TwoTables(App):
@@ -433,7 +450,7 @@ async def test_line_table_repaints_only_the_rows_that_changed():
         assert got == lines(fresh)
         assert patched.strips_built == built + 1  # row 1 and the header came from the cache
         assert patched.set_rows(new) == []  # the same figures: nothing to repaint
-        assert patched.get_row("r0")[2].plain == "11%"
+        assert patched.get_row("r0")[2].plain == "11 %"
 
 
 @sync
@@ -509,7 +526,7 @@ async def test_unchanged_figures_do_not_touch_the_widgets():
         source.push(snap)
         await wait_until(pilot, lambda: len(calls) == 1)
         assert calls == [1]  # worker 1's row, and only it, is repainted
-        assert row_text(table, table.row_keys[1])[2].endswith("3%")
+        assert row_text(table, table.row_keys[1])[2].endswith("3 %")
 
 
 @sync
@@ -548,12 +565,12 @@ async def test_pause_stops_display_updates_and_resume_catches_up():
         calls = source.calls
         await pilot.pause(0.3)
         assert source.calls == calls  # the app stopped asking
-        assert "62%" in plain(app.screen.query_one("#wait-label", TextLine))
+        assert "62 %" in plain(app.screen.query_one("#wait-label", TextLine))
         await pilot.press("j")  # switching jobs still works while paused
         await pilot.press("p")
         await settle(pilot)
         assert not app.paused and "PAUSED" not in status(app)
-        assert "5%" in plain(app.screen.query_one("#wait-label", TextLine))
+        assert "5 %" in plain(app.screen.query_one("#wait-label", TextLine))
 
 
 @sync
@@ -617,6 +634,12 @@ async def test_command_palette_offers_the_same_actions():
         ):
             assert title in titles
         assert titles.count("Keys") == 1
+        # Made from the key table: each command names its key and runs its action.
+        commands = {c.title: c for c in app.get_system_commands(app.screen)}
+        for key in palette_keys():
+            assert commands[key.command].help.endswith(f"({key.help_keys})")
+            assert commands[key.command].callback == getattr(app, key.method)
+        assert {"Hints in full", "Profile job"} <= set(commands)
         command = next(c for c in app.get_system_commands(app.screen) if c.title == "Pause / resume")
         command.callback()
         assert app.paused
@@ -701,7 +724,7 @@ async def test_formatting_error_becomes_a_status_line_not_a_traceback(monkeypatc
         await settle(pilot)
         error = plain(app.screen.query_one("#error", Static))
         assert "could not draw hints: ValueError: bad figure" in error
-        assert "62%" in plain(app.screen.query_one("#wait-label", TextLine))  # the rest still drawn
+        assert "62 %" in plain(app.screen.query_one("#wait-label", TextLine))  # the rest still drawn
         assert app.is_running
 
 
@@ -747,7 +770,7 @@ def test_formatters_return_na_for_missing_numbers():
         assert f(None) == "n/a"
         assert f("12") == "n/a"
         assert f(float("nan")) == "n/a"
-    assert fmt.pct(0.621) == "62%"
+    assert fmt.pct(0.621) == "62 %"
     assert fmt.size(1536) == "1.5 KiB" and fmt.size(31 * F.GIB) == "31 GiB"
     assert fmt.ms(0.7) == "0.70 ms" and fmt.ms(1840) == "1.84 s"
     assert fmt.wait_level(0.05) == fmt.GOOD and fmt.wait_level(0.2) == fmt.WARN
@@ -767,7 +790,8 @@ def test_group_jobs_keeps_incomplete_runs_and_ignores_garbage():
 def test_static_source_serves_in_order_and_hides_dismissed():
     a, b = F.data_bound(), F.several_jobs()
     src = StaticSource([a, b], advance=True)
-    assert isinstance(src, Source)
+    assert isinstance(src, SnapshotSource) and not isinstance(src, ReplayControls)
+    assert isinstance(ReplaySource([a]), ReplayControls)
     assert src.latest() is a
     assert src.latest() is b
     assert src.latest() is b
@@ -851,7 +875,7 @@ async def test_a_snapshot_announced_from_another_thread_is_drawn_without_waiting
         assert jobs.row_count == 0 and len(source.listeners) == 1
         source.push_from_thread(F.data_bound())
         await wait_until(pilot, lambda: jobs.row_count == 1, timeout=1.0)
-        assert "62%" in plain(app.screen.query_one("#wait-label", TextLine))
+        assert "62 %" in plain(app.screen.query_one("#wait-label", TextLine))
 
 
 @sync
@@ -869,9 +893,9 @@ async def test_between_full_redraws_only_the_headline_moves_and_the_rest_follows
         stats = app.screen.query_one("#loader-stats", TextLine)
         table = app.screen.query_one(WorkersTable)
         await wait_until(pilot, lambda: "99.9 batch/s" in plain(stats), timeout=0.5)
-        assert not row_text(table, table.row_keys[0])[2].endswith("11%")  # a once-a-second panel
+        assert not row_text(table, table.row_keys[0])[2].endswith("11 %")  # a once-a-second panel
         # No newer snapshot comes: the partial redraw is finished by the timer.
-        await wait_until(pilot, lambda: row_text(table, table.row_keys[0])[2].endswith("11%"), timeout=2.0)
+        await wait_until(pilot, lambda: row_text(table, table.row_keys[0])[2].endswith("11 %"), timeout=2.0)
 
 
 @sync
@@ -924,7 +948,7 @@ async def test_e_opens_every_hint_in_full_with_all_its_evidence():
         assert isinstance(app.screen, HintDetailScreen)
         text = app.screen.query_one("#hint-detail", Static).content
         for key, value in snap["hints"][0]["evidence"].items():
-            assert f"{key} = {fmt.evidence_value(value)}" in str(text)
+            assert f"{key} = {evidence_value(key, value)}" in str(text)
         assert "epoch_start_ms = 1840" in str(text)
         await pilot.press("escape")
         await pilot.pause(0.1)

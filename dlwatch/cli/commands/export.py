@@ -94,7 +94,7 @@ def run(args) -> int:
     from dlwatch.collect.monitor import Monitor
 
     monitor = Monitor(window_s=args.window, interval=args.interval)
-    collector = SnapshotCollector(monitor.latest, hostname=args.hostname, grace_s=args.grace)
+    collector = SnapshotCollector(monitor, hostname=args.hostname, grace_s=args.grace)
     try:
         server, _ = serve(collector, args.port, args.addr, tls=(args.tls_cert, args.tls_key))
     except OSError as e:

@@ -1,4 +1,5 @@
-"""``dlwatch profile``: a torch.profiler burst of N steps of a running job."""
+"""``dlwatch profile``: a torch.profiler burst of N steps of a running job, or
+(``--workers``) a sampling burst of its DataLoader workers' fetches."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ from dlwatch import wire
 from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, dir_problem, fail, no_jobs_message
 
 NAME = "profile"
-HELP = "run torch.profiler over a few training steps of a job; print the verdict"
+HELP = "profile a job: torch.profiler over a few steps, or (--workers) what its workers' fetches cost"
 ORDER = 30
 DESCRIPTION = (
     "Ask a running job for a torch.profiler burst of --steps training steps (counted at the "
     "busiest DataLoader's next()), without stopping it. Prints why its steps are slow "
     "(data-bound, launch-bound, dispatch-bound, gpu-bound or cpu-bound), the numbers behind "
-    "it and one next step, and writes a Chrome trace (Perfetto, chrome://tracing)."
+    "it and one next step, and writes a Chrome trace (Perfetto, chrome://tracing). With --workers: "
+    "the busiest loader's worker processes sample their own stacks for --seconds and the answer "
+    "splits their time inside fetches by stage (file read, image decode, each transform, "
+    "tokenization, collate, your own functions) and by function."
 )
 EPILOG = (
     "The job writes the trace (mode 0600) in --out, by default this command's working "
@@ -46,6 +50,26 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--out", metavar="DIR", help="directory for the trace (default: the current directory)")
     p.add_argument(
+        "--workers",
+        action="store_true",
+        help="profile the DataLoader workers' fetches instead (README, 'Worker profiles')",
+    )
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=wire.WORKER_PROFILE_DEFAULT_SECONDS,
+        metavar="S",
+        help=f"with --workers: how long to sample (default {wire.WORKER_PROFILE_DEFAULT_SECONDS:g}, "
+        f"at most {wire.WORKER_PROFILE_MAX_SECONDS:g})",
+    )
+    p.add_argument(
+        "--hz",
+        type=int,
+        default=wire.WORKER_PROFILE_DEFAULT_HZ,
+        metavar="N",
+        help=f"with --workers: samples per second per worker (default {wire.WORKER_PROFILE_DEFAULT_HZ})",
+    )
+    p.add_argument(
         "--json", action="store_true", help="print the summary as JSON (README, 'Profiler bursts')"
     )
 
@@ -55,6 +79,8 @@ def run(args) -> int:
     from dlwatch.diagnose.profile import summary_lines
 
     prog = "dlwatch profile"
+    if args.workers:
+        return _run_workers(args, prog)
     if not 1 <= args.steps <= wire.PROFILE_MAX_STEPS:
         return fail(f"--steps must be between 1 and {wire.PROFILE_MAX_STEPS}", EXIT_USAGE, prog)
     if not 0 < args.max_seconds <= wire.PROFILE_MAX_SECONDS:
@@ -97,6 +123,47 @@ def run(args) -> int:
         print(json.dumps(doc, indent=2))
     else:
         print("\r" + " " * 60 + "\r", end="", file=sys.stderr, flush=True)
+        if not doc.get("error"):
+            print("\n".join(summary_lines(doc)))
+    if doc.get("error"):
+        return fail(f"PID {pid}: {doc['error']}", EXIT_ERROR, prog)
+    return EXIT_OK
+
+
+def _run_workers(args, prog: str) -> int:
+    from dlwatch.collect.control import ProfileError, request_worker_profile
+    from dlwatch.diagnose.worker_profile import summary, summary_lines
+
+    if not 0 < args.seconds <= wire.WORKER_PROFILE_MAX_SECONDS:
+        return fail(f"--seconds must be in (0, {wire.WORKER_PROFILE_MAX_SECONDS:g}]", EXIT_USAGE, prog)
+    if not 1 <= args.hz <= wire.WORKER_PROFILE_MAX_HZ:
+        return fail(f"--hz must be between 1 and {wire.WORKER_PROFILE_MAX_HZ}", EXIT_USAGE, prog)
+    problem = dir_problem()
+    if problem:
+        return fail(problem, EXIT_ERROR, prog)
+    pid = args.pid
+    if pid is None:
+        pid, message = _only_job()
+        if pid is None:
+            return fail(message, EXIT_ERROR if "no dlwatch jobs" in message else EXIT_USAGE, prog)
+
+    def progress(msg: dict) -> None:
+        if not args.json:
+            text = f"worker profile of PID {pid}: {msg.get('message') or msg.get('state')}"
+            print("\r" + text.ljust(70), end="", file=sys.stderr, flush=True)
+
+    try:
+        doc = request_worker_profile(pid, args.seconds, args.hz, on_status=progress)
+    except ProfileError as e:
+        if args.json:
+            print(json.dumps(summary(pid, None, str(e)), indent=2))
+        else:
+            print(file=sys.stderr)
+        return fail(str(e), EXIT_USAGE if e.kind == "usage" else EXIT_ERROR, prog)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print("\r" + " " * 70 + "\r", end="", file=sys.stderr, flush=True)
         if not doc.get("error"):
             print("\n".join(summary_lines(doc)))
     if doc.get("error"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -72,8 +73,6 @@ def run(args) -> int:
 
 
 def run_recorded(cmd: list[str], args) -> int:
-    import subprocess
-
     from dlwatch import rundir
 
     bad = check_interval(args.record_interval, PROG)
@@ -122,7 +121,7 @@ class JobsOf:
     FINAL_S = 3.0
 
     def __init__(self) -> None:
-        self.child = None
+        self.child: subprocess.Popen[bytes] | None = None
         self._known: dict[int, bool] = {}
         self._exited_at: float | None = None
 
@@ -138,7 +137,8 @@ class JobsOf:
         import psutil
 
         try:
-            return any(p.pid == self.child.pid for p in psutil.Process(pid).parents())
+            child = self.child.pid if self.child is not None else None
+            return any(p.pid == child for p in psutil.Process(pid).parents())
         except (psutil.Error, OSError):
             return False
 

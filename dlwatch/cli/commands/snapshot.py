@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+from typing import Any, cast
 
 from dlwatch import rundir
 from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, dir_problem, fail, no_jobs_message
@@ -73,7 +74,7 @@ def run(args) -> int:
         return EXIT_OK
     from dlwatch.cli.text import render_snapshot
 
-    print(render_snapshot(snap))
+    print(render_snapshot(cast(dict[str, Any], snap)))
     return EXIT_OK
 
 

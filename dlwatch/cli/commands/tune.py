@@ -7,6 +7,7 @@ import argparse
 import json
 import shutil
 import sys
+from typing import Any
 
 from dlwatch.cli.common import (
     EXIT_ERROR,
@@ -26,6 +27,9 @@ DESCRIPTION = (
     "each trial's steady-state throughput, data wait, CPU and worker memory, and recommend the "
     "setting with the fewest workers among the fastest. The first trial is the script's own "
     "settings; the next ones follow its diagnosis (CPU- or I/O-bound, Little's-law worker count). "
+    "When the loop waits for data, one more trial measures the ceiling: the script's own settings "
+    "with the loader replaying about 20 batches it already made, i.e. the loop's pace when data is "
+    "free; the search stops once a setting is within noise of it. "
     "Only the loader the training loop waits on is changed unless --loader all. Each trial runs "
     "until --trial-seconds of steady state, then the command's whole process group is stopped "
     "(SIGINT, then SIGTERM, then SIGKILL). Ctrl-C stops the running trial and prints what was measured."
@@ -63,6 +67,21 @@ def _positive(text: str) -> float:
     return v
 
 
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _size(text: str) -> int:
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = t[-1:] if t[-1:] in _UNITS and not t[-1:].isdigit() else ""
+    try:
+        v = float(t[: len(t) - len(unit)]) * _UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size such as 512M or 2G, got {text!r}") from None
+    if not v >= 1:
+        raise argparse.ArgumentTypeError(f"must be at least one byte, got {text!r}")
+    return int(v)
+
+
 def _count(text: str) -> int:
     try:
         v = int(text)
@@ -74,7 +93,7 @@ def _count(text: str) -> int:
 
 
 def add_arguments(p) -> None:
-    from dlwatch.tune.sweep import DEFAULT_MAX_TRIALS, DEFAULT_TRIAL_S
+    from dlwatch.tune.sweep import CEILING_BATCHES, DEFAULT_MAX_TRIALS, DEFAULT_TRIAL_S
 
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument(
@@ -112,6 +131,19 @@ def add_arguments(p) -> None:
         default="busiest",
         help="which DataLoaders a trial changes: the one the loop waits on most (default), or every one",
     )
+    p.add_argument(
+        "--ceiling-bytes",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help=f"memory the ceiling trial may hold in replayed batches (default 1G; it keeps up to "
+        f"{CEILING_BATCHES} batches, fewer when they do not fit, and says so)",
+    )
+    p.add_argument(
+        "--no-ceiling",
+        action="store_true",
+        help="skip the ceiling trial (the loop's pace with data for free)",
+    )
     p.add_argument("--json", action="store_true", help='print the result document as JSON (README, "Tune")')
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
 
@@ -133,16 +165,20 @@ def run(args) -> int:
         budget_s=args.budget,
         workers=args.workers,
         all_loaders=args.loader == "all",
+        ceiling=not args.no_ceiling,
     )
+    if args.ceiling_bytes is not None:
+        opts.ceiling_bytes = args.ceiling_bytes
     tty = sys.stderr.isatty()
-    state = {"index": 0, "config": {}, "drawn": False}
+    state: dict[str, Any] = {"index": 0, "config": {}, "drawn": False}
+    last = {"t": -1.0}
 
     def on_trial_start(index: int, config: dict, why: str) -> None:
         state.update(index=index, config=config)
+        last["t"] = -1.0  # each trial's clock starts at 0
         _end_line(state)
-        print(f"trial {index + 1}: {report.config_text(config)} ({why})", file=sys.stderr, flush=True)
-
-    last = {"t": -1.0}
+        name = "ceiling trial" if index < 0 else f"trial {index + 1}"
+        print(f"{name}: {report.config_text(config)} ({why})", file=sys.stderr, flush=True)
 
     def on_progress(meter, trial_elapsed: float) -> None:
         # A line every 2 s on a pipe or log; one line redrawn in place on a terminal.

@@ -23,6 +23,8 @@ def _dlwatch_bootstrap():
                 spec = importlib.util.spec_from_file_location(
                     "dlwatch", _os.path.join(pkg, "__init__.py"), submodule_search_locations=[pkg]
                 )
+                if spec is None or spec.loader is None:
+                    raise ImportError(f"dlwatch cannot be loaded from {pkg}")
                 mod = importlib.util.module_from_spec(spec)
                 _sys.modules["dlwatch"] = mod
                 spec.loader.exec_module(mod)

@@ -1,0 +1,96 @@
+"""``dlwatch attach``: measure a job started without the hook, from outside."""
+
+from __future__ import annotations
+
+import json
+
+from dlwatch.cli.common import EXIT_OK, EXIT_USAGE, fail
+
+NAME = "attach"
+HELP = "measure a PyTorch job started without the hook, by sampling it from outside (py-spy)"
+DESCRIPTION = (
+    "Sample a running PyTorch job that was started without the hook: its training thread's "
+    "data wait and its DataLoader workers' busy shares, from py-spy stack samples (~100 a second, "
+    "never pausing the job), with CPU, run-queue wait and memory from /proc. Figures that only the "
+    "hook can measure say 'n/a (attached: sampled)'."
+)
+EPILOG = (
+    "Exit codes: 0 ok, 1 error, 2 usage, 3 no such process, 4 not permitted to read the process "
+    "(see --check), 5 not a Python/PyTorch process, 6 py-spy not installed "
+    "(pip install 'dlwatch[attach]')."
+)
+ORDER = 25
+PROG = "dlwatch attach"
+MAX_SECONDS = 600.0
+
+
+def add_arguments(p) -> None:
+    p.add_argument(
+        "--pid",
+        type=int,
+        action="append",
+        metavar="P",
+        help="the job's trainer PID; repeat for several (the ranks of a torchrun run)",
+    )
+    p.add_argument("--seconds", type=float, default=3.0, metavar="S", help="how long to sample (default 3)")
+    p.add_argument("--json", action="store_true", help="print the snapshot as JSON")
+    p.add_argument(
+        "--check",
+        type=int,
+        metavar="P",
+        help="only say whether PID P can be sampled, which permission allows it or what to do",
+    )
+
+
+def run(args) -> int:
+    if args.check is not None:
+        return check(args.check)
+    if not args.pid:
+        return fail("give the job's PID: `dlwatch attach --pid P`", EXIT_USAGE, PROG)
+    if not 1 <= args.seconds <= MAX_SECONDS:
+        return fail(f"--seconds must be between 1 and {MAX_SECONDS:.0f}", EXIT_USAGE, PROG)
+    from dlwatch.collect import attach, ptrace
+
+    pids = list(dict.fromkeys(args.pid))
+    for pid in pids:
+        problem = attach.preflight(pid)
+        if problem is not None:
+            return fail(problem[1], problem[0], PROG)
+    snap, errors = attach.measure(pids, args.seconds)
+    for code, line in errors:
+        fail(line, code, PROG)
+    if not snap["jobs"]:
+        return errors[0][0] if errors else 1
+    no_torch = [
+        j["pid"] for j in snap["jobs"] if not j.get("loaders") and j["sampling"].get("torch_loaded") is False
+    ]
+    if args.json:
+        print(json.dumps(snap, indent=2, default=str))
+    else:
+        from dlwatch.cli.text import render_snapshot
+
+        print(render_snapshot(snap, title="dlwatch attach"))
+    for pid in no_torch:
+        fail(f"PID {pid} is a Python process without torch: not a PyTorch job", ptrace.EXIT_NOT_PYTHON, PROG)
+    if no_torch:
+        return ptrace.EXIT_NOT_PYTHON
+    return errors[0][0] if errors else EXIT_OK
+
+
+def check(pid: int) -> int:
+    """``--check``: which permission lets us read ``pid``, or what to do."""
+    from dlwatch.collect import ptrace, spy
+
+    access = ptrace.check(pid)
+    if not access.allowed:
+        return fail(f"cannot attach to PID {pid}: {access.line()}", access.code, PROG)
+    scope = ptrace.read_scope()
+    print(f"PID {pid} can be sampled: {access.condition}")
+    print(f"  kernel.yama.ptrace_scope: {'not present (no Yama)' if scope is None else scope}")
+    if not ptrace.looks_like_python(pid):
+        return fail(f"but PID {pid} does not look like a Python process", ptrace.EXIT_NOT_PYTHON, PROG)
+    binary = spy.find()
+    if binary is None:
+        return fail(spy.INSTALL_HINT, ptrace.EXIT_NO_SAMPLER, PROG)
+    print(f"  sampler: {binary}")
+    return EXIT_OK

@@ -1,0 +1,172 @@
+"""Replay: the selected loader serves batches it already produced, so the
+training loop runs at the pace it would have if data cost nothing
+(``dlwatch tune``'s ceiling trial; README "Tune").
+
+Only ``overrides`` creates a ``Replay``, and only when ``DLWATCH_OVERRIDES``
+asks for one: a normal run never gets here.
+
+Phases: ``warm-up`` (``after_s`` after the loader's first batch: the loop's
+own start-up, cold caches), ``caching`` (the next ``batches`` batches are
+kept, as the loader returned them — pinned when it pins — until the byte
+budget would be exceeded; at least one is kept), then ``replaying``: the
+iterator that filled the cache returns the cached batches in turn without
+asking its workers, which finish the batches already asked for and then sit
+idle (never killed). Epochs keep their length (``len(loader)`` batches; an
+IterableDataset without a length never ends), and a new ``iter(loader)``
+returns the same iterator again, so no worker is spawned and no host-to-
+device copy is skipped: what the loop does with a batch stays in the loop.
+
+Each batch handed out is a fresh copy of its containers (dicts, lists,
+tuples, named tuples) around the same tensors, so a loop that replaces an
+entry (``batch["x"] = batch["x"].cuda()``) does not change what the next
+replay of that batch holds.
+
+``status`` is a dict with a fixed set of keys, updated in place (the
+publisher encodes it from another thread: its size never changes).
+"""
+
+from __future__ import annotations
+
+from time import perf_counter as _clock
+from typing import Any
+
+DEFAULT_BATCHES = 20
+DEFAULT_MAX_BYTES = 1 << 30
+DEFAULT_AFTER_S = 1.0
+
+
+class Replay:
+    def __init__(self, spec: dict, loader) -> None:
+        self.batches = int(spec.get("batches", DEFAULT_BATCHES))
+        self.max_bytes = int(spec.get("max_bytes", DEFAULT_MAX_BYTES))
+        self.after_s = float(spec.get("after_s", DEFAULT_AFTER_S))
+        self.cache: list[Any] = []
+        self.pos = 0
+        self.t_first: float | None = None
+        self.it: Any = None  # the iterator that replays, once replaying
+        self.epoch_len = _length(loader)
+        self.status: dict[str, Any] = {
+            "state": "warm-up",
+            "batches_cached": 0,
+            "bytes_cached": 0,
+            "batches_wanted": self.batches,
+            "max_bytes": self.max_bytes,
+            "limited_by": None,
+        }
+
+    @property
+    def replaying(self) -> bool:
+        return self.it is not None
+
+    def attach(self, it) -> None:
+        """Route ``it``'s batches through the replay (once per iterator)."""
+        orig = it._next_data
+        if getattr(orig, "_dlw_replay", None) is self:
+            return
+
+        def _next_data():
+            if self.it is it:
+                return self.serve(it)
+            data = orig()
+            try:
+                self.observe(data, it)
+            except Exception:
+                pass
+            return data
+
+        _next_data._dlw_replay = self  # type: ignore[attr-defined]
+        it._next_data = _next_data
+
+    def observe(self, data, it) -> None:
+        if self.replaying:
+            return
+        now = _clock()
+        if self.t_first is None:
+            self.t_first = now
+        if now - self.t_first < self.after_s:
+            return
+        st = self.status
+        size = nbytes(data)
+        if self.cache and st["bytes_cached"] + size > self.max_bytes:
+            st["limited_by"] = "max_bytes"
+            self._start(it)
+            return
+        self.cache.append(fresh(data))  # the loop may replace entries of the one it gets
+        st["bytes_cached"] += size
+        st["batches_cached"] = len(self.cache)
+        st["state"] = "caching"
+        if len(self.cache) >= self.batches:
+            self._start(it)
+        elif st["bytes_cached"] >= self.max_bytes:
+            st["limited_by"] = "max_bytes"
+            self._start(it)
+
+    def _start(self, it) -> None:
+        self.status["state"] = "replaying"
+        self.it = it
+
+    def serve(self, it):
+        # Inside the job's next(): only StopIteration (the epoch's end) may leave here.
+        if self.epoch_len is not None and getattr(it, "_num_yielded", 0) >= self.epoch_len:
+            raise StopIteration
+        data = self.cache[self.pos % len(self.cache)]
+        self.pos = (self.pos + 1) % len(self.cache)
+        return fresh(data)
+
+    def new_epoch(self) -> object:
+        """The replaying iterator, ready for another epoch (what ``iter(loader)`` returns)."""
+        it = self.it
+        it._num_yielded = 0
+        st = getattr(it, "_dlw_stats", None)
+        if st is not None:
+            st.begin_epoch(it, _clock())
+        return it
+
+
+def _length(loader) -> int | None:
+    try:
+        return int(len(loader))
+    except Exception:
+        return None
+
+
+def nbytes(obj, _depth: int = 0) -> int:
+    """Bytes of the tensors (and arrays, bytes, strings) in a batch."""
+    if _depth > 16:
+        return 0
+    if isinstance(obj, dict):
+        return sum(nbytes(v, _depth + 1) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(nbytes(v, _depth + 1) for v in obj)
+    if isinstance(obj, (bytes, bytearray, str)):
+        return len(obj)
+    try:
+        return int(obj.element_size() * obj.nelement())  # a tensor
+    except Exception:
+        pass
+    n = getattr(obj, "nbytes", None)  # a numpy array
+    return n if isinstance(n, int) else 0
+
+
+def fresh(obj, _depth: int = 0):
+    """``obj`` with new containers around the same leaves (falls back to the
+    object itself for containers it cannot rebuild)."""
+    if _depth > 16:
+        return obj
+    try:
+        if type(obj) is dict:
+            return {k: fresh(v, _depth + 1) for k, v in obj.items()}
+        if type(obj) is list:
+            return [fresh(v, _depth + 1) for v in obj]
+        if type(obj) is tuple:
+            return tuple(fresh(v, _depth + 1) for v in obj)
+        if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+            return type(obj)(*(fresh(v, _depth + 1) for v in obj))
+        if isinstance(obj, dict):
+            out = obj.copy()
+            for k, v in obj.items():
+                out[k] = fresh(v, _depth + 1)
+            return out
+    except Exception:
+        return obj
+    return obj

@@ -1,0 +1,137 @@
+"""Loaders as they are in the wild, run for real (tests/jobs/wild_loaders.py):
+a producer thread feeding a queue, iterable datasets shared out badly, well
+or not at all, and rare slow samples behind in-order delivery."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_interpreter import Proc, job_in
+from tests.e2e_util import snapshot_json, truth_in_window
+
+pytestmark = pytest.mark.timing
+
+JOBS = Path(__file__).resolve().parent.parent / "jobs" / "wild_loaders.py"
+
+
+def _start(mode: str, out: Path, *args: str) -> Proc:
+    return Proc(JOBS, mode, str(out), *args)
+
+
+def _finish(job: Proc, out: Path) -> dict:
+    rc, _, err = job.finish(timeout=120)
+    assert rc == 0, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    return json.loads(out.read_text())
+
+
+def _the_loader(snap: dict, pid: int) -> tuple[dict, list[dict]]:
+    j = job_in(snap, pid)
+    (ld,) = j["loaders"]
+    return ld, [h for h in snap["hints"] if h["job_pid"] == pid]
+
+
+def test_thread_fed_and_iterable_loaders(tmp_path):
+    """Four jobs side by side (their datasets sleep: they do not compete for
+    the CPU much), one snapshot of each after a few seconds of steady state."""
+    modes = ("thread", "unsharded", "sharded", "duplicated")
+    # They train until the four snapshots, taken one after the other, are done.
+    stop = tmp_path / "stop"
+    jobs = {m: _start(m, tmp_path / f"{m}.json", "--train-s", "300", "--stop-file", str(stop)) for m in modes}
+    snaps = {}
+    try:
+        for m in modes:
+            jobs[m].json_line("ready", timeout=120)
+        time.sleep(3.5)
+        for m in modes:
+            snaps[m] = snapshot_json(jobs[m].dir, "--window", "2")
+        stop.touch()
+        own = {m: _finish(jobs[m], tmp_path / f"{m}.json") for m in modes}
+    finally:
+        for j in jobs.values():
+            j.cleanup()
+
+    # A producer thread waits on a num_workers=0 loader most of its time; the
+    # training loop, fed from the queue, hardly ever waits.
+    ld, hints = _the_loader(snaps["thread"], jobs["thread"].pid)
+    assert ld["iterated_on"] == {"thread": "producer", "main": False}
+    assert ld["num_workers"] == 0 and ld["data_wait_fraction"] > 0.3
+    loop = truth_in_window(own["thread"]["spans"], *ld["window_mono_ns"])
+    assert loop["data_wait_fraction"] < 0.1, loop
+    assert [h["id"] for h in hints] == ["thread-fed-loader"], hints
+    assert hints[0]["severity"] == "info"
+    assert "producer" in hints[0]["message"] and "cannot see" in hints[0]["message"]
+
+    # One "file" shared out by worker id among 3 workers: workers 1 and 2
+    # get nothing (they exit at once), worker 0 loads everything.
+    ld, hints = _the_loader(snaps["unsharded"], jobs["unsharded"].pid)
+    assert ld["kind"] == "iterable" and ld["dataset"] == "Files"
+    assert ld["data_wait_fraction"] > 0.3
+    by_id = {h["id"]: h for h in hints}
+    assert "idle-workers" in by_id, hints
+    idle = by_id["idle-workers"]
+    assert [w["id"] for w in idle["evidence"]["idle_workers"]] == [1, 2]
+    assert all(w["window_batches"] == 0 for w in idle["evidence"]["idle_workers"])
+    assert "worker 1: 0" in idle["message"] and "get_worker_info()" in idle["suggestion"]
+    assert not set(by_id) & {"add-workers", "io-bound", "duplicated-samples", "head-of-line-blocking"}
+
+    # Three files, one a worker: every worker delivers its share.
+    ld, hints = _the_loader(snaps["sharded"], jobs["sharded"].pid)
+    assert all(w["window_batches"] > 0 for w in ld["workers"]), ld["workers"]
+    assert not {h["id"] for h in hints} & {"idle-workers", "duplicated-samples"}, hints
+
+    # No sharding at all: every worker yields the same stream.
+    ld, hints = _the_loader(snaps["duplicated"], jobs["duplicated"].pid)
+    by_id = {h["id"]: h for h in hints}
+    assert "duplicated-samples" in by_id, hints
+    assert by_id["duplicated-samples"]["evidence"]["duplicated_workers"] == [[0, 1, 2]]
+    assert not set(by_id) & {"idle-workers", "add-workers", "io-bound"}
+
+
+# How far the throughput the loop reaches with in_order=False may be from
+# what the hint predicted (a ratio of speedups), on a shared 2-core box.
+GAIN_TOLERANCE = 0.25
+
+
+def _slow_tail_run(tmp_path: Path, in_order: int, snapshot_after: float | None) -> tuple[dict | None, dict]:
+    out, stop = tmp_path / f"slow-tail-{in_order}.json", tmp_path / f"stop-{in_order}"
+    # 12 s of training, or until the snapshot is taken.
+    train_s = "12" if snapshot_after is None else "300"
+    args = ("--in-order", str(in_order), "--train-s", train_s, "--stop-file", str(stop))
+    job = _start("slow-tail", out, *args)
+    snap = None
+    try:
+        job.json_line("ready", timeout=120)
+        if snapshot_after is not None:
+            time.sleep(snapshot_after)
+            snap = snapshot_json(job.dir, "--window", "8")
+            stop.touch()
+        own = _finish(job, out)
+    finally:
+        job.cleanup()
+    return (None if snap is None else _the_loader(snap, job.pid)), own
+
+
+def test_rare_slow_samples_block_the_line_and_in_order_false_gives_the_predicted_gain(tmp_path):
+    (ld, hints), own_in_order = _slow_tail_run(tmp_path, 1, snapshot_after=9.5)
+    assert ld["in_order"] is True
+    by_id = {h["id"]: h for h in hints}
+    assert "head-of-line-blocking" in by_id, (ld, hints)
+    h = by_id["head-of-line-blocking"]
+    assert h["severity"] == "warn"
+    # The tail per worker, in the hint and in the snapshot: one worker gets
+    # every slow batch (round robin), its p99 is the 300 ms sleep.
+    tail = {w["id"]: w for w in h["evidence"]["fetch_ms_tail"]}
+    assert max(w["p99_ms"] for w in tail.values()) == pytest.approx(300, rel=0.3)
+    assert all(w["fetch_ms_p50"] == pytest.approx(12, rel=0.5) for w in ld["workers"]), ld["workers"]
+    predicted = h["evidence"]["expected_speedup"]
+
+    _, own_any_order = _slow_tail_run(tmp_path, 0, snapshot_after=None)
+    rate = {k: o["batches"] / o["seconds"] for k, o in (("in", own_in_order), ("any", own_any_order))}
+    measured = rate["any"] / rate["in"]
+    assert measured > 1.0, rate
+    assert measured == pytest.approx(predicted, rel=GAIN_TOLERANCE), (measured, predicted, rate)

@@ -1,0 +1,186 @@
+"""Worker profile bursts on real jobs: `dlwatch profile --workers` against a
+loader whose samples cost two known stages (3/4 and 1/4 of each sample's
+CPU), with real worker processes of every start method."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.e2e_util import Job, dlwatch, short_tmpdir, snapshot_json, stop_sessions
+
+STAGES = Path(__file__).resolve().parents[1] / "jobs" / "stages_job.py"
+
+
+def start_job(*args: str) -> tuple[subprocess.Popen, str, str]:
+    job, d, ready = launch(*args)
+    wait_ready(job, ready)
+    return job, d, ready
+
+
+def launch(*args: str) -> tuple[subprocess.Popen, str, str]:
+    d, out = short_tmpdir(), short_tmpdir("dlwout")
+    ready = os.path.join(out, "job")
+    job = subprocess.Popen(
+        [sys.executable, str(STAGES), "--out", ready, *args],
+        env=dict(os.environ, DLWATCH_DIR=d),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    return job, d, ready
+
+
+def wait_ready(job: subprocess.Popen, ready: str) -> None:
+    end = time.monotonic() + 60
+    while not os.path.exists(ready + ".ready"):
+        assert job.poll() is None, job.stderr.read().decode()[-2000:]
+        assert time.monotonic() < end, "the job never produced a batch"
+        time.sleep(0.05)
+
+
+def profile(d: str, pid: int, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "dlwatch", "profile", "--workers", "--pid", str(pid), *args],
+        env=dict(os.environ, DLWATCH_DIR=d),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def assert_two_stages(doc: dict) -> None:
+    """3/4 and 1/4 of each sample, within 10 points: shares of the samples'
+    time (``__getitem__``'s inclusive share; the rest of a fetch is collate)."""
+    assert doc["error"] is None and doc["samples"] >= 50, (doc["samples"], doc["workers"])
+    fns = {f["function"]: f["share"] for f in doc["worker_functions"]}
+    per_sample = fns["TwoStages.__getitem__"]
+    assert per_sample >= 0.7, fns
+    stages = {s["stage"]: s["share"] / per_sample for s in doc["stages"]}
+    assert abs(stages.get("decode_like_stage", 0) - 0.75) <= 0.10, stages
+    assert abs(stages.get("augment_like_stage", 0) - 0.25) <= 0.10, stages
+    assert abs(fns["decode_like_stage"] / per_sample - 0.75) <= 0.10
+    assert abs(fns["augment_like_stage"] / per_sample - 0.25) <= 0.10
+    assert doc["verdict"] == "code-bound" and "decode_like_stage" in doc["reason"]
+
+
+def test_persistent_fork_workers_two_stages_one_burst_at_a_time_and_every_monitor_hears_of_it():
+    job, d, ready = start_job("--workers", "2", "--persistent", "--duration", "60")
+    rec = ready + ".jsonl"
+    recorder = subprocess.Popen(
+        [sys.executable, "-m", "dlwatch", "record", "-o", rec, "--pid", str(job.pid), "--duration", "6"],
+        env=dict(os.environ, DLWATCH_DIR=d),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        first = profile(d, job.pid, "--seconds", "3", "--json")
+        time.sleep(0.8)
+        second = profile(d, job.pid, "--seconds", "3")
+        r2, r1 = second.communicate(timeout=60), first.communicate(timeout=60)
+        assert second.returncode == 1 and "busy" in r2[1] and "Traceback" not in r2[1], r2
+        assert first.returncode == 0, r1[1]
+        doc = json.loads(r1[0])
+        assert_two_stages(doc)
+        assert len(doc["workers"]) == 2 and all(w["reported"] for w in doc["workers"])
+        assert doc["seconds"] == 3 and doc["hz"] == 100 and doc["loader"]["name"].startswith("loader 0")
+        # A monitor that connects later is told the last profile (hints, recordings).
+        snap = snapshot_json(d)
+        wp = snap["jobs"][0]["worker_profile"]
+        assert wp["top_stage"] == "decode_like_stage" and abs(wp["top_share"] - 0.75) <= 0.10
+        # Text output, and the job trains on.
+        r = dlwatch("profile", "--workers", "--pid", str(job.pid), "--seconds", "1", runtime_dir=d)
+        assert r.returncode == 0 and "verdict: code-bound" in r.stdout and "decode_like_stage" in r.stdout
+        assert "over 1 s" in r.stdout  # its own answer, not the last one that is replayed to new monitors
+        assert job.poll() is None
+        assert not [f for f in os.listdir(d) if f.startswith("wprof-")]  # the workers' files are gone
+        # A recording that spans the burst: the report shows the profile.
+        assert recorder.wait(timeout=30) == 0, recorder.stderr.read()
+        r = dlwatch("report", rec, "-o", ready + ".html", runtime_dir=d)
+        assert r.returncode == 0, r.stderr
+        html = open(ready + ".html").read()
+        assert "Worker profile (loader 0" in html and "decode_like_stage" in html
+    finally:
+        recorder.kill()
+        stop_sessions([job])
+
+
+def test_spawn_and_forkserver_workers():
+    # Both jobs at once: their start-up (torch imported in every worker) overlaps.
+    methods = ("spawn", "forkserver")
+    jobs = [launch("--workers", "2", "--start-method", m, "--duration", "60") for m in methods]
+    try:
+        for job, _, ready in jobs:
+            wait_ready(job, ready)
+        time.sleep(1.0)  # past the new workers' first batches
+        asks = [profile(d, job.pid, "--seconds", "3", "--json") for job, d, _ in jobs]
+        for ask in asks:
+            out, err = ask.communicate(timeout=60)
+            assert ask.returncode == 0, err
+            assert_two_stages(json.loads(out))
+    finally:
+        stop_sessions([job for job, _, _ in jobs])
+
+
+def test_sixteen_non_persistent_workers_replaced_during_the_burst_are_followed():
+    # 16 workers, an epoch of 16 batches of 2: each epoch starts 16 new workers.
+    job, d, _ = start_job("--workers", "16", "--epoch-batches", "16", "--batch-size", "2", "--duration", "60")
+    try:
+        r = dlwatch(
+            "profile",
+            "--workers",
+            "--pid",
+            str(job.pid),
+            "--seconds",
+            "5",
+            "--json",
+            runtime_dir=d,
+            timeout=60,
+        )
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert_two_stages(doc)
+        reported = [w for w in doc["workers"] if w["reported"]]
+        assert len({w["pid"] for w in reported}) > 16, doc["workers"]  # later epochs' workers too
+    finally:
+        stop_sessions([job])
+
+
+def test_a_worker_killed_mid_burst_is_reported_and_the_answer_comes():
+    job, d, ready = start_job("--workers", "2", "--duration", "60")
+    try:
+        victim = int(open(ready + ".pids").read().split()[0])
+        t0 = time.monotonic()
+        ask = profile(d, job.pid, "--seconds", "3")
+        # Kill once both workers sample (the progress line on stderr says so).
+        seen, fd = b"", ask.stderr.fileno()
+        while b"2 workers sampling" not in seen:
+            chunk = os.read(fd, 4096)
+            assert chunk and time.monotonic() - t0 < 60, seen
+            seen += chunk
+        os.kill(victim, signal.SIGKILL)
+        out, err = ask.communicate(timeout=60)
+        took = time.monotonic() - t0
+        assert ask.returncode == 0, err
+        assert f"PID {victim}): killed or exited before it could report" in out, out
+        assert took < 60 and "samples inside fetches" in out
+        # The job's new iterator's workers were sampled too: more than the two first ones reported.
+        assert "from 3 workers" in out, out
+    finally:
+        stop_sessions([job])
+
+
+def test_a_loader_without_workers_is_refused():
+    d = short_tmpdir()
+    job = Job("--workers", "0", "--duration", "20", runtime_dir=d)
+    try:
+        job.wait_ready(settle=1.2)
+        r = dlwatch("profile", "--workers", "--pid", str(job.proc.pid), "--seconds", "1", runtime_dir=d)
+        assert r.returncode == 1 and "no worker processes" in r.stderr and "Traceback" not in r.stderr
+    finally:
+        job.cleanup()

@@ -1,0 +1,95 @@
+"""A loader whose samples cost two known stages, for worker profile tests.
+
+Each sample spends ``--a-ms`` of CPU in ``decode_like_stage`` and ``--b-ms``
+in ``augment_like_stage`` (spinning on the thread's own CPU clock, so the
+3:1 split holds however contended the box is). It writes its first
+iterator's worker PIDs next to ``--out`` and, when one of its workers is
+killed, trains on with a new iterator, as a job that survives a lost worker
+would.
+"""
+
+import argparse
+import hashlib
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import dlwatch.hook  # noqa: F401
+
+
+def _spin(ms):
+    end = time.thread_time() + ms / 1000
+    x = 0
+    while time.thread_time() < end:
+        x += 1
+    return x
+
+
+def decode_like_stage(i, ms):
+    return _spin(ms) + i
+
+
+def augment_like_stage(i, ms):
+    return _spin(ms) + i
+
+
+class TwoStages(Dataset):
+    def __init__(self, n, a_ms, b_ms):
+        self.n, self.a_ms, self.b_ms = n, a_ms, b_ms
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        decode_like_stage(i, self.a_ms)
+        augment_like_stage(i, self.b_ms)
+        return torch.full((4,), float(i))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--start-method", default="fork")
+    p.add_argument("--persistent", action="store_true")
+    p.add_argument("--a-ms", type=float, default=3.0)
+    p.add_argument("--b-ms", type=float, default=1.0)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--epoch-batches", type=int, default=0, help="batches per epoch (0: endless)")
+    p.add_argument("--duration", type=float, default=30.0)
+    p.add_argument("--digest", help="write a digest of the batches here")
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    n = a.epoch_batches * a.batch_size if a.epoch_batches else 10**7
+    loader = DataLoader(
+        TwoStages(n, a.a_ms, a.b_ms),
+        batch_size=a.batch_size,
+        num_workers=a.workers,
+        multiprocessing_context=a.start_method,
+        persistent_workers=a.persistent,
+    )
+    h = hashlib.sha256()
+    t_ready = None
+    lost = 0
+    while t_ready is None or time.monotonic() - t_ready < a.duration:
+        it = iter(loader)
+        try:
+            for batch in it:
+                h.update(batch.numpy().tobytes())
+                if t_ready is None:
+                    t_ready = time.monotonic()
+                    with open(a.out + ".pids", "w") as f:
+                        f.write(" ".join(str(w.pid) for w in getattr(it, "_workers", [])))
+                    open(a.out + ".ready", "w").close()
+                if time.monotonic() - t_ready >= a.duration:
+                    break
+        except RuntimeError:
+            lost += 1  # the killed worker: train on with a fresh iterator
+        del it
+    if a.digest:
+        with open(a.digest, "w") as f:
+            f.write(h.hexdigest())
+
+
+if __name__ == "__main__":
+    main()

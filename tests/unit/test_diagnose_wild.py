@@ -1,0 +1,190 @@
+"""The rules for loaders as they are in the wild, table-tested: idle-workers,
+duplicated-samples, head-of-line-blocking, thread-fed-loader; and how they sit
+beside the worker-count rules (never contradicting them)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlwatch.diagnose import evaluate
+from dlwatch.diagnose.rules_order import predicted_speedup
+from tests.unit.test_diagnose_rules import get, ids, io_bound_loader, loader, one, worker
+
+# --- factories ------------------------------------------------------------------
+
+
+def iterable(counts, *, wait=0.5, gone=(), digests=None, kind="iterable", **kw):
+    """An iterable loader whose workers delivered ``counts`` batches in the window."""
+    ws = []
+    for i, c in enumerate(counts):
+        extra = {"window_batches": c}
+        if digests is not None and digests[i] is not None:
+            extra["first_batch_digest"], extra["second_batch_digest"] = digests[i]
+        ws.append(
+            worker(
+                i,
+                busy=0.95 if c else 0.0,
+                cpu=10.0 if c else 0.0,
+                fetch_ms=40.0,
+                state="gone" if i in gone else "sleeping",
+                **extra,
+            )
+        )
+    return loader(nw=len(counts), wait=wait, step_ms=10.0, worker_ms=40.0, workers=ws, kind=kind, **kw)
+
+
+def slow_tail(*, hol=0.23, wait=0.27, busy=0.26, in_order=True, p99=340.0, bps=35.0, **kw):
+    ws = [
+        worker(i, busy=busy, cpu=5.0, fetch_ms=14.0, fetch_ms_p50=14.0, fetch_ms_p95=20.0, fetch_ms_p99=25.0)
+        for i in range(3)
+    ]
+    ws.append(
+        worker(3, busy=busy, cpu=5.0, fetch_ms=70.0, fetch_ms_p50=14.0, fetch_ms_p95=330.0, fetch_ms_p99=p99)
+    )
+    ld = loader(
+        nw=4,
+        wait=wait,
+        step_ms=20.0,
+        worker_ms=28.0,
+        workers=ws,
+        head_of_line_fraction=hol,
+        in_order=in_order,
+        **kw,
+    )
+    ld["batches_per_s"] = bps
+    return ld
+
+
+def producer(wait=0.75, main=False, nw=0):
+    return loader(nw=nw, wait=wait, step_ms=6.0, iterated_on={"thread": "producer", "main": main})
+
+
+D = (11, 22)  # two batches' digests
+
+
+@pytest.mark.parametrize(
+    "ld, hid, fires",
+    [
+        # idle-workers: one worker has the only shard (HF datasets #8669)
+        (iterable([170, 0, 0], gone=(1, 2)), "idle-workers", True),
+        (iterable([170, 0, 0]), "idle-workers", True),  # persistent workers: idle, alive
+        (iterable([170, 40, 160]), "idle-workers", True),  # far fewer (≤ 25 % of the busiest)
+        (iterable([170, 165, 172]), "idle-workers", False),  # sharded
+        (iterable([170, 0, 0], wait=0.02), "idle-workers", False),  # the loop does not wait: no harm
+        (iterable([5, 0, 0]), "idle-workers", False),  # too few batches to judge
+        (iterable([170, 0, 0], kind="map"), "idle-workers", False),  # a map dataset shares by sampler
+        (iterable([170, 0, 0], steady_history=False, batches=3), "idle-workers", False),  # warming up
+        # duplicated-samples: every worker yields the same stream
+        (iterable([170, 170, 170], digests=[D, D, D]), "duplicated-samples", True),
+        (iterable([170, 170, 170], digests=[D, D, (33, 44)]), "duplicated-samples", True),
+        (iterable([170, 170, 170], digests=[D, (33, 44), (55, 66)]), "duplicated-samples", False),
+        (iterable([170, 170], digests=[(7, 7), (7, 7)]), "duplicated-samples", False),  # constant data
+        (iterable([170, 170], digests=[D, None]), "duplicated-samples", False),
+        # head-of-line-blocking
+        (slow_tail(), "head-of-line-blocking", True),
+        (slow_tail(in_order=False), "head-of-line-blocking", False),
+        (slow_tail(in_order=None), "head-of-line-blocking", False),  # torch < 2.6: no in_order
+        (slow_tail(hol=0.02), "head-of-line-blocking", False),
+        (slow_tail(busy=0.95), "head-of-line-blocking", False),  # saturated: throughput, not order
+        (slow_tail(p99=30.0), "head-of-line-blocking", False),  # no slow tail
+        (slow_tail(wait=0.05, hol=0.05), "head-of-line-blocking", False),  # not data-bound
+        # thread-fed-loader
+        (producer(), "thread-fed-loader", True),
+        (producer(wait=0.05), "thread-fed-loader", False),
+        (producer(main=True), "thread-fed-loader", False),
+    ],
+)
+def test_rule_table(ld, hid, fires):
+    assert (hid in ids(evaluate(one(ld)))) is fires
+
+
+def test_idle_workers_names_the_idle_ones_with_their_counts():
+    h = get(evaluate(one(iterable([170, 0, 0], gone=(1, 2)))), "idle-workers")
+    assert h["severity"] == "warn"
+    assert "worker 1: 0 (exited), worker 2: 0 (exited); worker 0: 170" in h["message"]
+    assert "get_worker_info()" in h["suggestion"] and "split_dataset_by_node" in h["suggestion"]
+    assert [w["id"] for w in h["evidence"]["idle_workers"]] == [1, 2]
+    assert "num_workers=1" in h["suggestion"]
+
+
+def test_duplicated_samples_says_how_many_copies():
+    h = get(evaluate(one(iterable([170, 170, 170], digests=[D, D, D]))), "duplicated-samples")
+    assert h["evidence"]["duplicated_workers"] == [[0, 1, 2]]
+    assert "up to 3 times an epoch" in h["message"]
+
+
+def test_head_of_line_gives_the_tail_and_the_gain():
+    h = get(evaluate(one(slow_tail())), "head-of-line-blocking")
+    assert h["severity"] == "warn"
+    assert "worker 3: 14 ms / 330 ms / 340 ms" in h["message"]
+    assert "in_order=False" in h["suggestion"]
+    ev = h["evidence"]
+    assert ev["expected_speedup"] == pytest.approx(1 / (1 - 0.23), abs=0.01)
+    assert ev["fetch_ms_tail"][3] == {"id": 3, "p50_ms": 14.0, "p95_ms": 330.0, "p99_ms": 340.0}
+
+
+def test_head_of_line_gain_is_capped_by_the_workers():
+    # 4 workers at 100 ms a batch deliver one every 25 ms; the loop takes one
+    # every 50 ms now, 80 % of it blocked: it cannot get faster than 25 ms.
+    assert predicted_speedup(0.8, 20.0, 100.0, 4) == pytest.approx(2.0)
+    assert predicted_speedup(0.2, 50.0, None, 4) == pytest.approx(1.25)
+
+
+def test_a_thread_fed_loader_gets_no_data_bound_hint():
+    # The producer waits 75 % with num_workers=0: on the main thread this is no-workers.
+    assert "no-workers" in ids(evaluate(one(producer(main=True))))
+    hints = evaluate(one(producer()))
+    assert ids(hints) == {"thread-fed-loader"}
+    h = hints[0]
+    assert h["severity"] == "info"
+    assert "'producer'" in h["message"] and "cannot see" in h["message"]
+    assert h["evidence"]["producer_wait_fraction"] == 0.75
+    # Nor add-workers / io-bound for a producer with saturated workers.
+    ld = io_bound_loader(iterated_on={"thread": "feeder", "main": False})
+    assert ids(evaluate(one(ld))) == {"thread-fed-loader"}
+
+
+@pytest.mark.parametrize(
+    "ld",
+    [
+        # 8 workers, one idle: the others' busy mean is still ≥ 80 %, which
+        # alone would say "add workers"
+        iterable([170] * 7 + [0]),
+        iterable([170] * 3, digests=[D, D, D]),
+    ],
+)
+def test_sharding_hints_supersede_the_advice_to_add_workers(ld):
+    got = ids(evaluate(one(ld)))
+    assert got & {"idle-workers", "duplicated-samples"}
+    assert not got & {"add-workers", "io-bound", "cpu-bound-preprocessing"}, got
+
+
+def test_head_of_line_and_worker_count_rules_exclude_each_other():
+    for busy in (0.5, 0.79, 0.8, 0.95):
+        got = ids(evaluate(one(slow_tail(busy=busy))))
+        assert not ({"head-of-line-blocking"} <= got and got & {"add-workers", "io-bound"}), (busy, got)
+
+
+def test_with_an_idle_main_thread_the_iterating_thread_is_the_training_loop():
+    # A launcher or an actor waits on the main thread (Ray Train runs the
+    # train function on a thread): the loader's wait is the loop's.
+    got = ids(evaluate(one(producer(), job_kw={"main_thread_cpu": 1.0})))
+    assert "no-workers" in got and "thread-fed-loader" not in got
+    # Unknown main-thread CPU: taken as working (a producer).
+    assert ids(evaluate(one(producer(), job_kw={"main_thread_cpu": None}))) == {"thread-fed-loader"}
+
+
+def test_views_name_the_dataset_and_a_producer_thread():
+    from dlwatch.cli.text import _loader_lines
+    from dlwatch.tui.fmt import DEFAULT_PALETTE
+    from dlwatch.tui.loader import loader_title
+
+    ld = producer()
+    ld["dataset"] = "SleepyText"
+    title = loader_title(ld, DEFAULT_PALETTE).plain
+    assert "SleepyText" in title and "on thread producer" in title
+    text = "\n".join(_loader_lines(ld))
+    assert "SleepyText" in text and "iterated on thread 'producer', not the main thread" in text
+    main = producer(main=True)
+    assert "on thread" not in loader_title(main, DEFAULT_PALETTE).plain
+    assert "iterated on thread" not in "\n".join(_loader_lines(main))

@@ -1,0 +1,205 @@
+"""The replay override (dlwatch tune's ceiling trial): real DataLoaders, real
+workers; the loop must receive the structures the loader produced, epochs
+keep their length, no worker is spawned once replaying, and a normal run
+never replays."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import namedtuple
+
+import pytest
+
+from dlwatch import overrides as fmt
+from dlwatch.probe import overrides
+from dlwatch.probe.replay import fresh, nbytes
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader, Dataset, IterableDataset  # noqa: E402
+
+Pair = namedtuple("Pair", "image label")
+
+
+class Dicts(Dataset):
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        return {"image": torch.full((3, 2), float(i)), "label": i, "meta": {"ids": [i, -i]}}
+
+
+class Tuples(Dataset):
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        return Pair(torch.full((2,), float(i)), torch.tensor(i))
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        for i in range(24):
+            yield torch.full((2,), float(i)), i
+
+
+def structure(obj):
+    """Types and shapes, containers included: what the loop sees besides values."""
+    if isinstance(obj, dict):
+        return (type(obj).__name__, {k: structure(v) for k, v in obj.items()})
+    if isinstance(obj, (list, tuple)):
+        return (type(obj).__name__, [structure(v) for v in obj])
+    if isinstance(obj, torch.Tensor):
+        return ("Tensor", tuple(obj.shape), str(obj.dtype))
+    return type(obj).__name__
+
+
+def digest(obj) -> str:
+    h = hashlib.sha256(repr(structure(obj)).encode())
+
+    def walk(o):
+        if isinstance(o, dict):
+            for k in sorted(o):
+                h.update(str(k).encode())
+                walk(o[k])
+        elif isinstance(o, (list, tuple)):
+            for v in o:
+                walk(v)
+        elif isinstance(o, torch.Tensor):
+            h.update(o.contiguous().numpy().tobytes())
+        else:
+            h.update(repr(o).encode())
+
+    walk(obj)
+    return h.hexdigest()
+
+
+@pytest.fixture
+def replay_env():
+    def arm(**replay):
+        os.environ[fmt.ENV_VAR] = fmt.encode({"replay": {"after_s": 0, **replay}})
+        overrides.install()
+
+    yield arm
+    overrides.uninstall()
+    os.environ.pop(fmt.ENV_VAR, None)
+
+
+def run_epochs(loader, epochs: int):
+    """Digests and structures per epoch, the iterator of each epoch, and
+    whether the loop's own mutation of a batch survived into the cache."""
+    seen, iters = [], []
+    for _ in range(epochs):
+        it = iter(loader)
+        iters.append(it)
+        ep = []
+        for b in it:
+            ep.append((digest(b), structure(b)))
+            if isinstance(b, dict):
+                b["image"] = None  # the loop replaces an entry, as `batch["x"] = batch["x"].cuda()` does
+        seen.append(ep)
+    return seen, iters
+
+
+@pytest.mark.parametrize(
+    "ds,kwargs",
+    [
+        (Dicts(), {"num_workers": 1}),
+        (Tuples(), {"num_workers": 1, "persistent_workers": True}),
+    ],
+    ids=["dicts-1-worker", "namedtuples-persistent"],
+)
+def test_the_loop_receives_the_cached_batches_in_turn_with_their_structure(replay_env, ds, kwargs):
+    twin = [(digest(b), structure(b)) for b in DataLoader(ds, batch_size=4, **kwargs)]
+    replay_env(batches=3)
+    loader = DataLoader(ds, batch_size=4, **kwargs)
+    seen, iters = run_epochs(loader, 3)
+    rep = loader._dlw_replay
+    assert rep.status["state"] == "replaying" and rep.status["batches_cached"] == 3
+    # Epoch 1: the first 3 batches as the loader made them, then the cache in turn.
+    first = seen[0]
+    assert first[:3] == twin[:3]
+    cycle = [twin[i % 3] for i in range(3, 3 + len(twin) * 2)]
+    assert [b for ep in seen for b in ep][3 : 3 + len(cycle)] == cycle[: sum(map(len, seen)) - 3]
+    assert [len(ep) for ep in seen] == [len(twin)] * 3  # epochs keep their length
+    assert iters[1] is iters[0] and iters[2] is iters[0]  # no new iterator, no worker spawned
+    if kwargs.get("num_workers"):
+        assert all(w.is_alive() for w in iters[0]._workers)  # idle, not killed
+
+
+def test_an_iterable_dataset_without_length_replays_past_its_end(replay_env):
+    twin = [(digest(b), structure(b)) for b in DataLoader(Stream(), batch_size=4)]
+    replay_env(batches=2)
+    got = []
+    for i, b in enumerate(DataLoader(Stream(), batch_size=4, num_workers=1)):
+        got.append((digest(b), structure(b)))
+        if i == 20:
+            break
+    # 6 batches in the stream; without a length the epoch never ends under replay.
+    assert got == [twin[i % 2] for i in range(21)]
+
+
+def test_a_batch_over_the_byte_budget_replays_fewer_batches_and_says_so(replay_env):
+    one = nbytes(next(iter(DataLoader(Dicts(), batch_size=4))))
+    replay_env(batches=5, max_bytes=int(one * 2.5))
+    loader = DataLoader(Dicts(), batch_size=4)
+    for _ in zip(range(10), loader):
+        pass
+    st = loader._dlw_replay.status
+    assert st["batches_cached"] == 2 and st["limited_by"] == "max_bytes" and st["state"] == "replaying"
+    assert st["bytes_cached"] == 2 * one <= st["max_bytes"]
+
+
+def test_a_single_batch_larger_than_the_budget_is_still_replayed(replay_env):
+    replay_env(batches=5, max_bytes=1)
+    loader = DataLoader(Dicts(), batch_size=4)
+    xs = [int(b["image"][0, 0, 0]) for _, b in zip(range(5), loader)]
+    assert xs == [0, 0, 0, 0, 0]
+    assert loader._dlw_replay.status["batches_cached"] == 1
+    assert loader._dlw_replay.status["limited_by"] == "max_bytes"
+
+
+def test_only_the_selected_loader_replays(replay_env):
+    os.environ[fmt.ENV_VAR] = fmt.encode(
+        {"loader": {"index": 0, "dataset": "Tuples"}, "replay": {"after_s": 0, "batches": 1}}
+    )
+    overrides.install()
+    a, b = DataLoader(Dicts(), batch_size=4), DataLoader(Tuples(), batch_size=4)
+    assert not hasattr(a, "_dlw_replay") and hasattr(b, "_dlw_replay")
+    assert len({digest(x) for x in a}) == 6 and len({digest(x) for x in b}) == 1
+
+
+def test_fresh_copies_containers_not_tensors():
+    t = torch.zeros(2)
+    batch = {"x": [t, Pair(t, {"y": t})]}
+    out = fresh(batch)
+    assert out == batch and out is not batch and out["x"] is not batch["x"]
+    assert out["x"][1] is not batch["x"][1] and out["x"][1].label is not batch["x"][1].label
+    assert out["x"][0] is t and type(out["x"][1]) is Pair
+
+
+def test_replay_is_never_active_in_a_normal_run():
+    # Without the variable: tests/unit/test_tune.py's subprocess check (DataLoader's
+    # __init__ and __iter__ are torch's own). Other overrides without "replay":
+    os.environ[fmt.ENV_VAR] = fmt.encode({"num_workers": 0})
+    try:
+        overrides.install()
+        loader = DataLoader(Dicts(), batch_size=4)
+        assert DataLoader.__iter__.__module__ == "torch.utils.data.dataloader"
+        assert not hasattr(loader, "_dlw_replay")
+        assert len({digest(b) for b in loader}) == 6
+    finally:
+        overrides.uninstall()
+        os.environ.pop(fmt.ENV_VAR, None)
+    assert DataLoader.__init__.__module__ == "torch.utils.data.dataloader"
+
+
+def test_parse_rejects_a_malformed_replay():
+    assert fmt.parse('{"replay": {}}')["replay"] == {}
+    assert fmt.parse('{"replay": {"batches": 5, "max_bytes": 10, "after_s": 2}}')["replay"] == {
+        "batches": 5, "max_bytes": 10, "after_s": 2.0,
+    }  # fmt: skip
+    for bad in ('{"replay": true}', '{"replay": {"batches": 0}}', '{"replay": {"max_bytes": -1}}',
+                '{"replay": {"after_s": "1"}}', '{"replay": {"n": 1}}'):  # fmt: skip
+        with pytest.raises(fmt.OverrideError):
+            fmt.parse(bad)
