@@ -27,7 +27,6 @@ Exit status 0 whatever the numbers unless ``--strict``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -35,6 +34,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from common import write_json  # noqa: E402
 
 from tests.e2e_util import Job, snapshot_json, truth_in_window, worker_truth  # noqa: E402
 
@@ -264,28 +265,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {'PASS' if v else 'MISS'}  {k}")
     print(f"\ntotal {time.monotonic() - t_start:.1f} s")
     if a.json:
-        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as f:
-            json.dump(
-                {
-                    "mode": "quick" if a.quick else "full",
-                    "snapshots_per_scenario": n,
-                    "parallel": parallel,
-                    "seconds": time.monotonic() - t_start,
-                    "window_s": WINDOW_S,
-                    "loadavg": load,
-                    "targets": {
-                        "wait_pp": TARGET_WAIT_PP,
-                        "busy_pp": TARGET_BUSY_PP,
-                        "rate_rel": TARGET_RATE_REL,
-                    },
-                    "summary": summary,
-                    "scenarios": results,
+        write_json(
+            a.json,
+            {
+                "mode": "quick" if a.quick else "full",
+                "snapshots_per_scenario": n,
+                "parallel": parallel,
+                "seconds": time.monotonic() - t_start,
+                "window_s": WINDOW_S,
+                "loadavg": load,
+                "targets": {
+                    "wait_pp": TARGET_WAIT_PP,
+                    "busy_pp": TARGET_BUSY_PP,
+                    "rate_rel": TARGET_RATE_REL,
                 },
-                f,
-                indent=2,
-            )
-            f.write("\n")
+                "summary": summary,
+                "scenarios": results,
+            },
+        )
     return 1 if a.strict and not all(summary["checks"].values()) else 0
 
 

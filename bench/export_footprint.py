@@ -30,7 +30,6 @@ over the phase divided by wall time; peak RSS is its VmHWM at the end.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -44,6 +43,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
+from common import write_json  # noqa: E402
 from tui_footprint import _vm_hwm_kib, start_jobs, wait_all_visible, wait_jobs_ready  # noqa: E402
 
 from tests.e2e_util import stop_sessions  # noqa: E402
@@ -189,21 +189,19 @@ def main() -> int:
         + ("met" if scraped <= TARGET_CPU_PERCENT else "MISSED")
     )
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(
-                {
-                    "jobs": a.jobs,
-                    "workers": a.workers,
-                    "target_cpu_percent_of_core": TARGET_CPU_PERCENT,
-                    "rows": rows,
-                    "rss_mib": rss_mib,
-                    "metrics_bytes": len(body),
-                    "dlwatch_samples": len(samples),
-                    "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                },
-                f,
-                indent=2,
-            )
+        write_json(
+            a.json,
+            {
+                "jobs": a.jobs,
+                "workers": a.workers,
+                "target_cpu_percent_of_core": TARGET_CPU_PERCENT,
+                "rows": rows,
+                "rss_mib": rss_mib,
+                "metrics_bytes": len(body),
+                "dlwatch_samples": len(samples),
+                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            },
+        )
     return 1 if a.strict and scraped > TARGET_CPU_PERCENT else 0
 
 

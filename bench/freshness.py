@@ -33,7 +33,6 @@ second: <= 0.2 s) and for the next build (<= one interval).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
@@ -45,6 +44,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from common import write_json  # noqa: E402
 
 from tests.e2e_util import stop_sessions  # noqa: E402
 
@@ -296,28 +297,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"\ntotal {time.monotonic() - t_start:.1f} s")
     if a.json:
-        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as f:
-            json.dump(
-                {
-                    "mode": "quick" if a.quick else "full",
-                    "trials": trials,
-                    "threshold": THRESHOLD,
-                    "poll_s": POLL_S,
-                    "target_s": TARGET_S,
-                    "settings": settings,
-                    "rows": rows,
-                    "levels": levels,
-                    "checks": {
-                        "default_settings_within_1s": default["meets_1s_median"],
-                        "some_setting_within_1s_worst_case": bool(best),
-                    },
-                    "seconds": time.monotonic() - t_start,
+        write_json(
+            a.json,
+            {
+                "mode": "quick" if a.quick else "full",
+                "trials": trials,
+                "threshold": THRESHOLD,
+                "poll_s": POLL_S,
+                "target_s": TARGET_S,
+                "settings": settings,
+                "rows": rows,
+                "levels": levels,
+                "checks": {
+                    "default_settings_within_1s": default["meets_1s_median"],
+                    "some_setting_within_1s_worst_case": bool(best),
                 },
-                f,
-                indent=2,
-            )
-            f.write("\n")
+                "seconds": time.monotonic() - t_start,
+            },
+        )
     return 1 if a.strict and not default["meets_1s_median"] else 0
 
 

@@ -11,7 +11,7 @@ export DLWATCH_DIR=/tmp/dlwatch-gpu; rm -rf "$DLWATCH_DIR"
   python3 -c "import torch, sys; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'python', sys.version.split()[0])"
 } > "$OUT/env.txt" 2>&1
 if [ -z "${SKIP_TESTS:-}" ]; then
-  python3 -m pytest -p no:cacheprovider -q tests/test_gpu.py tests/test_collect_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
+  python3 -m pytest -p no:cacheprovider -q tests/e2e/test_gpu.py tests/unit/test_collect_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
   echo "pytest gpu rc=$?" >> "$OUT/pytest_gpu.txt"
   python3 bench/gpu_check.py > "$OUT/gpu_check.txt" 2>&1; echo "rc=$?" >> "$OUT/gpu_check.txt"
 fi

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import sys
@@ -39,6 +38,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 import overhead  # noqa: E402  (bench/overhead.py: ab(), _blocks(), cpu_model())
+from common import write_json  # noqa: E402
 
 # --- trainer-side variants -----------------------------------------------------------
 # Each source defines make(orig) -> __next__. The stats object is whatever
@@ -738,9 +738,7 @@ def main(argv=None) -> int:
         print(hdr)
         out["worker"] = worker_rows(cfg, torch)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2, default=str)
-            f.write("\n")
+        write_json(args.json, out, default=str)
     return 0
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import resource
@@ -29,6 +28,8 @@ import types
 from time import perf_counter_ns
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from common import write_json  # noqa: E402
 
 # Targets (docs/ARCHITECTURE.md §4).
 TARGET_TRAINER_ADDED_NS = 1000
@@ -712,9 +713,7 @@ def main(argv=None) -> int:
             },
             "results": results,
         }
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
-            f.write("\n")
+        write_json(args.json, out)
     return 1 if args.strict and not all(checks.values()) else 0
 
 

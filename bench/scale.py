@@ -45,6 +45,8 @@ from collections import deque
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from common import text_table, write_json  # noqa: E402
+
 from tests.e2e_util import stop_sessions  # noqa: E402
 
 JOB = os.path.join(ROOT, "tests", "jobs", "scale_job.py")
@@ -612,14 +614,6 @@ def part_fake(n: int, rate: float, seconds: float, warmup: float) -> dict:
 # ------------------------------------------------------------ main
 
 
-def _table(head: tuple, rows: list[tuple]) -> str:
-    lines = [head] + rows
-    widths = [max(len(x[i]) for x in lines) for i in range(len(head))]
-    out = ["  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in lines]
-    out.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(out)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="shorter measurements")
@@ -679,7 +673,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['jobs_cpu_percent_of_core']:.0f} % of a core, host {r['host_busy_percent']:.0f} % busy)"
         )
         print(
-            _table(
+            text_table(
                 ("metric", "value", "target"),
                 [
                     (
@@ -711,7 +705,7 @@ def main(argv: list[str] | None = None) -> int:
             f" goes, {r['rounds']} x {r['seconds_per_round']:g} s rounds per arm (separate processes)"
         )
         print(
-            _table(
+            text_table(
                 ("metric", "value"),
                 [
                     ("batches/s without the hook (median)", f"{r['batches_per_s_without_median']:,.0f}"),
@@ -758,7 +752,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
         print(
-            _table(
+            text_table(
                 (
                     "jobs",
                     "batches/s each",
@@ -788,10 +782,7 @@ def main(argv: list[str] | None = None) -> int:
     out["seconds"] = time.monotonic() - t_start
     print(f"\ntotal {out['seconds']:.1f} s")
     if a.json:
-        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=2)
-            f.write("\n")
+        write_json(a.json, out)
     return 1 if a.strict and not all(checks.values()) else 0
 
 

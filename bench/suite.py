@@ -33,6 +33,8 @@ import subprocess
 import sys
 import time
 
+from common import text_table, write_json
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "bench")
 RESULTS = os.path.join(BENCH, "results")
@@ -310,12 +312,9 @@ SUMMARIZERS = {
 
 
 def _table(rows: list[dict]) -> str:
-    head = ("metric", "value", "target", "")
-    lines = [head] + [(r["metric"], r["value"], r["target"], r["status"]) for r in rows]
-    widths = [max(len(x[i]) for x in lines) for i in range(len(head))]
-    out = ["  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in lines]
-    out.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    return text_table(
+        ("metric", "value", "target", ""), [(r["metric"], r["value"], r["target"], r["status"]) for r in rows]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -369,9 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["seconds"] = time.monotonic() - t0
     doc["env"]["loadavg_end"] = os.getloadavg()
     doc["misses"] = [r["metric"] for r in doc["summary"] if r["status"] == "MISS"]
-    with open(a.json, "w") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
+    write_json(a.json, doc)
     la = doc["env"]
     print(
         f"\ndlwatch benchmark suite ({doc['mode']}), {doc['seconds']:.0f} s; {la['cpus']} CPUs, load "

@@ -48,6 +48,8 @@ import uuid
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from common import write_json  # noqa: E402
+
 from tests.e2e_util import stop_sessions  # noqa: E402
 
 JOB = os.path.join(ROOT, "tests", "jobs", "many_workers_job.py")
@@ -510,8 +512,7 @@ def main(argv: list[str] | None = None) -> int:
             "host_cpu_percent_with_jobs": host_cpu,
             "results": [{k: v for k, v in r.items() if k != "profile_text"} for r in rows],
         }
-        with open(a.json, "w") as f:
-            json.dump(doc, f, indent=2)
+        write_json(a.json, doc)
     over = any(r["cpu_percent_of_core"] > TARGET_CPU_PERCENT for r in rows)
     return 1 if (a.strict and over) else 0
 

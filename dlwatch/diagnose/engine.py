@@ -61,10 +61,10 @@ from .facts import (
 from .registry import Rule, Scope, registry
 from .render import with_tune_command
 
-# A condition must hold this long before its hint shows (brief: ≈ 3 s): longer
+# A condition must hold this long before its hint shows: longer
 # than one epoch-boundary blip, short enough to feel live.
 HOLD_ON_S = 3.0
-# ... and be clear this long before the hint goes (brief: ≈ 5 s): longer than
+# ... and be clear this long before the hint goes: longer than
 # HOLD_ON_S so a borderline condition shows steadily instead of blinking.
 HOLD_OFF_S = 5.0
 # ... or this many of the loader's own windows, when longer (slow steps).

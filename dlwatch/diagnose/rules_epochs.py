@@ -14,9 +14,9 @@ from .facts import Context, as_list, hint, median, ms, num, pct, r
 from .registry import Rule
 
 # An epoch-start stall under half a second is not worth a config change even
-# when epochs are short (brief: ≥ 0.5 s).
+# when epochs are short.
 PERSIST_MIN_STALL_MS = 500.0
-# ... and it must cost at least 10 % of the epoch (brief: ≥ 10 % of epoch time).
+# ... and it must cost at least 10 % of the epoch.
 PERSIST_MIN_FRACTION = 0.10
 
 

@@ -15,13 +15,13 @@ from .registry import Rule
 # Data wait that makes a pageable host-to-device copy worth fixing: the copy
 # happens in the loop, so any material wait (the catalog's lower 5 %, README "Hints") counts.
 PIN_MIN_WAIT = 0.05
-# GPU utilisation below this over the snapshot window is "under-used" (brief:
-# ~50 %; the seeds call < 80 % suspicious, 50 % keeps the hint for clear cases).
+# GPU utilisation below this over the snapshot window is "under-used": under
+# 80 % is worth a look, 50 % keeps the hint for clear cases.
 GPU_UNDERUSED_UTIL = 50.0
 # main-loop-cpu-bound: the loop must practically never wait for data ...
 MAIN_LOW_WAIT = 0.05
-# ... while its Python thread is pegged: ≥ 80 % of one core. The brief says
-# ~90 %; on an H100 the demo's launch-bound loop measured 86 % on its main
+# ... while its Python thread is pegged: ≥ 80 % of one core, not 90 %: on an
+# H100 the demo's launch-bound loop measured 86 % on its main
 # thread (the rest is the batch hand-off and the GIL) with the GPU at 1 %.
 MAIN_THREAD_PEGGED_PERCENT = 80.0
 

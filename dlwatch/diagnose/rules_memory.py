@@ -36,7 +36,7 @@ MEM_WINDOW_S = 300.0
 # Ignore a worker's first 10 s: imports and first-batch buffers make USS jump
 # right after start, which would look like a steep but meaningless slope.
 MEM_SKIP_START_S = 10.0
-# A slope needs ≥ 60 s and ≥ 10 samples behind it (brief: 30–60 s), ...
+# A slope needs ≥ 60 s and ≥ 10 samples behind it, ...
 MEM_MIN_SPAN_S = 60.0
 MEM_MIN_SAMPLES = 10
 # ... a straight-line fit that explains ≥ 80 % of the variance (steady growth,

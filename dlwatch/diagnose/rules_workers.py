@@ -57,7 +57,7 @@ CORES_SATURATED_FRACTION = 0.90
 # ~10 % the change is within run-to-run noise of a real job and not worth a
 # warning (the bar).
 MIN_WORTHWHILE_SPEEDUP = 1.10
-# pipeline-has-headroom: workers busier than this are not "mostly idle" (brief ~0.3).
+# pipeline-has-headroom: workers busier than this are not "mostly idle".
 HEADROOM_MAX_BUSY = 0.30
 # ... and the loop must practically never wait. Not 0: taking a ready batch
 # from the queue costs the loop 1-2 ms of IPC and unpickling (measured with

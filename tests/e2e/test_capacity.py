@@ -29,7 +29,9 @@ import pytest
 from dlwatch.collect.monitor import Monitor
 from tests.e2e_util import short_tmpdir
 
-pytestmark = pytest.mark.slow
+# Each asserts on throughput and free cores: they need the box to themselves.
+pytestmark = pytest.mark.timing
+
 
 # Throughput is measured after this much of a run (worker start-up, the
 # first batches and the monitor's warm-up are not the steady state).

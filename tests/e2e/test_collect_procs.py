@@ -120,6 +120,7 @@ def wait_status(pid: int, status: str, timeout: float = 5.0) -> None:
 # ---------------------------------------------------------------- real processes
 
 
+@pytest.mark.timing
 def test_busy_child_is_about_one_core(spawn):
     busy = spawn(BUSY)
     time.sleep(0.3)
@@ -139,6 +140,7 @@ def test_sleeping_child_is_idle(spawn):
     assert s["state"] == "sleeping"
 
 
+@pytest.mark.timing
 def test_main_thread_cpu_of_a_single_threaded_spinner(spawn):
     p = spawn(BUSY)
     time.sleep(0.3)
@@ -146,6 +148,7 @@ def test_main_thread_cpu_of_a_single_threaded_spinner(spawn):
     assert_spinning(value, oracle)
 
 
+@pytest.mark.timing
 def test_main_thread_cpu_excludes_other_threads(spawn):
     p = spawn(SPIN_IN_THREAD)
     time.sleep(0.3)
@@ -154,6 +157,7 @@ def test_main_thread_cpu_excludes_other_threads(spawn):
     assert s["main_thread_cpu_percent"] < 5
 
 
+@pytest.mark.timing
 def test_first_sample_of_an_old_process_is_its_lifetime_average(spawn):
     busy = spawn(BUSY)
     time.sleep(1.0)
@@ -171,6 +175,7 @@ def test_first_sample_of_a_new_process_has_no_cpu_figure(spawn):
     assert s["cpu_percent"] is None and s["cpu_interval_s"] is None
 
 
+@pytest.mark.timing
 def test_process_age_is_precise(spawn, tmp_path):
     p = spawn(SLEEP)
     time.sleep(0.3)

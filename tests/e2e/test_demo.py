@@ -26,7 +26,6 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "dlwatch" / "demo" / "train.py"
 PY = sys.executable
 
-pytestmark = pytest.mark.slow
 
 # Small, quick-to-start settings shared by most runs.
 SMALL = ["--dataset-size", "512", "--batch-size", "16", "--quiet"]
@@ -169,6 +168,7 @@ def test_start_methods_report_accounts_for_loop_time(tmp_path):
     assert len(checksums) == 1
 
 
+@pytest.mark.timing
 def test_step_time_follows_step_ms(tmp_path):
     r = _run_all(
         {
@@ -207,23 +207,23 @@ def _digest(image, label) -> tuple:
 
 
 def test_samples_depend_only_on_seed_and_index():
-    train = pytest.importorskip("dlwatch.demo.train")
-    spec = train.DataSpec(size=40, seed=3)
-    a, b = train.SyntheticImages(spec), train.SyntheticImages(spec)
+    workload = pytest.importorskip("dlwatch.demo.workload")
+    spec = workload.DataSpec(size=40, seed=3)
+    a, b = workload.SyntheticImages(spec), workload.SyntheticImages(spec)
     assert [_digest(*a[i]) for i in range(40)] == [_digest(*b[i]) for i in (range(40))]
-    other = train.SyntheticImages(train.DataSpec(size=40, seed=4))
+    other = workload.SyntheticImages(workload.DataSpec(size=40, seed=4))
     assert _digest(*a[5]) != _digest(*other[5])
     with pytest.raises(IndexError):
         a[40]
 
 
 def test_iterable_shards_cover_every_sample_once():
-    train = pytest.importorskip("dlwatch.demo.train")
+    workload = pytest.importorskip("dlwatch.demo.workload")
     from torch.utils.data import DataLoader
 
-    spec = train.DataSpec(size=30, seed=2, shuffle=True)
-    expected = sorted(_digest(*train.SyntheticImages(spec)[i]) for i in range(30))
-    stream = train.SyntheticImageStream(spec)
+    spec = workload.DataSpec(size=30, seed=2, shuffle=True)
+    expected = sorted(_digest(*workload.SyntheticImages(spec)[i]) for i in range(30))
+    stream = workload.SyntheticImageStream(spec)
     loader = DataLoader(
         stream, batch_size=4, num_workers=2, multiprocessing_context="fork", collate_fn=lambda batch: batch
     )
@@ -234,6 +234,8 @@ def test_iterable_shards_cover_every_sample_once():
     assert first != [_digest(*s) for batch in loader for s in batch]  # reshuffled
 
 
+# Each 0.3 s run must reach a batch: forking 6 workers takes longer than that on a loaded box.
+@pytest.mark.timing
 def test_every_scenario_parses_and_starts(tmp_path):
     SCENARIOS = _catalog().SCENARIOS
     assert {

@@ -15,8 +15,6 @@ from dlwatch import snapshot as S
 from dlwatch.record import reader
 from tests.e2e_util import Job, dlwatch, snapshot_json, truth_in_window, worker_truth
 
-pytestmark = pytest.mark.slow
-
 # (name, job args, settle seconds before the snapshot, rough worker busy, for the record)
 # Costs are sleeps (off-CPU) so the truth does not depend on how busy the
 # 2-core CI machine is. bs=4 x 5 ms = 20 ms of worker time per batch.

@@ -37,8 +37,6 @@ from tests.e2e.test_faults_monitor import FakeJob, hello, window
 from tests.e2e_util import Job, self_signed_cert, short_tmpdir, truth_in_window
 from tests.unit.test_export import gpu_snapshot
 
-pytestmark = pytest.mark.slow
-
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 RANKED_JOB = Path(__file__).resolve().parent.parent / "jobs" / "ranked_job.py"
 GRACE_S = 2.0

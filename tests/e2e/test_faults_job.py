@@ -49,8 +49,6 @@ from dlwatch.collect.jobs import JobConnection
 from dlwatch.collect.monitor import take_snapshot
 from tests.e2e_util import Job
 
-pytestmark = pytest.mark.slow
-
 HERE = Path(__file__).resolve().parent.parent
 MONITOR = HERE / "jobs" / "fault_monitor.py"
 
@@ -363,6 +361,7 @@ ABUSES = {
 }
 
 
+@pytest.mark.timing
 def test_job_survives_every_fault():
     """One abused job and its twin, side by side, through every fault in turn."""
     a, b = Job(*JOB_ARGS), Job(*JOB_ARGS)

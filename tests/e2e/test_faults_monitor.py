@@ -388,6 +388,7 @@ def test_socket_nobody_listens_on(rtdir, fakes):
         m.stop()
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("how", ["never_accepts", "accepts_but_never_answers"])
 def test_hung_job_never_hangs_the_snapshot(rtdir, fakes, how):
     """A job stopped with Ctrl-Z (SIGSTOP) or whose publisher hangs: the kernel

@@ -8,8 +8,6 @@ import pytest
 
 from tests.e2e_util import Job
 
-pytestmark = pytest.mark.slow
-
 
 def _run(*args, disable):
     job = Job(*args, disable=disable)

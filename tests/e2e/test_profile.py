@@ -39,6 +39,7 @@ def profile_cmd(d: str, *args: str) -> subprocess.Popen:
     )
 
 
+@pytest.mark.timing
 def test_tiny_ops_loop_is_dispatch_bound_with_a_valid_private_trace_and_one_burst_at_a_time():
     d, out = short_tmpdir(), short_tmpdir("dlwout")
     ready = os.path.join(out, "job")
@@ -128,6 +129,7 @@ def test_data_bound_demo_wait_share_matches_the_snapshot():
         stop_sessions([job])
 
 
+@pytest.mark.timing
 def test_batches_and_pace_after_a_burst_match_an_untouched_twin():
     # Sleep-paced steps (5 ms), no workers: the pace is the loop's own, the
     # batches a pure function of the seed.

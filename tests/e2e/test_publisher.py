@@ -165,6 +165,7 @@ def test_open_refuses_an_unsafe_directory(short_tmpdir):
 # --- conversation ------------------------------------------------------------------------
 
 
+@pytest.mark.timing
 def test_hello_then_windows_at_ten_per_second(pub):
     c = Client(pub.path, hello=wire.encode({**wire.client_hello("t"), "history_frames": 0}))
     try:
@@ -193,6 +194,7 @@ def _freeze(monkeypatch, pub) -> int:
     return pub.frames_built
 
 
+@pytest.mark.timing
 def test_history_on_attach(pub, monkeypatch):
     time.sleep(1.0)
     n = _freeze(monkeypatch, pub)
@@ -229,6 +231,7 @@ def test_history_frames_in_the_hello_limits_the_replay(pub, monkeypatch, want):
         c.close()
 
 
+@pytest.mark.timing
 def test_a_client_may_ask_for_every_nth_frame(pub, monkeypatch):
     """Replay and live frames alike are those whose seq is a multiple of N,
     so a client's stream has no hole and no double at the seam."""
@@ -249,6 +252,7 @@ def test_a_client_may_ask_for_every_nth_frame(pub, monkeypatch):
         plain.close()
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("every", [0, -2, pubmod.MAX_EVERY + 1])
 def test_a_nonsense_frame_pace_is_ignored(pub, every):
     time.sleep(0.4)
@@ -337,6 +341,7 @@ def test_oversized_client_frame(pub, payload):
         c.close()
 
 
+@pytest.mark.timing
 def test_client_without_hello_is_disconnected(pub, monkeypatch):
     monkeypatch.setattr(pubmod, "HELLO_TIMEOUT_S", 0.5)
     good = Client(pub.path)
@@ -367,6 +372,7 @@ def _pad_frames(monkeypatch, pub, size: int) -> None:
     monkeypatch.setattr(pub, "build_frame", padded)
 
 
+@pytest.mark.timing
 def test_stalled_client_is_dropped_others_keep_full_rate(pub, monkeypatch):
     monkeypatch.setattr(pubmod, "MAX_CLIENT_BACKLOG", 64 << 10)
     no_history = wire.encode({**wire.client_hello("t"), "history_frames": 0})
@@ -432,6 +438,7 @@ def test_reading_client_attaching_to_a_large_history_is_not_dropped(pub, monkeyp
         c.close()
 
 
+@pytest.mark.timing
 def test_connect_disconnect_churn(pub):
     for i in range(200):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -519,6 +526,7 @@ def _wait_for_socket(path: str, timeout: float) -> bool:
     return wait_for(ok, timeout)
 
 
+@pytest.mark.timing
 def test_deleted_socket_is_rebound(pub):
     old = Client(pub.path, hello=wire.encode({**wire.client_hello("t"), "history_frames": 0}))
     expect_server_hello(old)

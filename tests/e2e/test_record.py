@@ -21,8 +21,6 @@ from dlwatch.record.compare import compare
 from dlwatch.record.series import build, summary
 from tests.e2e_util import JOB, Job, truth_in_window
 
-pytestmark = pytest.mark.slow
-
 
 def dlwatch_proc(*args: str, runtime_dir: str, cwd: str | None = None) -> subprocess.Popen:
     env = dict(os.environ, DLWATCH_DIR=runtime_dir)
@@ -232,6 +230,7 @@ def io_bound(d: str, path: str, workers: int) -> subprocess.Popen:
     )
 
 
+@pytest.mark.timing
 def test_compare_one_vs_four_workers_of_an_io_bound_job_and_the_html_report(short_tmpdir):
     a, b = os.path.join(short_tmpdir, "one.jsonl.gz"), os.path.join(short_tmpdir, "four.jsonl.gz")
     rt = short_tmpdir + "/rt"

@@ -10,11 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.e2e_util import dlwatch, short_tmpdir
-
-pytestmark = pytest.mark.slow
 
 
 def test_torchrun_ranks_are_instrumented_and_grouped():

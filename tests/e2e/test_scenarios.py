@@ -17,8 +17,6 @@ from dlwatch.collect.monitor import Monitor
 from dlwatch.demo.scenarios.catalog import SCENARIOS
 from tests.e2e_util import short_tmpdir
 
-pytestmark = pytest.mark.slow
-
 # Hints a CPU-only machine can produce; the GPU rules have their own tests.
 CPU_SCENARIOS = [
     n for n, s in SCENARIOS.items() if s.hint not in (None, "enable-pin-memory", "main-loop-cpu-bound")
@@ -119,7 +117,26 @@ def _helps(before: tuple[float, float], after: tuple[float, float]) -> bool:
     return rate_after >= 1.3 * rate_before and wait_after < wait_before
 
 
-@pytest.mark.parametrize("name", CPU_SCENARIOS + ["healthy"])
+# Hints judged on CPU shares (a worker's share of a core, a free core, threads
+# waiting for one): their scenarios, and the healthy one that must raise no
+# warning, show what they should only on a box they have to themselves.
+CPU_SHARE_HINTS = {
+    "add-workers",
+    "cpu-bound-preprocessing",
+    "workers-oversubscribe-cores",
+    "worker-thread-oversubscription",
+    "pipeline-has-headroom",
+    None,
+}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.timing) if SCENARIOS[n].hint in CPU_SHARE_HINTS else n
+        for n in CPU_SCENARIOS + ["healthy"]
+    ],
+)
 def test_scenario_raises_its_hint_and_no_other_warning(name):
     expected = SCENARIOS[name].hint
     d = short_tmpdir()
@@ -144,6 +161,7 @@ def test_scenario_raises_its_hint_and_no_other_warning(name):
     assert h["message"] and h["suggestion"] and h["evidence"]
 
 
+@pytest.mark.timing
 def test_add_workers_recommendation_follows_littles_law_and_helps():
     """40 ms of worker time per batch against a 10 ms step: about 4 workers.
     Applying the recommendation must cut the data wait."""

@@ -15,8 +15,6 @@ import pytest
 
 from tests.e2e_util import Job, short_tmpdir, snapshot_json, truth_in_window
 
-pytestmark = pytest.mark.slow
-
 RANKED_JOB = Path(__file__).parent.parent / "jobs" / "ranked_job.py"
 
 

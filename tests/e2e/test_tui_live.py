@@ -33,8 +33,6 @@ from dlwatch.tui.workers import WorkersTable
 from tests.e2e_util import Job
 from tests.tui_fixtures import plain, row_text, screen_lines
 
-pytestmark = pytest.mark.slow
-
 SIZE = (100, 30)
 # A data-bound job: 2 fork workers x (4 samples x 5 ms) = a batch every ~10 ms,
 # the loop eats one every 5 ms. Persistent workers keep their PIDs for the run.

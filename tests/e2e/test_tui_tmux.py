@@ -22,10 +22,7 @@ import pytest
 
 from tests.e2e_util import Job, snapshot_json
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
-]
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
 ROOT = str(Path(__file__).resolve().parents[2])
 JOB_ARGS = ("--start-method", "fork", "--persistent", "--duration", "150")

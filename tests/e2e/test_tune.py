@@ -18,8 +18,6 @@ import time
 import psutil
 import pytest
 
-pytestmark = pytest.mark.slow
-
 DEMO = [sys.executable, "-m", "dlwatch.demo.train", "--epochs", "0", "--quiet"]
 JOBS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "jobs")
 
@@ -54,6 +52,7 @@ def ok_trials(doc: dict) -> list[dict]:
     return [t for t in doc["trials"] if t["status"] == "ok"]
 
 
+@pytest.mark.timing
 def test_io_bound_goes_past_the_cores_and_triples_throughput():
     # 8 samples x 5 ms of sleep per batch = 40 ms in one worker vs a 5 ms step.
     rc, doc, err = tune(
@@ -102,6 +101,7 @@ def test_the_ceiling_of_an_io_bound_loader_is_one_batch_per_step():
     assert not marked("--seed 1207")
 
 
+@pytest.mark.timing
 def test_cpu_bound_stays_within_the_cores():
     # 16 ms of CPU per batch in a worker vs a 2 ms step: Little's law asks for
     # 8 workers, the box has 2 cores.
@@ -119,6 +119,7 @@ def test_cpu_bound_stays_within_the_cores():
     assert best["batches_per_s_mean"] >= 0.9 * top, (best["batches_per_s_mean"], top)
 
 
+@pytest.mark.timing
 def test_not_data_bound_is_one_trial():
     rc, doc, err = tune(
         "--trial-seconds", "2", "--",
@@ -153,6 +154,7 @@ def test_a_crash_in_the_second_trial_is_reported_not_measured():
     assert not marked("tune_crash_job.py")
 
 
+@pytest.mark.timing
 def test_ctrl_c_mid_trial_stops_it_and_prints_what_was_measured():
     cmd = [sys.executable, "-m", "dlwatch", "tune", "--json", "--trial-seconds", "30", "--"]
     cmd += [*DEMO, "--num-workers", "1", "--sample-ms", "4", "--cost-kind", "sleep", "--batch-size", "8"]

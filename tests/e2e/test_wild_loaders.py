@@ -13,7 +13,7 @@ import pytest
 from tests.e2e.test_interpreter import Proc, job_in
 from tests.e2e_util import snapshot_json, truth_in_window
 
-pytestmark = [pytest.mark.slow, pytest.mark.timing]
+pytestmark = pytest.mark.timing
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs" / "wild_loaders.py"
 

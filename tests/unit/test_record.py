@@ -189,6 +189,8 @@ def replay_app(snaps):
     return src, make_app(src, interval=0.1)
 
 
+# A replay runs on the wall clock: under load it is past line 1 before the first check.
+@pytest.mark.timing
 def test_replay_keys_pause_seek_step_and_jump_to_the_next_hint():
     snaps = stream(40, hint_from=25)
 

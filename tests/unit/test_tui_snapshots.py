@@ -3,11 +3,14 @@ terminal (120×40). Everything on screen is fixed: data from tui_fixtures, a
 fixed clock and time format, a fixed version string.
 
 Regenerate after an intended change with
-    .venv/bin/pytest tests/test_tui_snapshots.py --snapshot-update
-and look at the SVGs under tests/__snapshots__/ before committing them.
+    .venv/bin/python -m pytest tests/unit/test_tui_snapshots.py --snapshot-update
+and look at the SVGs under tests/unit/__snapshots__/ before committing them.
 """
 
 from __future__ import annotations
+
+import inspect
+from pathlib import Path
 
 import pytest
 
@@ -60,3 +63,15 @@ def test_help_screen(snap_compare):
         await settle(pilot)
 
     assert snap_compare(make_app([F.data_bound()]), terminal_size=(80, 24), run_before=open_help)
+
+
+def test_every_snapshot_file_belongs_to_a_test():
+    """syrupy fails a run that leaves a snapshot file unused, but not under
+    pytest-xdist (its workers do not pool what they used): checked here."""
+    expected = set()
+    for name, fn in list(globals().items()):
+        if name.startswith("test_") and "snap_compare" in inspect.signature(fn).parameters:
+            (ids,) = [[p.id for p in m.args[1]] for m in getattr(fn, "pytestmark", [])] or [[None]]
+            expected |= {f"{name}[{i}].svg" if i else f"{name}.svg" for i in ids}
+    folder = Path(__file__).parent / "__snapshots__" / Path(__file__).stem
+    assert {p.name for p in folder.glob("*.svg")} == expected
