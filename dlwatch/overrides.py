@@ -54,16 +54,9 @@ def parse(text: str) -> dict:
     if unknown:
         raise OverrideError(f"{ENV_VAR}: unknown keys {sorted(unknown)}")
     out: dict = {"loader": _parse_selector(doc.get("loader", "all"))}
-    nw = doc.get("num_workers")
-    if nw is not None:
-        if not _is_int(nw) or not 0 <= nw <= MAX_WORKERS:
-            raise OverrideError(f"num_workers must be an integer 0..{MAX_WORKERS}, got {nw!r}")
-        out["num_workers"] = nw
-    pf = doc.get("prefetch_factor")
-    if pf is not None:
-        if not _is_int(pf) or not 1 <= pf <= MAX_PREFETCH:
-            raise OverrideError(f"prefetch_factor must be an integer 1..{MAX_PREFETCH}, got {pf!r}")
-        out["prefetch_factor"] = pf
+    for key, lo, hi in (("num_workers", 0, MAX_WORKERS), ("prefetch_factor", 1, MAX_PREFETCH)):
+        if doc.get(key) is not None:
+            out[key] = _int_in(key, doc[key], lo, hi)
     for key in ("pin_memory", "persistent_workers"):
         v = doc.get(key)
         if v is not None:
@@ -75,23 +68,25 @@ def parse(text: str) -> dict:
     return out
 
 
+def _int_in(name: str, v: object, lo: int, hi: int | None) -> int:
+    """``v`` if it is an integer within lo..hi (no upper bound when None)."""
+    if not _is_int(v) or v < lo or (hi is not None and v > hi):  # type: ignore[operator]
+        what = f"an integer {lo}..{hi}" if hi is not None else "a positive integer"
+        raise OverrideError(f"{name} must be {what}, got {v!r}")
+    return v  # type: ignore[return-value]
+
+
 def _parse_replay(rep) -> dict:
     if not isinstance(rep, dict):
         raise OverrideError('replay must be an object {"batches", "max_bytes", "after_s"}')
     unknown = set(rep) - {"batches", "max_bytes", "after_s"}
     if unknown:
         raise OverrideError(f"replay: unknown keys {sorted(unknown)}")
-    out = {}
-    n = rep.get("batches")
-    if n is not None:
-        if not _is_int(n) or not 1 <= n <= MAX_REPLAY_BATCHES:
-            raise OverrideError(f"replay.batches must be an integer 1..{MAX_REPLAY_BATCHES}, got {n!r}")
-        out["batches"] = n
-    b = rep.get("max_bytes")
-    if b is not None:
-        if not _is_int(b) or b < 1:
-            raise OverrideError(f"replay.max_bytes must be a positive integer, got {b!r}")
-        out["max_bytes"] = b
+    out: dict[str, float] = {}
+    if rep.get("batches") is not None:
+        out["batches"] = _int_in("replay.batches", rep["batches"], 1, MAX_REPLAY_BATCHES)
+    if rep.get("max_bytes") is not None:
+        out["max_bytes"] = _int_in("replay.max_bytes", rep["max_bytes"], 1, None)
     a = rep.get("after_s")
     if a is not None:
         if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 <= a <= 3600:

@@ -76,6 +76,7 @@ def request_worker_profile(
     pid: int,
     seconds: float = wire.WORKER_PROFILE_DEFAULT_SECONDS,
     hz: int | None = None,
+    *,
     directory: str | None = None,
     on_status: Callable[[dict], None] | None = None,
     cancelled: Callable[[], bool] | None = None,

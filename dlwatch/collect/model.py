@@ -9,7 +9,7 @@ is what the golden test in ``tests/unit/test_snapshot_contract.py`` pins.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 from dlwatch.collect import window as win
@@ -21,6 +21,18 @@ HISTORY_POINTS = 120
 HISTORY_EVERY_NS = 1_000_000_000
 # The diagnosis's own pass carries only what warm-up detection reads.
 WARMUP_POINTS = 8
+
+
+def process_figures(p: Mapping[str, Any]) -> dict[str, Any]:
+    """A worker's figures from its process sample (``p``: empty when unsampled)."""
+    return {
+        "rss_bytes": p.get("rss_bytes"),
+        "uss_bytes": p.get("uss_bytes"),
+        "threads": p.get("threads"),
+        "runqueue_percent": p.get("runqueue_percent"),
+        "state": p.get("state", "n/a") if p else "n/a",
+        "error": p.get("error"),
+    }
 
 
 def snapshot_dict(
@@ -241,12 +253,7 @@ def loader_dict(
                 "first_batch_digest": wk.get("first_batch_digest"),
                 "second_batch_digest": wk.get("second_batch_digest"),
                 "busy_s_total": totals.worker_busy_s(ld["id"], wk["id"]) if totals is not None else None,
-                "rss_bytes": p.get("rss_bytes"),
-                "uss_bytes": p.get("uss_bytes"),
-                "threads": p.get("threads"),
-                "runqueue_percent": p.get("runqueue_percent"),
-                "state": p.get("state", "n/a") if p else "n/a",
-                "error": p.get("error"),
+                **process_figures(p),
             }
         )
     q = ld.get("queue") or {}

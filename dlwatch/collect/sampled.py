@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dlwatch.collect.model import process_figures
 from dlwatch.collect.stacks import Stack, parse_frame
 
 Z95 = 1.96
@@ -350,12 +351,7 @@ def job_dict(
                 "waiting_index_fraction": _r(w.waiting_index.fraction),
                 "fetch_ms_mean": None,
                 "batches": None,
-                "rss_bytes": p.get("rss_bytes"),
-                "uss_bytes": p.get("uss_bytes"),
-                "threads": p.get("threads"),
-                "runqueue_percent": p.get("runqueue_percent"),
-                "state": p.get("state", "n/a") if p else "n/a",
-                "error": p.get("error"),
+                **process_figures(p),
             }
         )
     dw = s.data_wait

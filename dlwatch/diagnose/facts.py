@@ -312,3 +312,11 @@ def hint(
 def r(v: float | None, nd: int = 3) -> float | None:
     """Round evidence for humans and JSON diffs; keep None as None."""
     return None if v is None else round(v, nd)
+
+
+def others_cores(acc: Any) -> list[str]:
+    """["other processes N cores"] when processes outside the jobs measurably
+    use CPU (``acc``: a capacity.CpuAccount), else nothing to say."""
+    if acc.others_measured and acc.others >= 0.05:
+        return [f"other processes {cores(round(acc.others, 1))}"]
+    return []

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import capacity
-from .facts import Context, LoaderView, cores, hint, median, num, pct, r, worker_values
+from .facts import Context, LoaderView, cores, hint, median, num, others_cores, pct, r, worker_values
 from .registry import Rule
 
 # A worker below 10 % of a core is parked (a persistent worker between epochs,
@@ -126,8 +126,7 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
         f"{cores(round(acc.trainers, 1))} cores (all threads, run-queue wait included)",
         f"{_plural(busy_workers, 'busy DataLoader worker')} {cores(round(acc.workers, 1))}",
     ]
-    if acc.others_measured and acc.others >= 0.05:
-        who.append(f"other processes {cores(round(acc.others, 1))}")
+    who += others_cores(acc)
     msg = (
         f"The {usable} usable cores are fully used{window_note(ctx)}: {', '.join(who[:-1])} and "
         f"{who[-1]}; threads waited {cores(round(rq, 1))} cores' worth for a CPU "

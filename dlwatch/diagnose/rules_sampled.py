@@ -86,6 +86,18 @@ def estimate(nw: int, busy: Any, wait: Any) -> dict[str, Any]:
     }
 
 
+def span(est: dict[str, Any]) -> str:
+    """The estimate's range of worker counts, "3–5"."""
+    lo, hi = est["range"]
+    return f"{lo}–{hi}"
+
+
+def capped(est: dict[str, Any], cap: int | None, rec: int, why: str) -> str:
+    """The end of a sampled hint's message: ``why`` when the free cores cut
+    the estimate down to ``rec``, and the full stop."""
+    return (why if cap is not None and rec < est["recommended_num_workers"] else "") + "."
+
+
 def _wait(lv: LoaderView) -> tuple[float, float, float] | None:
     return _bounds(lv.wait, lv.loader.get("data_wait_ci95"))
 
@@ -131,17 +143,14 @@ def rule_sampled_worker_count(ctx: Context) -> list[dict[str, Any]]:
             rec = max(nw, min(rec, cap))
         if rec <= nw:
             continue  # CPU-bound with no core free: more workers cannot help
-        lo, hi = est["range"]
+        samples = f"{lv.loader.get('data_wait_samples')} and {pooled.get('samples')} samples"
         msg = (
             f"{lv.title} waits for data {pct(wait[0])}{_pm(lv)} of the time and its {nw} "
             f"worker{'s are' if nw != 1 else ' is'} busy {pct(busy[0])} inside the dataset fetch "
-            f"(sampled from outside: {lv.loader.get('data_wait_samples')} and {pooled.get('samples')} "
-            f"samples): keeping up needs about {est['workers_needed']:.1f} workers ({lo}–{hi} within "
-            "the sampling's 95 % intervals)"
+            f"(sampled from outside: {samples}): keeping up needs about {est['workers_needed']:.1f} "
+            f"workers ({span(est)} within the sampling's 95 % intervals)"
         )
-        if cap is not None and rec < est["recommended_num_workers"]:
-            msg += f", and the free cores ({cores(cap)}) allow {rec}"
-        msg += "."
+        msg += capped(est, cap, rec, f", and the free cores ({cores(cap)}) allow {rec}")
         sugg = f"set num_workers={rec} in DataLoader(...)"
         ev = (
             _sampling_evidence(lv)

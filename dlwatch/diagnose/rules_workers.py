@@ -37,6 +37,7 @@ from .facts import (
     hint,
     ms,
     num,
+    others_cores,
     pct,
     r,
     whole_cores,
@@ -164,7 +165,7 @@ def _loading_cpu(lv: LoaderView, job_cpu_main_thread: float | None) -> tuple[flo
 def _no_workers_sampled(ctx: Context, lv: LoaderView) -> dict[str, Any] | None:
     """no-workers for an attached job (``dlwatch attach``): from shares of
     stack samples instead of per-batch times (rules_sampled.py)."""
-    from .rules_sampled import _cap, _pm, _sampling_evidence, _wait, estimate
+    from .rules_sampled import _cap, _pm, _sampling_evidence, _wait, capped, estimate, span
 
     wait = _wait(lv)
     if wait is None or wait[0] < NO_WORKERS_INFO_WAIT:
@@ -175,20 +176,15 @@ def _no_workers_sampled(ctx: Context, lv: LoaderView) -> dict[str, Any] | None:
     cap = _cap(ctx, lv, released=wait[0])
     if cap is not None:
         rec = min(rec, cap)
-    lo, hi = est["range"]
     msg = (
         f"{lv.title} spends {pct(wait[0])}{_pm(lv)} of the loop waiting for data with "
         f"num_workers=0 (sampled from outside: {lv.loader.get('data_wait_samples')} samples): "
         f"the training loop loads every batch itself. Loading vs computing per batch says "
-        f"about {est['workers_needed']:.1f} workers keep up ({lo}–{hi} within the sampling's 95 % "
-        "interval)"
-    )
-    if cap is not None and rec < est["recommended_num_workers"]:
-        msg += f"; the free cores allow {rec}"
-    msg += "."
-    sugg = f"set num_workers={rec} in DataLoader(...) so batches load while the loop computes"
+        f"about {est['workers_needed']:.1f} workers keep up ({span(est)} within the sampling's 95 % interval)"
+    ) + capped(est, cap, rec, f"; the free cores allow {rec}")
     ev = _sampling_evidence(lv) | est | {"num_workers": 0, "core_cap": cap, "usable_cores": ctx.usable_cores}
     ev["recommended_num_workers"] = rec
+    sugg = f"set num_workers={rec} in DataLoader(...) so batches load while the loop computes"
     severity = "warn" if wait[0] >= DATA_BOUND_WAIT else "info"
     return hint("no-workers", severity, lv.pid, lv.lid, msg, sugg, ev)
 
@@ -399,8 +395,7 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict[str, Any]]:
         one_more_helps = isinstance(more, capacity.Prediction) and more.speedup >= MIN_WORTHWHILE_SPEEDUP
         parts = [f"its workers {cores(round(acc.workers, 1))}"]
         parts.append(f"the trainer{'s' if ctx.main_loops != 1 else ''} {cores(round(acc.trainers, 1))}")
-        if acc.others_measured and acc.others >= 0.05:
-            parts.append(f"other processes {cores(round(acc.others, 1))}")
+        parts += others_cores(acc)
         msg = (
             f"{lv.title} waits for data {pct(lv.wait)} of the time{window_phrase(lv)} while its "
             f"{lv.num_workers} CPU-bound worker{'s are' if lv.num_workers != 1 else ' is'} busy "

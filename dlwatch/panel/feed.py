@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Mapping
 
+from dlwatch.collect.jobs import pid_alive
 from dlwatch.collect.monitor import Monitor
 from dlwatch.panel import html
 from dlwatch.snapshot import as_int, find_job, num, records
@@ -154,16 +155,6 @@ def _emit(doc: dict) -> bool:
         return False
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _watch_stdin(stop: threading.Event, asked: threading.Event) -> None:
     try:
         for line in sys.stdin:
@@ -190,7 +181,7 @@ def run(pid: int, interval: float, directory: str | None) -> int:
     last_html = None
     snap: Mapping | None = None
     try:
-        while not stop.is_set() and _alive(pid):
+        while not stop.is_set() and pid_alive(pid):
             now = time.time()
             snap = monitor.latest()
             tracker.update(snap, now)
@@ -209,7 +200,7 @@ def run(pid: int, interval: float, directory: str | None) -> int:
                 tracker.summary = tracker.make_summary(now)
             tracker.state = html.STOPPED
             _emit(frame(tracker, snap, now))
-        elif not _alive(pid):
+        elif not pid_alive(pid):
             tracker.state = html.ENDED
             _emit(frame(tracker, snap, now, note="the kernel's process has exited"))
     finally:

@@ -70,12 +70,7 @@ def enabled(environ=os.environ) -> bool:
 def install() -> None:
     """Patch ``DataLoader.__iter__`` now, or when torch's dataloader is imported."""
     global _finder
-    mod = sys.modules.get(TARGET_MODULE)
-    if mod is not None and hasattr(mod, "DataLoader"):
-        _patch(mod)
-        return
-    if _finder is None:
-        _finder = postimport.arm(TARGET_MODULE, _patch)
+    _finder = postimport.now_or_on_import(TARGET_MODULE, "DataLoader", _patch, _finder)
 
 
 def _patch(mod) -> None:

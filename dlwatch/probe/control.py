@@ -76,10 +76,16 @@ class Control:
 
     # --- profiler bursts ------------------------------------------------------------
 
-    def _on_profile(self, c, msg: dict) -> None:
+    def _stepping_loader(self, c):
+        """The loader to profile, or None (the client was told why)."""
         st = self.busiest_loader()
         if st is None:
             self._answer(c, "rejected", "this job has no DataLoader that is stepping: nothing to profile")
+        return st
+
+    def _on_profile(self, c, msg: dict) -> None:
+        st = self._stepping_loader(c)
+        if st is None:
             return
         loader = _loader_ref(st)
         try:
@@ -101,9 +107,8 @@ class Control:
         self.pub.queue(c, wire.encode(burst.status()))
 
     def _on_worker_profile(self, c, msg: dict) -> None:
-        st = self.busiest_loader()
+        st = self._stepping_loader(c)
         if st is None:
-            self._answer(c, "rejected", "this job has no DataLoader that is stepping: nothing to profile")
             return
         loader = _loader_ref(st)
         if not st.num_workers or st.slots_view is None:

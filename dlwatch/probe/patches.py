@@ -43,12 +43,7 @@ after_new_iterator: Callable[[Any, Any, Any], None] | None = None
 def install() -> None:
     """Idempotent: patch now if torch's dataloader is loaded, else on import."""
     global _finder
-    mod = sys.modules.get(TARGET_MODULE)
-    if mod is not None and hasattr(mod, "_BaseDataLoaderIter"):
-        _patch(mod)
-        return
-    if _finder is None:
-        _finder = postimport.arm(TARGET_MODULE, _patch)
+    _finder = postimport.now_or_on_import(TARGET_MODULE, "_BaseDataLoaderIter", _patch, _finder)
 
 
 def installed() -> bool:

@@ -77,6 +77,19 @@ def arm(fullname: str, callback: Callable[[ModuleType], None]) -> PostImportFind
     return finder
 
 
+def now_or_on_import(
+    fullname: str, ready_attr: str, callback: Callable[[ModuleType], None], finder: PostImportFinder | None
+) -> PostImportFinder | None:
+    """``callback(module)`` now if ``fullname`` is imported (and defines
+    ``ready_attr``), else once it is; ``finder`` is the one armed before, if
+    any (a second call arms none). Returns the finder to keep."""
+    mod = sys.modules.get(fullname)
+    if mod is not None and hasattr(mod, ready_attr):
+        callback(mod)
+        return finder
+    return finder if finder is not None else arm(fullname, callback)
+
+
 def disarm(finder: PostImportFinder | None) -> None:
     """Remove ``finder`` from ``sys.meta_path``; None or one already gone is fine."""
     if finder is None:

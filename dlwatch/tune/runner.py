@@ -18,7 +18,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from dlwatch import overrides
@@ -236,10 +236,8 @@ class _GroupCpu:
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def group_cpu_s(pgid: int) -> float | None:
-    """Cumulative CPU seconds of the process group ``pgid`` (see ``_GroupCpu``)."""
-    total = 0
-    found = False
+def _proc_stats() -> Iterator[tuple[int, list[bytes]]]:
+    """(pid, fields from 3 on) of every readable /proc/PID/stat."""
     for name in _listdir("/proc"):
         if not name.isdigit():
             continue
@@ -248,7 +246,14 @@ def group_cpu_s(pgid: int) -> float | None:
                 stat = f.read()
         except OSError:
             continue
-        rest = stat[stat.rfind(b")") + 2 :].split()
+        yield int(name), stat[stat.rfind(b")") + 2 :].split()
+
+
+def group_cpu_s(pgid: int) -> float | None:
+    """Cumulative CPU seconds of the process group ``pgid`` (see ``_GroupCpu``)."""
+    total = 0
+    found = False
+    for _pid, rest in _proc_stats():
         # rest[0] is field 3 (state); utime..cstime are fields 14-17.
         if len(rest) > 14 and int(rest[2]) == pgid:
             total += sum(int(x) for x in rest[11:15])
@@ -259,19 +264,7 @@ def group_cpu_s(pgid: int) -> float | None:
 def group_members(pgid: int) -> set[int]:
     """PIDs whose process group is ``pgid`` (zombies not counted: the kernel
     reaps them with their parent)."""
-    out: set[int] = set()
-    for name in _listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        rest = stat[stat.rfind(b")") + 2 :].split()
-        if len(rest) > 2 and rest[0] != b"Z" and int(rest[2]) == pgid:
-            out.add(int(name))
-    return out
+    return {pid for pid, rest in _proc_stats() if len(rest) > 2 and rest[0] != b"Z" and int(rest[2]) == pgid}
 
 
 def _listdir(path: str) -> list[str]:

@@ -129,15 +129,7 @@ class Sweep:
             self.on_trial_start(-1, {"replay": replay}, why)
         override = {"loader": self.selector or "all", "replay": replay}
         try:
-            out = self.runner(
-                self.cmd,
-                self.env,
-                override,
-                self.opts.trial_s,
-                loader_id=self.loader_id,
-                warmup_s=self.opts.warmup_s,
-                on_progress=self.on_progress,
-            )
+            out = self._run(override)
         except KeyboardInterrupt as e:
             partial = getattr(e, "outcome", None)
             if partial is not None:
@@ -148,6 +140,18 @@ class Sweep:
         if out.status == "ok" and rep.get("state") != "replaying":
             self.ceiling_trial["status"] = "not-applied"
             self.ceiling_trial["reason"] = "the loader never replayed: the override did not reach it"
+
+    def _run(self, override: dict | None):
+        """One trial of the command with ``override`` (None: the script's own settings)."""
+        return self.runner(
+            self.cmd,
+            self.env,
+            override,
+            self.opts.trial_s,
+            loader_id=self.loader_id,
+            warmup_s=self.opts.warmup_s,
+            on_progress=self.on_progress,
+        )
 
     def _cuda(self) -> bool:
         return bool(self.trials and self.trials[0].get("cuda_initialized") is True)
@@ -160,15 +164,7 @@ class Sweep:
         if index > 0:
             override = {"loader": self.selector or "all", **config}
         try:
-            out = self.runner(
-                self.cmd,
-                self.env,
-                override,
-                self.opts.trial_s,
-                loader_id=self.loader_id,
-                warmup_s=self.opts.warmup_s,
-                on_progress=self.on_progress,
-            )
+            out = self._run(override)
         except KeyboardInterrupt as e:
             partial = getattr(e, "outcome", None)
             if partial is not None:

@@ -90,6 +90,7 @@ def _buckets_of(ms_values):
     return w
 
 
+@pytest.mark.timing  # real 2 ms sleeps: a loaded box stretches them
 def test_fetch_times_land_in_their_buckets_and_give_their_percentiles():
     w = _buckets_of([2.0] * 18 + [40.0, 40.0])
     assert w["batches"] == 20 and sum(c for _, c in w["fetch_hist"]) == 20

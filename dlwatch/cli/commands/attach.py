@@ -34,12 +34,8 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--seconds", type=float, default=3.0, metavar="S", help="how long to sample (default 3)")
     p.add_argument("--json", action="store_true", help="print the snapshot as JSON")
-    p.add_argument(
-        "--check",
-        type=int,
-        metavar="P",
-        help="only say whether PID P can be sampled, which permission allows it or what to do",
-    )
+    check = "only say whether PID P can be sampled: which permission allows it, or what to do"
+    p.add_argument("--check", type=int, metavar="P", help=check)
 
 
 def run(args) -> int:

@@ -32,22 +32,26 @@ EPILOG = (
 
 def add_arguments(p) -> None:
     p.add_argument("--pid", type=int, help="the trainer PID (default: the only job there is)")
-    p.add_argument(
-        "--steps",
-        type=int,
-        default=wire.PROFILE_DEFAULT_STEPS,
-        metavar="N",
-        help=f"training steps to profile (default {wire.PROFILE_DEFAULT_STEPS}, "
-        f"at most {wire.PROFILE_MAX_STEPS})",
-    )
-    p.add_argument(
-        "--max-seconds",
-        type=float,
-        default=wire.PROFILE_MAX_SECONDS,
-        metavar="S",
-        help="stop after this long even if fewer steps ran "
-        f"(default and at most {wire.PROFILE_MAX_SECONDS:g})",
-    )
+    # (flag, type, default, metavar, help): the bounds each burst kind takes
+    for flag, kind, default, metavar, text in (
+        (
+            "--steps",
+            int,
+            wire.PROFILE_DEFAULT_STEPS,
+            "N",
+            f"training steps to profile (default {wire.PROFILE_DEFAULT_STEPS}, "
+            f"at most {wire.PROFILE_MAX_STEPS})",
+        ),
+        (
+            "--max-seconds",
+            float,
+            wire.PROFILE_MAX_SECONDS,
+            "S",
+            "stop after this long even if fewer steps ran "
+            f"(default and at most {wire.PROFILE_MAX_SECONDS:g})",
+        ),
+    ):
+        p.add_argument(flag, type=kind, default=default, metavar=metavar, help=text)
     p.add_argument("--out", metavar="DIR", help="directory for the trace (default: the current directory)")
     p.add_argument(
         "--workers",
@@ -62,12 +66,9 @@ def add_arguments(p) -> None:
         help=f"with --workers: how long to sample (default {wire.WORKER_PROFILE_DEFAULT_SECONDS:g}, "
         f"at most {wire.WORKER_PROFILE_MAX_SECONDS:g})",
     )
+    hz = wire.WORKER_PROFILE_DEFAULT_HZ
     p.add_argument(
-        "--hz",
-        type=int,
-        default=wire.WORKER_PROFILE_DEFAULT_HZ,
-        metavar="N",
-        help=f"with --workers: samples per second per worker (default {wire.WORKER_PROFILE_DEFAULT_HZ})",
+        "--hz", type=int, default=hz, metavar="N", help=f"with --workers: samples/s per worker (default {hz})"
     )
     p.add_argument(
         "--json", action="store_true", help="print the summary as JSON (README, 'Profiler bursts')"
@@ -90,14 +91,9 @@ def run(args) -> int:
         out_dir = os.path.abspath(args.out)
         if not os.path.isdir(out_dir):
             return fail(f"--out {args.out}: not a directory", EXIT_USAGE, prog)
-    problem = dir_problem()
-    if problem:
-        return fail(problem, EXIT_ERROR, prog)
-    pid = args.pid
-    if pid is None:
-        pid, message = _only_job()
-        if pid is None:
-            return fail(message, EXIT_ERROR if "no dlwatch jobs" in message else EXIT_USAGE, prog)
+    pid = _target(args, prog)
+    if pid < 0:
+        return -pid
 
     def progress(msg: dict) -> None:
         if args.json:
@@ -112,22 +108,10 @@ def run(args) -> int:
     try:
         doc = request_profile(pid, args.steps, args.max_seconds, out_dir, on_status=progress)
     except ProfileError as e:
-        if not args.json:
-            print(file=sys.stderr)
-        if args.json:
-            from dlwatch.diagnose.profile import summary
+        from dlwatch.diagnose.profile import summary
 
-            print(json.dumps(summary(pid, None, str(e)), indent=2))
-        return fail(str(e), EXIT_USAGE if e.kind == "usage" else EXIT_ERROR, prog)
-    if args.json:
-        print(json.dumps(doc, indent=2))
-    else:
-        print("\r" + " " * 60 + "\r", end="", file=sys.stderr, flush=True)
-        if not doc.get("error"):
-            print("\n".join(summary_lines(doc)))
-    if doc.get("error"):
-        return fail(f"PID {pid}: {doc['error']}", EXIT_ERROR, prog)
-    return EXIT_OK
+        return _failed(e, summary(pid, None, str(e)), args, prog)
+    return _report(doc, summary_lines, pid, args, prog)
 
 
 def _run_workers(args, prog: str) -> int:
@@ -138,14 +122,9 @@ def _run_workers(args, prog: str) -> int:
         return fail(f"--seconds must be in (0, {wire.WORKER_PROFILE_MAX_SECONDS:g}]", EXIT_USAGE, prog)
     if not 1 <= args.hz <= wire.WORKER_PROFILE_MAX_HZ:
         return fail(f"--hz must be between 1 and {wire.WORKER_PROFILE_MAX_HZ}", EXIT_USAGE, prog)
-    problem = dir_problem()
-    if problem:
-        return fail(problem, EXIT_ERROR, prog)
-    pid = args.pid
-    if pid is None:
-        pid, message = _only_job()
-        if pid is None:
-            return fail(message, EXIT_ERROR if "no dlwatch jobs" in message else EXIT_USAGE, prog)
+    pid = _target(args, prog)
+    if pid < 0:
+        return -pid
 
     def progress(msg: dict) -> None:
         if not args.json:
@@ -155,11 +134,34 @@ def _run_workers(args, prog: str) -> int:
     try:
         doc = request_worker_profile(pid, args.seconds, args.hz, on_status=progress)
     except ProfileError as e:
-        if args.json:
-            print(json.dumps(summary(pid, None, str(e)), indent=2))
-        else:
-            print(file=sys.stderr)
-        return fail(str(e), EXIT_USAGE if e.kind == "usage" else EXIT_ERROR, prog)
+        return _failed(e, summary(pid, None, str(e)), args, prog)
+    return _report(doc, summary_lines, pid, args, prog)
+
+
+def _target(args, prog: str) -> int:
+    """The job's PID (--pid, or the only job), or minus the exit status."""
+    problem = dir_problem()
+    if problem:
+        return -fail(problem, EXIT_ERROR, prog)
+    if args.pid is not None:
+        return args.pid
+    pid, message = _only_job()
+    if pid is None:
+        return -fail(message, EXIT_ERROR if "no dlwatch jobs" in message else EXIT_USAGE, prog)
+    return pid
+
+
+def _failed(e, summary_doc: dict, args, prog: str) -> int:
+    """A burst that could not run: its summary as JSON, or a line on stderr."""
+    if args.json:
+        print(json.dumps(summary_doc, indent=2))
+    else:
+        print(file=sys.stderr)
+    return fail(str(e), EXIT_USAGE if e.kind == "usage" else EXIT_ERROR, prog)
+
+
+def _report(doc: dict, summary_lines, pid: int, args, prog: str) -> int:
+    """The burst's answer: JSON, or the progress line cleared and the verdict."""
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
