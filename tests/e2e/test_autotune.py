@@ -158,7 +158,19 @@ def test_a_worker_that_raises_fails_the_job_as_without_autotune(short_tmpdir):
     assert len(mine) == 1 and "Raises loader" in mine[0] and not _autotune_lines(err_u)
 
     def normal(err: str) -> str:
-        kept = [ln for ln in err.splitlines() if not ln.startswith("dlwatch autotune:")]
+        # torch's own frames depend on whether the failed batch came in order
+        # or from its reorder buffer (timing, with several workers): they are
+        # not the job's exception. Everything else must match.
+        kept, skip = [], False
+        for ln in err.splitlines():
+            if skip:
+                skip = False
+                continue
+            if re.match(r'\s+File ".*/torch/', ln):
+                skip = True  # and its source line
+                continue
+            if not ln.startswith("dlwatch autotune:") and not re.match(r"\s+[~^]+$", ln):
+                kept.append(ln)
         return re.sub(r"worker process \d+", "worker process N", "\n".join(kept).strip())
 
     assert normal(err_t) == normal(err_u)

@@ -72,6 +72,7 @@ def test_a_slow_step_job_without_workers_gets_no_workers_and_a_true_figure():
 
 
 @pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.timing  # spawn start-up times under load decide what is measured
 def test_spawn_epochs_cut_at_five_batches(persistent):
     """Every 5-batch epoch leaves its loop with ``break``: no StopIteration.
     Re-spawned workers stall each epoch's start; persistent ones do not."""

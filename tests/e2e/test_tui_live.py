@@ -251,6 +251,7 @@ async def test_second_job_appears_live_and_a_killed_job_shows_exited_with_last_f
         assert "1 exited" in plain(app.screen.query_one("#status", TextLine))
 
 
+@pytest.mark.timing  # the hint in the screenshot must have shown in time
 @sync
 async def test_s_writes_an_svg_in_cwd_and_q_stops_the_monitor_thread(job, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

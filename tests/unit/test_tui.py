@@ -865,6 +865,7 @@ class PushSource(StaticSource):
         t.join()
 
 
+@pytest.mark.timing  # drawn within a bound of time: a loaded box misses it
 @sync
 async def test_a_snapshot_announced_from_another_thread_is_drawn_without_waiting_for_the_timer():
     source = PushSource([F.empty()])
