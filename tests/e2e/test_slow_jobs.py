@@ -30,6 +30,7 @@ def _loader(snap: dict, pid: int) -> dict | None:
     return job["loaders"][0] if job and job["loaders"] else None
 
 
+@pytest.mark.timing  # its severity follows the predicted gain, priced on the cores left free
 def test_a_slow_step_job_without_workers_gets_no_workers_and_a_true_figure():
     """1.5 s steps, 0.5 s of loading in the loop (num_workers=0): 25 % wait.
     One batch every 2 s: the old 3 s window held one batch at most and the
