@@ -6,20 +6,8 @@ from __future__ import annotations
 import gc
 import time
 
-import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
-
-from dlwatch.probe import patches
-
-
-@pytest.fixture
-def probe():
-    was = patches.installed()
-    patches.install()
-    yield patches.registry
-    if not was:
-        patches.uninstall()
 
 
 def _stats(registry, loader):

@@ -13,17 +13,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, Tenso
 
 from dlwatch import wire
 from dlwatch.collect.window import hist_percentiles
-from dlwatch.probe import patches, worker
+from dlwatch.probe import worker
 from dlwatch.probe.stats import loader_config
-
-
-@pytest.fixture
-def probe():
-    was = patches.installed()
-    patches.install()
-    yield patches.registry
-    if not was:
-        patches.uninstall()
 
 
 def _stats_of(registry, loader):
