@@ -11,13 +11,17 @@ import math
 import os
 import signal
 import time
+from collections.abc import Callable
+from types import FrameType
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from torch.utils.data import DataLoader
 
-if __package__:
-    from .workload import SyntheticImageStream
+# The checker reads the package form; the script form names the same file.
+if TYPE_CHECKING or __package__:
+    from .workload import Batch, SyntheticImageStream
 else:  # train.py run as a script: its folder is sys.path[0]
-    from workload import SyntheticImageStream
+    from workload import Batch, SyntheticImageStream
 
 REPORT_SCHEMA = "dlwatch-demo-report/1"
 # Bounds what a run that is never stopped keeps in memory and in its report.
@@ -27,6 +31,21 @@ MAX_EPOCH_RECORDS = 200
 # --------------------------------------------------------------------------
 # Measurement (the ground truth the monitor is compared against)
 # --------------------------------------------------------------------------
+
+
+class EpochRecord(TypedDict):
+    """One pass over a loader, as the report lists it; the figures that are
+    None are filled in as the epoch reaches them."""
+
+    epoch: int
+    batches: int
+    wait_s: float
+    compute_s: float
+    iter_ms: float | None
+    first_batch_ms: float | None
+    teardown_ms: float | None
+    epoch_s: float | None
+    end: str | None  # limit | stopped | exhausted
 
 
 class LoaderStats:
@@ -47,10 +66,10 @@ class LoaderStats:
         self.teardown_s = 0.0
         self.close_s = 0.0
         self.epochs_total = 0
-        self.epochs: list[dict] = []
+        self.epochs: list[EpochRecord] = []
         self.worker_pids: list[int] = []
 
-    def to_json(self, pending: dict | None = None) -> dict:
+    def to_json(self, pending: EpochRecord | None = None) -> dict[str, Any]:
         # pending: the epoch in progress, folded in so a mid-run report is current.
         batches, wait_s, compute_s = self.batches, self.wait_s, self.compute_s
         if pending is not None:
@@ -90,7 +109,7 @@ class StopRequest:
         signal.signal(signal.SIGINT, self._handle)
         signal.signal(signal.SIGTERM, self._handle)
 
-    def _handle(self, signum, frame) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         if os.getpid() != self._pid:
             # A forked worker between fork and its init fn: behave as default.
             signal.signal(signum, signal.SIG_DFL)
@@ -101,7 +120,7 @@ class StopRequest:
         self.reason = signal.Signals(signum).name
 
 
-def _batch_digest(hasher, batch) -> None:
+def _batch_digest(hasher: hashlib._Hash, batch: Batch) -> None:
     for t in batch:
         t = t.detach().cpu().contiguous()
         # Raw bytes without NumPy (not a dependency of the probe's environment).
@@ -109,8 +128,12 @@ def _batch_digest(hasher, batch) -> None:
         hasher.update(str(tuple(t.shape)).encode())
 
 
+# The loader whose epoch is in progress and that epoch's record so far.
+Current = tuple[LoaderStats, EpochRecord]
+
+
 class Run:
-    def __init__(self, args: argparse.Namespace, config: dict) -> None:
+    def __init__(self, args: argparse.Namespace, config: dict[str, Any]) -> None:
         self.args = args
         self.config = config
         self.stop = StopRequest()
@@ -134,9 +157,16 @@ class Run:
             self.stop_reason = "duration"
         return self.stop_reason is not None
 
-    def run_epoch(self, loader: DataLoader, stats: LoaderStats, step, epoch: int, limit: int | None) -> None:
+    def run_epoch(
+        self,
+        loader: DataLoader[Any],
+        stats: LoaderStats,
+        step: Callable[[Batch], None],
+        epoch: int,
+        limit: int | None,
+    ) -> None:
         perf = time.perf_counter
-        record = {
+        record: EpochRecord = {
             "epoch": epoch,
             "batches": 0,
             "wait_s": 0.0,
@@ -210,7 +240,7 @@ class Run:
             stats.epochs.append(record)
             del stats.epochs[:-MAX_EPOCH_RECORDS]
 
-    def report(self, final: bool, current=None) -> dict:
+    def report(self, final: bool, current: Current | None = None) -> dict[str, Any]:
         elapsed = time.perf_counter() - self.t0
         stats, record = current if current is not None else (None, None)
         train = self.train.to_json(record if stats is self.train else None)
@@ -261,7 +291,7 @@ class Run:
             "last_loss": self.last_loss if math.isfinite(self.last_loss) else None,
         }
 
-    def write_report(self, final: bool, current=None) -> None:
+    def write_report(self, final: bool, current: Current | None = None) -> None:
         path = self.args.report
         if not path:
             return

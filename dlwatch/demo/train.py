@@ -25,7 +25,9 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 # torch warns on every import (workers included) when NumPy is absent; the demo
 # never uses NumPy, so the warning is noise on the user's terminal.
@@ -33,13 +35,17 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 warnings.filterwarnings("ignore", message=".*pin_memory.*no accelerator is found")
 
 import torch  # noqa: E402
-from torch.utils.data import DataLoader, IterableDataset  # noqa: E402
+from torch.utils.data import DataLoader, Dataset, IterableDataset  # noqa: E402
 
-if __package__:
+# The checker reads the package form; the script form names the same files.
+if TYPE_CHECKING or __package__:
     from . import loop, workload
 else:  # run as a script: this file's folder is sys.path[0]
     import loop
     import workload
+
+if TYPE_CHECKING:
+    from .scenarios import Scenario
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -228,8 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _scenarios():
-    if __package__:
+def _scenarios() -> tuple[dict[str, Scenario], str]:
+    if TYPE_CHECKING or __package__:
         from .scenarios import DEFAULT_SCENARIO, SCENARIOS
     else:
         # Run as a script: this file's folder is sys.path[0].
@@ -263,7 +269,7 @@ def list_scenarios() -> str:
     return "\n".join(lines)
 
 
-def _log(args, message: str) -> None:
+def _log(args: argparse.Namespace, message: str) -> None:
     if not args.quiet:
         print(f"[demo {os.getpid()}] {message}", file=sys.stderr, flush=True)
 
@@ -283,9 +289,15 @@ def _import_hook() -> str | None:
 
 
 def make_loader(
-    args, dataset, collate, worker_init, generator, shuffle: bool, pin_memory: bool
-) -> DataLoader:
-    kwargs = dict(
+    args: argparse.Namespace,
+    dataset: Dataset[Any],
+    collate: Callable[[list[Any]], Any],
+    worker_init: Callable[[int], None],
+    generator: torch.Generator | None,
+    shuffle: bool,
+    pin_memory: bool,
+) -> DataLoader[Any]:
+    kwargs: dict[str, Any] = dict(
         batch_size=args.batch_size,
         drop_last=args.drop_last,
         pin_memory=pin_memory,
@@ -424,13 +436,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"first batch {last['first_batch_ms'] or 0:.0f} ms, "
                 f"data wait {_pct(run.train.wait_s - before[1], run.train.compute_s - before[2])}"
             )
-            if val_loader is not None and run.stop_reason is None:
+            val = run.val  # set exactly when val_loader is
+            if val_loader is not None and val is not None and run.stop_reason is None:
                 run.phase = "val"
-                vb = (run.val.wait_s, run.val.compute_s)
-                run.run_epoch(val_loader, run.val, trainer.val_step, epoch, args.steps_per_epoch)
+                vb = (val.wait_s, val.compute_s)
+                run.run_epoch(val_loader, val, trainer.val_step, epoch, args.steps_per_epoch)
                 line += (
-                    f"; val {run.val.epochs[-1]['batches']} batches, data wait "
-                    f"{_pct(run.val.wait_s - vb[0], run.val.compute_s - vb[1])}"
+                    f"; val {val.epochs[-1]['batches']} batches, data wait "
+                    f"{_pct(val.wait_s - vb[0], val.compute_s - vb[1])}"
                 )
             _log(args, line)
             epoch += 1
@@ -461,9 +474,9 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_OK
 
 
-def _close_loader(loader: DataLoader | None) -> None:
+def _close_loader(loader: DataLoader[Any] | None) -> None:
     it = getattr(loader, "_iterator", None)
-    if it is not None:
+    if loader is not None and it is not None:
         loader._iterator = None
         shutdown = getattr(it, "_shutdown_workers", None)
         if shutdown is not None:

@@ -11,10 +11,14 @@ from __future__ import annotations
 import math
 import signal
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch.utils.data import Dataset, IterableDataset, default_collate, get_worker_info
+
+# A collated batch as the loop and the step see it: images, then labels.
+Batch = Sequence[torch.Tensor]
 
 # --------------------------------------------------------------------------
 # Per-sample and per-batch cost
@@ -162,13 +166,14 @@ class SyntheticImageStream(_SyntheticImageSource, IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         # Non-persistent workers get a fresh copy carrying set_epoch's value;
         # persistent ones keep their first copy, so count passes locally too.
         epoch = max(self.epoch, self._passes)
         self._passes += 1
+        order: Sequence[int]
         if self.spec.shuffle:
             gen = torch.Generator().manual_seed(self.spec.seed * 7919 + epoch)
             order = torch.randperm(self.spec.size, generator=gen).tolist()
@@ -193,7 +198,7 @@ class DemoCollate:
         self.grow_bytes = grow_bytes
         self.grow_limit_bytes = grow_limit_bytes
 
-    def __call__(self, samples):
+    def __call__(self, samples: list[tuple[torch.Tensor, int]]) -> Batch:
         global _KEPT_BYTES
         batch = default_collate(samples)
         spend(self.cost, self.batch_cost_ms)
@@ -307,14 +312,14 @@ class Trainer:
             if remaining > 0:
                 time.sleep(remaining)
 
-    def _gpu_pad(self, target_ms: float):
+    def _gpu_pad(self, target_ms: float) -> None:
         # Pad with a GPU spin kernel so the device shows as busy, like real
         # kernels would; the model's own GPU time is subtracted from the target.
         pad_ms = max(0.0, target_ms - self._gpu_model_ms)
         if pad_ms > 0:
             torch.cuda._sleep(int(pad_ms * self._gpu_cycles_per_ms))
 
-    def train_step(self, batch) -> None:
+    def train_step(self, batch: Batch) -> None:
         started = time.perf_counter()
         x, y = batch
         x = x.to(self.device, non_blocking=self.non_blocking)
@@ -338,7 +343,7 @@ class Trainer:
         else:
             self._pad(started, self.step_ms)
 
-    def val_step(self, batch) -> None:
+    def val_step(self, batch: Batch) -> None:
         # Forward only, about a third of a training step by the usual rule.
         started = time.perf_counter()
         x, y = batch
