@@ -58,17 +58,11 @@ def request_profile(
         raise ProfileError(f"--steps must be 1..{wire.PROFILE_MAX_STEPS}", "usage")
     if not 0 < max_s <= wire.PROFILE_MAX_SECONDS:
         raise ProfileError(f"the time bound must be in (0, {wire.PROFILE_MAX_SECONDS:g}] s", "usage")
-    directory = directory or rundir.runtime_dir()
     out_dir = os.path.abspath(out_dir or os.getcwd())
-    path = rundir.socket_path(directory, pid)
-    sock = _connect(pid, path, directory)
     request = wire.profile_request(steps, max_s, out_dir)
     ask = _Ask(request, wire.FEATURE_PROFILE, "profile_result", max_s + PROCESSING_GRACE_S, "profiler bursts")
     ask.unit = f"of {steps} steps collected"
-    try:
-        msg = _converse(sock, pid, ask, on_status, cancelled)
-    finally:
-        sock.close()
+    msg = _request(pid, directory, ask, on_status, cancelled)
     return summary(pid, msg["result"], msg.get("error"))
 
 
@@ -87,17 +81,12 @@ def request_worker_profile(
         raise ProfileError(f"--seconds must be in (0, {wire.WORKER_PROFILE_MAX_SECONDS:g}]", "usage")
     if hz is not None and not 1 <= hz <= wire.WORKER_PROFILE_MAX_HZ:
         raise ProfileError(f"--hz must be 1..{wire.WORKER_PROFILE_MAX_HZ}", "usage")
-    directory = directory or rundir.runtime_dir()
-    sock = _connect(pid, rundir.socket_path(directory, pid), directory)
     request = wire.worker_profile_request(seconds, hz)
     # The job waits up to a few seconds past the deadline for its workers' files.
     ask = _Ask(
         request, wire.FEATURE_WORKER_PROFILE, "worker_profile_result", seconds + 15.0, "worker profiles"
     )
-    try:
-        msg = _converse(sock, pid, ask, on_status, cancelled)
-    finally:
-        sock.close()
+    msg = _request(pid, directory, ask, on_status, cancelled)
     return worker_profile.summary(pid, msg["result"], msg.get("error"))
 
 
@@ -112,6 +101,23 @@ class _Ask:
     bound_s: float
     what: str
     unit: str = ""  # "of N steps collected": progress in the errors
+
+
+def _request(
+    pid: int,
+    directory: str | None,
+    ask: _Ask,
+    on_status: Callable[[dict], None] | None,
+    cancelled: Callable[[], bool] | None,
+) -> dict:
+    """Connect to job ``pid`` in ``directory`` (default: the runtime
+    directory), send ``ask`` once it has said hello, and return its answer."""
+    directory = directory or rundir.runtime_dir()
+    sock = _connect(pid, rundir.socket_path(directory, pid), directory)
+    try:
+        return _converse(sock, pid, ask, on_status, cancelled)
+    finally:
+        sock.close()
 
 
 def _connect(pid: int, path: str, directory: str) -> socket.socket:
