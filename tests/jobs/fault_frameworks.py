@@ -13,6 +13,7 @@ import sys
 import time
 
 import torch
+from quiet_lightning import quiet_trainer
 from torch.utils.data import DataLoader, Dataset
 
 import dlwatch.hook  # noqa: F401  (the one line)
@@ -69,16 +70,7 @@ def lightning():
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
-    trainer = L.Trainer(
-        max_epochs=1,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
+    trainer = quiet_trainer()
     dl = make_loader()
     trainer.fit(M(), train_dataloaders=dl)
     print("fit-done", dl.worker_init_fn is None, flush=True)

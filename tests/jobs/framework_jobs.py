@@ -17,6 +17,7 @@ import sys
 import time
 
 import torch
+from quiet_lightning import quiet_trainer
 from torch.utils.data import DataLoader, Dataset
 
 import dlwatch.hook  # noqa: F401  (the one line)
@@ -133,16 +134,7 @@ def lightning(spans: Spans) -> None:
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
-    trainer = L.Trainer(
-        max_epochs=1,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
+    trainer = quiet_trainer()
     trainer.fit(Model(), datamodule=Data())
 
 

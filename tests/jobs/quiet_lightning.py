@@ -1,0 +1,20 @@
+"""A Lightning ``Trainer`` for the framework jobs: one CPU device, one epoch,
+and none of the logging, checkpointing, progress bar, model summary or
+sanity-check loop that would add output and untimed steps to what the tests
+measure. The jobs run as scripts, so they import this from their own folder.
+"""
+
+
+def quiet_trainer():
+    import lightning as L
+
+    return L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
