@@ -43,9 +43,6 @@ def sync(fn):
     return wrapper
 
 
-# refresh interval for tests that wait for the timer
-
-
 async def settle(pilot, times: int = 3) -> None:
     for _ in range(times):
         await pilot.pause()
@@ -61,6 +58,17 @@ async def wait_until(pilot, cond, timeout: float = 3.0) -> None:
 
 def status(app) -> str:
     return plain(app.screen.query_one("#status", TextLine))
+
+
+async def open_profile(pilot, app, key: str = "P"):
+    """Press ``key`` on the live view (P: a profiler burst, W: a worker
+    profile), wait for the profile screen; returns a reader of its text."""
+    from dlwatch.tui.profile import ProfileScreen
+
+    await settle(pilot)
+    await pilot.press(key)
+    await wait_until(pilot, lambda: isinstance(app.screen, ProfileScreen))
+    return lambda: plain(app.screen.query_one("#profile-text", Static))
 
 
 # ------------------------------------------------------------------ figures
@@ -988,10 +996,7 @@ async def test_profile_key_shows_progress_then_summary_while_the_view_stays_live
     source = StaticSource([F.data_bound()])
     app = make_app(source, interval=FAST, profiler=runner)
     async with app.run_test(size=(100, 30)) as pilot:
-        await settle(pilot)
-        await pilot.press("P")
-        await wait_until(pilot, lambda: isinstance(app.screen, ProfileScreen))
-        text = lambda: plain(app.screen.query_one("#profile-text", Static))  # noqa: E731
+        text = await open_profile(pilot, app)
         await wait_until(pilot, lambda: "4/10 steps" in text())
         # the live screen underneath keeps taking snapshots
         before = source.calls
@@ -1006,7 +1011,6 @@ async def test_profile_key_shows_progress_then_summary_while_the_view_stays_live
 
 @sync
 async def test_profile_key_reports_a_failure_and_escape_cancels():
-    from dlwatch.tui.profile import ProfileScreen
 
     seen_cancel = threading.Event()
 
@@ -1015,10 +1019,7 @@ async def test_profile_key_reports_a_failure_and_escape_cancels():
 
     app = make_app(StaticSource([F.data_bound()]), interval=FAST, profiler=failing)
     async with app.run_test(size=(100, 30)) as pilot:
-        await settle(pilot)
-        await pilot.press("P")
-        await wait_until(pilot, lambda: isinstance(app.screen, ProfileScreen))
-        text = lambda: plain(app.screen.query_one("#profile-text", Static))  # noqa: E731
+        text = await open_profile(pilot, app)
         await wait_until(pilot, lambda: "predates" in text())
         await pilot.press("escape")
 
@@ -1030,9 +1031,7 @@ async def test_profile_key_reports_a_failure_and_escape_cancels():
 
     app = make_app(StaticSource([F.data_bound()]), interval=FAST, profiler=slow)
     async with app.run_test(size=(100, 30)) as pilot:
-        await settle(pilot)
-        await pilot.press("P")
-        await wait_until(pilot, lambda: isinstance(app.screen, ProfileScreen))
+        await open_profile(pilot, app)
         await pilot.press("escape")
         await wait_until(pilot, seen_cancel.is_set)
 

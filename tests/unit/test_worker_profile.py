@@ -278,14 +278,12 @@ def test_sampler_counts_only_inside_the_fetch_and_writes_a_private_file(tmp_path
 def test_w_key_shows_the_worker_profile_and_help_lists_it():
     import asyncio
 
-    from textual.widgets import Static
-
     from dlwatch.tui.keys import help_rows
     from dlwatch.tui.profile import ProfileScreen
     from dlwatch.tui.sources import StaticSource
     from tests import tui_fixtures as F
-    from tests.tui_fixtures import make_app, plain
-    from tests.unit.test_tui import FAST, settle, wait_until
+    from tests.tui_fixtures import make_app
+    from tests.unit.test_tui import FAST, open_profile, wait_until
 
     rows = dict(help_rows(False)[0])
     assert rows["W"] == "profile the DataLoader workers for 5 s: which stage of __getitem__ costs what"
@@ -300,10 +298,7 @@ def test_w_key_shows_the_worker_profile_and_help_lists_it():
     async def main():
         app = make_app(StaticSource([F.data_bound()]), interval=FAST, worker_profiler=runner)
         async with app.run_test(size=(100, 30)) as pilot:
-            await settle(pilot)
-            await pilot.press("W")
-            await wait_until(pilot, lambda: isinstance(app.screen, ProfileScreen))
-            text = lambda: plain(app.screen.query_one("#profile-text", Static))  # noqa: E731
+            text = await open_profile(pilot, app, "W")
             await wait_until(pilot, lambda: "2 workers sampling" in text())
             go.set()
             await wait_until(pilot, lambda: "decode-bound" in text())
