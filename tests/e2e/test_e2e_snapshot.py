@@ -39,6 +39,10 @@ def _loader(snap: dict, pid: int, loader_id: int = 0) -> dict:
     return loaders[loader_id]
 
 
+# Within 2 points of the loop's own figure: a preemption between the
+# loop's clock reads and the probe's lands on one side only, so on a box
+# loaded by the parallel tier the figures part by a point or more.
+@pytest.mark.timing
 @pytest.mark.parametrize("name,args,settle,busy", CASES, ids=[c[0] for c in CASES])
 def test_snapshot_matches_the_loops_own_measurement(name, args, settle, busy):
     job = Job(*args)
@@ -135,6 +139,7 @@ def test_torchdata_stateful_dataloader_is_instrumented():
         assert w["fetch_ms_mean"] == pytest.approx(wt["fetch_ms"], rel=0.10), (w, wt)
 
 
+@pytest.mark.timing  # each line within 2 points of the loop: as above
 def test_follow_streams_json_lines_until_count_a_closed_pipe_or_ctrl_c():
     """`snapshot --follow`: one contract-valid document per line, each
     line's figures the loop's own over that line's window; `| head -1` and

@@ -37,6 +37,7 @@ def runtime_env(short_tmpdir, monkeypatch):
     return short_tmpdir
 
 
+@pytest.mark.timing  # the panel within 2 points of the loop's own wait: needs the box
 def test_panel_in_a_kernel_shows_the_loops_wait_and_the_hint(runtime_env):
     nb = notebook_job.build(seconds=12.0, idle_s=4.5)
     nb.cells.insert(2, nbformat.v4.new_code_cell("%dlwatch tune"))

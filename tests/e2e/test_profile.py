@@ -91,6 +91,7 @@ def test_tiny_ops_loop_is_dispatch_bound_with_a_valid_private_trace_and_one_burs
         stop_sessions([job])
 
 
+@pytest.mark.timing  # a sampled share against the live figure: load moves both apart
 def test_data_bound_demo_wait_share_matches_the_snapshot():
     from dlwatch.collect.monitor import Monitor
 
