@@ -17,11 +17,15 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypedDict
 
 from dlwatch import __version__, rundir, wire
 from dlwatch.collect.jobs import pid_alive
 from dlwatch.diagnose import worker_profile
 from dlwatch.diagnose.profile import summary
+
+if TYPE_CHECKING:  # typed **kwargs (PEP 692); typing has it only from 3.11
+    from typing_extensions import Unpack
 
 HELLO_TIMEOUT_S = 5.0
 # After the burst's own bound: reading Kineto's events and writing the trace
@@ -32,6 +36,17 @@ QUIET_EVERY = 100
 
 
 _REFUSALS = {"busy": "is busy", "unsupported": "does not support profiling", "rejected": "refused the burst"}
+
+
+class Via(TypedDict, total=False):
+    """How both requests reach the job and report back: the runtime
+    directory (default: this user's), a callback for each ``profile_status``
+    (progress), and a poll that, when true, hangs up (the job then drops the
+    burst)."""
+
+    directory: str | None
+    on_status: Callable[[dict], None] | None
+    cancelled: Callable[[], bool] | None
 
 
 class ProfileError(Exception):
@@ -45,15 +60,11 @@ def request_profile(
     steps: int = wire.PROFILE_DEFAULT_STEPS,
     max_s: float = wire.PROFILE_MAX_SECONDS,
     out_dir: str | None = None,
-    directory: str | None = None,
-    on_status: Callable[[dict], None] | None = None,
-    cancelled: Callable[[], bool] | None = None,
+    **via: Unpack[Via],
 ) -> dict:
     """Profile ``steps`` training steps of job ``pid``; the summary document
     (``dlwatch.diagnose.profile.summary``). ``out_dir``: where the job writes
-    the trace (absolute; default this process's working directory).
-    ``on_status`` gets each ``profile_status`` (progress); ``cancelled`` is
-    polled and, when true, hangs up (the job then drops the burst)."""
+    the trace (absolute; default this process's working directory)."""
     if not 1 <= steps <= wire.PROFILE_MAX_STEPS:
         raise ProfileError(f"--steps must be 1..{wire.PROFILE_MAX_STEPS}", "usage")
     if not 0 < max_s <= wire.PROFILE_MAX_SECONDS:
@@ -62,7 +73,7 @@ def request_profile(
     request = wire.profile_request(steps, max_s, out_dir)
     ask = _Ask(request, wire.FEATURE_PROFILE, "profile_result", max_s + PROCESSING_GRACE_S, "profiler bursts")
     ask.unit = f"of {steps} steps collected"
-    msg = _request(pid, directory, ask, on_status, cancelled)
+    msg = _request(pid, ask, via)
     return summary(pid, msg["result"], msg.get("error"))
 
 
@@ -70,10 +81,7 @@ def request_worker_profile(
     pid: int,
     seconds: float = wire.WORKER_PROFILE_DEFAULT_SECONDS,
     hz: int | None = None,
-    *,
-    directory: str | None = None,
-    on_status: Callable[[dict], None] | None = None,
-    cancelled: Callable[[], bool] | None = None,
+    **via: Unpack[Via],
 ) -> dict:
     """Sample the fetches of job ``pid``'s busiest loader's workers for
     ``seconds``; the summary document (``dlwatch.diagnose.worker_profile``)."""
@@ -86,7 +94,7 @@ def request_worker_profile(
     ask = _Ask(
         request, wire.FEATURE_WORKER_PROFILE, "worker_profile_result", seconds + 15.0, "worker profiles"
     )
-    msg = _request(pid, directory, ask, on_status, cancelled)
+    msg = _request(pid, ask, via)
     return worker_profile.summary(pid, msg["result"], msg.get("error"))
 
 
@@ -103,19 +111,13 @@ class _Ask:
     unit: str = ""  # "of N steps collected": progress in the errors
 
 
-def _request(
-    pid: int,
-    directory: str | None,
-    ask: _Ask,
-    on_status: Callable[[dict], None] | None,
-    cancelled: Callable[[], bool] | None,
-) -> dict:
-    """Connect to job ``pid`` in ``directory`` (default: the runtime
-    directory), send ``ask`` once it has said hello, and return its answer."""
-    directory = directory or rundir.runtime_dir()
+def _request(pid: int, ask: _Ask, via: Via) -> dict:
+    """Connect to job ``pid`` in ``via``'s directory, send ``ask`` once it
+    has said hello, and return its answer."""
+    directory = via.get("directory") or rundir.runtime_dir()
     sock = _connect(pid, rundir.socket_path(directory, pid), directory)
     try:
-        return _converse(sock, pid, ask, on_status, cancelled)
+        return _converse(sock, pid, ask, via.get("on_status"), via.get("cancelled"))
     finally:
         sock.close()
 

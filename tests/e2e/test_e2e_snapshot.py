@@ -57,8 +57,10 @@ def test_snapshot_matches_the_loops_own_measurement(name, args, settle, busy):
     assert end - start > 1.5e9, "the window should cover about 2 s"
     truth = truth_in_window(result["recs"]["train"]["batches"], start, end)
 
-    assert ld["data_wait_fraction"] == pytest.approx(truth["data_wait_fraction"], abs=0.02)
-    assert ld["batches_per_s"] == pytest.approx(truth["batches_per_s"], rel=0.10)
+    # The loader's whole window and the loop's figures, should it miss.
+    why = ({k: v for k, v in ld.items() if k != "workers"}, truth)
+    assert ld["data_wait_fraction"] == pytest.approx(truth["data_wait_fraction"], abs=0.02), why
+    assert ld["batches_per_s"] == pytest.approx(truth["batches_per_s"], rel=0.10), why
     workers = ld["workers"]
     if "--workers" in args and args[args.index("--workers") + 1] == "0":
         assert workers == [] and ld["num_workers"] == 0
