@@ -424,6 +424,7 @@ def test_stalled_client_is_dropped_others_keep_full_rate(pub, monkeypatch):
     assert pub.clients_dropped == 1
 
 
+@pytest.mark.timing  # reads 640 KB/s against a 64 KB backlog: a starved reader is dropped, rightly
 def test_reading_client_attaching_to_a_large_history_is_not_dropped(pub, monkeypatch):
     monkeypatch.setattr(pubmod, "MAX_CLIENT_BACKLOG", 64 << 10)
     _pad_frames(monkeypatch, pub, 64_000)
