@@ -166,6 +166,8 @@ def test_a_worker_killed_mid_burst_is_reported_and_the_answer_comes():
         os.kill(victim, signal.SIGKILL)
         out, err = ask.communicate(timeout=60)
         took = time.monotonic() - t0
+        if job.poll() is not None:  # the job's own account, should it have died
+            err += job.stderr.read().decode()[-3000:]
         assert ask.returncode == 0, err
         assert f"PID {victim}): killed or exited before it could report" in out, out
         assert took < 60 and "samples inside fetches" in out

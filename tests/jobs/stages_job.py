@@ -71,9 +71,15 @@ def main():
     h = hashlib.sha256()
     t_ready = None
     lost = 0
-    while t_ready is None or time.monotonic() - t_ready < a.duration:
-        it = iter(loader)
+    while True:
+        # All of it inside the try: torch reports a killed worker from its
+        # SIGCHLD handler too, so the error can surface at any line of the
+        # main thread, iter() and the loop's own test included.
+        it = None
         try:
+            if t_ready is not None and time.monotonic() - t_ready >= a.duration:
+                break
+            it = iter(loader)
             for batch in it:
                 h.update(batch.numpy().tobytes())
                 if t_ready is None:
