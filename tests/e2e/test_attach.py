@@ -142,11 +142,12 @@ def test_four_spawn_workers(unhooked):
 
 
 def test_a_job_that_exits_during_the_attach(unhooked):
-    # It ends 2 s after its first batch; the attach lasts 6 s (the margin
-    # is for the job's own teardown on a loaded box).
+    # It ends 2 s after its first batch; the attach would last 15 s: py-spy
+    # ends with the job, so the margin (for the job's teardown and py-spy's
+    # start on a loaded box; 6 s was once too short) costs nothing.
     job = unhooked("--workers", "1", "--sample-ms", "5", "--step-ms", "5", "--duration", "2")
     job.wait_ready(settle=0.0)
-    snap = attach_json("--pid", str(job.pid), "--seconds", "6")
+    snap = attach_json("--pid", str(job.pid), "--seconds", "15")
     [j] = snap["jobs"]
     assert j["state"] == "exited" and "exited during the attach" in j["state_reason"]
     assert j["loaders"] and j["loaders"][0]["data_wait_samples"] > 0
