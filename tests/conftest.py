@@ -3,7 +3,7 @@
 Unix socket paths are limited to 107 bytes, and pytest's ``tmp_path`` lives
 under a long path; tests that bind sockets use ``short_tmpdir`` instead.
 
-Every test under ``tests/e2e`` is marked ``e2e``; those marked ``long`` run first. Tests run in parallel
+Every test under ``tests/e2e`` is marked ``e2e``. Tests run in parallel
 (pytest-xdist), so each gets its own runtime directory (``DLWATCH_DIR``): a job
 one test starts is never seen by another's collector.
 """
@@ -24,10 +24,6 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if E2E in Path(item.path).resolve().parents:
             item.add_marker(pytest.mark.e2e)
-    # The tests that wait over a minute go first: xdist hands out tests in
-    # this order, and one of them started near the end would be the whole
-    # tier's tail.
-    items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
 @pytest.fixture(autouse=True)

@@ -377,7 +377,6 @@ def assert_chart_pixels(png: str) -> None:
     assert counts["blue"] > 200 and counts["amber"] > 50, counts
 
 
-@pytest.mark.long  # the memory-growth rule wants a minute of USS samples
 @pytest.mark.timeout(240)
 def test_a_recording_of_copy_on_read_growth_carries_worker_memory_growth(short_tmpdir):
     """The rule wants >= 60 s of USS samples after a worker's first 10 s:

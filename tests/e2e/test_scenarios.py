@@ -133,18 +133,14 @@ CPU_SHARE_HINTS = {
 }
 
 
-def _scenario_param(name: str):
-    if SCENARIOS[name].hint in CPU_SHARE_HINTS:
-        return pytest.param(name, marks=pytest.mark.timing)
-    if PATIENCE_S.get(name, 0) > 100:  # a rule that wants a minute of USS samples
-        return pytest.param(name, marks=pytest.mark.long)
-    return name
-
-
-# add-workers: its own test below watches the same job and also checks that
-# the recommendation helps.
 @pytest.mark.parametrize(
-    "name", [_scenario_param(n) for n in [*(n for n in CPU_SCENARIOS if n != "add-workers"), "healthy"]]
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.timing) if SCENARIOS[n].hint in CPU_SHARE_HINTS else n
+        # add-workers: its own test below watches the same job and also
+        # checks that the recommendation helps.
+        for n in [*(n for n in CPU_SCENARIOS if n != "add-workers"), "healthy"]
+    ],
 )
 def test_scenario_raises_its_hint_and_no_other_warning(name):
     expected = SCENARIOS[name].hint
