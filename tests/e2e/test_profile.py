@@ -142,14 +142,23 @@ def test_batches_and_pace_after_a_burst_match_an_untouched_twin():
     profiled, twin = Job(*args, runtime_dir=d), Job(*args, runtime_dir=short_tmpdir())
     try:
         profiled.wait_ready(settle=2.5)
-        r = dlwatch("profile", "--pid", str(profiled.proc.pid), "--steps", "20", "--json", runtime_dir=d)
+        r = dlwatch(
+            "profile",
+            "--pid",
+            str(profiled.proc.pid),
+            "--steps",
+            "20",
+            "--out",
+            profiled.workdir,
+            "--json",
+            runtime_dir=d,
+        )
         assert r.returncode == 0, r.stderr
         doc = json.loads(r.stdout)
         a, b = profiled.finish(), twin.finish()
     finally:
         profiled.cleanup()
         twin.cleanup()
-    os.unlink(doc["trace_path"]) if doc["trace_path"] and os.path.exists(doc["trace_path"]) else None
     n = min(len(a["digest"]), len(b["digest"]))
     assert n > 500 and a["digest"][:n] == b["digest"][:n]
     # Pace outside the burst (from its first step until the job had written
@@ -170,7 +179,17 @@ def test_job_that_exits_mid_burst():
     job = Job("--workers", "0", "--sample-ms", "0", "--step-ms", "50", "--duration", "4", runtime_dir=d)
     try:
         job.wait_ready(settle=0.5)
-        r = dlwatch("profile", "--pid", str(job.proc.pid), "--steps", "200", runtime_dir=d, timeout=90)
+        r = dlwatch(
+            "profile",
+            "--pid",
+            str(job.proc.pid),
+            "--steps",
+            "200",
+            "--out",
+            job.workdir,
+            runtime_dir=d,
+            timeout=90,
+        )
         assert r.returncode == 1
         assert "exited during the burst" in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert "of 200 steps collected" in r.stderr
