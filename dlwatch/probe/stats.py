@@ -274,13 +274,12 @@ def _queue_state(it, num_workers: int) -> tuple[dict[str, int | None], int]:
         if isinstance(outstanding, int):
             # Items sitting in the data queue still count as outstanding until
             # __next__ takes them; out-of-order batches wait in _task_info.
-            buffered = len(task_info) - outstanding if isinstance(task_info, dict) else 0
+            buffered = max(0, len(task_info) - outstanding) if isinstance(task_info, dict) else 0
             if queued is not None:
-                q["ready"] = max(0, queued) + max(0, buffered)
+                q["ready"] = max(0, queued) + buffered
                 q["in_flight"] = max(0, outstanding - queued)
             else:
                 q["in_flight"] = max(0, outstanding)
-            buffered = max(0, buffered)
     except Exception:
         pass
     return q, buffered
