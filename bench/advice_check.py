@@ -8,15 +8,16 @@ The image pipeline runs unmodified under ``dlwatch run``.
     .venv/bin/python bench/advice_check.py            # all workloads, ~3 minutes
     .venv/bin/python bench/advice_check.py --only image
 
-With ``--timm`` (pytorch-image-models' train.py) and/or ``--imagenet``
-(pytorch/examples' imagenet/main.py), or $DLWATCH_TIMM_TRAIN / $DLWATCH_IMAGENET_MAIN
-naming them, it then runs
+With ``--timm`` (pytorch-image-models' train.py), ``--imagenet`` (pytorch/examples'
+imagenet/main.py) and/or ``--dcgan`` (pytorch/examples' dcgan/main.py), or
+$DLWATCH_TIMM_TRAIN / $DLWATCH_IMAGENET_MAIN / $DLWATCH_DCGAN_MAIN naming them, it then runs
 those scripts unmodified and compares their live hints with a brute-force
 num_workers sweep (bench/script_sweep.py; needs an interpreter with
-torchvision, ``--python``; ~20 minutes for both):
+torchvision, ``--python``; ~25 minutes for all three):
 
     .venv/bin/python bench/advice_check.py --only none --python /path/venv/bin/python \
-        --timm pytorch-image-models/train.py --imagenet examples/imagenet/main.py
+        --timm pytorch-image-models/train.py --imagenet examples/imagenet/main.py \
+        --dcgan examples/dcgan/main.py
 
 Timings on a shared box follow its load: the table also prints the other
 processes' CPU dlwatch measured during the first run.
@@ -177,7 +178,7 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
-    if a.timm or a.imagenet or a.replay:
+    if a.timm or a.imagenet or a.dcgan or a.replay:
         script_sweep.run(a)
 
 

@@ -11,12 +11,13 @@ rules, so a rule change is re-judged without re-running the sweep
 (``--replay DIR``).
 
 The scripts are not vendored: fetch them and point ``--timm`` at
-pytorch-image-models' ``train.py`` and ``--imagenet`` at pytorch/examples'
-``imagenet/main.py``. They need torchvision (and timm):
+pytorch-image-models' ``train.py``, ``--imagenet`` at pytorch/examples'
+``imagenet/main.py`` and ``--dcgan`` at its ``dcgan/main.py``. They need
+torchvision (and timm):
 
     flock /tmp/dlwatch-measure.lock .venv/bin/python bench/script_sweep.py \\
         --python /path/to/venv-with-torchvision/bin/python \\
-        --timm train.py --imagenet main.py --out /tmp/sweep
+        --timm train.py --imagenet main.py --dcgan dcgan/main.py --out /tmp/sweep
 
 Figures from a shared box are what its load allowed; the table prints the
 other processes' CPU dlwatch measured in each run. On a box shared with
@@ -60,6 +61,14 @@ SETTINGS = {
     "timm-64": ("timm", (160, 120), 8000, "--model mobilenetv3_small_050 --img-size 64 -b 32"),
     "timm-64-big-jpeg": ("timm", (640, 480), 3200, "--model mobilenetv3_small_050 --img-size 64 -b 32"),
     "imagenet-mnv3s": ("imagenet", (320, 240), 1600, "-a mobilenet_v3_small -b 8"),
+    # Two models a step (D then G), the loader decoding and resizing large JPEGs
+    # to 64 px; the filter counts are cut so the CPU step is near the loading.
+    "dcgan-64-big-jpeg": (
+        "dcgan",
+        (640, 480),
+        4800,
+        "--batchSize 32 --ngf 16 --ndf 16 --imageSize 64 --manualSeed 1",
+    ),
 }
 # Seconds after the train loader's first batch that a run's throughput skips
 # (worker start-up, cold caches), and the run's length after that.
@@ -95,6 +104,9 @@ def script_cmd(kind: str, path: str, data: str, args: str, nw: int, out: str) ->
             out,
             *args.split(),
         ]
+    if kind == "dcgan":
+        folder = ["--dataset", "folder", "--dataroot", os.path.join(data, "train")]
+        return [path, *folder, "--workers", str(nw), "--niter", "1", "--outf", out, *args.split()]
     return [path, data, "-j", str(nw), "--epochs", "1", "-p", "5", *args.split()]
 
 
@@ -260,6 +272,8 @@ def script_meter(log: str, kind: str) -> tuple[float | None, float | None]:
     between its first printed line from the 10th step and its last (from
     avg × count, so the first batches drop out)."""
     rows = []
+    if kind == "dcgan":  # it prints losses, not times
+        return None, None
     if kind == "imagenet":
         pat = re.compile(
             r"\[\s*(\d+)/\s*\d+\].*?Time\s+[\d.]+ \(\s*([\d.]+)\)"  # "[ 11/125]  Time 0.1 ( 0.2)"
@@ -306,6 +320,11 @@ def add_arguments(p: argparse.ArgumentParser, prefix: str = "") -> None:
         default=os.environ.get("DLWATCH_IMAGENET_MAIN"),
         help="pytorch/examples' imagenet/main.py (default: $DLWATCH_IMAGENET_MAIN)",
     )
+    p.add_argument(
+        "--dcgan",
+        default=os.environ.get("DLWATCH_DCGAN_MAIN"),
+        help="pytorch/examples' dcgan/main.py (default: $DLWATCH_DCGAN_MAIN)",
+    )
     p.add_argument(f"--{prefix}only", dest="sweep_only", help="settings whose name contains this")
     p.add_argument("--workers", default="0,1,2,3,4")
     p.add_argument("--passes", type=int, default=2)
@@ -330,7 +349,7 @@ def add_arguments(p: argparse.ArgumentParser, prefix: str = "") -> None:
 
 def run(a: argparse.Namespace) -> None:
     os.makedirs(a.out, exist_ok=True)
-    scripts = {"timm": a.timm, "imagenet": a.imagenet}
+    scripts = {"timm": a.timm, "imagenet": a.imagenet, "dcgan": a.dcgan}
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [_repo(), os.environ.get("PYTHONPATH")]))}
     workers = [int(x) for x in a.workers.split(",")]
     for name, (kind, size, images, args) in SETTINGS.items():
