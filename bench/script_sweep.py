@@ -271,9 +271,9 @@ def script_meter(log: str, kind: str) -> tuple[float | None, float | None]:
     averages since the epoch's first batch, worker start-up included), and
     between its first printed line from the 10th step and its last (from
     avg × count, so the first batches drop out)."""
-    rows = []
     if kind == "dcgan":  # it prints losses, not times
         return None, None
+    rows = []
     if kind == "imagenet":
         pat = re.compile(
             r"\[\s*(\d+)/\s*\d+\].*?Time\s+[\d.]+ \(\s*([\d.]+)\)"  # "[ 11/125]  Time 0.1 ( 0.2)"
