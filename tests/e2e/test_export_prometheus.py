@@ -45,7 +45,7 @@ WAIT_RATIO = (
     "rate(dlwatch_data_wait_seconds_total[10s]) / (rate(dlwatch_data_wait_seconds_total[10s])"
     " + rate(dlwatch_step_seconds_total[10s]))"
 )
-README = Path(__file__).resolve().parents[2] / "README.md"
+PROMETHEUS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "prometheus.md"
 # What dcgm-exporter serves for the two GPUs of gpu_snapshot(): its metric,
 # its label names, and its values (the index as a string, NVML's UUID).
 DCGM_METRICS = (
@@ -393,11 +393,11 @@ def test_prometheus_scrapes_the_exporter_over_tls(stack):
 
 
 def readme_queries(marker: str) -> list[str]:
-    """The PromQL of the README's code block after ``marker``: one query per
+    """The PromQL of docs/prometheus.md's code block after ``marker``: one query per
     paragraph, comment lines left out."""
-    text = README.read_text(encoding="utf-8")
+    text = PROMETHEUS_PAGE.read_text(encoding="utf-8")
     block = re.search(re.escape(marker) + r".*?```promql\n(.*?)```", text, re.S)
-    assert block, f"README has no promql block after {marker}"
+    assert block, f"docs/prometheus.md has no promql block after {marker}"
     paragraphs = block.group(1).split("\n\n")
     queries = [" ".join(ln for ln in p.splitlines() if not ln.lstrip().startswith("#")) for p in paragraphs]
     return [q.strip() for q in queries if q.strip()]
