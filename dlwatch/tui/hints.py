@@ -103,6 +103,13 @@ def hint_detail(h: dict, pal: fmt.Palette) -> Text:
         for k, v in items:
             t.append(f"\n    {k} = ", pal.dim)
             t.append(v)
+    hid = h.get("id")
+    if isinstance(hid, str) and hid:
+        # Where to read what the hint means and what to do: a terminal over SSH
+        # has no browser, so the command comes first, the docs page second.
+        t.append("\n  about this hint: ", pal.dim)
+        t.append(f"dlwatch explain {hid}")
+        t.append(f" · docs/hints/{hid}.md", pal.dim)
     return t
 
 

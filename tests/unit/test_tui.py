@@ -959,6 +959,9 @@ async def test_e_opens_every_hint_in_full_with_all_its_evidence():
         for key, value in snap["hints"][0]["evidence"].items():
             assert f"{key} = {evidence_value(key, value)}" in str(text)
         assert "epoch_start_ms = 1840" in str(text)
+        # Its page, two keys from the view: `e`, then the command it names.
+        hid = snap["hints"][0]["id"]
+        assert f"about this hint: dlwatch explain {hid} · docs/hints/{hid}.md" in str(text)
         await pilot.press("escape")
         await pilot.pause(0.1)
         assert not isinstance(app.screen, HintDetailScreen)
