@@ -21,8 +21,9 @@ from .facts import r
 
 ESTIMATE = "estimate: 1 / (1 − data wait)"
 MEASURED = "measured: dlwatch tune, batches replayed"
-# The wording of capacity.Prediction.phrase(), rewritten when bounded.
-_PHRASE = re.compile(r"expected ≈ [0-9.]+× throughput \([^)]*\)")
+# The wording of capacity.Prediction.phrase() (and of every rule that states a
+# gain: the parenthesis is optional), rewritten when bounded.
+_PHRASE = re.compile(r"expected ≈ [0-9.]+× throughput( \([^)]*\))?")
 # Under this a promise is not worth a warning (rules_workers.MIN_WORTHWHILE_SPEEDUP).
 _WORTHWHILE = 1.10
 

@@ -29,17 +29,21 @@ HOL_MIN_FRACTION = 0.05
 TAIL_RATIO = 3.0
 
 
-def _tail(workers: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], float | None]:
+def _tail(workers: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], float | None, Any]:
+    """Each worker's p50/p95/p99, the largest p99/p50 ratio and whose it is
+    (the message names that worker with that ratio, not another's)."""
     rows = []
     worst: float | None = None
+    worst_id: Any = None
     for w in workers:
         p50, p95, p99 = (num(w.get(k)) for k in ("fetch_ms_p50", "fetch_ms_p95", "fetch_ms_p99"))
         if p50 is None or p99 is None or p50 <= 0:
             continue
         rows.append({"id": w.get("id"), "p50_ms": r(p50, 1), "p95_ms": r(p95, 1), "p99_ms": r(p99, 1)})
         ratio = p99 / p50
-        worst = ratio if worst is None else max(worst, ratio)
-    return rows, worst
+        if worst is None or ratio > worst:
+            worst, worst_id = ratio, w.get("id")
+    return rows, worst, worst_id
 
 
 def predicted_speedup(hol: float, bps: float | None, worker_ms: float | None, nw: int) -> float:
@@ -67,13 +71,12 @@ def rule_head_of_line_blocking(ctx: Context) -> list[dict[str, Any]]:
         # throughput: that is the worker-count rules' case, not this one's.
         if lv.busy_mean is None or lv.busy_mean >= WORKERS_SATURATED_BUSY:
             continue
-        rows, worst = _tail(lv.workers)
+        rows, worst, worst_id = _tail(lv.workers)
         if worst is None or worst < TAIL_RATIO:
             continue
         bps = num(lv.loader.get("batches_per_s"))
         speedup = predicted_speedup(hol, bps, lv.worker_ms, nw)
         worth = speedup >= MIN_WORTHWHILE_SPEEDUP
-        slowest = max(rows, key=lambda x: x["p99_ms"] or 0)
         tail = "; ".join(
             f"worker {x['id']}: {ms(x['p50_ms'])} / {ms(x['p95_ms'])} / {ms(x['p99_ms'])}" for x in rows
         )
@@ -81,9 +84,9 @@ def rule_head_of_line_blocking(ctx: Context) -> list[dict[str, Any]]:
             f"{lv.title} waits for data {pct(lv.wait)} of the time, and {pct(hol)} of the time it waits "
             f"for the next batch in line while later batches sit ready: a rare slow sample holds up the "
             f"in-order delivery (fetch time p50 / p95 / p99 per batch: {tail}; worker "
-            f"{slowest['id']}'s p99 is {worst:.0f}× its median). Its workers are busy only "
+            f"{worst_id}'s p99 is {worst:.0f}× its median). Its workers are busy only "
             f"{pct(lv.busy_mean)} of the time. With in_order=False: expected ≈ {speedup:.2f}× "
-            f"throughput."
+            f"throughput (the blocked time goes)."
         )
         if not worth:
             msg += f" Under {pct(MIN_WORTHWHILE_SPEEDUP - 1)} gain, so this is only worth knowing."

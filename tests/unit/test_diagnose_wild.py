@@ -123,6 +123,27 @@ def test_head_of_line_gives_the_tail_and_the_gain():
     assert ev["fetch_ms_tail"][3] == {"id": 3, "p50_ms": 14.0, "p95_ms": 330.0, "p99_ms": 340.0}
 
 
+def test_head_of_line_names_the_worker_whose_ratio_it_quotes():
+    # Worker 3 has the highest p99 (340 ms over 14: 24x), worker 0 the highest
+    # ratio (200 ms over 4: 50x): the message pairs the ratio with worker 0.
+    ld = slow_tail()
+    ld["workers"][0].update(fetch_ms_p50=4.0, fetch_ms_p95=150.0, fetch_ms_p99=200.0)
+    h = get(evaluate(one(ld)), "head-of-line-blocking")
+    assert "worker 0's p99 is 50× its median" in h["message"], h["message"]
+    assert h["evidence"]["tail_ratio_p99_p50"] == 50.0
+
+
+def test_head_of_line_promise_is_bounded_by_the_ceiling_in_its_message_too():
+    from dlwatch.diagnose import ceiling
+
+    h = get(evaluate(one(slow_tail())), "head-of-line-blocking")
+    promised = h["evidence"]["expected_speedup"]
+    capped = ceiling.bound(h, wait=0.1)  # a ceiling of 1.11x, under the promise
+    assert capped["evidence"]["expected_speedup"] < promised
+    assert f"{promised:.2f}×" not in capped["message"]
+    assert "expected ≈ 1.11× throughput (the ceiling" in capped["message"]
+
+
 def test_head_of_line_gain_is_capped_by_the_workers():
     # 4 workers at 100 ms a batch deliver one every 25 ms; the loop takes one
     # every 50 ms now, 80 % of it blocked: it cannot get faster than 25 ms.
