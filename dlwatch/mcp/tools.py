@@ -80,8 +80,7 @@ class Tools:
         return doc
 
     def snapshot(self, pid: int | None = None, window_seconds: float = DEFAULT_WINDOW_S) -> dict[str, Any]:
-        snap = self._measure(pid, window_seconds)
-        return json.loads(json.dumps(compact(dict(snap)), default=str))
+        return self._measure(pid, window_seconds)
 
     def hints(self, pid: int | None = None, window_seconds: float = DEFAULT_WINDOW_S) -> dict[str, Any]:
         snap = self._measure(pid, window_seconds)
@@ -98,7 +97,7 @@ class Tools:
             doc["hints_error"] = snap["hints_error"]
         elif not hints:
             doc["note"] = "no hints: nothing in the input pipeline needs attention"
-        return json.loads(json.dumps(compact(doc), default=str))
+        return doc
 
     def profile(
         self, pid: int, steps: int = wire.PROFILE_DEFAULT_STEPS, max_seconds: float = 30.0
@@ -148,7 +147,9 @@ class Tools:
             raise ToolFailure(problem)
 
     def _measure(self, pid: int | None, window_s: float) -> dict[str, Any]:
-        """One measurement, as ``dlwatch snapshot --json [--pid]`` takes it."""
+        """One measurement, as ``dlwatch snapshot --json [--pid]`` takes it,
+        in JSON's types and as a recording stores it (``compact``: without the
+        120-point history series, which would fill the agent's context)."""
         if pid is not None:
             _check_pid(pid)
         if not 0 < window_s <= MAX_WINDOW_S:
@@ -165,7 +166,8 @@ class Tools:
             raise ToolFailure(snap["runtime_dir_error"])
         if pid is not None and not snap["jobs"]:
             raise missing
-        return snap
+        doc: dict[str, Any] = json.loads(json.dumps(compact(snap), default=str))
+        return doc
 
     def _burst(self, pid: int, ask: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         _check_pid(pid)

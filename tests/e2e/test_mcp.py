@@ -19,12 +19,14 @@ from anyio.from_thread import start_blocking_portal
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
+import dlwatch as dlwatch_pkg
 from dlwatch import snapshot as S
 from tests.e2e_util import Job, dlwatch, short_tmpdir, truth_in_window
 
 ROOT = Path(__file__).resolve().parents[2]
 READ_ONLY = ["list_jobs", "snapshot", "hints", "profile", "worker_profile"]
 NO_SUCH_PID = 2**22 + 1  # above Linux's largest pid_max
+MCP_CMD = ["-m", "dlwatch", "mcp"]
 
 
 class Agent:
@@ -56,7 +58,7 @@ def connected(runtime_dir: str, *flags: str):
     """``dlwatch mcp FLAGS`` started by the SDK's stdio client, initialised."""
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "dlwatch", "mcp", *flags],
+        args=[*MCP_CMD, *flags],
         env={"DLWATCH_DIR": runtime_dir},
         cwd=str(ROOT),
     )
@@ -93,14 +95,26 @@ def agent(job):
     assert "Traceback" not in log, log
 
 
-def test_the_read_only_server_lists_its_tools_and_no_tune(agent):
+def marker_command(path: str) -> list[str]:
+    """A command that leaves ``path`` behind, holding the package folder of
+    the dlwatch bootstrap it ran under (none: not under `dlwatch tune`)."""
+    code = f"import os; open({path!r}, 'w').write(os.environ.get('DLWATCH_PKG_DIR', 'none'))"
+    return [sys.executable, "-c", code]
+
+
+def test_the_read_only_server_lists_its_tools_and_starts_nothing(agent, job):
     tools = agent.tools()
     assert sorted(tools) == sorted(READ_ONLY)
     for t in tools.values():
         assert "Cost:" in t.description and t.annotations.read_only_hint is True, t
     assert tools["profile"].input_schema["required"] == ["pid"]
-    r = agent.call("tune", command=[sys.executable, "-c", "print(1)"])
+    # stdio only: the server process has no network socket at all.
+    (server,) = [p for p in psutil.Process().children(recursive=True) if p.cmdline()[1:4] == MCP_CMD]
+    assert server.net_connections(kind="inet") == []
+    marker = os.path.join(job.workdir, "ran-read-only")
+    r = agent.call("tune", command=marker_command(marker), trial_seconds=1, max_trials=1)
     assert r.is_error and "Unknown tool: tune" in r.content[0].text
+    assert not os.path.exists(marker)
 
 
 def test_list_jobs_is_ls_json(agent, job):
@@ -181,10 +195,17 @@ def test_bad_arguments_are_tool_errors_and_the_server_goes_on(agent, tool, argum
     assert sorted(agent.tools()) == sorted(READ_ONLY)  # still answering
 
 
-def test_allow_run_adds_tune_which_refuses_a_command_that_does_not_exist(job):
+def test_allow_run_adds_tune_which_runs_the_command_under_the_hook(job):
     with connected(job.dir, "--allow-run") as agent:
         tools = agent.tools()
         assert sorted(tools) == sorted([*READ_ONLY, "tune"])
         assert tools["tune"].annotations.read_only_hint is False and "STARTS" in tools["tune"].description
         r = agent.call("tune", command=["no-such-command-dlwatch"])
         assert r.is_error and "command not found: no-such-command-dlwatch" in r.content[0].text
+        # A command with no DataLoader: one trial that ends before a batch (a
+        # real tune of a training job takes minutes: test_tune.py has those).
+        marker = os.path.join(job.workdir, "ran-allowed")
+        doc = agent.ok("tune", command=marker_command(marker), trial_seconds=1, max_trials=1)
+        assert doc["baseline"]["status"] == "exited" and doc["recommendation"] is None, doc["baseline"]
+    with open(marker) as f:
+        assert f.read() == os.path.dirname(dlwatch_pkg.__file__)  # started by tune's bootstrap
