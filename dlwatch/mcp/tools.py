@@ -159,7 +159,7 @@ class Tools:
         missing = ToolFailure(
             f"no dlwatch job with PID {pid} in {directory} (list_jobs lists this user's jobs)"
         )
-        if pid is not None and not os.path.exists(rundir.socket_path(directory, pid)):
+        if pid is not None and not os.path.exists(_socket_path(directory, pid)):
             raise missing  # (without measuring the host for a second first)
         snap = dict(take_snapshot(window_s=window_s, directory=self.directory, only_pid=pid))
         if snap.get("runtime_dir_error"):
@@ -172,6 +172,7 @@ class Tools:
     def _burst(self, pid: int, ask: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         _check_pid(pid)
         self._usable_dir()
+        _socket_path(self.directory or rundir.runtime_dir(), pid)
         try:
             doc = ask()
         except ProfileError as e:
@@ -179,6 +180,13 @@ class Tools:
         if doc.get("error"):
             raise ToolFailure(f"PID {pid}: {doc['error']}")
         return doc
+
+
+def _socket_path(directory: str, pid: int) -> str:
+    try:
+        return rundir.socket_path(directory, pid)
+    except rundir.RuntimeDirError as e:  # a directory too long for a Unix socket's path
+        raise ToolFailure(str(e)) from None
 
 
 def _check_pid(pid: int) -> None:

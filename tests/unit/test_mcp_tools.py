@@ -88,6 +88,15 @@ def test_a_runtime_dir_that_is_not_private_is_refused_by_every_tool(private_runt
             call()
 
 
+def test_a_runtime_dir_too_long_for_a_socket_path_is_a_tool_failure(private_runtime_dir):
+    deep = os.path.join(private_runtime_dir, "d" * 100)
+    os.mkdir(deep, 0o700)
+    tools = T.Tools(directory=deep)
+    for call in (lambda: tools.snapshot(pid=12345), lambda: tools.profile(pid=12345)):
+        with pytest.raises(T.ToolFailure, match="longer than the 107-byte limit of Unix sockets"):
+            call()
+
+
 class Recorder:
     """Stands where the CLI's tune runner goes: what reached it."""
 
