@@ -14,11 +14,13 @@ name, what it measures and what it costs); the server lists it from there.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from dlwatch import rundir, wire
@@ -38,6 +40,8 @@ TUNE_MAX_TRIALS = 4
 TUNE_BUDGET_S = 300.0
 TUNE_MAX_BUDGET_S = 3600.0
 MAX_WORKERS = 256  # as `dlwatch tune --workers`
+# Profiler traces a server keeps in the runtime directory (the newest).
+KEEP_TRACES = 5
 
 
 class ToolFailure(Exception):
@@ -66,6 +70,8 @@ class ToolSpec:
 class Tools:
     directory: str | None = None  # the runtime directory (default: this user's)
     tune_runner: TuneRunner | None = None
+    # The traces this server's bursts wrote, oldest first (KEEP_TRACES of them).
+    traces: deque[str] = field(default_factory=deque)
 
     def list_jobs(self) -> dict[str, Any]:
         doc = list_jobs(self.directory)
@@ -90,7 +96,7 @@ class Tools:
         doc: dict[str, Any] = {
             "time": snap.get("time"),
             "window_s": snap.get("window_s"),
-            "jobs": [j.get("pid") for j in records(snap.get("jobs"))],
+            "jobs": [_headline(j) for j in records(snap.get("jobs"))],
             "hints": hints,
         }
         if snap.get("hints_error"):
@@ -105,9 +111,11 @@ class Tools:
         directory = self.directory or rundir.runtime_dir()
         # The trace goes to the private runtime directory, not into whatever
         # folder the agent's server was started in.
-        return self._burst(
+        doc = self._burst(
             pid, lambda: request_profile(pid, steps, max_seconds, directory, directory=self.directory)
         )
+        self._keep_trace(doc.get("trace_path"))
+        return doc
 
     def worker_profile(
         self, pid: int, seconds: float = 3.0, hz: int = wire.WORKER_PROFILE_DEFAULT_HZ
@@ -140,6 +148,17 @@ class Tools:
         return json.loads(json.dumps(doc, default=str))
 
     # ----------------------------------------------------------------- helpers
+
+    def _keep_trace(self, path: Any) -> None:
+        """Remember a trace this server had written; remove the oldest beyond
+        KEEP_TRACES: the runtime directory is often a RAM-backed tmpfs, and an
+        agent may call profile in a loop (a trace may hold up to 64 MiB)."""
+        if not isinstance(path, str):
+            return
+        self.traces.append(path)
+        while len(self.traces) > KEEP_TRACES:
+            with contextlib.suppress(OSError):
+                os.unlink(self.traces.popleft())
 
     def _usable_dir(self) -> None:
         problem = rundir.problem(self.directory or rundir.runtime_dir())
@@ -180,6 +199,17 @@ class Tools:
         if doc.get("error"):
             raise ToolFailure(f"PID {pid}: {doc['error']}")
         return doc
+
+
+def _headline(job: dict[str, Any]) -> dict[str, Any]:
+    """Who a job is and how its loaders fare, beside its hints."""
+    keys = ("id", "num_workers", "batch_size", "data_wait_fraction", "batches_per_s")
+    return {
+        "pid": job.get("pid"),
+        "cmdline": job.get("cmdline"),
+        "state": job.get("state"),
+        "loaders": [{k: ld.get(k) for k in keys} for ld in records(job.get("loaders"))],
+    }
 
 
 def _socket_path(directory: str, pid: int) -> str:

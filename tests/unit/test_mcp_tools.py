@@ -97,6 +97,20 @@ def test_a_runtime_dir_too_long_for_a_socket_path_is_a_tool_failure(private_runt
             call()
 
 
+def test_a_server_keeps_only_its_newest_traces(private_runtime_dir):
+    tools = T.Tools(directory=private_runtime_dir)
+    d = private_runtime_dir
+    paths = [os.path.join(d, f"dlwatch-profile-1-{i}.json") for i in range(T.KEEP_TRACES + 2)]
+    other = os.path.join(private_runtime_dir, "dlwatch-profile-2-0.json")  # not this server's
+    for p in [*paths, other]:
+        open(p, "w").close()
+    tools._keep_trace(None)  # a burst that wrote none
+    for p in paths:
+        tools._keep_trace(p)
+    kept = sorted(os.listdir(d))
+    assert kept == sorted(os.path.basename(p) for p in [*paths[2:], other])
+
+
 class Recorder:
     """Stands where the CLI's tune runner goes: what reached it."""
 
