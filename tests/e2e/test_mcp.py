@@ -209,5 +209,6 @@ def test_allow_run_adds_tune_which_runs_the_command_under_the_hook(job):
         marker = os.path.join(job.workdir, "ran-allowed")
         doc = agent.ok("tune", command=marker_command(marker), trial_seconds=1, max_trials=1)
         assert doc["baseline"]["status"] == "exited" and doc["recommendation"] is None, doc["baseline"]
+        assert "--allow-run: the tune tool may start the commands the agent names" in agent.server_log()
     with open(marker) as f:
         assert f.read() == os.path.dirname(dlwatch_pkg.__file__)  # started by tune's bootstrap

@@ -50,6 +50,8 @@ def run(args) -> int:
             f"{PROG}: serving MCP on stdin/stdout for an agent (docs/mcp.md); Ctrl-C stops it",
             file=sys.stderr,
         )
+    if args.allow_run:  # (stderr is the client's log of this server)
+        print(f"{PROG}: --allow-run: the tune tool may start the commands the agent names", file=sys.stderr)
     server.serve(tune_runner=run_tune if args.allow_run else None)
     return EXIT_OK
 
