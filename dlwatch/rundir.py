@@ -74,6 +74,19 @@ def creatable_problem(path: str) -> str | None:
     return None
 
 
+def problem(path: str) -> str | None:
+    """Why a monitor cannot use ``path`` as the runtime directory, or None.
+    A directory that does not exist yet is fine (no job has run) unless it
+    cannot be created either: then no job could ever publish there."""
+    try:
+        check_dir(path)
+    except RuntimeDirError as e:
+        if not os.path.lexists(path):  # missing, or a path through a non-directory
+            return creatable_problem(path)
+        return str(e)
+    return None
+
+
 def ensure_dir(path: str | None = None) -> str:
     """Create the runtime directory 0700 if missing, then check it."""
     path = path or runtime_dir()

@@ -47,17 +47,8 @@ def cannot_start(cmd: list[str], error: OSError, prog: str) -> int:
 
 
 def dir_problem(directory: str | None = None) -> str | None:
-    """Why the runtime directory cannot be used, or None. A directory that
-    does not exist yet is fine (no job has run) unless it cannot be created
-    either: then no job could ever publish there, and that is the answer."""
-    d = directory or rundir.runtime_dir()
-    try:
-        rundir.check_dir(d)
-    except rundir.RuntimeDirError as e:
-        if not os.path.lexists(d):  # missing, or a path through a non-directory
-            return rundir.creatable_problem(d)
-        return str(e)
-    return None
+    """Why the runtime directory cannot be used, or None (``rundir.problem``)."""
+    return rundir.problem(directory or rundir.runtime_dir())
 
 
 def no_jobs_message() -> str:

@@ -93,7 +93,7 @@ def _gpu_work():
     return (_W @ _W).mean()
 
 
-def run_epoch(loader, rec, a, step_ms, deadline, digest):
+def run_epoch(loader, rec, a, step_ms, deadline, digest, log=None):
     it = iter(loader)
     pids = [w.pid for w in getattr(it, "_workers", [])]
     rec["worker_pids"].append(pids)
@@ -106,6 +106,8 @@ def run_epoch(loader, rec, a, step_ms, deadline, digest):
             break
         t1 = time.perf_counter_ns()
         rec["batches"].append((rec["epoch"], t0, t1))
+        if log is not None:  # the same record, readable while the job runs
+            log.write(f"{rec['epoch']} {t0} {t1}\n")
         if deadline[0] is None:
             # The run length counts from the first batch, whatever the start
             # method's startup cost; tests wait for this file to settle.
@@ -154,6 +156,7 @@ def main():
     p.add_argument("--pin-memory", action="store_true")
     p.add_argument("--out", required=True)
     p.add_argument("--trace-dir", help="log every train sample's span per worker PID here")
+    p.add_argument("--batch-log", help="append each train batch's (epoch, t0, t1) here as it happens")
     a = p.parse_args()
 
     deadline = [None]
@@ -164,10 +167,11 @@ def main():
         "val": {"epoch": 0, "batches": [], "worker_pids": []},
     }
     digest = [] if a.checksum else None
+    batch_log = open(a.batch_log, "a", buffering=1) if a.batch_log else None
     out = {"pid": os.getpid(), "error": None}
     try:
         for _ in range(a.epochs):
-            run_epoch(train, recs["train"], a, a.step_ms, deadline, digest)
+            run_epoch(train, recs["train"], a, a.step_ms, deadline, digest, batch_log)
             if val is not None:
                 run_epoch(val, recs["val"], a, a.step_ms / 2, deadline, None)
             if deadline[0] is not None and time.monotonic() > deadline[0]:

@@ -39,6 +39,8 @@ CASES = [
     ("cli/text.py", "import dlwatch.hook", PROBE_CODE),
     ("export/__init__.py", "from dlwatch.probe import stats", PROBE_CODE),
     ("tui/app.py", "from dlwatch.collect import control", "the TUI asks no job for anything itself"),
+    ("mcp/tools.py", "from dlwatch.tune import sweep", LAYERS),  # mcp and tune are independent
+    ("mcp/server.py", "from dlwatch.probe import control", PROBE_CODE),
 ]
 
 

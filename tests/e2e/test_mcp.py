@@ -1,0 +1,214 @@
+"""End to end: `dlwatch mcp` as an agent meets it. The SDK's own stdio client
+starts the real server process and calls its tools about one real hooked
+job, shared by every test here (a module fixture); the job logs each of its
+batches as it goes, so the loop's own figure is there while it runs."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import psutil
+import pytest
+from anyio.from_thread import start_blocking_portal
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+import dlwatch as dlwatch_pkg
+from dlwatch import snapshot as S
+from tests.e2e_util import Job, dlwatch, short_tmpdir, truth_in_window
+
+ROOT = Path(__file__).resolve().parents[2]
+READ_ONLY = ["list_jobs", "snapshot", "hints", "profile", "worker_profile"]
+NO_SUCH_PID = 2**22 + 1  # above Linux's largest pid_max
+MCP_CMD = ["-m", "dlwatch", "mcp"]
+
+
+class Agent:
+    """A connected client session, called from a test's own thread."""
+
+    def __init__(self, portal, session, errlog) -> None:
+        self.portal, self.session, self.errlog = portal, session, errlog
+
+    def tools(self) -> dict:
+        return {t.name: t for t in self.portal.call(self.session.list_tools).tools}
+
+    def call(self, name: str, **arguments):
+        return self.portal.call(self.session.call_tool, name, arguments)
+
+    def ok(self, name: str, **arguments) -> dict:
+        r = self.call(name, **arguments)
+        assert not r.is_error, r.content
+        # The text the model reads is the same document as the structured one.
+        assert json.loads(r.content[0].text) == r.structured_content
+        return r.structured_content
+
+    def server_log(self) -> str:
+        self.errlog.seek(0)
+        return self.errlog.read()
+
+
+@contextlib.contextmanager
+def connected(runtime_dir: str, *flags: str):
+    """``dlwatch mcp FLAGS`` started by the SDK's stdio client, initialised."""
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=[*MCP_CMD, *flags],
+        env={"DLWATCH_DIR": runtime_dir},
+        cwd=str(ROOT),
+    )
+    with tempfile.TemporaryFile("w+") as errlog, start_blocking_portal() as portal:
+        with portal.wrap_async_context_manager(stdio_client(params, errlog=errlog)) as (read, write):
+            with portal.wrap_async_context_manager(ClientSession(read, write)) as session:
+                portal.call(session.initialize)
+                yield Agent(portal, session, errlog)
+
+
+@pytest.fixture(scope="module")
+def job():
+    # Data-bound by the costs (e2e_snapshot's "fork" case): 2 workers deliver
+    # a batch every ~10 ms, the loop eats one every 5 ms, ~50 % wait. Sleeps,
+    # so the truth does not depend on how busy the box is. It runs until the
+    # fixture ends (killed then).
+    logs = short_tmpdir("dlwlog")
+    j = Job("--duration", "300", "--batch-log", os.path.join(logs, "batches.txt"))
+    j.batch_log = os.path.join(logs, "batches.txt")
+    try:
+        j.wait_ready(2.5)
+        yield j
+    finally:
+        j.cleanup()
+        shutil.rmtree(logs, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def agent(job):
+    with connected(job.dir) as a:
+        yield a
+        log = a.server_log()
+    # Every refusal above was an answer, not a crash in the server.
+    assert "Traceback" not in log, log
+
+
+def marker_command(path: str) -> list[str]:
+    """A command that leaves ``path`` behind, holding the package folder of
+    the dlwatch bootstrap it ran under (none: not under `dlwatch tune`)."""
+    code = f"import os; open({path!r}, 'w').write(os.environ.get('DLWATCH_PKG_DIR', 'none'))"
+    return [sys.executable, "-c", code]
+
+
+def test_the_read_only_server_lists_its_tools_and_starts_nothing(agent, job):
+    tools = agent.tools()
+    assert sorted(tools) == sorted(READ_ONLY)
+    for t in tools.values():
+        assert "Cost:" in t.description and t.annotations.read_only_hint is True, t
+    assert tools["profile"].input_schema["required"] == ["pid"]
+    # stdio only: the server process has no network socket at all.
+    (server,) = [p for p in psutil.Process().children(recursive=True) if p.cmdline()[1:4] == MCP_CMD]
+    assert server.net_connections(kind="inet") == []
+    marker = os.path.join(job.workdir, "ran-read-only")
+    r = agent.call("tune", command=marker_command(marker), trial_seconds=1, max_trials=1)
+    assert r.is_error and "Unknown tool: tune" in r.content[0].text
+    assert not os.path.exists(marker)
+
+
+def test_list_jobs_is_ls_json(agent, job):
+    doc = agent.ok("list_jobs")
+    cli = json.loads(dlwatch("ls", "--json", runtime_dir=job.dir).stdout)
+    assert [j["pid"] for j in doc["jobs"]] == [j["pid"] for j in cli["jobs"]] == [job.proc.pid]
+    (row,) = doc["jobs"]
+    assert row.keys() == cli["jobs"][0].keys()
+    assert row["state"] == "live" and "timed_job.py" in row["cmdline"] and row["loaders"] == 1
+
+
+def test_snapshot_and_hints_say_why_the_job_is_slow(agent, job):
+    pid = job.proc.pid
+    snap = agent.ok("snapshot", pid=pid)
+    assert S.problems(snap) == []
+    (j,) = snap["jobs"]
+    (ld,) = j["loaders"]
+    assert j["pid"] == pid and ld["num_workers"] == 2 and len(ld["workers"]) == 2
+    assert 0.3 < ld["data_wait_fraction"] < 0.7, ld  # ~50 % by the costs
+    doc = agent.ok("hints", pid=pid)
+    (headline,) = doc["jobs"]
+    assert headline["pid"] == pid and headline["state"] == "live" and doc["hints"], doc
+    assert 0.3 < headline["loaders"][0]["data_wait_fraction"] < 0.7, headline
+    top = doc["hints"][0]
+    # The workers sleep (off-CPU): more of them is the answer, with its figures.
+    # (Its severity follows the gain the free cores allow: load-sensitive here.)
+    assert top["id"] in ("io-bound", "add-workers"), top
+    assert top["job_pid"] == pid and top["loader_id"] == 0
+    assert top["evidence"]["recommended_num_workers"] >= 3 and "num_workers" in top["suggestion"]
+    assert top["evidence"]["data_wait_fraction"] > 0.3
+
+
+# Within 2 points of the loop's own figure over the same window, as
+# `dlwatch snapshot` (test_e2e_snapshot.py): beside the parallel tier a
+# preemption between the loop's clock reads and the probe's parts them by a
+# point or more, hence the timing tier.
+@pytest.mark.timing
+def test_the_data_wait_is_the_loops_own(agent, job):
+    snap = agent.ok("snapshot", pid=job.proc.pid, window_seconds=2.0)
+    (ld,) = snap["jobs"][0]["loaders"]
+    start, end = ld["window_mono_ns"]
+    assert end - start > 1.5e9, "the window should cover about 2 s"
+    with open(job.batch_log) as f:
+        batches = [tuple(map(int, line.split())) for line in f if line.count(" ") == 2]
+    assert batches and batches[-1][2] >= end, "the loop logged past the window"
+    truth = truth_in_window(batches, start, end)
+    why = ({k: v for k, v in ld.items() if k != "workers"}, truth)
+    assert ld["data_wait_fraction"] == pytest.approx(truth["data_wait_fraction"], abs=0.02), why
+    assert ld["batches_per_s"] == pytest.approx(truth["batches_per_s"], rel=0.10), why
+
+
+def test_a_profiler_burst_and_a_worker_profile_of_the_job(agent, job):
+    pid = job.proc.pid
+    doc = agent.ok("profile", pid=pid, steps=5)
+    assert doc["pid"] == pid and doc["steps"] == 5 and doc["verdict"] and doc["suggestion"]
+    # The trace lands in the private runtime directory, not in the server's cwd.
+    assert os.path.dirname(doc["trace_path"]) == job.dir and os.path.exists(doc["trace_path"])
+    doc = agent.ok("worker_profile", pid=pid, seconds=1.0)
+    assert doc["pid"] == pid and doc["samples"] > 0 and doc["workers_lost"] == 0
+    # The job's own (fork) workers: its children.
+    assert {w["pid"] for w in doc["workers"]} <= {c.pid for c in psutil.Process(pid).children()}
+
+
+@pytest.mark.parametrize(
+    "tool,arguments,why",
+    [
+        ("snapshot", {"pid": NO_SUCH_PID}, f"no dlwatch job with PID {NO_SUCH_PID}"),
+        ("hints", {"pid": 1}, "no dlwatch job with PID 1 "),
+        ("profile", {"pid": 1}, "PID 1 is not instrumented by dlwatch"),
+        ("worker_profile", {"pid": NO_SUCH_PID}, f"no dlwatch job with PID {NO_SUCH_PID}"),
+        ("snapshot", {"pid": -1}, "pid must be a process id"),
+        ("snapshot", {"pid": "abc"}, "valid integer"),
+        ("snapshot", {"window_seconds": 0}, "window_seconds must be in"),
+        ("profile", {"pid": 1, "steps": 10_000}, "--steps must be 1..200"),
+    ],
+)
+def test_bad_arguments_are_tool_errors_and_the_server_goes_on(agent, tool, arguments, why):
+    r = agent.call(tool, **arguments)
+    assert r.is_error and why in r.content[0].text, r.content
+    assert sorted(agent.tools()) == sorted(READ_ONLY)  # still answering
+
+
+def test_allow_run_adds_tune_which_runs_the_command_under_the_hook(job):
+    with connected(job.dir, "--allow-run") as agent:
+        tools = agent.tools()
+        assert sorted(tools) == sorted([*READ_ONLY, "tune"])
+        assert tools["tune"].annotations.read_only_hint is False and "STARTS" in tools["tune"].description
+        r = agent.call("tune", command=["no-such-command-dlwatch"])
+        assert r.is_error and "command not found: no-such-command-dlwatch" in r.content[0].text
+        # A command with no DataLoader: one trial that ends before a batch (a
+        # real tune of a training job takes minutes: test_tune.py has those).
+        marker = os.path.join(job.workdir, "ran-allowed")
+        doc = agent.ok("tune", command=marker_command(marker), trial_seconds=1, max_trials=1)
+        assert doc["baseline"]["status"] == "exited" and doc["recommendation"] is None, doc["baseline"]
+        assert "--allow-run: the tune tool may start the commands the agent names" in agent.server_log()
+    with open(marker) as f:
+        assert f.read() == os.path.dirname(dlwatch_pkg.__file__)  # started by tune's bootstrap
