@@ -117,6 +117,18 @@ class Tools:
         self._keep_trace(doc.get("trace_path"))
         return doc
 
+    def explain(self, hint_id: str) -> dict[str, Any]:
+        """A hint's page: what it means, when it fires, where its thresholds
+        come from and what to do (``dlwatch explain``)."""
+        from dlwatch.diagnose import pages
+
+        try:
+            text = pages.page(str(hint_id).strip().strip("`"))
+        except pages.MissingPage as e:
+            raise ToolFailure(str(e)) from e
+        body = "\n".join(line for line in text.splitlines() if not line.startswith("<!--")).strip()
+        return {"hint_id": hint_id, "page": body}
+
     def worker_profile(
         self, pid: int, seconds: float = 3.0, hz: int = wire.WORKER_PROFILE_DEFAULT_HZ
     ) -> dict[str, Any]:
@@ -256,6 +268,14 @@ TOOLS: tuple[ToolSpec, ...] = (
         "step, often the `dlwatch tune` command that verifies it) and evidence (the measured "
         "figures behind it, e.g. data_wait_fraction, recommended_num_workers, expected_speedup). "
         "No hints means nothing needs attention. " + _COST_SNAPSHOT,
+    ),
+    ToolSpec(
+        "explain",
+        "The documentation page of one hint id (as the `hints` tool returns them): what it means for "
+        "the training job, when it fires and its severity, the evidence it carries, where its "
+        "thresholds come from, and what to do, with the framework knobs (HF Trainer, Lightning, "
+        "Accelerate) and how to verify the change. Use it to explain a hint to the user or before "
+        "changing their code. Cost: none; reads dlwatch's own docs, touches no job.",
     ),
     ToolSpec(
         "profile",

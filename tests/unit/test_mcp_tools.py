@@ -34,6 +34,13 @@ def test_every_tool_is_a_method_and_says_what_it_measures_and_costs():
     assert [t.name for t in T.available(allow_run=True)] == names
 
 
+def test_explain_gives_a_hints_page_and_refuses_an_unknown_id(empty_dir):
+    doc = empty_dir.explain("add-workers")
+    assert doc["page"].startswith("# `add-workers`") and "## What to do" in doc["page"]
+    with pytest.raises(T.ToolFailure, match="no hint 'made-up'"):
+        empty_dir.explain("made-up")
+
+
 def test_an_empty_runtime_dir_answers_with_no_jobs(empty_dir, private_runtime_dir):
     doc = empty_dir.list_jobs()
     assert doc["schema_version"] == 1 and doc["runtime_dir"] == private_runtime_dir and doc["jobs"] == []
