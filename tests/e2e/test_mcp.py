@@ -24,7 +24,7 @@ from dlwatch import snapshot as S
 from tests.e2e_util import Job, dlwatch, short_tmpdir, truth_in_window
 
 ROOT = Path(__file__).resolve().parents[2]
-READ_ONLY = ["list_jobs", "snapshot", "hints", "profile", "worker_profile"]
+READ_ONLY = ["list_jobs", "snapshot", "hints", "explain", "profile", "worker_profile"]
 NO_SUCH_PID = 2**22 + 1  # above Linux's largest pid_max
 MCP_CMD = ["-m", "dlwatch", "mcp"]
 
