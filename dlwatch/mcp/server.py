@@ -23,7 +23,8 @@ INSTRUCTIONS = (
     "dlwatch measures live why a PyTorch training job on this machine is slow on its input pipeline "
     "(DataLoader). To answer 'why is this job slow?': list_jobs for its pid, then hints (the diagnosis, "
     "with evidence and a next step) and snapshot (the figures: the loop's data wait, batches/s, workers, "
-    "cores). When the loop is slow without waiting for data, profile; when the workers are CPU-bound, "
+    "cores); explain gives a hint's page (what it means, what to do). When the loop is slow without "
+    "waiting for data, profile; when the workers are CPU-bound, "
     "worker_profile (both cost seconds of the job's time). Only this user's jobs are visible."
 )
 
