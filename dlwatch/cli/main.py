@@ -12,7 +12,16 @@ import sys
 
 from dlwatch import __version__
 from dlwatch.cli import commands
-from dlwatch.cli.common import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, dir_problem, fail, open_live_view
+from dlwatch.cli.common import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_host_arguments,
+    dir_problem,
+    fail,
+    hosts_of,
+    open_live_view,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also show PID P, a job started without the hook, sampled from outside with py-spy "
         "(marked 'sampled'; repeat for several; see `dlwatch attach --check P`)",
     )
+    add_host_arguments(p)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for mod in commands.modules():
         sp = sub.add_parser(
@@ -96,6 +106,6 @@ def cmd_live(args) -> int:
         if refused is not None:
             return fail(refused[1], refused[0])
     problem = dir_problem()
-    if problem and not attach:
+    if problem and not attach and not hosts_of(args):
         return fail(problem)
     return open_live_view(args)

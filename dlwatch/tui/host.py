@@ -46,6 +46,34 @@ def host_text(snapshot: dict, pal: fmt.Palette, wide: bool) -> Text:
         t.append(f"cpu {fmt.pct100(host.get('cpu_percent'))}")
     t.append(" · /dev/shm free ", pal.dim)
     t.append(fmt.size(host.get("shm_free_bytes")))
+    for line in fmt.lst(snapshot.get("hosts")):
+        if isinstance(line, dict) and not line.get("local"):
+            t.append("\n")
+            t.append_text(remote_host_text(line, pal))
+    return t
+
+
+def remote_host_text(line: dict, pal: fmt.Palette) -> Text:
+    """One node of ``dlwatch --host``: its own cores, load and GPUs, or, when
+    it cannot be read, its state and why (ssh's error, on one line)."""
+    t = Text()
+    t.append(fmt.s(line.get("host"), "?"), "bold")
+    state = fmt.s(line.get("state"), "?")
+    if state != "ok":
+        t.append(f" ✖ {state}", f"bold {pal.bad}")
+        reason = fmt.s(line.get("reason"))
+        if reason:
+            t.append(f": {reason}", pal.bad)
+        return t
+    figures = fmt.d(line.get("figures"))
+    usable = fmt.num(figures.get("usable_cores"))
+    t.append(f" {usable:g}" if usable is not None else f" {fmt.NA}")
+    t.append(" cores · load ", pal.dim)
+    load = fmt.num(figures.get("load_percent_of_usable"))
+    t.append(fmt.pct100(load) if load is not None else fmt.pct100(figures.get("cpu_percent")))
+    gpus = fmt.lst(line.get("gpus"))
+    t.append(f" · {len(gpus)} GPU{'s' if len(gpus) != 1 else ''}", pal.dim)
+    t.append(f" · {fmt.count(line.get('jobs'))} jobs", pal.dim)
     return t
 
 

@@ -13,8 +13,20 @@ from dlwatch.tui.linetable import Column, LineTable
 
 def job_key(job: Any, index: int) -> str:
     pid = fmt.intval(fmt.d(job).get("pid"))
+    # Two nodes of `dlwatch --host` may run the same PIDs: the host is part of the key.
+    host = fmt.s(fmt.d(job).get("host"))
+    where = f"{host}:" if host else ""
     # A job without a pid (malformed) still gets a stable-enough row.
-    return f"job:{pid}" if pid is not None else f"job:?{index}"
+    return f"job:{where}{pid}" if pid is not None else f"job:?{index}"
+
+
+def remote_hosts(snapshot: Any) -> set[str]:
+    """The other nodes of a ``dlwatch --host`` view (none on one machine)."""
+    return {
+        fmt.s(h.get("host"))
+        for h in fmt.lst(fmt.d(snapshot).get("hosts"))
+        if isinstance(h, dict) and not h.get("local")
+    }
 
 
 def primary_loader(job: Any) -> dict:
@@ -63,6 +75,15 @@ class JobRow:
             if v is not None and (best_v is None or v > best_v):
                 best, best_v = j, v
         return best
+
+    @property
+    def data_wait_mean(self) -> float | None:
+        """The mean wait of a run's ranks: beside the slowest's, it says how
+        much the slowest stands out."""
+        vals = [
+            v for j in self.jobs if (v := fmt.num(primary_loader(j).get("data_wait_fraction"))) is not None
+        ]
+        return sum(vals) / len(vals) if vals else None
 
     @property
     def batches_per_s(self) -> float | None:
@@ -161,7 +182,14 @@ class JobList(LineTable):
             if row.world_size and n != row.world_size:
                 label += f"/{row.world_size}"
             label_cell: tuple | str = ((label, "bold"),)
-            cmd = fmt.truncate(f"{row.run_id} · " + fmt.s(job.get("cmdline")), 200)
+            cmd = f"{row.run_id} · "
+            hosts = sorted({fmt.s(j.get("host")) for j in row.jobs} - {""})
+            if hosts:
+                # Across nodes: where the slowest rank runs, and the mean beside its wait.
+                where = fmt.s(fmt.d(row.slowest).get("host"))
+                mean = fmt.pct(row.data_wait_mean)
+                cmd += f"{len(hosts)} hosts · slowest on {where or fmt.NA} · mean {mean} · "
+            cmd = fmt.truncate(cmd + fmt.s(job.get("cmdline")), 200)
             slowest = fmt.intval(fmt.d(row.slowest).get("rank"))
             # The slowest rank's wait, named: "r1 38%".
             wait_prefix = f"r{slowest} " if slowest is not None else ""
@@ -173,6 +201,8 @@ class JobList(LineTable):
             else:
                 label_cell = str(pid) if pid is not None else fmt.NA
             cmd = fmt.s(job.get("cmdline"), fmt.NA)
+            if fmt.s(job.get("host")):
+                cmd = f"[{fmt.s(job.get('host'))}] " + cmd
             if job.get("sampled") is True:
                 cmd = "[sampled] " + cmd
             wait_prefix = ""

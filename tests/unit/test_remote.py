@@ -1,0 +1,197 @@
+"""``dlwatch --host`` without ssh: node snapshots as JSON lines through the
+reader, the merge and the cross-host diagnosis.
+
+The reader runs a real subprocess in ssh's place (``DLWATCH_SSH`` names a
+small script that answers as ssh and a remote dlwatch would: lines on
+stdout, ssh's own errors on stderr, its exit codes); the real ssh is in
+tests/e2e/test_multinode.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import time
+
+import pytest
+
+from dlwatch.collect import merge, remote
+from dlwatch.collect.multihost import list_jobs
+from dlwatch.collect.remote import HostStatus, RemoteHost
+from dlwatch.diagnose import evaluate
+from dlwatch.snapshot import problems
+
+from .test_diagnose_ranks import rank
+from .test_diagnose_rules import snap
+
+
+def node(jobs, **kw):
+    return snap(jobs, **kw)
+
+
+def nodes():
+    """Rank 0 on node1, rank 1 (the straggler) on node2, under the same PID:
+    containers number their processes alike."""
+    return (
+        node([rank(0, wait=0.02, step_ms=98.0, pid=77)], usable=4.0, logical=4),
+        node([rank(1, wait=0.4, step_ms=60.0, pid=77)], usable=16.0, logical=32),
+    )
+
+
+def test_a_snapshot_line_is_taken_and_anything_else_is_refused_with_a_reason():
+    good = json.dumps(nodes()[0])
+    doc, why = remote.parse_snapshot(good)
+    assert doc is not None and why is None
+    for line, said in [
+        ("not json", "not JSON"),
+        ("[1, 2]", "a JSON list"),
+        (json.dumps(dict(nodes()[0], schema_version=9)), "schema_version 9"),
+        (json.dumps({k: v for k, v in nodes()[0].items() if k != "jobs"}), "missing 'jobs'"),
+        ('{"__class__": "os.system"}', "schema_version None"),
+    ]:
+        doc, why = remote.parse_snapshot(line)
+        assert doc is None and said in (why or ""), (line, why)
+
+
+def test_the_ssh_command_line_is_dlwatch_ssh_split_as_a_shell_would_and_never_prompts():
+    argv = remote.remote_argv(
+        "me@node1", ["/opt/dl watch/bin/dlwatch", "snapshot"], {"DLWATCH_SSH": "ssh -F '/my cfg' -p 2222"}
+    )
+    assert argv[:5] == ["ssh", "-F", "/my cfg", "-p", "2222"]
+    assert "BatchMode=yes" in argv and "-T" in argv
+    assert argv[-3:] == ["me@node1", "--", "'/opt/dl watch/bin/dlwatch' snapshot"]
+    assert remote.ssh_command({})[0] == "ssh"
+
+
+def test_a_failed_ssh_is_one_line_saying_why():
+    state, reason = remote.failure(
+        "n1", 255, "Warning: x\nssh: connect to host n1 port 22: Connection refused\n", "dlwatch"
+    )
+    assert (state, reason) == ("unreachable", "ssh: connect to host n1 port 22: Connection refused")
+    state, reason = remote.failure("n1", 127, "bash: line 1: dlwatch: command not found", "dlwatch")
+    assert state == "no-dlwatch" and "--remote-dlwatch" in reason and "\n" not in reason
+    assert remote.failure("n1", 0, "", "dlwatch")[0] == "dropped"
+    assert len(remote.one_line("x" * 5000)) == remote.REASON_CHARS
+
+
+def test_the_merge_lists_every_hosts_jobs_and_figures_and_judges_the_run_across_hosts():
+    local, n2 = nodes()
+    statuses = [
+        HostStatus("node2", "ok", None, n2, 0.3),
+        HostStatus("node3", "unreachable", "ssh: no route", None, None),
+    ]
+    merged = merge.merge(local, "node1", statuses, time.time())
+    assert problems(merged) == []
+    assert [(j["host"], j["rank"], j["pid"]) for j in merged["jobs"]] == [("node1", 0, 77), ("node2", 1, 77)]
+    hosts = {h["host"]: h for h in merged["hosts"]}
+    assert hosts["node1"]["local"] and hosts["node1"]["figures"]["usable_cores"] == 4.0
+    assert hosts["node2"]["figures"]["logical_cpus"] == 32 and hosts["node2"]["state"] == "ok"
+    assert (hosts["node3"]["state"], hosts["node3"]["reason"], hosts["node3"]["jobs"]) == (
+        "unreachable",
+        "ssh: no route",
+        0,
+    )
+    (run,) = merged["runs"]
+    assert run["data_wait_fraction_max"] == 0.4 and run["data_wait_fraction_mean"] == pytest.approx(0.21)
+    assert run["slowest"] == {"rank": 1, "host": "node2", "pid": 77} and run["hosts"] == ["node1", "node2"]
+    (h,) = merge.CrossHostJudge(evaluate).hints(merged)
+    assert (h["id"], h["job_pid"], h["host"]) == ("straggler-rank", 77, "node2")
+    assert "Rank 1 (PID 77 on node2)" in h["message"] and "rank 0 on node1" in h["message"]
+    assert str(merge.PID_BASE)[:3] not in json.dumps(h)
+    assert [(x["pid"], x["host"]) for x in h["evidence"]["ranks"]] == [(77, "node1"), (77, "node2")]
+
+
+def test_a_host_that_went_away_keeps_its_ranks_listed_as_unreachable_and_unjudged():
+    local, n2 = nodes()
+    n2["hints"] = [
+        {
+            "id": "straggler-rank",
+            "severity": "warn",
+            "job_pid": 77,
+            "loader_id": 0,
+            "message": "m",
+            "suggestion": "s",
+            "evidence": {},
+        }
+    ]
+    gone = HostStatus("node2", "dropped", "Connection to node2 closed by remote host.", n2, 30.0)
+    merged = merge.merge(local, "node1", [gone], time.time())
+    theirs = [j for j in merged["jobs"] if j["host"] == "node2"]
+    assert theirs[0]["state"] == "unreachable"
+    assert theirs[0]["state_reason"] == "host node2 dropped: Connection to node2 closed by remote host."
+    assert merged["hints"] == [] and merge.CrossHostJudge(evaluate).hints(merged) == []
+    assert merged["runs"][0]["ranks_live"] == 1
+
+
+FAKE_SSH = textwrap.dedent(
+    """
+    import json, os, sys, time
+    dest, command = sys.argv[sys.argv.index("--") - 1], sys.argv[-1].split()
+    lines = open(os.environ["FAKE_LINES"]).read().splitlines()
+    if dest == "down":
+        sys.stderr.write("ssh: connect to host down port 22: Connection refused\\n"); sys.exit(255)
+    if dest == "nodl":
+        sys.stderr.write("bash: line 1: dlwatch: command not found\\n"); sys.exit(127)
+    if command[1] == "ls":
+        print(json.dumps({"schema_version": 1, "jobs": [{"pid": 5, "rank": 0}]})); sys.exit(0)
+    if dest == "drops":
+        for ln in ["garbage", "x" * 100_000, *lines]:
+            print(ln, flush=True)
+        sys.stderr.write("Connection to drops closed by remote host.\\n"); sys.exit(255)
+    for ln in lines:
+        print(ln, flush=True)
+    time.sleep(60)
+    """
+)
+
+
+@pytest.fixture
+def fake_ssh(tmp_path, monkeypatch):
+    script = tmp_path / "fake_ssh.py"
+    script.write_text(FAKE_SSH)
+    lines = tmp_path / "lines.jsonl"
+    lines.write_text("\n".join(json.dumps(n) for n in nodes()) + "\n")
+    monkeypatch.setenv("FAKE_LINES", str(lines))
+    monkeypatch.setenv("DLWATCH_SSH", f"{sys.executable} {script}")
+
+
+def wait_for(cond, timeout=10.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_reader_keeps_the_newest_snapshot_and_says_why_a_host_fails(fake_ssh, monkeypatch):
+    monkeypatch.setattr(remote, "MAX_LINE_BYTES", 50_000)
+    hosts = {d: RemoteHost(d) for d in ("good", "down", "nodl", "drops")}
+    for h in hosts.values():
+        h.start()
+    try:
+        assert wait_for(lambda: hosts["good"].status().lines == 2)
+        good = hosts["good"].status()
+        assert good.state == "ok" and good.snapshot is not None and good.snapshot["jobs"][0]["rank"] == 1
+        assert wait_for(lambda: hosts["down"].status().state == "unreachable")
+        assert hosts["down"].status().reason == "ssh: connect to host down port 22: Connection refused"
+        assert wait_for(lambda: hosts["nodl"].status().state == "no-dlwatch")
+        assert wait_for(lambda: hosts["drops"].status().state == "unreachable")
+        drops = hosts["drops"].status()
+        # Garbage and an over-long line skipped and counted; the good lines kept.
+        assert drops.bad_lines == 2 and drops.lines >= 2 and drops.snapshot is not None
+        assert drops.reason == "Connection to drops closed by remote host."
+        # It comes back by itself, after a backoff that grows while it fails.
+        assert wait_for(lambda: hosts["down"].status().connects >= 2, 5)
+        assert hosts["down"].backoff_s >= 2 * remote.BACKOFF_FIRST_S
+    finally:
+        for h in hosts.values():
+            h.stop()
+    assert all(h._proc is None or h._proc.poll() is not None for h in hosts.values())
+
+
+def test_ls_over_hosts_lists_each_hosts_jobs_and_one_line_for_a_host_that_fails(fake_ssh):
+    jobs, lines = list_jobs([{"pid": 9, "rank": None}], ["good", "down"], "dlwatch")
+    assert [(j["pid"], j["host"]) for j in jobs][1:] == [(5, "good")]
+    assert [(ln["host"], ln["state"]) for ln in lines][1:] == [("good", "ok"), ("down", "unreachable")]
