@@ -177,6 +177,9 @@ class _JobRequired(TypedDict):
 class Job(_JobRequired, total=False):
     run_id: str | None  # torchrun's run id: ranks of one run share it
     hostname: str | None  # the job's own socket.gethostname()
+    # `dlwatch --host` (collect/merge.py): the node the job runs on, as the
+    # user named it to ssh (this machine's jobs: its hostname)
+    host: str
     state: str  # "live" | "connecting" | "exited" | "unreachable" | "incompatible"
     state_reason: str
     age_s: float
@@ -251,6 +254,15 @@ class Snapshot(_SnapshotRequired, total=False):
     # Why ``hints`` says nothing: the diagnosis could not start or raised.
     # Absent when the hints are the diagnosis's own verdict.
     hints_error: str
+    # Only with `dlwatch --host` (docs/multinode.md): one line per node, {"host",
+    # "state": "ok"|"connecting"|"stale"|"unreachable"|"no-dlwatch"|"dropped"|"error",
+    # "reason": ssh's error in one line or None, "local", "figures": the node's Host,
+    # "gpu_status", "gpus", "jobs", "age_s", "lines", "bytes", "bad_lines", "connects"} ...
+    hosts: list[dict[str, Any]]
+    # ... and the ranks of each run across nodes: {"run_id", "world_size", "ranks_seen",
+    # "ranks_live", "hosts", "data_wait_fraction_max" (the slowest rank's: the run's pace),
+    # "data_wait_fraction_mean", "slowest": {"rank", "host", "pid"} | None}
+    runs: list[dict[str, Any]]
 
 
 # ------------------------------------------------------------- the source
