@@ -86,8 +86,11 @@ def ssh_command(env: dict[str, str] | None = None) -> list[str]:
 
 def remote_argv(dest: str, remote: list[str], env: dict[str, str] | None = None) -> list[str]:
     """``ssh ... DEST -- 'dlwatch ...'``: the remote command goes to the
-    node's login shell as one quoted string."""
-    return [*ssh_command(env), dest, "--", shlex.join(remote)]
+    node's login shell as one quoted string. A leading ``~/`` of the program
+    stays unquoted, so that the node's shell expands it to the home there."""
+    prog, *rest = remote
+    head = "~/" + shlex.quote(prog[2:]) if prog.startswith("~/") and len(prog) > 2 else shlex.quote(prog)
+    return [*ssh_command(env), dest, "--", " ".join([head, *map(shlex.quote, rest)])]
 
 
 def follow_command(dlwatch: str, interval: float, window: float) -> list[str]:

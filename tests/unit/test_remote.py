@@ -1,24 +1,18 @@
 """``dlwatch --host`` without ssh: node snapshots as JSON lines through the
-reader, the merge and the cross-host diagnosis.
-
-The reader runs a real subprocess in ssh's place (``DLWATCH_SSH`` names a
-small script that answers as ssh and a remote dlwatch would: lines on
-stdout, ssh's own errors on stderr, its exit codes); the real ssh is in
-tests/e2e/test_multinode.py.
+line check, the merge and the cross-host diagnosis (pure). The reader thread
+with a stand-in for ssh is in tests/e2e/test_remote_reader.py, the real ssh
+in tests/e2e/test_multinode.py.
 """
 
 from __future__ import annotations
 
 import json
-import sys
-import textwrap
 import time
 
 import pytest
 
 from dlwatch.collect import merge, remote
-from dlwatch.collect.multihost import list_jobs
-from dlwatch.collect.remote import HostStatus, RemoteHost
+from dlwatch.collect.remote import HostStatus
 from dlwatch.diagnose import evaluate
 from dlwatch.snapshot import problems
 
@@ -62,6 +56,8 @@ def test_the_ssh_command_line_is_dlwatch_ssh_split_as_a_shell_would_and_never_pr
     assert "BatchMode=yes" in argv and "-T" in argv
     assert argv[-3:] == ["me@node1", "--", "'/opt/dl watch/bin/dlwatch' snapshot"]
     assert remote.ssh_command({})[0] == "ssh"
+    # The node's shell expands a leading ~ to the home there.
+    assert remote.remote_argv("n", ["~/venv/bin/dlwatch", "ls"], {})[-1] == "~/venv/bin/dlwatch ls"
 
 
 def test_a_failed_ssh_is_one_line_saying_why():
@@ -122,76 +118,3 @@ def test_a_host_that_went_away_keeps_its_ranks_listed_as_unreachable_and_unjudge
     assert theirs[0]["state_reason"] == "host node2 dropped: Connection to node2 closed by remote host."
     assert merged["hints"] == [] and merge.CrossHostJudge(evaluate).hints(merged) == []
     assert merged["runs"][0]["ranks_live"] == 1
-
-
-FAKE_SSH = textwrap.dedent(
-    """
-    import json, os, sys, time
-    dest, command = sys.argv[sys.argv.index("--") - 1], sys.argv[-1].split()
-    lines = open(os.environ["FAKE_LINES"]).read().splitlines()
-    if dest == "down":
-        sys.stderr.write("ssh: connect to host down port 22: Connection refused\\n"); sys.exit(255)
-    if dest == "nodl":
-        sys.stderr.write("bash: line 1: dlwatch: command not found\\n"); sys.exit(127)
-    if command[1] == "ls":
-        print(json.dumps({"schema_version": 1, "jobs": [{"pid": 5, "rank": 0}]})); sys.exit(0)
-    if dest == "drops":
-        for ln in ["garbage", "x" * 100_000, *lines]:
-            print(ln, flush=True)
-        sys.stderr.write("Connection to drops closed by remote host.\\n"); sys.exit(255)
-    for ln in lines:
-        print(ln, flush=True)
-    time.sleep(60)
-    """
-)
-
-
-@pytest.fixture
-def fake_ssh(tmp_path, monkeypatch):
-    script = tmp_path / "fake_ssh.py"
-    script.write_text(FAKE_SSH)
-    lines = tmp_path / "lines.jsonl"
-    lines.write_text("\n".join(json.dumps(n) for n in nodes()) + "\n")
-    monkeypatch.setenv("FAKE_LINES", str(lines))
-    monkeypatch.setenv("DLWATCH_SSH", f"{sys.executable} {script}")
-
-
-def wait_for(cond, timeout=10.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def test_the_reader_keeps_the_newest_snapshot_and_says_why_a_host_fails(fake_ssh, monkeypatch):
-    monkeypatch.setattr(remote, "MAX_LINE_BYTES", 50_000)
-    hosts = {d: RemoteHost(d) for d in ("good", "down", "nodl", "drops")}
-    for h in hosts.values():
-        h.start()
-    try:
-        assert wait_for(lambda: hosts["good"].status().lines == 2)
-        good = hosts["good"].status()
-        assert good.state == "ok" and good.snapshot is not None and good.snapshot["jobs"][0]["rank"] == 1
-        assert wait_for(lambda: hosts["down"].status().state == "unreachable")
-        assert hosts["down"].status().reason == "ssh: connect to host down port 22: Connection refused"
-        assert wait_for(lambda: hosts["nodl"].status().state == "no-dlwatch")
-        assert wait_for(lambda: hosts["drops"].status().state == "unreachable")
-        drops = hosts["drops"].status()
-        # Garbage and an over-long line skipped and counted; the good lines kept.
-        assert drops.bad_lines == 2 and drops.lines >= 2 and drops.snapshot is not None
-        assert drops.reason == "Connection to drops closed by remote host."
-        # It comes back by itself, after a backoff that grows while it fails.
-        assert wait_for(lambda: hosts["down"].status().connects >= 2, 5)
-        assert hosts["down"].backoff_s >= 2 * remote.BACKOFF_FIRST_S
-    finally:
-        for h in hosts.values():
-            h.stop()
-    assert all(h._proc is None or h._proc.poll() is not None for h in hosts.values())
-
-
-def test_ls_over_hosts_lists_each_hosts_jobs_and_one_line_for_a_host_that_fails(fake_ssh):
-    jobs, lines = list_jobs([{"pid": 9, "rank": None}], ["good", "down"], "dlwatch")
-    assert [(j["pid"], j["host"]) for j in jobs][1:] == [(5, "good")]
-    assert [(ln["host"], ln["state"]) for ln in lines][1:] == [("good", "ok"), ("down", "unreachable")]
