@@ -126,14 +126,14 @@ def _ask_all(hosts: Sequence[str], ask: Callable[[str], Any]) -> list[Any]:
 
 
 def one_shot(
-    local: dict[str, Any] | None,
+    local: Callable[[], dict[str, Any] | None],
     hosts: Sequence[str],
     dlwatch: str,
     window_s: float,
     env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """``dlwatch snapshot --host``: this machine's measurement (``local``,
-    taken by the caller) and every host's, merged and judged across hosts."""
+    """``dlwatch snapshot --host``: this machine's measurement (``local()``)
+    and every host's, taken at the same time, merged and judged across hosts."""
     from dlwatch.diagnose import evaluate
 
     def ask(dest: str) -> HostStatus:
@@ -145,7 +145,10 @@ def one_shot(
                 doc, state, reason = None, "dropped", f"not a snapshot from {dest}: {bad[0]}"
         return HostStatus(dest, state, reason, doc, 0.0 if doc is not None else None)
 
-    merged = merge.merge(local, local_name(), _ask_all(hosts, ask), time.time())
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        mine = pool.submit(local)
+        theirs = _ask_all(hosts, ask)
+        merged = merge.merge(mine.result(), local_name(), theirs, time.time())
     merged["hints"] = merge.CrossHostJudge(evaluate).hints(merged) + merged["hints"]
     return merged
 

@@ -314,7 +314,8 @@ class DlwatchApp(App):
         self._guard("gpu", screen.ref("#gpu", GpuPanel).show, snap or {}, pal, wide)
         self._guard("host", self._draw_host, screen, snap, pal, wide)
         pid = fmt.intval(job.get("pid")) if job else None
-        self._guard("hints", screen.ref("#hints", HintsPanel).show, snap, pid, pal, wide)
+        host = fmt.s(fmt.d(job).get("host")) or None
+        self._guard("hints", screen.ref("#hints", HintsPanel).show, snap, pid, pal, wide, host)
         self._guard("status", self._draw_status)
 
     def _guard(self, what: str, fn: Callable, *args):
@@ -546,7 +547,8 @@ class DlwatchApp(App):
             return
         job = self.selected_job()
         pid = fmt.intval(job.get("pid")) if job else None
-        self.push_screen(HintDetailScreen(self.snapshot, pid, self.palette))
+        host = fmt.s(fmt.d(job).get("host")) or None
+        self.push_screen(HintDetailScreen(self.snapshot, pid, self.palette, host))
 
     def action_screenshot(self, filename: str | None = None, path: str | None = None) -> None:
         """``s``: an SVG of the screen, in the working directory unless told."""

@@ -33,6 +33,12 @@ def nodes():
     )
 
 
+def merged_with(third: HostStatus) -> dict:
+    """node1 (this machine) merged with node2 (ok) and ``third``."""
+    local, n2 = nodes()
+    return merge.merge(local, "node1", [HostStatus("node2", "ok", None, n2, 0.3), third], time.time())
+
+
 def test_a_snapshot_line_is_taken_and_anything_else_is_refused_with_a_reason():
     good = json.dumps(nodes()[0])
     doc, why = remote.parse_snapshot(good)
@@ -72,12 +78,7 @@ def test_a_failed_ssh_is_one_line_saying_why():
 
 
 def test_the_merge_lists_every_hosts_jobs_and_figures_and_judges_the_run_across_hosts():
-    local, n2 = nodes()
-    statuses = [
-        HostStatus("node2", "ok", None, n2, 0.3),
-        HostStatus("node3", "unreachable", "ssh: no route", None, None),
-    ]
-    merged = merge.merge(local, "node1", statuses, time.time())
+    merged = merged_with(HostStatus("node3", "unreachable", "ssh: no route", None, None))
     assert problems(merged) == []
     assert [(j["host"], j["rank"], j["pid"]) for j in merged["jobs"]] == [("node1", 0, 77), ("node2", 1, 77)]
     hosts = {h["host"]: h for h in merged["hosts"]}
@@ -118,3 +119,32 @@ def test_a_host_that_went_away_keeps_its_ranks_listed_as_unreachable_and_unjudge
     assert theirs[0]["state_reason"] == "host node2 dropped: Connection to node2 closed by remote host."
     assert merged["hints"] == [] and merge.CrossHostJudge(evaluate).hints(merged) == []
     assert merged["runs"][0]["ranks_live"] == 1
+
+
+def test_text_and_the_hints_panel_keep_two_nodes_jobs_of_one_pid_apart():
+    from dlwatch.cli.text import render_ls, render_snapshot
+    from dlwatch.tui.hints import relevant_hints
+    from dlwatch.tui.jobs import group_jobs
+
+    merged = merged_with(HostStatus("node3", "no-dlwatch", "'dlwatch' not found", None, None))
+    merged["hints"] = merge.CrossHostJudge(evaluate).hints(merged)
+    text = render_snapshot(merged)
+    assert "host node3: NO-DLWATCH, 0 jobs -- 'dlwatch' not found" in text
+    assert "host node2: ok, 1 jobs, 16 usable cores of 32 logical" in text
+    assert (
+        "run run-a: 2/2 ranks live on node1, node2; data wait max 40.0 % (rank 1 on node2), mean 21.0 %"
+        in text
+    )
+    assert "rank 1/2  on node2" in text
+    ls = render_ls(
+        [
+            {"pid": 77, "rank": 0, "loaders": 1, "host": "node1"},
+            {"pid": 77, "rank": 1, "loaders": 1, "host": "node2"},
+        ]
+    )
+    assert ls.splitlines()[0].startswith("HOST ") and ls.splitlines()[2].startswith("node2 ")
+    # Same PID on both nodes: separate rows, and the hint is node 2's job's only.
+    rows = group_jobs(merged["jobs"])
+    assert [r.key for r in rows] == ["run:run-a:2", "job:node1:77", "job:node2:77"]
+    assert relevant_hints(merged["hints"], 77, "node2")[0][0]["id"] == "straggler-rank"
+    assert relevant_hints(merged["hints"], 77, "node1") == ([], 1)

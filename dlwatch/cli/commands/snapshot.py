@@ -116,8 +116,11 @@ def over_hosts(args) -> int:
     if args.follow:
         return follow(args)
     window = args.window or DEFAULT_WINDOW_S
-    local = None if dir_problem() else take_snapshot(window_s=window)
-    snap = one_shot(cast(Any, local), hosts_of(args), args.remote_dlwatch, window)
+
+    def local() -> dict[str, Any] | None:
+        return None if dir_problem() else cast(dict[str, Any], take_snapshot(window_s=window))
+
+    snap = one_shot(local, hosts_of(args), args.remote_dlwatch, window)
     if args.json:
         print(json.dumps(snap, indent=2, default=str))
     else:
