@@ -176,6 +176,7 @@ class _JobRequired(TypedDict):
 
 class Job(_JobRequired, total=False):
     run_id: str | None  # torchrun's run id: ranks of one run share it
+    master: str | None  # MASTER_ADDR:MASTER_PORT: with run_id, the ranks of one run (None: not set)
     hostname: str | None  # the job's own socket.gethostname()
     # `dlwatch --host` (collect/merge.py): the node the job runs on, as the
     # user named it to ssh (this machine's jobs: its hostname)
@@ -356,6 +357,17 @@ def percent(fraction: Any, digits: int | None = 0) -> str:
     if v is None:
         return NA
     return f"{v * 100:g} %" if digits is None else f"{v * 100:.{digits}f} %"
+
+
+def run_key(job: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The run a job is a rank of: (torchrun's run id, its MASTER_ADDR:PORT or
+    ""), the same on every node of the run; None outside a run. The run id
+    alone is not enough: torchrun's ``--rdzv-id`` is "none" unless given, on
+    every node of every run."""
+    run_id, master = job.get("run_id"), job.get("master")
+    if not isinstance(run_id, str) or not run_id:
+        return None
+    return run_id, master if isinstance(master, str) else ""
 
 
 def find_job(snapshot: Mapping[str, Any], pid: int | None) -> dict[str, Any] | None:

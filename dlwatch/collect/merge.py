@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from dlwatch.collect.remote import HostStatus
-from dlwatch.snapshot import as_dict, as_int, as_str, is_live, num, records
+from dlwatch.snapshot import as_dict, as_int, as_str, is_live, num, records, run_key
 
 # Each node judged this one on its own ranks; the merge judges it again on all.
 CROSS_HOST_RULES = frozenset({"straggler-rank"})
@@ -124,13 +124,13 @@ def primary_loader(job: Mapping[str, Any]) -> dict[str, Any]:
 def run_groups(jobs: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The ranks of each run (same run id and world size > 1), across hosts:
     who is in it and its data wait, the slowest rank's beside the mean."""
-    groups: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
+    groups: dict[tuple[str, str, int], list[Mapping[str, Any]]] = {}
     for j in jobs:
-        run_id, ws = j.get("run_id"), as_int(j.get("world_size"))
-        if isinstance(run_id, str) and run_id and ws is not None and ws > 1:
-            groups.setdefault((run_id, ws), []).append(j)
+        key, ws = run_key(j), as_int(j.get("world_size"))
+        if key is not None and ws is not None and ws > 1:
+            groups.setdefault((*key, ws), []).append(j)
     out = []
-    for (run_id, ws), members in groups.items():
+    for (run_id, master, ws), members in groups.items():
         live = [j for j in members if is_live(j)]
         waits = [(num(primary_loader(j).get("data_wait_fraction")), j) for j in live]
         known = [(w, j) for w, j in waits if w is not None]
@@ -138,6 +138,7 @@ def run_groups(jobs: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         out.append(
             {
                 "run_id": run_id,
+                "master": master or None,
                 "world_size": ws,
                 "ranks_seen": len(members),
                 "ranks_live": len(live),

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dlwatch.snapshot import run_key
+
 from .facts import Context, LoaderView, as_int, hint, median, ms, num, pct, r
 from .registry import Rule
 
@@ -47,12 +49,12 @@ def _primary(views: list[LoaderView]) -> LoaderView | None:
     return max(steady, key=lambda lv: num(lv.loader.get("batches_per_s")) or 0.0)
 
 
-def _runs(ctx: Context) -> dict[str, list[dict[str, Any]]]:
-    runs: dict[str, list[dict[str, Any]]] = {}
+def _runs(ctx: Context) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for job in ctx.live_jobs:
-        run_id = job.get("run_id")
-        if isinstance(run_id, str) and run_id and as_int(job.get("rank")) is not None:
-            runs.setdefault(run_id, []).append(job)
+        key = run_key(job)
+        if key is not None and as_int(job.get("rank")) is not None:
+            runs.setdefault(key, []).append(job)
     return runs
 
 
@@ -73,7 +75,7 @@ def _on(job: dict[str, Any]) -> str:
 
 def rule_straggler_rank(ctx: Context) -> list[dict[str, Any]]:
     out = []
-    for run_id, jobs in _runs(ctx).items():
+    for (run_id, _master), jobs in _runs(ctx).items():
         if len(jobs) < 2:
             continue
         ranks = []

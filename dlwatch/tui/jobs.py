@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dlwatch.snapshot import run_key
 from dlwatch.tui import fmt
 from dlwatch.tui.linetable import Column, LineTable
 
@@ -100,31 +101,33 @@ class JobRow:
 
 def group_jobs(jobs: Any) -> list[JobRow]:
     """Rows in display order: jobs in snapshot order, except that ranks of one
-    run (same run_id and world_size > 1) follow their aggregate row, by rank."""
+    run (same run_id and master, world_size > 1) follow their aggregate row,
+    by rank."""
     rows: list[JobRow] = []
-    runs: dict[tuple[str, int], JobRow] = {}
-    members: dict[tuple[str, int], list[tuple[int, dict]]] = {}
+    runs: dict[tuple[str, str, int], JobRow] = {}
+    members: dict[str, list[tuple[int, dict]]] = {}
     for i, job in enumerate(fmt.lst(jobs)):
         if not isinstance(job, dict):
             continue
-        run_id = job.get("run_id")
+        rk = run_key(job)
         ws = fmt.intval(job.get("world_size"))
-        if isinstance(run_id, str) and run_id and ws and ws > 1:
-            gk = (run_id, ws)
+        if rk is not None and ws and ws > 1:
+            run_id, master = rk
+            gk = (run_id, master, ws)
             if gk not in runs:
-                runs[gk] = JobRow(key=f"run:{run_id}:{ws}", kind="run", run_id=run_id, world_size=ws)
+                key = f"run:{run_id}:{ws}" + (f"@{master}" if master else "")
+                runs[gk] = JobRow(key=key, kind="run", run_id=run_id, world_size=ws)
                 rows.append(runs[gk])
-                members[gk] = []
-            members[gk].append((i, job))
+                members[key] = []
+            members[runs[gk].key].append((i, job))
         else:
             rows.append(JobRow(key=job_key(job, i), kind="job", jobs=[job], index=i))
     out: list[JobRow] = []
     for row in rows:
         out.append(row)
         if row.kind == "run":
-            gk = (row.run_id, row.world_size or 0)
             ranked = sorted(
-                members[gk],
+                members[row.key],
                 key=lambda m: (fmt.intval(m[1].get("rank")) is None, fmt.intval(m[1].get("rank")) or 0),
             )
             row.jobs = [j for _, j in ranked]

@@ -48,6 +48,13 @@ def test_ranks_not_in_lockstep_or_of_other_runs_are_not_compared():
     assert "straggler-rank" not in ids(evaluate(snap(apart)))
     two_runs = [rank(0, wait=0.02, step_ms=98.0, run_id="a"), rank(1, wait=0.4, step_ms=60.0, run_id="b")]
     assert "straggler-rank" not in ids(evaluate(snap(two_runs)))
+    # torchrun's --rdzv-id is "none" unless given: the rendezvous tells the runs apart.
+    none = [rank(0, wait=0.02, step_ms=98.0, run_id="none"), rank(1, wait=0.4, step_ms=60.0, run_id="none")]
+    none[0]["master"], none[1]["master"] = "10.0.0.1:29500", "10.0.0.2:29500"
+    assert "straggler-rank" not in ids(evaluate(snap(none)))
+    for j in none:
+        j["master"] = "10.0.0.1:29500"
+    assert "straggler-rank" in ids(evaluate(snap(none)))
     # The others lose nothing: a slow loader, but no rank waits for it.
     nobody_waits = [rank(0, wait=0.02, step_ms=60.0), rank(1, wait=0.4, step_ms=60.0)]
     assert "straggler-rank" not in ids(evaluate(snap(nobody_waits)))

@@ -148,3 +148,17 @@ def test_text_and_the_hints_panel_keep_two_nodes_jobs_of_one_pid_apart():
     assert [r.key for r in rows] == ["run:run-a:2", "job:node1:77", "job:node2:77"]
     assert relevant_hints(merged["hints"], 77, "node2")[0][0]["id"] == "straggler-rank"
     assert relevant_hints(merged["hints"], 77, "node1") == ([], 1)
+
+
+def test_runs_of_one_run_id_at_two_rendezvous_are_two_groups():
+    from dlwatch.tui.jobs import group_jobs
+
+    jobs = [dict(rank(r, wait=0.1, step_ms=50.0, run_id="none"), master=f"10.0.0.{r}:29500") for r in (0, 1)]
+    assert [(g["run_id"], g["master"], g["ranks_seen"]) for g in merge.run_groups(jobs)] == [
+        ("none", "10.0.0.0:29500", 1),
+        ("none", "10.0.0.1:29500", 1),
+    ]
+    assert [r.key for r in group_jobs(jobs) if r.kind == "run"] == [
+        "run:none:2@10.0.0.0:29500",
+        "run:none:2@10.0.0.1:29500",
+    ]
