@@ -46,10 +46,29 @@ def host_text(snapshot: dict, pal: fmt.Palette, wide: bool) -> Text:
         t.append(f"cpu {fmt.pct100(host.get('cpu_percent'))}")
     t.append(" · /dev/shm free ", pal.dim)
     t.append(fmt.size(host.get("shm_free_bytes")))
-    for line in fmt.lst(snapshot.get("hosts")):
-        if isinstance(line, dict) and not line.get("local"):
-            t.append("\n")
-            t.append_text(remote_host_text(line, pal))
+    nodes = [h for h in fmt.lst(snapshot.get("hosts")) if isinstance(h, dict) and not h.get("local")]
+    # The nodes that cannot be read first: in the compact layout's one line,
+    # what is wrong is what must not be cut off.
+    nodes.sort(key=lambda h: h.get("state") == "ok")
+    if nodes and not wide:
+        t.append("\n")
+        t.append_text(nodes_summary(nodes, pal))
+    for line in nodes if wide else ():
+        t.append("\n")
+        t.append_text(remote_host_text(line, pal))
+    return t
+
+
+def nodes_summary(nodes: list[dict], pal: fmt.Palette) -> Text:
+    """The other nodes on one line: how many are read, and each that is not, with why."""
+    t = Text()
+    ok = sum(1 for h in nodes if h.get("state") == "ok")
+    t.append("nodes ", "bold")
+    t.append(f"{ok}/{len(nodes)} ok", pal.good if ok == len(nodes) else pal.warn)
+    for h in nodes:
+        if h.get("state") != "ok":
+            t.append(" · ", pal.dim)
+            t.append_text(remote_host_text(h, pal))
     return t
 
 

@@ -188,10 +188,11 @@ class JobList(LineTable):
             cmd = f"{row.run_id} · "
             hosts = sorted({fmt.s(j.get("host")) for j in row.jobs} - {""})
             if hosts:
-                # Across nodes: where the slowest rank runs, and the mean beside its wait.
+                # Across nodes: where the slowest rank runs and the mean beside
+                # its wait, first, so that 80 columns still show them.
                 where = fmt.s(fmt.d(row.slowest).get("host"))
                 mean = fmt.pct(row.data_wait_mean)
-                cmd += f"{len(hosts)} hosts · slowest on {where or fmt.NA} · mean {mean} · "
+                cmd = f"slowest on {where or fmt.NA} · mean {mean} · {len(hosts)} hosts · " + cmd
             cmd = fmt.truncate(cmd + fmt.s(job.get("cmdline")), 200)
             slowest = fmt.intval(fmt.d(row.slowest).get("rank"))
             # The slowest rank's wait, named: "r1 38%".

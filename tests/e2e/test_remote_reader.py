@@ -127,7 +127,7 @@ def test_the_live_view_over_hosts_lists_each_nodes_ranks_names_the_straggler_and
             assert "down ✖ unreachable: ssh: connect to host down port 22: Connection refused" in host, host
             assert "n2 16 cores" in host and "n1 4 cores" in host, host
             text = rows()
-            assert "2 hosts · slowest on n2 · mean 21 %" in text and "r1 40 %" in text, text
+            assert "slowest on n2 · mean 21 % · 2 hosts · run-a" in text and "r1 40 %" in text, text
             snap = app.snapshot
             lines = {h["host"]: h for h in snap["hosts"]}
             assert lines["down"]["state"] == "unreachable" and lines["n1"]["state"] == "ok"
