@@ -126,6 +126,13 @@ def test_the_live_view_over_hosts_lists_each_nodes_ranks_names_the_straggler_and
             host = str(app.screen.query_one(HostLine).content)
             assert "down ✖ unreachable: ssh: connect to host down port 22: Connection refused" in host, host
             assert "n2 16 cores" in host and "n1 4 cores" in host, host
+            # 80x24: the other nodes on one line, the unreadable one first, with why.
+            await pilot.resize_terminal(80, 24)
+            await wait_until(pilot, lambda: "nodes 2/3 ok" in str(app.screen.query_one(HostLine).content), 5)
+            assert "nodes 2/3 ok · down ✖ unreachable: ssh: connect" in str(
+                app.screen.query_one(HostLine).content
+            )
+            await pilot.resize_terminal(140, 40)
             text = rows()
             assert "slowest on n2 · mean 21 % · 2 hosts · run-a" in text and "r1 40 %" in text, text
             snap = app.snapshot
