@@ -57,12 +57,14 @@ SSH_OPTIONS = (
     "-o",
     "ServerAliveCountMax=3",
 )
-# A snapshot line of a node running 8 ranks x 8 workers is ~60 KB (bench/
+# A snapshot line of a node running 8 ranks x 8 workers is ~45 KB (bench/
 # remote_cost.py); 64 ranks with their histories stay far below 16 MiB. A
 # longer line is not a snapshot: it is skipped, and counted.
 MAX_LINE_BYTES = 16 * 1024 * 1024
 # Backoff between ssh attempts: 1, 2, 4, ... s, at most 30 s; back to 1 s
-# once an attempt delivered a snapshot.
+# once an attempt delivered a stream (two snapshots or more: a node whose
+# dlwatch prints one document and exits, its runtime directory unusable, is
+# retried with the growing backoff, not every second).
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 30.0
 # A running ssh that delivers nothing for this long (the node hangs, or the
@@ -186,7 +188,11 @@ class _Attempt:
     out: bytearray = field(default_factory=bytearray)
     err: deque[str] = field(default_factory=lambda: deque(maxlen=20))
     skipping: bool = False  # inside an over-long line: drop up to its newline
-    delivered: bool = False
+    snapshots: int = 0
+
+    @property
+    def delivered(self) -> bool:
+        return self.snapshots >= 2
 
 
 class RemoteHost:
@@ -317,7 +323,7 @@ class RemoteHost:
                 self._bad(f"a line over {MAX_LINE_BYTES} bytes (skipped)")
                 continue
             if line.strip():
-                att.delivered |= self._take(line)
+                att.snapshots += self._take(line)
 
     def _take(self, line: bytes) -> bool:
         doc, why = parse_snapshot(line)

@@ -30,6 +30,9 @@ FAKE_SSH = textwrap.dedent(
         sys.stderr.write("ssh: connect to host down port 22: Connection refused\\n"); sys.exit(255)
     if dest == "nodl":
         sys.stderr.write("bash: line 1: dlwatch: command not found\\n"); sys.exit(127)
+    if dest == "once":  # a node whose runtime directory cannot be used
+        print(lines[0], flush=True)
+        sys.stderr.write("dlwatch: /run/user/0/dlwatch is owned by uid 1000, not 0\\n"); sys.exit(1)
     if command[1] == "ls":
         print(json.dumps({"schema_version": 1, "jobs": [{"pid": 5, "rank": 0}]})); sys.exit(0)
     if dest == "drops":
@@ -66,7 +69,7 @@ def wait_for(cond, timeout=10.0):
 
 def test_the_reader_keeps_the_newest_snapshot_and_says_why_a_host_fails(fake_ssh, monkeypatch):
     monkeypatch.setattr(remote, "MAX_LINE_BYTES", 50_000)
-    hosts = {d: RemoteHost(d) for d in ("good", "down", "nodl", "drops")}
+    hosts = {d: RemoteHost(d) for d in ("good", "down", "nodl", "drops", "once")}
     for h in hosts.values():
         h.start()
     try:
@@ -81,9 +84,14 @@ def test_the_reader_keeps_the_newest_snapshot_and_says_why_a_host_fails(fake_ssh
         # Garbage and an over-long line skipped and counted; the good lines kept.
         assert drops.bad_lines == 2 and drops.lines >= 2 and drops.snapshot is not None
         assert drops.reason == "Connection to drops closed by remote host."
-        # It comes back by itself, after a backoff that grows while it fails.
+        assert wait_for(lambda: hosts["once"].status().state == "dropped")
+        once = hosts["once"].status()
+        assert once.reason == "dlwatch: /run/user/0/dlwatch is owned by uid 1000, not 0" and once.snapshot
+        # It comes back by itself, after a backoff that grows while it fails
+        # (a node that prints one document and exits fails too).
         assert wait_for(lambda: hosts["down"].status().connects >= 2, 5)
         assert hosts["down"].backoff_s >= 2 * remote.BACKOFF_FIRST_S
+        assert wait_for(lambda: hosts["once"].backoff_s >= 2 * remote.BACKOFF_FIRST_S, 5)
     finally:
         for h in hosts.values():
             h.stop()
