@@ -100,7 +100,7 @@ def add_host_arguments(p) -> None:
         default="dlwatch",
         metavar="PATH",
         help="with --host: dlwatch's path on the hosts when it is not on their PATH "
-        "(e.g. ~/venv/bin/dlwatch; default: dlwatch)",
+        "(e.g. '~/venv/bin/dlwatch', quoted so that the node expands ~; default: dlwatch)",
     )
 
 

@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
         "opens the live view of every job of this user on this machine.",
         epilog="Instrument a job with `import dlwatch.hook` in the training script, or run it "
         "as `dlwatch run -- python train.py`. Environment: DLWATCH_DIR (runtime "
-        "directory), DLWATCH_DISABLE=1 (the hook does nothing).",
+        "directory), DLWATCH_DISABLE=1 (the hook does nothing), DLWATCH_SSH (the ssh "
+        "command line of --host).",
     )
     p.add_argument("--version", action="version", version=f"dlwatch {__version__}")
     add_view_arguments(p)
