@@ -21,6 +21,7 @@ error line where it has one), never an exception out of the thread.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -253,9 +254,8 @@ class RemoteHost:
 
     def _attempt(self) -> bool:
         with self._lock:
+            # The state stays what the last attempt left (its reason on screen) until this one says.
             self.connects += 1
-            if self._state != "ok":
-                self._state = self._state if self._snapshot is not None else "connecting"
         try:
             proc = subprocess.Popen(
                 self.argv,
@@ -273,6 +273,9 @@ class RemoteHost:
             self._read(att)
         finally:
             self._end(proc)
+            for f in (proc.stdout, proc.stderr):
+                if f is not None:
+                    f.close()
         if self._stop.is_set():
             return att.delivered
         code = proc.poll()
@@ -280,48 +283,61 @@ class RemoteHost:
         return att.delivered
 
     def _read(self, att: _Attempt) -> None:
+        """Lines from stdout until ssh closes it (or ``stop()``); stderr kept
+        meanwhile for the reason line. Once stdout is closed ssh is ending:
+        its last words are read, without waiting on a stderr that something
+        else may hold open."""
         proc = att.proc
         assert proc.stdout is not None and proc.stderr is not None
+        out, err = proc.stdout.fileno(), proc.stderr.fileno()
         sel = selectors.DefaultSelector()
         try:
-            for f in (proc.stdout, proc.stderr):
-                os.set_blocking(f.fileno(), False)
-                sel.register(f, selectors.EVENT_READ)
-            open_fds = 2
-            while open_fds and not self._stop.is_set():
+            for fd in (out, err):
+                os.set_blocking(fd, False)
+                sel.register(fd, selectors.EVENT_READ)
+            while out in sel.get_map() and not self._stop.is_set():
                 for key, _ in sel.select(timeout=1.0):
-                    try:
-                        chunk = os.read(key.fd, READ_CHUNK)
-                    except BlockingIOError:
+                    chunk = _read_some(key.fd)
+                    if chunk is None:
                         continue
                     if not chunk:
-                        sel.unregister(key.fileobj)
-                        open_fds -= 1
-                    elif key.fileobj is proc.stdout:
+                        sel.unregister(key.fd)
+                    elif key.fd == out:
                         self._feed(att, chunk)
                     else:
                         att.err.extend(chunk.decode(errors="replace").splitlines())
                 self._check_stale()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=2)
+            while err in sel.get_map() and (chunk := _read_some(err)):
+                att.err.extend(chunk.decode(errors="replace").splitlines())
         finally:
             sel.close()
 
     def _feed(self, att: _Attempt, chunk: bytes) -> None:
+        """Split ``chunk`` into lines (the part of a line held from earlier
+        chunks first); each newline is searched once, and a line past
+        ``MAX_LINE_BYTES`` is dropped as it comes, never held whole."""
         with self._lock:
             self.bytes += len(chunk)
-        att.out += chunk
+        start = 0
         while True:
-            nl = att.out.find(b"\n")
+            nl = chunk.find(b"\n", start)
             if nl < 0:
-                if len(att.out) > MAX_LINE_BYTES:
+                rest = chunk[start:]
+                if not att.skipping and len(att.out) + len(rest) > MAX_LINE_BYTES:
                     att.out.clear()
                     att.skipping = True
+                elif not att.skipping:
+                    att.out += rest
                 return
-            line = bytes(att.out[:nl])
-            del att.out[: nl + 1]
+            piece, start = chunk[start:nl], nl + 1
             if att.skipping:
                 att.skipping = False
                 self._bad(f"a line over {MAX_LINE_BYTES} bytes (skipped)")
                 continue
+            line = bytes(att.out) + piece if att.out else piece
+            att.out.clear()
             if line.strip():
                 att.snapshots += self._take(line)
 
@@ -384,6 +400,15 @@ class RemoteHost:
                 bad_lines=self.bad_lines,
                 connects=self.connects,
             )
+
+
+def _read_some(fd: int) -> bytes | None:
+    """Up to READ_CHUNK bytes from a non-blocking ``fd``: b"" at its end,
+    None when nothing is there yet."""
+    try:
+        return os.read(fd, READ_CHUNK)
+    except BlockingIOError:
+        return None
 
 
 def fetch_once(

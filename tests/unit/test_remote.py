@@ -162,3 +162,17 @@ def test_runs_of_one_run_id_at_two_rendezvous_are_two_groups():
         "run:none:2@10.0.0.0:29500",
         "run:none:2@10.0.0.1:29500",
     ]
+
+
+def test_lines_are_cut_from_chunks_as_they_come_and_an_over_long_one_is_dropped_as_it_comes(monkeypatch):
+    monkeypatch.setattr(remote, "MAX_LINE_BYTES", 10_000)
+    host = remote.RemoteHost("n1")
+    att = remote._Attempt(proc=None)  # type: ignore[arg-type]
+    line = json.dumps(nodes()[1]).encode() + b"\n"
+    assert len(line) < 10_000
+    stream = b"garbage\n" + line + b"y" * 25_000 + b"\n" + line
+    for i in range(0, len(stream), 777):  # chunks that cut lines anywhere
+        host._feed(att, stream[i : i + 777])
+    st = host.status()
+    assert (st.lines, st.bad_lines, att.snapshots, st.bytes) == (2, 2, 2, len(stream))
+    assert st.state == "ok" and st.snapshot == nodes()[1] and len(att.out) == 0
