@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from dlwatch.collect.remote import HostStatus
-from dlwatch.snapshot import as_dict, as_int, as_str, is_live, num, records, run_key
+from dlwatch.snapshot import SCHEMA_VERSION, as_dict, as_int, as_str, is_live, num, records, run_key
 
 # Each node judged this one on its own ranks; the merge judges it again on all.
 CROSS_HOST_RULES = frozenset({"straggler-rank"})
@@ -99,8 +99,8 @@ def merge(
 
 
 def empty_local(now: float) -> dict[str, Any]:
-    from dlwatch.snapshot import SCHEMA_VERSION
-
+    """This machine's part when it has none (its runtime directory cannot be
+    used): no jobs, no figures, as ``dlwatch snapshot --json`` says it."""
     return {
         "schema_version": SCHEMA_VERSION,
         "time": now,
