@@ -21,6 +21,12 @@ for (``-o Compression=yes``: the stream through zlib at ssh's level 6,
 flushed per read). What sshd adds to carry those bytes (encryption of a few
 tens of KB/s) is not in these figures.
 
+A last row is this side, the viewer: ``dlwatch snapshot --follow --json
+--host node1 --host node2`` at the live view's 0.5 s (the live view without
+its display), each "node" the same 8 ranks read through a stand-in for ssh
+that runs the remote command here (16 ranks, one run, merged and judged
+across nodes); its CPU is the viewer process's own, not the node sides'.
+
 Exit status 0 whatever the numbers (timings on a shared box are not a verdict).
 """
 
@@ -78,11 +84,58 @@ def start_ranks(n: int, workers: int, runtime_dir: str, duration: float, workdir
 
 
 def measure(runtime_dir: str, interval: float, window: float, seconds: float, warmup: float) -> dict:
-    import psutil
-
-    env = dict(os.environ, DLWATCH_DIR=runtime_dir)
+    """The remote side: what ``--host`` runs on the node."""
     cmd = [sys.executable, "-m", "dlwatch", "snapshot", "--follow", "--json"]
     cmd += ["--interval", f"{interval:g}", "--window", f"{window:g}"]
+    row = measure_process(cmd, dict(os.environ, DLWATCH_DIR=runtime_dir), seconds, warmup)
+    return dict(row, side="node", interval_s=interval, window_s=window)
+
+
+# ssh's stand-in for the viewer row: runs the remote command here, on the
+# node's runtime directory (the cost of ssh's own crypto is not the question).
+LOCAL_SSH = """
+import os, sys
+os.environ["DLWATCH_DIR"] = os.environ["BENCH_NODE_DIR"]
+os.execvp("sh", ["sh", "-c", sys.argv[-1]])
+"""
+
+
+def measure_viewer(runtime_dir: str, nodes: int, seconds: float, warmup: float, workdir: str) -> dict:
+    """This side of ``dlwatch --host`` at the live view's cadence (0.5 s),
+    reading ``nodes`` nodes (each one the same 8 ranks, under another name):
+    the merge and the cross-node diagnosis, without the display."""
+    script = os.path.join(workdir, "local_ssh.py")
+    with open(script, "w") as f:
+        f.write(LOCAL_SSH)
+    empty = tempfile.mkdtemp(prefix="dlwrcv", dir="/tmp")
+    os.chmod(empty, 0o700)
+    dlwatch = os.path.join(os.path.dirname(sys.executable), "dlwatch")
+    cmd = [
+        sys.executable,
+        "-m",
+        "dlwatch",
+        "snapshot",
+        "--follow",
+        "--json",
+        "--interval",
+        "0.5",
+        "--window",
+        "1",
+    ]
+    cmd += ["--remote-dlwatch", dlwatch] + [a for i in range(nodes) for a in ("--host", f"node{i + 1}")]
+    env = dict(os.environ, DLWATCH_DIR=empty, BENCH_NODE_DIR=runtime_dir)
+    env["DLWATCH_SSH"] = f"{sys.executable} {script}"
+    try:
+        row = measure_process(cmd, env, seconds, warmup + 3)
+    finally:
+        shutil.rmtree(empty, ignore_errors=True)
+    return dict(row, side=f"viewer of {nodes} nodes", interval_s=0.5, window_s=1.0)
+
+
+def measure_process(cmd: list[str], env: dict[str, str], seconds: float, warmup: float) -> dict:
+    """CPU of the process ``cmd`` (not its children), and what it prints."""
+    import psutil
+
     p = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True
     )
@@ -102,7 +155,7 @@ def measure(runtime_dir: str, interval: float, window: float, seconds: float, wa
             if sel.select(min(left, 0.5)):
                 chunk = os.read(fd, 1 << 20)
                 if not chunk:
-                    raise SystemExit("the remote side exited")
+                    raise SystemExit("the measured process exited")
                 nbytes += len(chunk)
                 lines += chunk.count(b"\n")
                 zbytes += len(z.compress(chunk)) + len(z.flush(zlib.Z_SYNC_FLUSH))
@@ -119,8 +172,6 @@ def measure(runtime_dir: str, interval: float, window: float, seconds: float, wa
     wall = t1 - t0
     cpu = (c1.user + c1.system) - (c0.user + c0.system)
     return {
-        "interval_s": interval,
-        "window_s": window,
         "wall_s": round(wall, 2),
         "cpu_percent": round(100 * cpu / wall, 2),
         "bytes_per_s": round(nbytes / wall),
@@ -145,12 +196,13 @@ def main() -> int:
     runtime_dir = tempfile.mkdtemp(prefix="dlwrc", dir="/tmp")
     workdir = tempfile.mkdtemp(prefix="dlwrcw", dir="/tmp")
     os.chmod(runtime_dir, 0o700)
-    duration = 60 + len(plan) * (seconds + warmup + 5)
+    duration = 60 + (len(plan) + 1) * (seconds + warmup + 8)
     jobs = start_ranks(a.ranks, a.workers, runtime_dir, duration, workdir)
     try:
         wait_jobs_ready(jobs, workdir)
         wait_all_visible(runtime_dir, a.ranks, a.workers)
         rows = [measure(runtime_dir, i, w, seconds, warmup) for i, w in plan]
+        rows.append(measure_viewer(runtime_dir, 2, seconds, warmup, workdir))
     finally:
         stop_sessions(jobs)
         shutil.rmtree(runtime_dir, ignore_errors=True)
@@ -162,6 +214,7 @@ def main() -> int:
     print(
         text_table(
             (
+                "side",
                 "interval",
                 "window",
                 "CPU (% of one core)",
@@ -173,6 +226,7 @@ def main() -> int:
             ),
             [
                 (
+                    r["side"],
                     f"{r['interval_s']:g} s",
                     f"{r['window_s']:g} s",
                     f"{r['cpu_percent']:.1f}",
