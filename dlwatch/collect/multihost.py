@@ -15,9 +15,11 @@ state is a lock and a copy, so a slow or dead host never holds the view up.
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -26,6 +28,7 @@ from dlwatch.collect import merge
 from dlwatch.collect.remote import HostStatus, RemoteHost, fetch_once
 from dlwatch.snapshot import problems, records
 
+log = logging.getLogger("dlwatch.collect")
 # Once a second, as this machine's own diagnosis (monitor.DIAGNOSE_EVERY_S).
 JUDGE_EVERY_S = 1.0
 # A one-shot answer from a host: ssh's connect timeout (remote.SSH_OPTIONS)
@@ -63,7 +66,7 @@ class MultiHost:
         self._latest: dict[str, Any] | None = None
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
-        self.errors: list[str] = []
+        self.errors: deque[str] = deque(maxlen=5)
         local.subscribe(self._on_local)
 
     def start(self) -> None:
@@ -106,9 +109,11 @@ class MultiHost:
     def _on_local(self) -> None:
         try:
             snap = self.build()
-        except Exception as e:  # never out of the collector's thread
-            self.errors.append(f"merge: {type(e).__name__}: {e}")
-            return
+        except Exception as e:  # never out of the collector's thread, never a frozen view
+            log.debug("merging the hosts failed", exc_info=e)
+            self.errors.append(f"merging the hosts failed: {type(e).__name__}: {e}")
+            snap = dict(self.local.latest() or merge.empty_local(self.clock()))
+            snap["errors"] = [*(snap.get("errors") or ()), *self.errors]
         with self._lock:
             self._latest = snap
         for callback in list(self._listeners):

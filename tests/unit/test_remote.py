@@ -176,3 +176,39 @@ def test_lines_are_cut_from_chunks_as_they_come_and_an_over_long_one_is_dropped_
     st = host.status()
     assert (st.lines, st.bad_lines, att.snapshots, st.bytes) == (2, 2, 2, len(stream))
     assert st.state == "ok" and st.snapshot == nodes()[1] and len(att.out) == 0
+
+
+def test_the_live_view_with_hosts_reads_every_node_and_a_failed_merge_is_said_not_frozen(
+    monkeypatch, tmp_path
+):
+    from dlwatch.cli import common
+    from dlwatch.cli.main import build_parser
+    from dlwatch.collect.multihost import MultiHost
+
+    got = {}
+    monkeypatch.setattr(
+        "dlwatch.tui.app.run_tui", lambda source, **kw: got.setdefault("source", source) and 0
+    )
+    args = build_parser().parse_args(
+        ["--host", "n1", "--host", "n2", "--host", "n1", "--remote-dlwatch", "/opt/dlw"]
+    )
+    assert common.open_live_view(args) == 0
+    source = got["source"]
+    assert isinstance(source, MultiHost) and [r.dest for r in source.remotes] == ["n1", "n2"]
+    assert all(r.argv[-1].startswith("/opt/dlw snapshot --follow --json") for r in source.remotes)
+
+    class Local:  # this machine's collector, as far as MultiHost reads it
+        def subscribe(self, cb):
+            self.cb = cb
+
+        def latest(self):
+            return nodes()[0]
+
+    seen = []
+    multi = MultiHost(Local(), [])
+    multi.subscribe(lambda: seen.append(multi.latest()))
+    monkeypatch.setattr(merge, "merge", lambda *a: 1 / 0)
+    multi.local.cb()
+    (snap,) = seen
+    assert snap["jobs"] == nodes()[0]["jobs"]
+    assert snap["errors"] == ["merging the hosts failed: ZeroDivisionError: division by zero"]
