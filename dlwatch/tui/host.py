@@ -78,6 +78,9 @@ def remote_host_text(line: dict, pal: fmt.Palette) -> Text:
     t = Text()
     t.append(fmt.s(line.get("host"), "?"), "bold")
     state = fmt.s(line.get("state"), "?")
+    if state == "connecting":  # not a fault yet: ssh is logging in
+        t.append(" connecting…", pal.dim)
+        return t
     if state != "ok":
         t.append(f" ✖ {state}", f"bold {pal.bad}")
         reason = fmt.s(line.get("reason"))
