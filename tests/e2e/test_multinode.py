@@ -241,6 +241,7 @@ def test_one_view_over_two_nodes_through_ssh():
         c.start_follow()
         ls_lists_each_nodes_rank_and_says_why_a_node_cannot_be_read(c)
         one_view_names_the_slow_rank_and_its_node_and_the_run_waits_at_its_pace(c)
+        the_live_view_shows_both_nodes_ranks_and_where_the_slowest_runs(c)
         a_node_that_goes_away_is_one_line_and_the_other_keeps_updating(c)
     finally:
         c.close()
@@ -355,3 +356,34 @@ def a_node_that_goes_away_is_one_line_and_the_other_keeps_updating(cluster: Clus
     )
     assert next(h for h in refused["hosts"] if h["host"] == "node2")["state"] == "unreachable"
     assert cluster.follow is not None and cluster.follow.poll() is None
+
+
+def the_live_view_shows_both_nodes_ranks_and_where_the_slowest_runs(cluster: Cluster) -> None:
+    """The live view itself (``dlwatch --host node1 --host node2``'s source and
+    app, in this process), over the real ssh."""
+    import asyncio
+
+    from dlwatch.collect.monitor import Monitor
+    from dlwatch.collect.multihost import MultiHost
+    from dlwatch.tui.host import HostLine
+    from dlwatch.tui.jobs import JobList
+    from tests.tui_fixtures import make_app
+    from tests.unit.test_tui import wait_until
+
+    local = Monitor(directory=cluster.env["DLWATCH_DIR"], gpu=False)
+    source = MultiHost(local, ["node1", "node2"], dlwatch=DLWATCH, env=cluster.env)
+
+    async def body() -> None:
+        app = make_app(source)
+        async with app.run_test(size=(140, 40)) as pilot:
+
+            def rows() -> str:
+                table = app.screen.query_one(JobList)
+                return "\n".join(" ".join(str(c) for c in table.get_row(r.key)) for r in app.rows)
+
+            await wait_until(pilot, lambda: "[node1]" in rows() and "[node2]" in rows(), 30)
+            await wait_until(pilot, lambda: "slowest on node2" in rows(), 15)
+            host = str(app.screen.query_one(HostLine).content)
+            assert "node1 " in host and "node2 " in host and "✖" not in host, host
+
+    asyncio.run(body())
