@@ -9,6 +9,7 @@ CLI has no import cycles and a new subcommand is one module in
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -84,20 +85,23 @@ def bootstrap_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def add_host_arguments(p) -> None:
+def add_host_arguments(p, sub: bool = False) -> None:
     """``--host`` and ``--remote-dlwatch``: other nodes' jobs through ssh
-    (docs/multinode.md)."""
+    (docs/multinode.md). ``sub``: a subcommand's, which leave what was given
+    before the subcommand (``dlwatch --host n1 ls``) as it is."""
+    keep = {"default": argparse.SUPPRESS} if sub else {}
     p.add_argument(
         "--host",
         action="append",
         metavar="DEST",
+        **keep,
         help="also show the jobs of DEST, anything ssh accepts (an alias of your ssh config, user@node), "
         "read over ssh with `dlwatch snapshot --follow --json` there; repeat for several nodes "
         "(DLWATCH_SSH replaces the ssh command line)",
     )
     p.add_argument(
         "--remote-dlwatch",
-        default="dlwatch",
+        **(keep or {"default": "dlwatch"}),
         metavar="PATH",
         help="with --host: dlwatch's path on the hosts when it is not on their PATH "
         "(e.g. '~/venv/bin/dlwatch', quoted so that the node expands ~; default: dlwatch)",

@@ -212,3 +212,13 @@ def test_the_live_view_with_hosts_reads_every_node_and_a_failed_merge_is_said_no
     (snap,) = seen
     assert snap["jobs"] == nodes()[0]["jobs"]
     assert snap["errors"] == ["merging the hosts failed: ZeroDivisionError: division by zero"]
+
+
+def test_host_is_taken_before_or_after_the_subcommand():
+    from dlwatch.cli.main import build_parser
+
+    p = build_parser()
+    for argv in (["--host", "n1", "ls"], ["ls", "--host", "n1"], ["snapshot", "--host", "n1"]):
+        args = p.parse_args(argv)
+        assert (args.host, args.remote_dlwatch) == (["n1"], "dlwatch"), argv
+    assert p.parse_args(["ls"]).host is None

@@ -22,7 +22,7 @@ ORDER = 10
 
 def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print the list as JSON")
-    add_host_arguments(p)
+    add_host_arguments(p, sub=True)
 
 
 def run(args) -> int:

@@ -55,7 +55,7 @@ def add_arguments(p) -> None:
         help=f"with --follow: seconds between snapshots (default 1, {MIN_INTERVAL_S:g}-{MAX_INTERVAL_S:g})",
     )
     p.add_argument("--count", type=int, metavar="N", help="with --follow: stop after N snapshots")
-    add_host_arguments(p)
+    add_host_arguments(p, sub=True)
 
 
 def run(args) -> int:
