@@ -41,6 +41,10 @@ def local_name() -> str:
 
 
 class MultiHost:
+    """``local`` (this machine's ``Monitor``) and one ``RemoteHost`` per
+    host, read as one ``SnapshotSource``; ``interval``/``window``: those the
+    nodes build their snapshots with (the view's, at least 0.5 s)."""
+
     def __init__(
         self,
         local: Any,
@@ -62,6 +66,7 @@ class MultiHost:
         self.clock = clock
         self.judge = merge.CrossHostJudge(Diagnoser().update)
         self._cross: list[dict[str, Any]] = []
+        self._cross_error: str | None = None
         self._judged_at: float | None = None
         self._latest: dict[str, Any] | None = None
         self._lock = threading.Lock()
@@ -98,12 +103,14 @@ class MultiHost:
         t = time.monotonic()
         if self._judged_at is None or t - self._judged_at >= JUDGE_EVERY_S:
             try:
-                self._cross = self.judge.hints(merged)
+                self._cross, self._cross_error = self.judge.hints(merged), None
             except Exception as e:  # the rest of the view stays; the fault is said
                 self._cross = []
-                merged["hints_error"] = f"cross-host diagnosis failed: {type(e).__name__}: {e}"
+                self._cross_error = f"cross-host diagnosis failed: {type(e).__name__}: {e}"
             self._judged_at = t
         merged["hints"] = self._cross + merged["hints"]
+        if self._cross_error:
+            merged["hints_error"] = self._cross_error
         return merged
 
     def _on_local(self) -> None:
