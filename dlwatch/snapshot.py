@@ -176,7 +176,11 @@ class _JobRequired(TypedDict):
 
 class Job(_JobRequired, total=False):
     run_id: str | None  # torchrun's run id: ranks of one run share it
+    master: str | None  # MASTER_ADDR:MASTER_PORT: with run_id, the ranks of one run (None: not set)
     hostname: str | None  # the job's own socket.gethostname()
+    # `dlwatch --host` (collect/merge.py): the node the job runs on, as the
+    # user named it to ssh (this machine's jobs: its hostname)
+    host: str
     state: str  # "live" | "connecting" | "exited" | "unreachable" | "incompatible"
     state_reason: str
     age_s: float
@@ -251,6 +255,15 @@ class Snapshot(_SnapshotRequired, total=False):
     # Why ``hints`` says nothing: the diagnosis could not start or raised.
     # Absent when the hints are the diagnosis's own verdict.
     hints_error: str
+    # Only with `dlwatch --host` (docs/multinode.md): one line per node, {"host",
+    # "state": "ok"|"connecting"|"stale"|"unreachable"|"no-dlwatch"|"dropped"|"error",
+    # "reason": ssh's error in one line or None, "local", "figures": the node's Host,
+    # "gpu_status", "gpus", "jobs", "age_s", "lines", "bytes", "bad_lines", "connects"} ...
+    hosts: list[dict[str, Any]]
+    # ... and the ranks of each run across nodes: {"run_id", "world_size", "ranks_seen",
+    # "ranks_live", "hosts", "data_wait_fraction_max" (the slowest rank's: the run's pace),
+    # "data_wait_fraction_mean", "slowest": {"rank", "host", "pid"} | None}
+    runs: list[dict[str, Any]]
 
 
 # ------------------------------------------------------------- the source
@@ -344,6 +357,17 @@ def percent(fraction: Any, digits: int | None = 0) -> str:
     if v is None:
         return NA
     return f"{v * 100:g} %" if digits is None else f"{v * 100:.{digits}f} %"
+
+
+def run_key(job: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The run a job is a rank of: (torchrun's run id, its MASTER_ADDR:PORT or
+    ""), the same on every node of the run; None outside a run. The run id
+    alone is not enough: torchrun's ``--rdzv-id`` is "none" unless given, on
+    every node of every run."""
+    run_id, master = job.get("run_id"), job.get("master")
+    if not isinstance(run_id, str) or not run_id:
+        return None
+    return run_id, master if isinstance(master, str) else ""
 
 
 def find_job(snapshot: Mapping[str, Any], pid: int | None) -> dict[str, Any] | None:

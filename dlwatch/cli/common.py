@@ -9,6 +9,7 @@ CLI has no import cycles and a new subcommand is one module in
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -75,6 +76,34 @@ def bootstrap_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def add_host_arguments(p, sub: bool = False) -> None:
+    """``--host`` and ``--remote-dlwatch``: other nodes' jobs through ssh
+    (docs/multinode.md). ``sub``: a subcommand's, which leave what was given
+    before the subcommand (``dlwatch --host n1 ls``) as it is."""
+    keep = {"default": argparse.SUPPRESS} if sub else {}
+    p.add_argument(
+        "--host",
+        action="append",
+        metavar="DEST",
+        **keep,
+        help="also show the jobs of DEST, anything ssh accepts (an alias of your ssh config, user@node), "
+        "read over ssh with `dlwatch snapshot --follow --json` there; repeat for several nodes "
+        "(DLWATCH_SSH replaces the ssh command line)",
+    )
+    p.add_argument(
+        "--remote-dlwatch",
+        **(keep or {"default": "dlwatch"}),
+        metavar="PATH",
+        help="with --host: dlwatch's path on the hosts when it is not on their PATH "
+        "(e.g. '~/venv/bin/dlwatch', quoted so that the node expands ~; default: dlwatch)",
+    )
+
+
+def hosts_of(args) -> list[str]:
+    """The ``--host`` destinations, each once, in the order given."""
+    return list(dict.fromkeys(getattr(args, "host", None) or []))
+
+
 def open_live_view(args, source=None) -> int:
     """The live view on ``source`` (default: a live collector of this
     user's jobs, built every ``--interval`` over ``--window`` seconds)."""
@@ -92,6 +121,17 @@ def open_live_view(args, source=None) -> int:
         source = Monitor(
             window_s=args.window, interval=args.interval, attach=getattr(args, "attach", None) or ()
         )
+        hosts = hosts_of(args)
+        if hosts:
+            from dlwatch.collect.multihost import MultiHost
+
+            source = MultiHost(
+                source,
+                hosts,
+                dlwatch=getattr(args, "remote_dlwatch", "dlwatch"),
+                interval=args.interval,
+                window=args.window,
+            )
     return run_tui(
         source,
         interval=args.interval,

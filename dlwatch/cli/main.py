@@ -12,7 +12,16 @@ import sys
 
 from dlwatch import __version__
 from dlwatch.cli import commands
-from dlwatch.cli.common import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, dir_problem, fail, open_live_view
+from dlwatch.cli.common import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_host_arguments,
+    dir_problem,
+    fail,
+    hosts_of,
+    open_live_view,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
         "opens the live view of every job of this user on this machine.",
         epilog="Instrument a job with `import dlwatch.hook` in the training script, or run it "
         "as `dlwatch run -- python train.py`. Environment: DLWATCH_DIR (runtime "
-        "directory), DLWATCH_DISABLE=1 (the hook does nothing).",
+        "directory), DLWATCH_DISABLE=1 (the hook does nothing), DLWATCH_SSH (the ssh "
+        "command line of --host).",
     )
     p.add_argument("--version", action="version", version=f"dlwatch {__version__}")
     add_view_arguments(p)
@@ -40,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also show PID P, a job started without the hook, sampled from outside with py-spy "
         "(marked 'sampled'; repeat for several; see `dlwatch attach --check P`)",
     )
+    add_host_arguments(p)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for mod in commands.modules():
         sp = sub.add_parser(
@@ -96,6 +107,6 @@ def cmd_live(args) -> int:
         if refused is not None:
             return fail(refused[1], refused[0])
     problem = dir_problem()
-    if problem and not attach:
+    if problem and not attach and not hosts_of(args):
         return fail(problem)
     return open_live_view(args)

@@ -36,11 +36,13 @@ def _short(s: str, n: int) -> str:
 
 
 def render_ls(jobs: list[dict]) -> str:
-    rows = [("PID", "RANK", "AGE", "LOADERS", "STATE", "COMMAND")]
+    hosts = any("host" in j for j in jobs)
+    rows = [(*(("HOST",) if hosts else ()), "PID", "RANK", "AGE", "LOADERS", "STATE", "COMMAND")]
     for j in jobs:
         rank = "-" if j.get("rank") is None else f"{j['rank']}/{j.get('world_size') or '?'}"
         rows.append(
             (
+                *((str(j.get("host") or "?"),) if hosts else ()),
                 str(j["pid"]),
                 rank,
                 f"{j.get('age_s') or 0:.0f}s",
@@ -51,6 +53,43 @@ def render_ls(jobs: list[dict]) -> str:
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)
+
+
+def render_hosts(lines: list[dict]) -> str:
+    """One line per host of ``--host``: its state, and why it could not be read."""
+    out = []
+    for h in lines:
+        where = " (this machine)" if h.get("local") else ""
+        state = h.get("state") or "?"
+        shown = state if state == "ok" else state.upper()
+        text = f"host {h.get('host')}{where}: {shown}, {h.get('jobs', 0)} jobs"
+        figures = h.get("figures")
+        if isinstance(figures, dict) and figures:
+            text += (
+                f", {_num(figures.get('usable_cores'), '{:g}')} usable cores of "
+                f"{figures.get('logical_cpus')} logical, CPU {_num(figures.get('cpu_percent'), unit=' %')}, "
+                f"GPUs {len(h.get('gpus') or [])}"
+                + ("" if h.get("gpu_status") in ("ok", None) else f" ({h.get('gpu_status')})")
+            )
+        if h.get("reason"):
+            text += f" -- {h['reason']}"
+        out.append(text)
+    return "\n".join(out)
+
+
+def render_runs(runs: list[dict]) -> str:
+    """Each run's ranks across hosts: the data wait every rank steps at (the
+    slowest rank's) beside the mean."""
+    out = []
+    for r in runs:
+        slow = r.get("slowest") or {}
+        who = f" (rank {slow.get('rank')} on {slow.get('host')})" if slow else ""
+        out.append(
+            f"run {r.get('run_id')}: {r.get('ranks_live')}/{r.get('world_size')} ranks live on "
+            f"{', '.join(r.get('hosts') or [])}; data wait max {_pct(r.get('data_wait_fraction_max'))}{who}, "
+            f"mean {_pct(r.get('data_wait_fraction_mean'))}"
+        )
+    return "\n".join(out)
 
 
 def render_snapshot(snap: dict, title: str = "dlwatch snapshot") -> str:
@@ -69,8 +108,14 @@ def render_snapshot(snap: dict, title: str = "dlwatch snapshot") -> str:
             lines.append(f"GPU {g['index']} {g.get('name', '')}: util {util}, memory {used} / {total}")
     else:
         lines.append(f"GPU: {snap.get('gpu_status')}")
+    if snap.get("hosts"):
+        lines.append(render_hosts(snap["hosts"]))
+    if snap.get("runs"):
+        lines.append(render_runs(snap["runs"]))
     for j in snap.get("jobs", []):
         rank = "" if j.get("rank") is None else f"  rank {j['rank']}/{j.get('world_size') or '?'}"
+        if j.get("host"):
+            rank += f"  on {j['host']}"
         main_cpu = _num(j.get("main_cpu_percent"), "{:.0f}", " %")
         lines.append("")
         sampled = "  sampled (attached, no hook)" if j.get("sampled") is True else ""

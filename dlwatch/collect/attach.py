@@ -55,6 +55,8 @@ def identity(pid: int) -> dict:
         except ValueError:
             out[key] = None
     out["run_id"] = env.get("TORCHELASTIC_RUN_ID")
+    addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
+    out["master"] = f"{addr}:{port}" if addr and port else None
     torch_dir = _torch_dir(pid)
     if torch_dir is not None:
         out["torch_loaded"] = True

@@ -160,6 +160,7 @@ def job_dict(
         "local_rank": job.get("local_rank"),
         "world_size": job.get("world_size"),
         "run_id": job.get("run_id"),
+        "master": job.get("master"),
         "hostname": job.get("hostname"),
         "torch_version": job.get("torch_version", "unknown"),
         "start_method": job.get("start_method", "unknown"),

@@ -295,6 +295,7 @@ def job_dict(
         "local_rank": identity.get("local_rank"),
         "world_size": identity.get("world_size"),
         "run_id": identity.get("run_id"),
+        "master": identity.get("master"),
         "hostname": identity.get("hostname"),
         "torch_version": identity.get("torch_version") or "unknown",
         "start_method": "unknown",

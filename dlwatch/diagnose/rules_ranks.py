@@ -7,13 +7,17 @@ which the probe counts as their step (the loop's time between batches), so
 they show long "compute" and no data wait. Each rank's own figures then
 point at nothing; side by side they name the rank to fix.
 
-Only the ranks on this machine are seen (one monitor per box): a run whose
-other ranks are elsewhere is judged on the ranks here.
+A monitor sees the ranks on its own machine, or, with ``dlwatch --host``,
+the ranks of every host it reads (collect/merge.py judges this rule on the
+merged snapshot, where each job carries its ``host``): a run whose other
+ranks are out of sight is judged on the ranks seen.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from dlwatch.snapshot import run_key
 
 from .facts import Context, LoaderView, as_int, hint, median, ms, num, pct, r
 from .registry import Rule
@@ -45,12 +49,12 @@ def _primary(views: list[LoaderView]) -> LoaderView | None:
     return max(steady, key=lambda lv: num(lv.loader.get("batches_per_s")) or 0.0)
 
 
-def _runs(ctx: Context) -> dict[str, list[dict[str, Any]]]:
-    runs: dict[str, list[dict[str, Any]]] = {}
+def _runs(ctx: Context) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for job in ctx.live_jobs:
-        run_id = job.get("run_id")
-        if isinstance(run_id, str) and run_id and as_int(job.get("rank")) is not None:
-            runs.setdefault(run_id, []).append(job)
+        key = run_key(job)
+        if key is not None and as_int(job.get("rank")) is not None:
+            runs.setdefault(key, []).append(job)
     return runs
 
 
@@ -63,9 +67,15 @@ def _pipeline(lv: LoaderView) -> str:
     return ", ".join(parts)
 
 
+def _on(job: dict[str, Any]) -> str:
+    """ " on HOST" for a job of a multi-host view; "" on one machine."""
+    host = job.get("host")
+    return f" on {host}" if isinstance(host, str) and host else ""
+
+
 def rule_straggler_rank(ctx: Context) -> list[dict[str, Any]]:
     out = []
-    for run_id, jobs in _runs(ctx).items():
+    for (run_id, _master), jobs in _runs(ctx).items():
         if len(jobs) < 2:
             continue
         ranks = []
@@ -101,26 +111,28 @@ def _judge(run_id: str, jobs: list[dict[str, Any]], ranks: list[tuple[Any, ...]]
     lost = other_step - fastest
     if lost < MIN_LOSS_OF_WAIT * slow_wait_ms or lost / other_cycle < MIN_LOST_SHARE:
         return None
-    names = ", ".join(f"rank {o[0]}" for o in sorted(others, key=lambda o: o[0]))
+    names = ", ".join(f"rank {o[0]}{_on(o[1].job)}" for o in sorted(others, key=lambda o: o[0]))
     world = as_int(slow.job.get("world_size"))
     msg = (
-        f"Rank {rank} (PID {slow.pid}) holds back run {run_id}: its loop waits {pct(slow.wait)} "
-        f"of its time for data ({ms(slow_wait_ms)} a batch), while {names} "
+        f"Rank {rank} (PID {slow.pid}{_on(slow.job)}) holds back run {run_id}: "
+        f"its loop waits {pct(slow.wait)} of its time for data ({ms(slow_wait_ms)} a batch), while {names} "
         f"{'wait' if len(others) > 1 else 'waits'} only {pct(max(o[1].wait for o in others))} but "
         f"take{'' if len(others) > 1 else 's'} {ms(other_step)} a step against {ms(fastest)} of compute "
         f"on the fastest rank: {ms(lost)} a step ({pct(lost / other_cycle)} of their time) spent "
         f"waiting for rank {rank} at the collective."
     )
     if world is not None and world > len(jobs):
-        msg += f" Only the {len(jobs)} of {world} ranks on this machine are compared."
+        where = "in sight" if any(_on(j) for j in jobs) else "on this machine"
+        msg += f" Only the {len(jobs)} of {world} ranks {where} are compared."
     sugg = (
-        f"speed up rank {rank}'s input pipeline first (PID {slow.pid}, {_pipeline(slow)}): "
+        f"speed up rank {rank}'s input pipeline first (PID {slow.pid}{_on(slow.job)}, {_pipeline(slow)}): "
         f"follow the hints of PID {slow.pid}; every rank of the run steps at its pace"
     )
     ev = {
         "run_id": run_id,
         "slow_rank": rank,
         "slow_pid": slow.pid,
+        "slow_host": slow.job.get("host"),
         "data_wait_fraction": r(slow.wait),
         "wait_ms_mean": r(slow_wait_ms, 1),
         "step_ms_mean": r(slow.step_ms, 1),
@@ -133,6 +145,7 @@ def _judge(run_id: str, jobs: list[dict[str, Any]], ranks: list[tuple[Any, ...]]
             {
                 "rank": rk,
                 "pid": lv.pid,
+                "host": lv.job.get("host"),
                 "loader_id": lv.lid,
                 "data_wait_fraction": r(lv.wait),
                 "step_ms_mean": r(lv.step_ms, 1),

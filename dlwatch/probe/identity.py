@@ -38,6 +38,13 @@ def _run_id() -> str | None:
     return None
 
 
+def _master() -> str | None:
+    # Where the ranks rendezvous: with torchrun's run id, what tells one run
+    # from another (`--rdzv-id` defaults to "none" on every multi-node run).
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    return f"{addr}:{port}" if addr and port else None
+
+
 def job_identity() -> dict:
     torch = sys.modules.get("torch")
     mp = sys.modules.get("multiprocessing")
@@ -56,6 +63,7 @@ def job_identity() -> dict:
         "local_rank": _env_int("LOCAL_RANK"),
         "world_size": _env_int("WORLD_SIZE"),
         "run_id": _run_id(),
+        "master": _master(),
         "torch_version": str(getattr(torch, "__version__", "unknown")),
         "start_method": start_method or "unknown",
         "started": time.time(),

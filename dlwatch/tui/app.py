@@ -28,7 +28,7 @@ from dlwatch.tui.gpu import GpuPanel
 from dlwatch.tui.help import HelpScreen
 from dlwatch.tui.hints import HintDetailScreen, HintsPanel
 from dlwatch.tui.host import HostLine
-from dlwatch.tui.jobs import JobList, JobRow, group_jobs, job_state
+from dlwatch.tui.jobs import JobList, JobRow, group_jobs, job_state, remote_hosts
 from dlwatch.tui.keyed import set_static
 from dlwatch.tui.keys import APP_KEYS, SCREEN_KEYS, palette_keys
 from dlwatch.tui.loader import LoaderPanel
@@ -314,7 +314,8 @@ class DlwatchApp(App):
         self._guard("gpu", screen.ref("#gpu", GpuPanel).show, snap or {}, pal, wide)
         self._guard("host", self._draw_host, screen, snap, pal, wide)
         pid = fmt.intval(job.get("pid")) if job else None
-        self._guard("hints", screen.ref("#hints", HintsPanel).show, snap, pid, pal, wide)
+        host = fmt.s(fmt.d(job).get("host")) or None
+        self._guard("hints", screen.ref("#hints", HintsPanel).show, snap, pid, pal, wide, host)
         self._guard("status", self._draw_status)
 
     def _guard(self, what: str, fn: Callable, *args):
@@ -546,7 +547,8 @@ class DlwatchApp(App):
             return
         job = self.selected_job()
         pid = fmt.intval(job.get("pid")) if job else None
-        self.push_screen(HintDetailScreen(self.snapshot, pid, self.palette))
+        host = fmt.s(fmt.d(job).get("host")) or None
+        self.push_screen(HintDetailScreen(self.snapshot, pid, self.palette, host))
 
     def action_screenshot(self, filename: str | None = None, path: str | None = None) -> None:
         """``s``: an SVG of the screen, in the working directory unless told."""
@@ -598,6 +600,11 @@ class DlwatchApp(App):
             return None
         if job_state(job) != "live":
             self.notify("only a live job can be profiled", severity="warning")
+            return None
+        host = fmt.s(fmt.d(job).get("host"))
+        if host in remote_hosts(self.snapshot):
+            # The burst goes over this machine's sockets: a job of another node is out of reach.
+            self.notify(f"profile it with dlwatch on {host}", severity="warning")
             return None
         if runner is None:
             # A replay, or a view built without a way to reach the jobs.

@@ -15,14 +15,18 @@ from dlwatch.tui.keyed import set_static
 from dlwatch.tui.textmodal import TextModal
 
 
-def relevant_hints(hints: Any, job_pid: int | None) -> tuple[list[dict], int]:
-    """(hints about this job or the whole box, number about other jobs)."""
+def relevant_hints(hints: Any, job_pid: int | None, host: str | None = None) -> tuple[list[dict], int]:
+    """(hints about this job or the whole box, number about other jobs).
+    ``host``: the job's node in a ``dlwatch --host`` view, where two nodes may
+    run the same PID; a hint of another node is another job's."""
     mine, others = [], 0
     for h in fmt.lst(hints):
         if not isinstance(h, dict):
             continue
         pid = h.get("job_pid")
-        if pid is None or job_pid is None or pid == job_pid:
+        if host and h.get("host") not in (None, host):
+            others += 1
+        elif pid is None or job_pid is None or pid == job_pid:
             mine.append(h)
         else:
             others += 1
@@ -57,11 +61,18 @@ def hint_text(h: dict, pal: fmt.Palette, wide: bool) -> Text:
 class HintsPanel(Static):
     _shown_for: tuple | None = None
 
-    def show(self, snapshot: dict | None, job_pid: int | None, pal: fmt.Palette, wide: bool) -> None:
+    def show(
+        self,
+        snapshot: dict | None,
+        job_pid: int | None,
+        pal: fmt.Palette,
+        wide: bool,
+        host: str | None = None,
+    ) -> None:
         # The collector re-judges once a second and hands the same list over
         # in between: nothing to format again.
         hints_obj = snapshot.get("hints") if isinstance(snapshot, dict) else None
-        key = (hints_obj, job_pid, pal, wide)
+        key = (hints_obj, job_pid, pal, wide, host)
         if (
             hints_obj is not None
             and self._shown_for is not None
@@ -73,7 +84,7 @@ class HintsPanel(Static):
         if snapshot is None:
             set_static(self, Text("hints: waiting for data…", pal.dim))
             return
-        hints, others = relevant_hints(snapshot.get("hints"), job_pid)
+        hints, others = relevant_hints(snapshot.get("hints"), job_pid, host)
         out = Text()
         broken = fmt.s(snapshot.get("hints_error"))
         if broken and not hints:
@@ -118,8 +129,10 @@ class HintDetailScreen(TextModal):
 
     BINDINGS = [Binding("e", "dismiss", "close", show=False)]
 
-    def __init__(self, snapshot: dict | None, job_pid: int | None, pal: fmt.Palette) -> None:
-        hints, _ = relevant_hints(fmt.d(snapshot).get("hints"), job_pid)
+    def __init__(
+        self, snapshot: dict | None, job_pid: int | None, pal: fmt.Palette, host: str | None = None
+    ) -> None:
+        hints, _ = relevant_hints(fmt.d(snapshot).get("hints"), job_pid, host)
         body = Text("no hints for this job right now", pal.dim) if not hints else Text()
         for i, h in enumerate(hints):
             if i:

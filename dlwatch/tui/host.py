@@ -46,6 +46,56 @@ def host_text(snapshot: dict, pal: fmt.Palette, wide: bool) -> Text:
         t.append(f"cpu {fmt.pct100(host.get('cpu_percent'))}")
     t.append(" · /dev/shm free ", pal.dim)
     t.append(fmt.size(host.get("shm_free_bytes")))
+    nodes = [h for h in fmt.lst(snapshot.get("hosts")) if isinstance(h, dict) and not h.get("local")]
+    # The nodes that cannot be read first: in the compact layout's one line,
+    # what is wrong is what must not be cut off.
+    nodes.sort(key=lambda h: h.get("state") == "ok")
+    if nodes and not wide:
+        t.append("\n")
+        t.append_text(nodes_summary(nodes, pal))
+    for line in nodes if wide else ():
+        t.append("\n")
+        t.append_text(remote_host_text(line, pal))
+    return t
+
+
+def nodes_summary(nodes: list[dict], pal: fmt.Palette) -> Text:
+    """The other nodes on one line: how many are read, and each that is not, with why."""
+    t = Text()
+    ok = sum(1 for h in nodes if h.get("state") == "ok")
+    t.append("nodes ", "bold")
+    t.append(f"{ok}/{len(nodes)} ok", pal.good if ok == len(nodes) else pal.warn)
+    for h in nodes:
+        if h.get("state") != "ok":
+            t.append(" · ", pal.dim)
+            t.append_text(remote_host_text(h, pal))
+    return t
+
+
+def remote_host_text(line: dict, pal: fmt.Palette) -> Text:
+    """One node of ``dlwatch --host``: its own cores, load and GPUs, or, when
+    it cannot be read, its state and why (ssh's error, on one line)."""
+    t = Text()
+    t.append(fmt.s(line.get("host"), "?"), "bold")
+    state = fmt.s(line.get("state"), "?")
+    if state == "connecting":  # not a fault yet: ssh is logging in
+        t.append(" connecting…", pal.dim)
+        return t
+    if state != "ok":
+        t.append(f" ✖ {state}", f"bold {pal.bad}")
+        reason = fmt.s(line.get("reason"))
+        if reason:
+            t.append(f": {reason}", pal.bad)
+        return t
+    figures = fmt.d(line.get("figures"))
+    usable = fmt.num(figures.get("usable_cores"))
+    t.append(f" {usable:g}" if usable is not None else f" {fmt.NA}")
+    t.append(" cores · load ", pal.dim)
+    load = fmt.num(figures.get("load_percent_of_usable"))
+    t.append(fmt.pct100(load) if load is not None else fmt.pct100(figures.get("cpu_percent")))
+    gpus = fmt.lst(line.get("gpus"))
+    t.append(f" · {len(gpus)} GPU{'s' if len(gpus) != 1 else ''}", pal.dim)
+    t.append(f" · {fmt.count(line.get('jobs'))} jobs", pal.dim)
     return t
 
 

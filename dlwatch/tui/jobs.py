@@ -7,14 +7,27 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dlwatch.snapshot import run_key
 from dlwatch.tui import fmt
 from dlwatch.tui.linetable import Column, LineTable
 
 
 def job_key(job: Any, index: int) -> str:
     pid = fmt.intval(fmt.d(job).get("pid"))
+    # Two nodes of `dlwatch --host` may run the same PIDs: the host is part of the key.
+    host = fmt.s(fmt.d(job).get("host"))
+    where = f"{host}:" if host else ""
     # A job without a pid (malformed) still gets a stable-enough row.
-    return f"job:{pid}" if pid is not None else f"job:?{index}"
+    return f"job:{where}{pid}" if pid is not None else f"job:?{index}"
+
+
+def remote_hosts(snapshot: Any) -> set[str]:
+    """The other nodes of a ``dlwatch --host`` view (none on one machine)."""
+    return {
+        fmt.s(h.get("host"))
+        for h in fmt.lst(fmt.d(snapshot).get("hosts"))
+        if isinstance(h, dict) and not h.get("local")
+    }
 
 
 def primary_loader(job: Any) -> dict:
@@ -65,6 +78,15 @@ class JobRow:
         return best
 
     @property
+    def data_wait_mean(self) -> float | None:
+        """The mean wait of a run's ranks: beside the slowest's, it says how
+        much the slowest stands out."""
+        vals = [
+            v for j in self.jobs if (v := fmt.num(primary_loader(j).get("data_wait_fraction"))) is not None
+        ]
+        return sum(vals) / len(vals) if vals else None
+
+    @property
     def batches_per_s(self) -> float | None:
         vals = [v for j in self.jobs if (v := fmt.num(primary_loader(j).get("batches_per_s"))) is not None]
         return sum(vals) if vals else None
@@ -79,31 +101,33 @@ class JobRow:
 
 def group_jobs(jobs: Any) -> list[JobRow]:
     """Rows in display order: jobs in snapshot order, except that ranks of one
-    run (same run_id and world_size > 1) follow their aggregate row, by rank."""
+    run (same run_id and master, world_size > 1) follow their aggregate row,
+    by rank."""
     rows: list[JobRow] = []
-    runs: dict[tuple[str, int], JobRow] = {}
-    members: dict[tuple[str, int], list[tuple[int, dict]]] = {}
+    runs: dict[tuple[str, str, int], JobRow] = {}
+    members: dict[str, list[tuple[int, dict]]] = {}
     for i, job in enumerate(fmt.lst(jobs)):
         if not isinstance(job, dict):
             continue
-        run_id = job.get("run_id")
+        rk = run_key(job)
         ws = fmt.intval(job.get("world_size"))
-        if isinstance(run_id, str) and run_id and ws and ws > 1:
-            gk = (run_id, ws)
+        if rk is not None and ws and ws > 1:
+            run_id, master = rk
+            gk = (run_id, master, ws)
             if gk not in runs:
-                runs[gk] = JobRow(key=f"run:{run_id}:{ws}", kind="run", run_id=run_id, world_size=ws)
+                key = f"run:{run_id}:{ws}" + (f"@{master}" if master else "")
+                runs[gk] = JobRow(key=key, kind="run", run_id=run_id, world_size=ws)
                 rows.append(runs[gk])
-                members[gk] = []
-            members[gk].append((i, job))
+                members[key] = []
+            members[runs[gk].key].append((i, job))
         else:
             rows.append(JobRow(key=job_key(job, i), kind="job", jobs=[job], index=i))
     out: list[JobRow] = []
     for row in rows:
         out.append(row)
         if row.kind == "run":
-            gk = (row.run_id, row.world_size or 0)
             ranked = sorted(
-                members[gk],
+                members[row.key],
                 key=lambda m: (fmt.intval(m[1].get("rank")) is None, fmt.intval(m[1].get("rank")) or 0),
             )
             row.jobs = [j for _, j in ranked]
@@ -161,7 +185,15 @@ class JobList(LineTable):
             if row.world_size and n != row.world_size:
                 label += f"/{row.world_size}"
             label_cell: tuple | str = ((label, "bold"),)
-            cmd = fmt.truncate(f"{row.run_id} · " + fmt.s(job.get("cmdline")), 200)
+            cmd = f"{row.run_id} · "
+            hosts = sorted({fmt.s(j.get("host")) for j in row.jobs} - {""})
+            if hosts:
+                # Across nodes: where the slowest rank runs and the mean beside
+                # its wait, first, so that 80 columns still show them.
+                where = fmt.s(fmt.d(row.slowest).get("host"))
+                mean = fmt.pct(row.data_wait_mean)
+                cmd = f"slowest on {where or fmt.NA} · mean {mean} · {len(hosts)} hosts · " + cmd
+            cmd = fmt.truncate(cmd + fmt.s(job.get("cmdline")), 200)
             slowest = fmt.intval(fmt.d(row.slowest).get("rank"))
             # The slowest rank's wait, named: "r1 38%".
             wait_prefix = f"r{slowest} " if slowest is not None else ""
@@ -173,6 +205,8 @@ class JobList(LineTable):
             else:
                 label_cell = str(pid) if pid is not None else fmt.NA
             cmd = fmt.s(job.get("cmdline"), fmt.NA)
+            if fmt.s(job.get("host")):
+                cmd = f"[{fmt.s(job.get('host'))}] " + cmd
             if job.get("sampled") is True:
                 cmd = "[sampled] " + cmd
             wait_prefix = ""

@@ -350,6 +350,16 @@ def test_prometheus_tells_the_ranks_of_a_torchrun_run_apart(stack):
             90,
             "both ranks reach Prometheus",
         )
+        # The dashboard's per-rank and max-across-ranks panels, on this run:
+        # one series per rank, one per run.
+        for title, expr in dashboard_queries(RUNS_ROW):
+            want = 2 if "per rank" in title else 1
+            got = stack.wait_for(
+                expr, lambda r, want=want: len(r) == want, 30, f"the panel {title!r} shows {want} series"
+            )
+            assert all(m["metric"].get("run_id") for m in got), (title, got)
+            if want == 2:
+                assert sorted(m["metric"]["rank"] for m in got) == ["0", "1"], (title, got)
     finally:
         open(stop, "w").close()
         try:
@@ -366,16 +376,31 @@ def test_prometheus_tells_the_ranks_of_a_torchrun_run_apart(stack):
     assert all("worker" not in m and m["loader"] == "0" for m in labels)
 
 
+DASHBOARD = Path(__file__).resolve().parents[2] / "contrib/grafana/dlwatch-dashboard.json"
+RUNS_ROW = "Runs across nodes"
+
+
+def dashboard_queries(row: str | None = None) -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every dashboard query, Grafana's variables
+    set as "All" sets them; ``row``: only the panels under the row whose
+    title starts so."""
+    out, in_row = [], row is None
+    for p in json.loads(DASHBOARD.read_text())["panels"]:
+        if p["type"] == "row":
+            in_row = row is None or p["title"].startswith(row)
+            continue
+        for t in p["targets"] if in_row else ():
+            promql = t["expr"].replace("$__rate_interval", "10s")
+            for var in ("host", "run_id", "pid"):
+                promql = promql.replace(f"${var}", ".*")
+            out.append((p["title"], promql))
+    return out
+
+
 def test_every_query_of_the_grafana_dashboard_runs_on_prometheus(stack):
-    dash = json.loads(
-        (Path(__file__).resolve().parents[2] / "contrib/grafana/dlwatch-dashboard.json").read_text()
-    )
-    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
-    assert exprs
-    for e in exprs:
-        promql = e.replace("$__rate_interval", "10s")
-        for var in ("host", "run_id", "pid"):
-            promql = promql.replace(f"${var}", ".*")
+    queries = dashboard_queries()
+    assert queries and dashboard_queries(RUNS_ROW)
+    for _, promql in queries:
         stack.query(promql)  # asserts status "success": no syntax or type error
 
 

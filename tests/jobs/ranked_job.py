@@ -2,12 +2,14 @@
 file appears.
 
     ranked_job.py STOP                      no process group (ranks independent)
-    ranked_job.py STOP --allreduce [--sample-ms MS] [--slow-rank R] [--step-ms MS]
+    ranked_job.py STOP --allreduce [--sample-ms MS] [--slow-rank R | --slow-here] [--step-ms MS]
 
 With ``--allreduce`` the ranks form a gloo process group and all-reduce a
 tensor after every step, as DDP does with gradients: a rank whose loader is
 slow (``--slow-rank``: its samples cost ``--sample-ms`` each, the others'
 nothing; without it every rank's do) holds back every other rank.
+``--slow-here``: this launch's ranks are the slow ones, whatever rank the
+rendezvous gives them (a multi-node run: one node's ranks slow).
 """
 
 import argparse
@@ -37,6 +39,7 @@ if __name__ == "__main__":
     p.add_argument("--allreduce", action="store_true")
     p.add_argument("--sample-ms", type=float, default=0.0)
     p.add_argument("--slow-rank", type=int, default=None)
+    p.add_argument("--slow-here", action="store_true")
     p.add_argument("--step-ms", type=float, default=10.0)
     a = p.parse_args()
     deadline = time.monotonic() + 60
@@ -50,7 +53,10 @@ if __name__ == "__main__":
 
         dist.init_process_group("gloo")
         rank = dist.get_rank()
-        cost = a.sample_ms if a.slow_rank is None or a.slow_rank == rank else 0.0
+        if a.slow_here or a.slow_rank is not None:
+            cost = a.sample_ms if a.slow_here or a.slow_rank == rank else 0.0
+        else:
+            cost = a.sample_ms
         dl = DataLoader(Sleepy(100000, cost), batch_size=4)
         grad = torch.zeros(1024)
         stop = torch.zeros(1)

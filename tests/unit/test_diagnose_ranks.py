@@ -48,6 +48,13 @@ def test_ranks_not_in_lockstep_or_of_other_runs_are_not_compared():
     assert "straggler-rank" not in ids(evaluate(snap(apart)))
     two_runs = [rank(0, wait=0.02, step_ms=98.0, run_id="a"), rank(1, wait=0.4, step_ms=60.0, run_id="b")]
     assert "straggler-rank" not in ids(evaluate(snap(two_runs)))
+    # torchrun's --rdzv-id is "none" unless given: the rendezvous tells the runs apart.
+    none = [rank(0, wait=0.02, step_ms=98.0, run_id="none"), rank(1, wait=0.4, step_ms=60.0, run_id="none")]
+    none[0]["master"], none[1]["master"] = "10.0.0.1:29500", "10.0.0.2:29500"
+    assert "straggler-rank" not in ids(evaluate(snap(none)))
+    for j in none:
+        j["master"] = "10.0.0.1:29500"
+    assert "straggler-rank" in ids(evaluate(snap(none)))
     # The others lose nothing: a slow loader, but no rank waits for it.
     nobody_waits = [rank(0, wait=0.02, step_ms=60.0), rank(1, wait=0.4, step_ms=60.0)]
     assert "straggler-rank" not in ids(evaluate(snap(nobody_waits)))
@@ -66,3 +73,18 @@ def test_a_run_partly_on_other_machines_says_what_is_compared():
     jobs = [rank(0, wait=0.02, step_ms=98.0, world=8), rank(1, wait=0.4, step_ms=60.0, world=8)]
     h = get(evaluate(snap(jobs)), "straggler-rank")
     assert "Only the 2 of 8 ranks on this machine are compared." in h["message"]
+
+
+def test_across_hosts_the_straggler_and_the_others_are_named_with_their_host():
+    jobs = straggling()
+    jobs[0]["host"], jobs[1]["host"] = "node1", "node2"
+    h = get(evaluate(snap(jobs)), "straggler-rank")
+    assert "Rank 1 (PID 2001 on node2)" in h["message"] and "rank 0 on node1" in h["message"]
+    assert "PID 2001 on node2" in h["suggestion"]
+    ev = h["evidence"]
+    assert ev["slow_host"] == "node2"
+    assert [(x["rank"], x["host"]) for x in ev["ranks"]] == [(0, "node1"), (1, "node2")]
+    jobs = [rank(0, wait=0.02, step_ms=98.0, world=8), rank(1, wait=0.4, step_ms=60.0, world=8)]
+    jobs[0]["host"] = jobs[1]["host"] = "node1"
+    h = get(evaluate(snap(jobs)), "straggler-rank")
+    assert "Only the 2 of 8 ranks in sight are compared." in h["message"]

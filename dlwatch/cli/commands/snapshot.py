@@ -11,7 +11,16 @@ import threading
 from typing import Any, cast
 
 from dlwatch import rundir
-from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, dir_problem, fail, no_jobs_message
+from dlwatch.cli.common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_host_arguments,
+    dir_problem,
+    fail,
+    hosts_of,
+    no_jobs_message,
+)
 from dlwatch.cli.recording import MAX_INTERVAL_S, MIN_INTERVAL_S
 
 NAME = "snapshot"
@@ -46,6 +55,7 @@ def add_arguments(p) -> None:
         help=f"with --follow: seconds between snapshots (default 1, {MIN_INTERVAL_S:g}-{MAX_INTERVAL_S:g})",
     )
     p.add_argument("--count", type=int, metavar="N", help="with --follow: stop after N snapshots")
+    add_host_arguments(p, sub=True)
 
 
 def run(args) -> int:
@@ -54,6 +64,10 @@ def run(args) -> int:
     problem = _usage_problem(args)
     if problem:
         return fail(problem, EXIT_USAGE, PROG)
+    if hosts_of(args):
+        if args.pid is not None:
+            return fail("--pid names a process of one machine: not with --host", EXIT_USAGE, PROG)
+        return over_hosts(args)
     problem = dir_problem()
     if problem:
         if args.json or args.follow:
@@ -92,6 +106,31 @@ def _usage_problem(args) -> str | None:
     return None
 
 
+def over_hosts(args) -> int:
+    """``--host``: this machine's jobs and every host's, one document
+    (docs/multinode.md); a host that cannot be read is a line in ``hosts``
+    with its reason, and the exit status is 0 when any of them answered."""
+    from dlwatch.collect.monitor import take_snapshot
+    from dlwatch.collect.multihost import one_shot
+
+    if args.follow:
+        return follow(args)
+    window = args.window or DEFAULT_WINDOW_S
+
+    def local() -> dict[str, Any] | None:
+        return None if dir_problem() else cast(dict[str, Any], take_snapshot(window_s=window))
+
+    snap = one_shot(local, hosts_of(args), args.remote_dlwatch, window)
+    if args.json:
+        print(json.dumps(snap, indent=2, default=str))
+    else:
+        from dlwatch.cli.text import render_snapshot
+
+        print(render_snapshot(snap))
+    # 1 when no host given could be read: a script must not take that for "no jobs".
+    return EXIT_OK if any(h.get("state") == "ok" for h in snap["hosts"] if not h.get("local")) else EXIT_ERROR
+
+
 def follow(args) -> int:
     """Each snapshot the live collector builds, as one line of JSON: the
     document of ``snapshot --json`` as a recording stores it (no history
@@ -100,7 +139,17 @@ def follow(args) -> int:
     from dlwatch.collect.monitor import Monitor
     from dlwatch.record.fileformat import compact
 
-    monitor = Monitor(window_s=args.window or args.interval, interval=args.interval, only_pid=args.pid)
+    monitor: Any = Monitor(window_s=args.window or args.interval, interval=args.interval, only_pid=args.pid)
+    if hosts_of(args):
+        from dlwatch.collect.multihost import MultiHost
+
+        monitor = MultiHost(
+            monitor,
+            hosts_of(args),
+            args.remote_dlwatch,
+            interval=args.interval,
+            window=args.window or args.interval,
+        )
     built, stop = threading.Event(), threading.Event()
 
     def on_signal(*_):
