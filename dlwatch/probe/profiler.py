@@ -31,7 +31,7 @@ from time import perf_counter_ns as _clock
 from typing import Any
 
 from dlwatch import wire
-from dlwatch.probe import profile_figures
+from dlwatch.probe import profile_events, profile_figures
 
 TARGET_MODULE = "torch.utils.data.dataloader"
 # The trace file is at most this big. Kineto writes ~260 bytes per CPU event
@@ -280,12 +280,12 @@ class Burst:
         error = None
         try:
             events = prof.profiler.kineto_results.events()
-            rows = [
-                (e.name(), e.activity_type(), e.start_ns(), e.end_ns(), e.start_thread_id()) for e in events
-            ]
+            rows = profile_events.rows(events, _torch_version())
             step_ns = [b - a for a, b in zip(self.bounds, self.bounds[1:])]
             result = profile_figures.summarize(rows, step_ns, self.wait_ns, self.cuda)
             result.update(self._write_trace(prof, rows))
+        except profile_events.Unsupported as e:
+            error = str(e)
         except Exception as e:
             error = f"could not read the profile: {type(e).__name__}: {_short(e)}"
         self._finish(result, error)
@@ -403,6 +403,11 @@ def write_bounded_trace(path: str, rows: list, limit: int) -> bool:
         other = {"dlwatch": f"{kept} of {len(rows)} events (the trace is capped at {limit >> 20} MiB)"}
         f.write('],"otherData":' + json.dumps(other) + "}\n")
     return kept < len(rows)
+
+
+def _torch_version() -> str:
+    torch = sys.modules.get("torch")
+    return str(getattr(torch, "__version__", "?"))
 
 
 def _short(e: BaseException) -> str:
