@@ -221,6 +221,12 @@ class Gpu(_GpuRequired, total=False):
     processes: list[int] | None  # PIDs with a compute context on it, in NVML's PID namespace
     history: list[float | None]
     mem_history: list[float | None]
+    # util_percent is the mean of NVML's samples since the last reading ("samples"), or one
+    # reading ("reading") where the driver keeps no buffer; min/max: the spread of those samples
+    util_source: str | None
+    util_samples: int | None
+    util_min_percent: float | None
+    util_max_percent: float | None
 
 
 class Hint(TypedDict):
