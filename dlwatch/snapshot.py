@@ -138,6 +138,7 @@ class Loader(_LoaderRequired, total=False):
     epoch_first_batch_age_s: float | None  # since the current epoch's first batch (None: none yet)
     queue_mean: dict[str, float | None]
     worker_ms_per_batch: float | None  # dataset fetch time one batch costs one worker
+    batch_bytes: int | None  # CPU tensor bytes of a batch (each epoch's first); None: not read
     window_mono_ns: list[int | None]  # the job's monotonic clock span of the window
     # Lifetime seconds blocked in next() / in the loop's own work since the
     # loader was first iterated; monotonic (the exporter's counters).

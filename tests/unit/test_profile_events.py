@@ -129,3 +129,41 @@ def test_the_real_event_class_is_read_with_what_it_has():
     assert by_name["mine"][1] == "user_annotation"
     assert by_name["aten::add_"][1] == "cpu_op"
     assert all(r[3] >= r[2] > 0 for r in rows)
+
+
+def test_real_events_read_through_each_older_shape_agree_with_activity_type():
+    # The real events of this torch, seen through only the methods each older
+    # release has: the fallbacks must give what activity_type() gives.
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as p:
+        for step in range(2):
+            with torch.profiler.record_function(f"ProfilerStep#{step}"):
+                torch.ones(64).mul_(2).sum()
+    events = list(p.profiler.kineto_results.events())
+    if not hasattr(events[0], "activity_type"):
+        pytest.skip("this torch has no activity_type to compare with")
+    want = profile_events.rows(events, torch.__version__)
+
+    def seen_as(methods):
+        class View:
+            def __init__(self, e):
+                self._e = e
+
+            def __dir__(self):
+                return sorted(methods)
+
+            def __getattr__(self, name):
+                if name not in methods:
+                    raise AttributeError(name)
+                return getattr(self._e, name)
+
+        return [View(e) for e in events]
+
+    for version in ("2.4", "2.11"):
+        assert profile_events.rows(seen_as(SHAPES[version]), version) == want, version
+    # 2.1's shape has no end_ns: the end comes from duration_ns
+    got = profile_events.rows(seen_as(SHAPES["2.1"]), "2.1")
+    assert [(r[0], r[1], r[2], r[4]) for r in got] == [(r[0], r[1], r[2], r[4]) for r in want]
+    assert all(abs(g[3] - w[3]) <= 1 for g, w in zip(got, want))
