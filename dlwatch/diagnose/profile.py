@@ -62,7 +62,9 @@ def verdict(fig: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
     top = records(fig.get("top_ops"))
     cuda = fig.get("cuda") if isinstance(fig.get("cuda"), dict) else None
     per_step = f"over {steps} steps of {step_ms:.1f} ms"
-    wait, main_cpu, where = _loop_figures(fig)
+    wait, main_cpu, plain = _loop_figures(fig)
+    where = plain or per_step
+    around = f" ({plain})" if plain else ""
 
     if wait >= DATA_BOUND_WAIT:
         pin = ", pin_memory=True" if cuda is not None else ""
@@ -83,7 +85,7 @@ def verdict(fig: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
             return (
                 "gpu-bound",
                 f"the GPU is busy {percent(1 - idle)} of the profiled steps ({per_step}) and the loop waits "
-                f"for data only {percent(wait)}: the input pipeline and kernel launches keep up",
+                f"for data only {percent(wait)}{around}: the input pipeline and kernel launches keep up",
                 "speed up the model on the GPU: bf16/AMP autocast, channels_last, torch.compile, "
                 "fused optimizers; or accept it: this is the GPU's pace",
             )
@@ -126,8 +128,8 @@ def verdict(fig: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
         if idle is not None:
             return (
                 "cpu-bound",
-                f"the GPU idles {percent(idle)} of the step and the loop waits for data only {percent(wait)} "
-                f"({per_step}); {_top_share(top, step_ms, steps)}",
+                f"the GPU idles {percent(idle)} of the step ({per_step}) and the loop waits for data only "
+                f"{percent(wait)}{around}; {_top_share(top, step_ms, steps)}",
                 "the host side of the step is the bottleneck: move the named CPU work to the GPU or out "
                 "of the step (preprocessing into the DataLoader workers, logging less often, no .item() "
                 "per op)",
@@ -149,34 +151,26 @@ def verdict(fig: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
         )
     return (
         "cpu-bound",
-        f"the loop waits for data only {percent(wait)} ({per_step}); {_top_share(top, step_ms, steps)}",
+        f"the loop waits for data only {percent(wait)}{around} ({per_step}); "
+        f"{_top_share(top, step_ms, steps)}",
         "the model's own CPU compute is the step: give it the cores (torch.set_num_threads to the "
         "usable cores, fewer DataLoader workers competing), move it to a GPU, or optimise the top operator",
     )
 
 
-def _loop_figures(fig: dict[str, Any]) -> tuple[float, float | None, str]:
+def _loop_figures(fig: dict[str, Any]) -> tuple[float, float | None, str | None]:
     """(data wait, main thread's CPU share, where they come from): the plain
-    steps around the burst when there are enough of them, else the profiled
-    steps (which the profiler slows: their wait share reads low)."""
+    steps around the burst when there are enough of them (the third item
+    says so), else the profiled steps (None), which the profiler slows:
+    their wait share reads low."""
     plain = as_dict(fig.get("unprofiled"))
     n = as_int(plain.get("steps")) or 0
     wait = num(plain.get("data_wait_fraction"))
     if n >= UNPROFILED_MIN_STEPS and wait is not None:
         secs = num(plain.get("seconds"))
         span = f" over {secs:.1f} s" if secs is not None else ""
-        return (
-            wait,
-            num(plain.get("main_thread_cpu_fraction")),
-            f"{n} plain steps around the burst{span}",
-        )
-    steps = as_int(fig.get("steps")) or 0
-    step_ms = num(fig.get("step_ms_mean")) or 0.0
-    return (
-        num(fig.get("data_wait_fraction")) or 0.0,
-        num(fig.get("main_thread_cpu_fraction")),
-        f"over {steps} steps of {step_ms:.1f} ms",
-    )
+        return wait, num(plain.get("main_thread_cpu_fraction")), f"{n} plain steps around the burst{span}"
+    return num(fig.get("data_wait_fraction")) or 0.0, num(fig.get("main_thread_cpu_fraction")), None
 
 
 def _top_share(top: list[dict[str, Any]], step_ms: float, steps: int) -> str:
