@@ -228,6 +228,11 @@ class Gpu(_GpuRequired, total=False):
     util_samples: int | None
     util_min_percent: float | None
     util_max_percent: float | None
+    # the mean (and spread) of the per-second figures over the snapshot's window:
+    # what the view shows and the hints quote
+    util_window_percent: float | None
+    util_window_min_percent: float | None
+    util_window_max_percent: float | None
 
 
 class Hint(TypedDict):

@@ -904,6 +904,21 @@ def test_gpu_util_uses_window_of_history():
     assert "main-loop-cpu-bound" in ids(evaluate(one(job_kw={"main_thread_cpu": 98.0}, gpus=[g])))
 
 
+def test_hints_quote_the_window_mean_the_view_shows():
+    # One NVML reading swung 0 % -> 86 % a second apart on timm; the window's
+    # mean of per-second means is the figure, in the hint and in the view.
+    from dlwatch.diagnose.facts import window_util
+    from dlwatch.tui.gpu import window_util as shown
+
+    hist = [0.0, 86.0, 22.0, 57.0, 40.0]
+    mean_u, lo, hi = window_util(hist, 5)
+    assert (mean_u, lo, hi) == (41.0, 0.0, 86.0)
+    g = {**gpu(util=86.0, history=hist), "util_window_percent": mean_u}
+    h = get(evaluate(one(job_kw={"main_thread_cpu": 98.0}, gpus=[g])), "main-loop-cpu-bound")
+    assert h["evidence"]["gpu_util_percent"] == shown(g) == 41.0
+    assert "41 % busy" in h["message"]
+
+
 def test_shm_severity():
     assert get(evaluate(one(shm_free=200 * MIB)), "shm-low")["severity"] == "warn"
     assert get(evaluate(one(shm_free=63 * MIB)), "shm-low")["severity"] == "critical"
