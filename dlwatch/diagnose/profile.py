@@ -151,8 +151,8 @@ def verdict(fig: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
         )
     return (
         "cpu-bound",
-        f"the loop waits for data only {percent(wait)}{around} ({per_step}); "
-        f"{_top_share(top, step_ms, steps)}",
+        f"the loop waits for data only {percent(wait)} ({where}); {_top_share(top, step_ms, steps)}"
+        + (f" ({per_step})" if plain else ""),
         "the model's own CPU compute is the step: give it the cores (torch.set_num_threads to the "
         "usable cores, fewer DataLoader workers competing), move it to a GPU, or optimise the top operator",
     )
