@@ -409,3 +409,30 @@ def test_memory_falls_back_to_v1_where_v2_is_not_offered():
     assert gpus[0]["mem_used_bytes"] == 40 * MiB + 480 * MiB and gpus[0]["error"] is None
     s.sample()
     assert fake.calls.count("mem2") == 1  # v2 is not asked again
+
+
+def test_the_snapshot_carries_the_windows_mean_that_hints_and_view_use():
+    from dlwatch.collect.monitor import Monitor
+
+    class Swinging:
+        """GpuSampler's surface: one per-second figure per call."""
+
+        def __init__(self) -> None:
+            self.values = iter([90.0, 57.0, 22.0, 0.0, 86.0])
+
+        def sample(self):
+            g = {"index": 0, "name": "H100", "util_percent": next(self.values), "mem_used_bytes": 1,
+                 "mem_total_bytes": 2, "util_source": "samples"}  # fmt: skip
+            return "ok", [g]
+
+        def close(self) -> None:
+            pass
+
+    m = Monitor(directory="/nonexistent-dlwatch", gpu=Swinging(), procs=False, host=False, diagnoser=False)
+    for _ in range(5):
+        m._last_gpu = 0.0  # one GPU figure per build, as once a second
+        snap = m.build(window_s=3.0)
+    g = snap["gpus"][0]
+    assert g["util_percent"] == 86.0  # the last second alone
+    assert g["util_window_percent"] == pytest.approx((22.0 + 0.0 + 86.0) / 3, abs=0.05)
+    assert (g["util_window_min_percent"], g["util_window_max_percent"]) == (0.0, 86.0)
