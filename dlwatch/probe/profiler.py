@@ -356,18 +356,20 @@ class Burst:
             total = sum(step_ns)
             result["main_thread_cpu_fraction"] = round(self.cpu_ns / total, 4) if total > 0 else None
             result.update(self._write_trace(prof, rows))
-            # The window after the burst: as long as it takes, within its bound
-            # (a loop that left this loader ends it here, as far as it got).
-            if not self._after_done.wait(AROUND_MAX_S + 1.0):
-                self.after.close(_clock(), on_loop_thread=False)
-                self._uninstall()
-            result["unprofiled"] = profile_figures.unprofiled(
-                [self.before.figures(), self.after.figures()], self.in_flight
-            )
         except profile_events.Unsupported as e:
             error = str(e)
         except Exception as e:
             error = f"could not read the profile: {type(e).__name__}: {_short(e)}"
+        # The window after the burst: as long as it takes, within its bound (a
+        # loop that left this loader ends it here, as far as it got); a burst
+        # that failed ends it now. Either way the wrapper goes before the result.
+        if error is not None or not self._after_done.wait(AROUND_MAX_S + 1.0):
+            self.after.close(_clock(), on_loop_thread=False)
+            self._uninstall()
+        if error is None:
+            result["unprofiled"] = profile_figures.unprofiled(
+                [self.before.figures(), self.after.figures()], self.in_flight
+            )
         self._finish(result, error)
 
     def _write_trace(self, prof, rows: list) -> dict:

@@ -167,3 +167,39 @@ def test_real_events_read_through_each_older_shape_agree_with_activity_type():
     got = profile_events.rows(seen_as(SHAPES["2.1"]), "2.1")
     assert [(r[0], r[1], r[2], r[4]) for r in got] == [(r[0], r[1], r[2], r[4]) for r in want]
     assert all(abs(g[3] - w[3]) <= 1 for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_an_in_process_burst_puts_next_back_whether_or_not_reading_fails(probe, tmp_path, monkeypatch, fail):
+    # The wrapper stays for the plain window after the burst; a burst whose
+    # events cannot be read must not leave it behind.
+    import time
+
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from dlwatch.probe import profiler
+
+    if fail:
+        monkeypatch.setattr(
+            profile_events, "rows", lambda *a: (_ for _ in ()).throw(Unsupported("old torch"))
+        )
+    monkeypatch.setattr(profiler, "AROUND_MIN_S", 0.05)
+    dl = DataLoader(TensorDataset(torch.zeros(4000, 2)), batch_size=2)
+    it = iter(dl)
+    next(it)
+    st = next(s for s in probe.snapshot() if s.loader_ref() is dl)
+    before = profiler._iter_class().__dict__["__next__"]
+    burst, why = profiler.start(st, 3, 30.0, str(tmp_path), None, {"id": st.id})
+    assert burst is not None, why
+    end = time.monotonic() + 30
+    while burst.state != profiler.DONE and time.monotonic() < end:
+        next(it)
+        time.sleep(0.002)
+    assert burst.state == profiler.DONE
+    assert profiler._iter_class().__dict__["__next__"] is before
+    if fail:
+        assert burst.error == "old torch"
+    else:
+        assert burst.error is None and burst.result["unprofiled"]["steps"] >= 2
+    profiler.release(burst)
