@@ -14,6 +14,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   python3 -m pytest -p no:cacheprovider -q tests/e2e/test_gpu.py tests/unit/test_collect_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
   echo "pytest gpu rc=$?" >> "$OUT/pytest_gpu.txt"
   python3 bench/gpu_check.py > "$OUT/gpu_check.txt" 2>&1; echo "rc=$?" >> "$OUT/gpu_check.txt"
+  python3 bench/gpu_check.py verdicts --json "$OUT/gpu_verdicts.json" > "$OUT/gpu_verdicts.txt" 2>&1; echo "rc=$?" >> "$OUT/gpu_verdicts.txt"
 fi
 # The demo scenarios that only mean something with CUDA, watched by `dlwatch snapshot`.
 for sc in data-bound enable-pin-memory main-loop-cpu-bound healthy; do

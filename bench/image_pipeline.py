@@ -4,7 +4,7 @@ Generated JPEGs on disk, PIL decode, RandomResizedCrop + horizontal flip +
 normalize (what torchvision's/timm's train transforms do, written against
 PIL because torchvision from PyPI does not import beside this torch build),
 a small ResNet-ish CNN trained on the CPU with torch's default intra-op
-threads. It knows nothing of dlwatch; it prints its own throughput meter
+threads (or on a GPU with --device cuda). It knows nothing of dlwatch; it prints its own throughput meter
 (the ground truth a prediction is checked against):
 
     python bench/image_pipeline.py --num-workers 0 --seconds 20 --json out.json
@@ -113,6 +113,8 @@ def main() -> None:
     p.add_argument("--skip-seconds", type=float, default=5.0, help="meter starts after this")
     p.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "dlwatch-jpegs"))
     p.add_argument("--json", help="write the meter here")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda: the model trains on the GPU")
+    p.add_argument("--pin-memory", action="store_true")
     a = p.parse_args()
     paths = make_jpegs(a.data, a.images, a.image_size)
     loader = DataLoader(
@@ -122,19 +124,24 @@ def main() -> None:
         num_workers=a.num_workers,
         drop_last=True,
         persistent_workers=a.num_workers > 0,
+        pin_memory=a.pin_memory,
     )
-    net = model()
+    dev = torch.device(a.device)
+    net = model().to(dev)
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
     start = time.perf_counter()
     meter_t = meter_n = None
     n = 0
     while time.perf_counter() - start < a.seconds:
         for x, y in loader:
+            x, y = x.to(dev, non_blocking=a.pin_memory), y.to(dev, non_blocking=a.pin_memory)
             loss = nn.functional.cross_entropy(net(x), y)
             opt.zero_grad()
             loss.backward()
             opt.step()
             n += len(y)
+            if dev.type == "cuda" and n % (8 * a.batch_size) == 0:
+                torch.cuda.synchronize(dev)  # the meter counts finished steps, not queued ones
             now = time.perf_counter()
             if meter_t is None and now - start >= a.skip_seconds:
                 meter_t, meter_n = now, n

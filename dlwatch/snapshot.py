@@ -138,6 +138,7 @@ class Loader(_LoaderRequired, total=False):
     epoch_first_batch_age_s: float | None  # since the current epoch's first batch (None: none yet)
     queue_mean: dict[str, float | None]
     worker_ms_per_batch: float | None  # dataset fetch time one batch costs one worker
+    batch_bytes: int | None  # CPU tensor bytes of a batch (each epoch's first); None: not read
     window_mono_ns: list[int | None]  # the job's monotonic clock span of the window
     # Lifetime seconds blocked in next() / in the loop's own work since the
     # loader was first iterated; monotonic (the exporter's counters).
@@ -225,6 +226,17 @@ class Gpu(_GpuRequired, total=False):
     processes: list[int] | None  # PIDs with a compute context on it, in NVML's PID namespace
     history: list[float | None]
     mem_history: list[float | None]
+    # util_percent is the mean of NVML's samples since the last reading ("samples"), or one
+    # reading ("reading") where the driver keeps no buffer; min/max: the spread of those samples
+    util_source: str | None
+    util_samples: int | None
+    util_min_percent: float | None
+    util_max_percent: float | None
+    # the mean (and spread) of the per-second figures over the snapshot's window:
+    # what the view shows and the hints quote
+    util_window_percent: float | None
+    util_window_min_percent: float | None
+    util_window_max_percent: float | None
 
 
 class Hint(TypedDict):

@@ -263,6 +263,7 @@ def loader_dict(
         "num_workers": ld.get("num_workers", 0),
         "batch_size": ld.get("batch_size"),
         "pin_memory": bool(ld.get("pin_memory", False)),
+        "batch_bytes": ld.get("batch_bytes"),
         "persistent_workers": bool(ld.get("persistent_workers", False)),
         "prefetch_factor": ld.get("prefetch_factor"),
         "start_method": ld.get("start_method"),

@@ -37,6 +37,7 @@ from dlwatch.collect import model
 from dlwatch.collect.jobs import JobConnection, discover, pid_alive
 from dlwatch.collect.samplers import GpuSource, HintSource, HostSource, ProcSource
 from dlwatch.collect.schedstat import SchedSampler
+from dlwatch.diagnose.facts import window_util
 from dlwatch.snapshot import SCHEMA_VERSION, Hint, Snapshot
 
 __all__ = ["Monitor", "take_snapshot", "SCHEMA_VERSION", "DEFAULT_WINDOW_S"]
@@ -283,14 +284,7 @@ class Monitor:
             window_s=window_s,
             host=host,
             gpu_status=status,
-            gpus=[
-                dict(
-                    g,
-                    history=list(self._gpu_hist.get(g["index"], ())),
-                    mem_history=list(self._gpu_mem_hist.get(g["index"], ())),
-                )
-                for g in gpus
-            ],
+            gpus=[self._gpu_record(g, window_s) for g in gpus],
             conns=conns,
             procs=procs,
             runtime_dir=self.directory,
@@ -400,6 +394,19 @@ class Monitor:
             procs = add_runqueue(procs, {p: v for p, v in self._sched_cache.items() if p in pids})
         self._proc_cache, self._proc_cache_at = procs, t
         return procs
+
+    def _gpu_record(self, g: dict[str, Any], window_s: float) -> dict[str, Any]:
+        hist = list(self._gpu_hist.get(g["index"], ()))
+        # The window's mean and spread: what the view shows and the hints quote.
+        mean_u, lo, hi = window_util(hist, window_s / GPU_EVERY_S)
+        return dict(
+            g,
+            history=hist,
+            mem_history=list(self._gpu_mem_hist.get(g["index"], ())),
+            util_window_percent=mean_u,
+            util_window_min_percent=lo,
+            util_window_max_percent=hi,
+        )
 
     def _sample_gpu(self) -> None:
         t = time.monotonic()

@@ -222,10 +222,25 @@ class Context:
                 gpu = next((g for g in self.gpus if as_int(g.get("index")) == rank), None)
         if gpu is None:
             return None, ""
-        hist = [v for v in (num(x) for x in as_list(gpu.get("history"))) if v is not None]
-        n = max(1, int(round(self.window_s or 1)))
-        util = mean(hist[-n:]) if hist else num(gpu.get("util_percent"))
+        util = num(gpu.get("util_window_percent"))
+        if util is None:
+            util = window_util(gpu.get("history"), self.window_s)[0]
+        if util is None:
+            util = num(gpu.get("util_percent"))
         return util, f"GPU {gpu.get('index', '?')}"
+
+
+def window_util(history: Any, window_s: float | None) -> tuple[float | None, float | None, float | None]:
+    """(mean, min, max) of a GPU's utilization figures over the last
+    ``window_s`` seconds of its history (one figure a second, each itself the
+    mean of NVML's samples over that second): the figure the hints quote and
+    the view shows."""
+    hist = [v for v in (num(x) for x in as_list(history)) if v is not None]
+    n = max(1, int(round(window_s or 1)))
+    last = hist[-n:]
+    if not last:
+        return None, None, None
+    return round(sum(last) / len(last), 1), min(last), max(last)
 
 
 def build_context(

@@ -1,5 +1,9 @@
 """Rules that need GPU figures: enable-pin-memory, main-loop-cpu-bound.
 
+enable-pin-memory weighs the copies: a WARN only when the batch's bytes
+(read by the probe at each epoch's first batch) make a pageable copy a
+large share of the loop's time per batch (docs/gpu.md).
+
 Both stay silent without ``gpu_status == "ok"`` and a GPU that can be tied to
 the job (one GPU on the box, or the job's ``local_rank`` naming a listed
 index): "the GPU is idle" must be measured, not assumed.
@@ -15,6 +19,20 @@ from .registry import Rule
 # Data wait that makes a pageable host-to-device copy worth fixing: the copy
 # happens in the loop, so any material wait (the catalog's lower 5 %, README "Hints") counts.
 PIN_MIN_WAIT = 0.05
+# The pageable host-to-device copy is estimated, not timed (the probe does
+# not see the copy): bytes per batch over this bandwidth. Pageable copies
+# run at a fraction of a pinned copy's PCIe rate; ~10 GB/s is the upper end
+# we know of on recent hosts (PCIe 4/5), so the estimate errs low and a WARN
+# means the copy is large for certain.
+PAGEABLE_H2D_BYTES_PER_S = 10e9
+# WARN from this share of the loop's time per batch (wait + step): a copy
+# that large costs the step measurably even where part of it overlaps; timm
+# at batch 256 (38.5 MiB of uint8 a batch, ~4 ms) against 65 ms measured no
+# gain from pin_memory beyond the run-to-run spread (934 vs 843 img/s) ...
+PIN_WARN_SHARE = 0.20
+# ... info from this share (or when the batch's bytes are not known); below
+# it nothing: a 256-byte batch's copy cannot matter.
+PIN_INFO_SHARE = 0.05
 # GPU utilisation below this over the snapshot window is "under-used": under
 # 80 % is worth a look, 50 % keeps the hint for clear cases.
 GPU_UNDERUSED_UTIL = 50.0
@@ -24,6 +42,11 @@ MAIN_LOW_WAIT = 0.05
 # H100 the demo's launch-bound loop measured 86 % on its main
 # thread (the rest is the batch hand-off and the GIL) with the GPU at 1 %.
 MAIN_THREAD_PEGGED_PERCENT = 80.0
+
+
+def pageable_copy_ms(batch_bytes: float) -> float:
+    """Estimated time of one batch's host-to-device copy from pageable memory."""
+    return batch_bytes / PAGEABLE_H2D_BYTES_PER_S * 1e3
 
 
 def rule_enable_pin_memory(ctx: Context) -> list[dict[str, Any]]:
@@ -40,15 +63,31 @@ def rule_enable_pin_memory(ctx: Context) -> list[dict[str, Any]]:
         idle = util is not None and util < GPU_UNDERUSED_UTIL
         if not (waits or idle):
             continue
+        bb = num(lv.loader.get("batch_bytes"))
+        wait_ms, step_ms = num(lv.loader.get("wait_ms_mean")), num(lv.loader.get("step_ms_mean"))
+        per_batch = (wait_ms or 0.0) + (step_ms or 0.0)
+        copy_ms = pageable_copy_ms(bb) if bb is not None else None
+        share = copy_ms / per_batch if copy_ms is not None and per_batch > 0 else None
+        if share is not None and share < PIN_INFO_SHARE:
+            continue  # the copies cannot matter: nothing to say
+        severity = "warn" if share is not None and share >= PIN_WARN_SHARE else "info"
         reasons = []
         if waits:
             reasons.append(f"the loop waits for data {pct(lv.wait)} of the time")
         if idle:
             reasons.append(f"{gpu_name} is only {util:.0f} % busy")
+        if share is not None and copy_ms is not None and bb is not None:
+            cost = (
+                f"a batch is {bb / 2**20:.1f} MiB: about {copy_ms:.1f} ms to copy from pageable memory "
+                f"(at ~{PAGEABLE_H2D_BYTES_PER_S / 1e9:.0f} GB/s), {pct(share)} of the "
+                f"{per_batch:.1f} ms the loop spends per batch"
+            )
+        else:
+            cost = "the batch size in bytes is not known here, so the copies' cost is not estimated"
         msg = (
-            f"{lv.title} hands batches to CUDA from pageable memory "
-            f"(pin_memory=False) while {' and '.join(reasons)}: every .to('cuda') makes an "
-            f"extra CPU copy and cannot overlap with compute."
+            f"{lv.title} hands batches to CUDA from pageable memory (pin_memory=False) while "
+            f"{' and '.join(reasons)}; {cost}. A pageable .to('cuda') makes an extra CPU copy "
+            f"and cannot overlap with compute."
         )
         sugg = "set pin_memory=True in DataLoader(...) and copy with .to(device, non_blocking=True)"
         ev = {
@@ -57,8 +96,11 @@ def rule_enable_pin_memory(ctx: Context) -> list[dict[str, Any]]:
             "data_wait_fraction": r(lv.wait),
             "gpu": gpu_name or None,
             "gpu_util_percent": r(util, 1),
+            "batch_bytes": None if bb is None else int(bb),
+            "copy_ms_estimate": r(copy_ms, 2),
+            "copy_share_of_batch_time": r(share),
         }
-        out.append(hint("enable-pin-memory", "warn", lv.pid, lv.lid, msg, sugg, ev))
+        out.append(hint("enable-pin-memory", severity, lv.pid, lv.lid, msg, sugg, ev))
     return out
 
 

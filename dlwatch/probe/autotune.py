@@ -143,6 +143,9 @@ class LoaderTuner:
         self.epochs = 0
         self.dataset = type(getattr(loader, "dataset", None)).__name__
         self._mark: dict | None = None
+        # The loop's first step (cudnn benchmark, torch.compile, AMP set-up can
+        # make it seconds): timed once, left out of the first epoch's figures.
+        self.first_step_s: float | None = None
         why = _left_alone(loader)
         if why:
             self.state, self.reason = "left alone", why
@@ -182,6 +185,11 @@ class LoaderTuner:
         batches = cur["batches"] - mark["batches"]
         seconds = now - mark["t"]
         start_ms = st.epoch_start_ms[-1] if st.epoch_start_ms else None
+        first_step = self.first_step_s if mark.get("first_epoch") else None
+        if first_step is not None and batches > 2 and seconds > first_step:
+            # A first step of seconds is no setting's pace: one batch and its step fewer.
+            seconds -= first_step
+            batches -= 1
         if getattr(loader, "persistent_workers", False) and start_ms is not None and batches > 1:
             # Persistent workers start once in a real run, not once an epoch:
             # a setting is judged from the epoch's first batch on.
@@ -197,7 +205,7 @@ class LoaderTuner:
             "batches": batches,
             "seconds": seconds,
             "wait_s": cur["wait_s"] - mark["wait_s"],
-            "step_s": cur["step_s"] - mark["step_s"],
+            "step_s": cur["step_s"] - mark["step_s"] - (first_step or 0.0),
             "worker_fetch_s": acc.get("fetch_s", 0.0)
             + cur["fetch_s"]
             - (mark["fetch_s"] if same_iter else 0.0),
@@ -569,7 +577,38 @@ def after_new_iterator(it, loader, st) -> None:
     if t._mark is None:
         # The loader's first epoch: counted from its iterator's creation.
         t.mark(st, st.epoch_t0 or time.perf_counter())
+        if t._mark is not None:
+            t._mark["first_epoch"] = True
+        if t.state != "left alone":
+            _time_first_step(t, st)
     t._publish(st)
+
+
+def _time_first_step(tuner: LoaderTuner, st: Any) -> None:
+    """Time the loop's first step of this loader: from the first batch's
+    return to the next ``__next__``. As a profiler burst does, the iterator
+    class's ``__next__`` is wrapped only until then (no cost afterwards); a
+    wrapper another swap has covered stays as a pass-through."""
+    mod = sys.modules.get(TARGET_MODULE)
+    cls: Any = getattr(mod, "_BaseDataLoaderIter", None) if mod is not None else None
+    prev = cls.__dict__.get("__next__") if cls is not None else None
+    if prev is None:
+        return
+    done = False
+
+    def __next__(self):
+        nonlocal done
+        mine: bool = getattr(self, "_dlw_stats", None) is st
+        if not done and mine and st.batches >= 1 and st.t_last:
+            done = True
+            tuner.first_step_s = max(0.0, time.perf_counter() - st.t_last)
+            if cls.__dict__.get("__next__") is __next__:
+                cls.__next__ = prev
+        return prev(self)
+
+    __next__.__doc__ = getattr(prev, "__doc__", None)
+    __next__._dlwatch_orig = prev  # type: ignore[attr-defined]  # what uninstall restores
+    cls.__next__ = __next__
 
 
 def _in_worker_process() -> bool:

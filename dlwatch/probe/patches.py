@@ -167,7 +167,7 @@ def _wrap_next(orig_next):
         if last:
             st.step_s += t0 - last
         else:
-            st.first_batch(t1)
+            st.first_batch(t1, data)
         return data
 
     __next__._dlwatch_orig = orig_next  # type: ignore[attr-defined]  # what uninstall restores

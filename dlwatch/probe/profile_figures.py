@@ -160,3 +160,29 @@ def _median(values: list[int]) -> float:
     v = sorted(values)
     n = len(v)
     return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def unprofiled(windows: list[dict], in_flight: int) -> dict | None:
+    """The loop's own figures over the plain windows before and after the
+    burst (each ``{"steps", "wall_ns", "wait_ns", "cpu_ns"}``): what the
+    verdict judges data wait and the main thread's CPU by, since the
+    profiler slows the steps it records. None when neither window has a step."""
+    used = [w for w in windows if w.get("steps") and w.get("wall_ns")]
+    if not used:
+        return None
+    steps = sum(w["steps"] for w in used)
+    wall = sum(w["wall_ns"] for w in used)
+    wait = sum(w["wait_ns"] for w in used)
+    cpu_known = [w for w in used if w.get("cpu_ns") is not None]
+    cpu_wall = sum(w["wall_ns"] for w in cpu_known)
+    return {
+        "steps": steps,
+        "seconds": round(wall / 1e9, 3),
+        "step_ms_mean": round(wall / steps / 1e6, 3),
+        "data_wait_fraction": round(wait / wall, 4),
+        "main_thread_cpu_fraction": round(sum(w["cpu_ns"] for w in cpu_known) / cpu_wall, 4)
+        if cpu_wall > 0
+        else None,
+        "batches_in_flight": in_flight,
+        "windows": len(used),
+    }

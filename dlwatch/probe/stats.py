@@ -67,6 +67,7 @@ class LoaderStats:
         "wait_samples",
         "hol_samples",
         "autotune",
+        "batch_bytes",
         "__weakref__",
     )
 
@@ -105,6 +106,9 @@ class LoaderStats:
         self.wait_samples = 0
         self.hol_samples = 0
         self.autotune: dict | None = None  # what autotune decided (probe/autotune.py), when it is on
+        # Bytes of host (CPU) tensors in the batch, read at each epoch's first
+        # batch (never on the per-batch path): what a .to('cuda') copies.
+        self.batch_bytes: int | None = None
 
     # --- called from the patched iterator (trainer main thread) -------------
 
@@ -147,13 +151,15 @@ class LoaderStats:
         self.t_enter = 0.0
         self.epoch_t0 = 0.0
 
-    def first_batch(self, t1: float) -> None:
+    def first_batch(self, t1: float, data: Any = None) -> None:
         # The hot path calls this for any batch returned while t_last is 0:
         # an epoch's first, or one after end_epoch (a next() past the end
         # that a custom iterator answered). Only the first is a start stall.
         if self.first_pending:
             self.first_pending = False
             self.epoch_start_ms.append((t1 - self.epoch_t0) * 1e3)
+            if data is not None:
+                self.batch_bytes = host_bytes(data)
             th = threading.current_thread()
             self.thread_name = th.name
             self.thread_main = th is threading.main_thread()
@@ -227,7 +233,44 @@ class LoaderStats:
             out["iterated_on"] = {"thread": self.thread_name, "main": bool(self.thread_main)}
         if self.autotune is not None:
             out["autotune"] = self.autotune
+        if self.batch_bytes is not None:
+            out["batch_bytes"] = self.batch_bytes
         return out
+
+
+# The walk over a batch stops here: a batch of thousands of tensors (a list
+# of variable-length samples) is counted as far as this goes.
+MAX_BATCH_ITEMS = 4096
+MAX_BATCH_DEPTH = 6
+
+
+def host_bytes(data: Any) -> int | None:
+    """Bytes of the CPU tensors in a batch (tensors, and lists, tuples, dicts
+    and dataclass-like objects of them), None when it holds none or cannot
+    be read. Never raises."""
+    try:
+        total, seen = 0, 0
+        stack = [(data, 0)]
+        found = False
+        while stack and seen < MAX_BATCH_ITEMS:
+            obj, depth = stack.pop()
+            seen += 1
+            nbytes = getattr(obj, "nbytes", None)
+            device = getattr(obj, "device", None)
+            if isinstance(nbytes, int) and device is not None:
+                if getattr(device, "type", None) == "cpu":
+                    total += nbytes
+                    found = True
+                continue
+            if depth >= MAX_BATCH_DEPTH or isinstance(obj, (str, bytes)):
+                continue
+            if isinstance(obj, dict):
+                stack.extend((v, depth + 1) for v in obj.values())
+            elif isinstance(obj, (list, tuple)):
+                stack.extend((v, depth + 1) for v in obj)
+        return total if found else None
+    except Exception:
+        return None
 
 
 def _ns(seconds: float) -> int:

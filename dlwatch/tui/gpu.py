@@ -32,8 +32,14 @@ def gpu_status_line(snapshot: dict, pal: fmt.Palette) -> Text | None:
     return Text.assemble(("GPU: ", "bold"), (why, pal.dim))
 
 
+def window_util(g: dict) -> float | None:
+    """The window's mean utilization (what the hints quote), else the last figure."""
+    util = fmt.num(g.get("util_window_percent"))
+    return util if util is not None else fmt.num(g.get("util_percent"))
+
+
 def gpu_summary(g: dict, pal: fmt.Palette, wide: bool) -> Text:
-    util = fmt.num(g.get("util_percent"))
+    util = window_util(g)
     used, total = fmt.num(g.get("mem_used_bytes")), fmt.num(g.get("mem_total_bytes"))
     frac = used / total if used is not None and total else None
     t = Text()
@@ -41,6 +47,9 @@ def gpu_summary(g: dict, pal: fmt.Palette, wide: bool) -> Text:
     if wide:
         t.append(fmt.truncate(fmt.s(g.get("name"), "?"), 24) + " ", pal.dim)
     t.append(f"util {fmt.pct100(util):>5} ")
+    lo, hi = fmt.num(g.get("util_window_min_percent")), fmt.num(g.get("util_window_max_percent"))
+    if wide and lo is not None and hi is not None and hi - lo >= 10:
+        t.append(f"({lo:.0f}-{hi:.0f}) ", pal.dim)
     t.append("mem ")
     t.append_text(fmt.bar(frac, MEM_BAR if wide else 5, pal.accent, pal))
     t.append(f" {fmt.size(used)}/{fmt.size(total)} ")
@@ -119,7 +128,7 @@ class GpuPanel(Vertical):
     def _one_line(gpus: list[Any], pal: fmt.Palette) -> Text:
         parts = []
         for g in gpus:
-            util = fmt.num(g.get("util_percent"))
+            util = window_util(g)
             used, total = fmt.num(g.get("mem_used_bytes")), fmt.num(g.get("mem_total_bytes"))
             mem = fmt.pct(used / total) if used is not None and total else fmt.NA
             parts.append(

@@ -34,6 +34,16 @@ from dlwatch.snapshot import (
 # After the first batch, the queue fills and the first window still holds
 # the start-up stall: steady state starts this much later.
 WARMUP_AFTER_FIRST_BATCH_S = 2.0
+# The warm-up is counted from the end of the loop's first step too (its first
+# batch after the first), and steady state opens only at a snapshot where the
+# loop is stepping at its pace: a first step of seconds (cudnn benchmark,
+# torch.compile, AMP set-up) must not enter a trial. timm's train.py took
+# 14 s over its first step on an H100; a baseline that opened 2 s after the
+# first batch read 0.0 batches/s for its first windows, a mean step of
+# 1802 ms (steady: about 65 ms) and a 6.04x gain where plain runs gave
+# 3.1-3.6x. "At its pace": the loop advanced no longer ago than twice its
+# typical gap between advancing snapshots, or this long.
+SETTLE_MIN_GAP_S = 1.0
 # A trial that has produced no batch this long after its start is reported
 # as such rather than waited on forever.
 FIRST_BATCH_TIMEOUT_S = 120.0
@@ -119,6 +129,8 @@ class TrialMeter:
         self.first_batch_at: float | None = None
         self.steady_from: float | None = None
         self.last_t: float | None = None
+        self.advances: list[float] = []  # snapshot times the loop stepped, after its first batch
+        self._count = 0
         self.points: dict[int, list[_Point]] = {}
         self.loaders: dict[int, dict] = {}  # the last record of each loader
         self.job: dict | None = None
@@ -148,14 +160,18 @@ class TrialMeter:
         watched = [lds[self.loader_id]] if self.loader_id in lds else list(lds.values())
         if self.loader_id is not None and self.loader_id not in lds:
             watched = []
+        count = sum(as_int(ld.get("batches_total")) or 0 for ld in watched)
+        stepped, self._count = count > self._count, max(self._count, count)
         if self.first_batch_at is None:
-            if any((as_int(ld.get("batches_total")) or 0) > 0 for ld in watched):
+            if count > 0:
                 self.first_batch_at = t
             return
+        if stepped:
+            self.advances.append(t)
         if self.steady_from is None:
             if self.replay and not self._replay_started(watched, t):
                 return
-            if t - self.first_batch_at < self.warmup_s:
+            if t - self.first_batch_at < self.warmup_s or not self._settled(t):
                 return
             self.steady_from = t
         for ld in watched:
@@ -175,6 +191,15 @@ class TrialMeter:
             self._job.worker_uss = max(self._job.worker_uss or 0, int(sum(uss)))
         if rss:
             self._job.worker_rss = max(self._job.worker_rss or 0, int(sum(rss)))
+
+    def _settled(self, t: float) -> bool:
+        """The loop has finished its first steps and steps at its pace now."""
+        adv = self.advances
+        if len(adv) < 2 or t - adv[0] < self.warmup_s:
+            return False
+        gaps = sorted(b - a for a, b in zip(adv, adv[1:]))
+        typical = gaps[len(gaps) // 2]
+        return t - adv[-1] <= max(SETTLE_MIN_GAP_S, 2 * typical)
 
     def _replay_started(self, watched: list, t: float) -> bool:
         if self.replaying_at is not None:

@@ -103,3 +103,30 @@ def test_exit_line_names_the_setting_to_paste():
     t.trials = [_trial(1, 25.0, 0.02)]
     t.reason = "not data-bound: the training loop waits for data 2 % of the time"
     assert "kept DataLoader(..., num_workers=1, prefetch_factor=2): not data-bound" in t.summary_line()
+
+
+def test_a_slow_first_step_is_left_out_of_the_first_epochs_pace(probe, monkeypatch):
+    # issue 31: a first step of seconds (cudnn benchmark, compile) is no
+    # setting's pace; the script's own setting was judged with it in.
+    import time
+
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from dlwatch.probe import patches
+
+    monkeypatch.setattr(patches, "after_new_iterator", autotune.after_new_iterator)
+    autotune.install()
+    try:
+        dl = DataLoader(TensorDataset(torch.zeros(60, 2)), batch_size=2)  # 30 batches
+        for i, _batch in enumerate(dl):
+            time.sleep(1.5 if i == 0 else 0.04)
+        iter(dl)  # the next epoch's start: autotune measures the first
+        t = autotune.tuner_of(dl)
+        assert t is not None and t.first_step_s is not None and t.first_step_s >= 1.5
+        first = t.trials[0]
+        # 29 batches over ~1.2 s (about 24/s); with the first step in: 30 over ~2.7 s (11/s)
+        assert first["batches_per_s"] > 18, first
+        assert first["step_ms_mean"] < 200, first
+    finally:
+        autotune.uninstall()

@@ -125,6 +125,8 @@ def test_two_gpus_all_fields():
         "name": "NVIDIA H100 80GB HBM3",
         "uuid": "GPU-aaaa",
         "util_percent": 87.0,
+        "util_samples": 1,
+        "util_source": "reading",
         "mem_used_bytes": 40 * MiB,
         "mem_total_bytes": 80 * MiB,
         "temperature_c": 61.0,
@@ -168,7 +170,7 @@ def test_close_shuts_down_and_next_sample_reinitialises():
 FIELD_OF_CALL = {
     "name": ["name"],
     "uuid": ["uuid"],
-    "util": ["util_percent"],
+    "util": ["util_percent", "util_source", "util_samples"],
     "mem": ["mem_used_bytes", "mem_total_bytes"],
     "temp": ["temperature_c"],
     "power": ["power_w"],
@@ -305,3 +307,132 @@ def test_real_gpu_figures():
         assert g["index"] == i and isinstance(g["name"], str) and g["name"]
         assert g["uuid"].startswith(("GPU-", "MIG-"))
         assert 0 <= g["mem_used_bytes"] <= g["mem_total_bytes"]
+
+
+# ------------------------------------------------------- window means, memory as nvidia-smi counts it
+
+
+class FakeNvmlBuffer(FakeNvml):
+    """The newer surface: NVML's utilization sample buffer and memory info v2.
+    ``samples[i]``: (timestamp µs, value) pairs the driver has recorded for
+    device i; ``reserved``: what v1's ``used`` counts on top of v2's."""
+
+    NVML_GPU_UTILIZATION_SAMPLES = pynvml.NVML_GPU_UTILIZATION_SAMPLES
+    nvmlMemory_v2 = pynvml.nvmlMemory_v2
+
+    def __init__(self, devices, samples, reserved=480 * MiB, fail=None):
+        super().__init__(devices, fail)
+        self.samples = samples
+        self.reserved = reserved
+        self.since: list[int] = []
+
+    def nvmlDeviceGetSamples(self, h, kind, since):
+        self._check("samples", h.index)
+        assert kind == pynvml.NVML_GPU_UTILIZATION_SAMPLES
+        self.since.append(since)
+        got = [
+            SimpleNamespace(timeStamp=ts, sampleValue=SimpleNamespace(uiVal=v))
+            for ts, v in self.samples[h.index]
+            if ts > since
+        ]
+        if not got:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)  # what NVML says when nothing is new
+        return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, got
+
+    def nvmlDeviceGetMemoryInfo(self, h, version=None):
+        d = self._dev("mem2" if version else "mem", h)
+        if version is None:  # v1: used counts the driver's reserved memory
+            return SimpleNamespace(used=d["used"] + self.reserved, total=d["total"], free=0)
+        assert version == pynvml.nvmlMemory_v2
+        return SimpleNamespace(
+            used=d["used"], total=d["total"], reserved=self.reserved, free=0, version=version
+        )
+
+
+def swinging(start_us: int = 1_000_000) -> list[tuple[int, int]]:
+    # one reading a sixth of a second, swinging as the field saw (57 %, 22 %, ...)
+    values = [57, 22, 0, 86, 40, 35, 61, 19, 44, 42, 38, 43]
+    return [(start_us + i * 166_667, v) for i, v in enumerate(values)]
+
+
+def test_utilization_is_the_mean_of_the_sample_buffer_with_its_spread():
+    fake = FakeNvmlBuffer(two_gpus()[:1], [swinging()])
+    s = GpuSampler(nvml=fake)
+    _, gpus = s.sample()
+    g = gpus[0]
+    assert g["util_source"] == "samples" and g["util_samples"] == 12
+    assert g["util_percent"] == pytest.approx(40.6, abs=0.05)
+    assert (g["util_min_percent"], g["util_max_percent"]) == (0.0, 86.0)
+    assert "util" not in fake.calls  # no single reading taken
+
+
+def test_each_call_reads_only_the_samples_since_the_last():
+    fake = FakeNvmlBuffer(two_gpus()[:1], [swinging()])
+    s = GpuSampler(nvml=fake)
+    s.sample()
+    fake.samples[0] += [(4_000_000, 90), (4_166_667, 100)]
+    _, gpus = s.sample()
+    assert fake.since[-1] == swinging()[-1][0]
+    assert gpus[0]["util_percent"] == 95.0 and gpus[0]["util_samples"] == 2
+
+
+def test_no_new_sample_falls_back_to_one_reading():
+    fake = FakeNvmlBuffer(two_gpus()[:1], [swinging()])
+    s = GpuSampler(nvml=fake)
+    s.sample()
+    _, gpus = s.sample()  # nothing new in the buffer
+    assert gpus[0]["util_source"] == "reading" and gpus[0]["util_percent"] == 87.0
+
+
+def test_a_driver_without_the_buffer_gives_one_reading():
+    fake = FakeNvmlBuffer(
+        two_gpus()[:1], [swinging()], fail={"samples": nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)}
+    )
+    _, gpus = GpuSampler(nvml=fake).sample()
+    assert gpus[0]["util_source"] == "reading" and gpus[0]["util_percent"] == 87.0
+    assert gpus[0]["error"] is None
+
+
+def test_memory_used_is_counted_as_nvidia_smi_counts_it():
+    fake = FakeNvmlBuffer(two_gpus()[:1], [swinging()])
+    _, gpus = GpuSampler(nvml=fake).sample()
+    assert gpus[0]["mem_used_bytes"] == 40 * MiB  # v2: without the 480 MiB reserved
+    assert "mem" not in fake.calls
+
+
+def test_memory_falls_back_to_v1_where_v2_is_not_offered():
+    fake = FakeNvmlBuffer(
+        two_gpus()[:1], [swinging()], fail={"mem2": nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)}
+    )
+    s = GpuSampler(nvml=fake)
+    _, gpus = s.sample()
+    assert gpus[0]["mem_used_bytes"] == 40 * MiB + 480 * MiB and gpus[0]["error"] is None
+    s.sample()
+    assert fake.calls.count("mem2") == 1  # v2 is not asked again
+
+
+def test_the_snapshot_carries_the_windows_mean_that_hints_and_view_use():
+    from dlwatch.collect.monitor import Monitor
+
+    class Swinging:
+        """GpuSampler's surface: one per-second figure per call."""
+
+        def __init__(self) -> None:
+            self.values = iter([90.0, 57.0, 22.0, 0.0, 86.0])
+
+        def sample(self):
+            g = {"index": 0, "name": "H100", "util_percent": next(self.values), "mem_used_bytes": 1,
+                 "mem_total_bytes": 2, "util_source": "samples"}  # fmt: skip
+            return "ok", [g]
+
+        def close(self) -> None:
+            pass
+
+    m = Monitor(directory="/nonexistent-dlwatch", gpu=Swinging(), procs=False, host=False, diagnoser=False)
+    for _ in range(5):
+        m._last_gpu = 0.0  # one GPU figure per build, as once a second
+        snap = m.build(window_s=3.0)
+    g = snap["gpus"][0]
+    assert g["util_percent"] == 86.0  # the last second alone
+    assert g["util_window_percent"] == pytest.approx((22.0 + 0.0 + 86.0) / 3, abs=0.05)
+    assert (g["util_window_min_percent"], g["util_window_max_percent"]) == (0.0, 86.0)

@@ -871,10 +871,52 @@ def test_pin_memory_evidence():
     assert "pin_memory=True" in h["suggestion"]
 
 
+@pytest.mark.parametrize(
+    "batch_bytes, severity",
+    [
+        # step 10 ms + wait: 10 ms per batch at 50 % wait (20 ms); ~10 GB/s pageable
+        (256, None),  # the MLP's 256-byte batches: nothing to say
+        (2 * MIB, None),  # 0.2 ms: 1 % of the batch's time
+        (20 * MIB, "info"),  # 2.1 ms: 10 %
+        (100 * MIB, "warn"),  # 10.5 ms: 52 %
+        (None, "info"),  # bytes not known: never a WARN
+    ],
+)
+def test_pin_memory_weighs_the_copy_against_the_batch_time(batch_bytes, severity):
+    extra = {} if batch_bytes is None else {"batch_bytes": batch_bytes}
+    hints = evaluate(one(loader(pin=False, wait=0.5, **extra)))
+    h = next((x for x in hints if x["id"] == "enable-pin-memory"), None)
+    assert (h and h["severity"]) == severity, h
+    if h is not None and batch_bytes is not None:
+        assert h["evidence"]["batch_bytes"] == batch_bytes
+        assert h["evidence"]["copy_ms_estimate"] == pytest.approx(batch_bytes / 10e9 * 1e3, abs=0.01)
+        assert "MiB" in h["message"] and "pageable" in h["message"]
+
+
+def test_pin_memory_never_without_cuda_whatever_the_batch():
+    s = one(loader(pin=False, wait=0.5, batch_bytes=500 * MIB), job_kw={"cuda": False})
+    assert "enable-pin-memory" not in ids(evaluate(s))
+
+
 def test_gpu_util_uses_window_of_history():
     # Only the last window_s samples count: an old busy spell does not hide idling.
     g = gpu(util=30.0, history=[100.0] * 10 + [30.0, 30.0, 30.0])
     assert "main-loop-cpu-bound" in ids(evaluate(one(job_kw={"main_thread_cpu": 98.0}, gpus=[g])))
+
+
+def test_hints_quote_the_window_mean_the_view_shows():
+    # One NVML reading swung 0 % -> 86 % a second apart on timm; the window's
+    # mean of per-second means is the figure, in the hint and in the view.
+    from dlwatch.diagnose.facts import window_util
+    from dlwatch.tui.gpu import window_util as shown
+
+    hist = [0.0, 86.0, 22.0, 57.0, 40.0]
+    mean_u, lo, hi = window_util(hist, 5)
+    assert (mean_u, lo, hi) == (41.0, 0.0, 86.0)
+    g = {**gpu(util=86.0, history=hist), "util_window_percent": mean_u}
+    h = get(evaluate(one(job_kw={"main_thread_cpu": 98.0}, gpus=[g])), "main-loop-cpu-bound")
+    assert h["evidence"]["gpu_util_percent"] == shown(g) == 41.0
+    assert "41 % busy" in h["message"]
 
 
 def test_shm_severity():

@@ -125,9 +125,10 @@ def test_meter_measures_the_steady_state_on_the_jobs_clock():
     m.feed(snap(0.0, 0))
     m.feed(snap(1.0, 5))  # first batch
     assert m.phase == "warm-up"
-    for i in range(3, 9):
+    # (no batch from 1 s to 3 s: a first step of 3 s; the warm-up counts from its end at 4 s)
+    for i in range(3, 11):
         m.feed(snap(float(i), 5 + 20 * (i - 3)))
-    assert m.phase == "steady" and m.done
+    assert m.phase == "steady" and m.done and m.steady_from == 1006.0
     f = m.figures()
     assert f["batches_per_s"] == pytest.approx(20.0)
     assert f["samples_per_s"] == pytest.approx(160.0)
@@ -136,6 +137,59 @@ def test_meter_measures_the_steady_state_on_the_jobs_clock():
     assert f["worker_uss_bytes"] == 20 << 20
     assert f["epoch_start_ms"] == 40.0 and f["first_epoch_start_ms"] == 300.0
     assert f["worker_cpu_share_of_busy"] == pytest.approx(0.2 / 0.9, abs=1e-3)
+
+
+def test_a_first_step_of_seconds_never_enters_the_steady_state():
+    # timm on an H100: a 14 s first step, then ~15 batches/s
+    m = TrialMeter(trial_s=4.0, warmup_s=2.0)
+    m.feed(snap(0.0, 0))
+    m.feed(snap(1.0, 1))  # first batch; its step takes 14 s
+    t, n = 1.0, 1
+    while t < 15.0:
+        t += 0.5
+        m.feed(snap(t, n, wait=0.0))
+        assert m.phase == "warm-up", t
+    while not m.done:
+        t += 0.5
+        n += 7 if int(t * 2) % 2 else 8
+        m.feed(snap(t, n))
+        assert t < 30
+    f = m.figures()
+    assert f["batches_per_s"] == pytest.approx(15.0, rel=0.05)
+    assert m.steady_from >= 1000.0 + 15.5 + 2.0
+    assert f["data_wait_fraction"] == 0.5  # no window of the stall is in it
+
+
+def test_a_stall_after_the_first_step_waits_for_the_loop_to_step_again():
+    m = TrialMeter(trial_s=4.0, warmup_s=2.0)
+    m.feed(snap(0.0, 0))
+    m.feed(snap(1.0, 1))
+    for t, n in [(2.0, 2), (3.0, 3), (4.0, 4), (5.0, 5)]:  # 1 s steps
+        m.feed(snap(t, n))
+    assert m.phase == "steady"  # settled at 4 s (warm-up 2 s past the first step's end at 2 s)
+    m2 = TrialMeter(trial_s=4.0, warmup_s=2.0)
+    m2.feed(snap(0.0, 0))
+    m2.feed(snap(1.0, 1))
+    m2.feed(snap(1.5, 2))
+    m2.feed(snap(1.75, 3))  # then a second slow step: 5 s without a batch
+    for t in (2.0, 3.0, 4.0, 5.0, 6.0):
+        m2.feed(snap(t, 3))
+        assert m2.phase == "warm-up", t
+    m2.feed(snap(6.75, 4))
+    assert m2.phase == "steady" and m2.steady_from == 1006.75
+
+
+def test_a_slow_but_even_pace_settles_after_two_steps():
+    m = TrialMeter(trial_s=4.0, warmup_s=2.0)
+    m.feed(snap(0.0, 0))
+    m.feed(snap(0.5, 1))
+    t, n = 0.5, 1
+    while m.phase != "steady":
+        t += 0.5
+        n += 1 if t % 3 == 0 else 0  # a batch every 3 s
+        m.feed(snap(t, n))
+        assert t < 10
+    assert m.steady_from - 1000.0 <= 6.5
 
 
 def test_meter_reports_the_loader_the_loop_spends_its_time_on():

@@ -1,0 +1,50 @@
+"""The batch's host bytes, read at each epoch's first batch (what a
+pageable .to('cuda') copies; enable-pin-memory weighs it)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from dlwatch.probe.stats import MAX_BATCH_ITEMS, host_bytes
+
+
+def test_tensors_in_lists_tuples_and_dicts_are_counted():
+    x = torch.zeros(8, 3, 4, dtype=torch.float32)  # 384 bytes
+    y = torch.zeros(8, dtype=torch.int64)  # 64 bytes
+    assert host_bytes(x) == 384
+    assert host_bytes((x, y)) == 448
+    assert host_bytes({"image": x, "meta": {"label": y, "name": ["a", "b"]}}) == 448
+
+
+def test_tensors_already_on_a_device_are_not_host_bytes():
+    on_gpu = SimpleNamespace(nbytes=1 << 20, device=SimpleNamespace(type="cuda"))
+    assert host_bytes([on_gpu]) is None
+    assert host_bytes([on_gpu, torch.zeros(4, dtype=torch.uint8)]) == 4
+
+
+def test_no_tensor_or_odd_objects_give_none_and_never_raise():
+    assert host_bytes(["text", b"bytes", 3, None]) is None
+
+    class Hostile:
+        @property
+        def nbytes(self):
+            raise RuntimeError("no")
+
+    assert host_bytes(Hostile()) is None
+
+
+def test_a_huge_batch_is_counted_as_far_as_the_bound():
+    many = [torch.zeros(1, dtype=torch.uint8) for _ in range(3 * MAX_BATCH_ITEMS)]
+    assert 0 < host_bytes(many) < MAX_BATCH_ITEMS
+
+
+def test_the_loader_frame_carries_the_first_batchs_bytes(probe):
+    dl = DataLoader(TensorDataset(torch.zeros(40, 16)), batch_size=4)  # 4 x 16 x 4 bytes
+    for _ in dl:
+        pass
+    st = next(s for s in probe.snapshot() if s.loader_ref() is dl)
+    assert st.frame(time.perf_counter_ns())["batch_bytes"] == 256
