@@ -21,7 +21,7 @@ import time
 from collections import deque
 
 from dlwatch import rundir, wire
-from dlwatch.probe import control, patches
+from dlwatch.probe import control, patches, stall
 from dlwatch.probe.identity import job_identity
 
 INTERVAL_S = 0.1
@@ -105,6 +105,9 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 # follows the loader that stepped most in it).
 BUSY_FRAMES = 11
 
+# Worker deaths are looked for every this many frames (a waitid per worker).
+DEATH_SCAN_EVERY = 5
+
 # A client may ask for every Nth frame only ("every" in its hello): the live
 # monitor reads five a second, enough for its windows, at half the cost.
 MAX_EVERY = 100
@@ -143,6 +146,8 @@ class Publisher:
         self.clients_dropped = 0
         self._recent: deque[dict[int, int]] = deque(maxlen=BUSY_FRAMES)
         self._control = control.Control(self)
+        self._stall = stall.StallWatch()
+        self._stalled: set[int] = set()  # loader ids stalled at the last frame
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -286,13 +291,24 @@ class Publisher:
         self._seq += 1
         loaders = []
         batches: dict[int, int] = {}
-        for st in patches.registry.snapshot(now):
+        sts = patches.registry.snapshot(now)
+        try:
+            stalls = self._stall.check(sts, now / 1e9)
+        except Exception:
+            stalls = {}
+        scan = self._seq % DEATH_SCAN_EVERY == 0
+        for st in sts:
             try:
-                loaders.append(st.frame(now))
+                if scan:
+                    st.scan_deaths()
+                fr = st.frame(now)
+                fr.update(stalls.get(st.id) or {})
+                loaders.append(fr)
                 batches[st.id] = st.batches
             except Exception:
                 continue
         self._recent.append(batches)
+        self._note_stalls(loaders)
         torch = sys.modules.get("torch")
         cuda_init = None
         try:
@@ -302,6 +318,15 @@ class Publisher:
             cuda_init = None
         main = {"cuda_initialized": cuda_init, "py_threads": threading.active_count()}
         return wire.window(self._seq, time.time(), now, loaders, main)
+
+    def _note_stalls(self, loaders: list[dict]) -> None:
+        """A loader that has just stalled: gather the stacks, once a stall."""
+        stalled = {ld["id"] for ld in loaders if ld.get("stalled_s") is not None}
+        new = stalled - self._stalled
+        self._stalled = stalled
+        if new:
+            keys = ("id", "stalled_s", "stall_threshold_s", "in_next", "batches", "epoch", "num_workers")
+            self._control.on_stall([{k: ld.get(k) for k in keys} for ld in loaders if ld["id"] in new])
 
     def _accept(self) -> None:
         while True:
@@ -479,9 +504,9 @@ class Publisher:
         except (OSError, rundir.RuntimeDirError):
             pass  # try again at the next check; the job trains on regardless
 
-    def broadcast(self, data: bytes, skip: _Client | None = None) -> None:
+    def broadcast(self, data: bytes, skip: _Client | None = None, skip_all=()) -> None:
         for c in list(self._clients.values()):
-            if c.greeted and not c.closing and c is not skip:
+            if c.greeted and not c.closing and c is not skip and c not in skip_all:
                 self.queue(c, data)
 
     def connected(self, c: _Client) -> bool:

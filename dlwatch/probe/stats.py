@@ -25,6 +25,7 @@ from collections import deque
 from time import perf_counter as _clock  # float seconds, as the hot path's
 from typing import Any
 
+from dlwatch.probe import deaths
 from dlwatch.probe import worker as _worker
 
 # Recent epochs remembered per loader (epoch-start stalls, epoch durations).
@@ -67,6 +68,8 @@ class LoaderStats:
         "wait_samples",
         "hol_samples",
         "autotune",
+        "deaths",
+        "error",
         "__weakref__",
     )
 
@@ -105,6 +108,8 @@ class LoaderStats:
         self.wait_samples = 0
         self.hol_samples = 0
         self.autotune: dict | None = None  # what autotune decided (probe/autotune.py), when it is on
+        self.deaths: list[dict] = []  # workers that died (deaths.py), the last MAX_DEATHS
+        self.error: str | None = None  # the last exception __next__ raised (not StopIteration)
 
     # --- called from the patched iterator (trainer main thread) -------------
 
@@ -172,7 +177,18 @@ class LoaderStats:
         self.epoch_t0 = 0.0
         self.first_pending = False
 
+    def raised(self, it, e: BaseException) -> None:
+        """``__next__`` raised ``e`` (not StopIteration): a worker's exception
+        or death, as torch reports it. Off the hot path: errors only."""
+        if isinstance(e, Exception):
+            self.error = deaths.from_error(it, e, self.deaths)
+
     # --- called from the publisher thread -------------------------------------
+
+    def scan_deaths(self) -> None:
+        it = self.iter_ref() if self.iter_ref is not None else None
+        if it is not None and self.num_workers:
+            deaths.scan(it, self.deaths)
 
     def frame(self, now_ns: int) -> dict:
         now = now_ns / 1e9  # the hot path's clock, in seconds
@@ -227,6 +243,10 @@ class LoaderStats:
             out["iterated_on"] = {"thread": self.thread_name, "main": bool(self.thread_main)}
         if self.autotune is not None:
             out["autotune"] = self.autotune
+        if self.deaths:
+            out["worker_deaths"] = [dict(d) for d in self.deaths]
+        if self.error is not None:
+            out["last_error"] = self.error
         return out
 
 
