@@ -124,6 +124,11 @@ _VERB = {
 }
 
 
+def thread_kind_text(kind: Any) -> str:
+    """ "is blocked in I/O", "is blocked on a lock", ... for ``wait_kind``'s answer."""
+    return {RUNNING: "runs", IDLE: "is idle"}.get(kind, "is " + _VERB.get(kind, "in"))
+
+
 def thread_line(thread: Mapping[str, Any], role: str = "trainer") -> str:
     kind = wait_kind(thread, role)
     at = blocked_at(thread)
@@ -227,3 +232,56 @@ def render(doc: Mapping[str, Any], full: bool = True) -> list[str]:
             if t.get("src"):
                 out.append(f"      > {t['src']}")
     return out
+
+
+def _gib(n: Any) -> str:
+    return f"{n / 2**30:.1f}" if isinstance(n, (int, float)) and n >= 2**28 else f"{(n or 0) / 2**20:.0f} Mi"
+
+
+def _span(s: Any) -> str:
+    if not isinstance(s, (int, float)):
+        return ""
+    return f" in {s / 60:.0f} min" if s >= 90 else f" in {s:.0f} s"
+
+
+def death_line(d: Mapping[str, Any]) -> str:
+    """One line for a worker that died: how, the cgroup's OOM kills, its RSS.
+
+    "worker 2 (pid 4712) was killed by SIGKILL; the cgroup counted 1 OOM
+    kill; its RSS grew 1.2 → 7.8 GiB in 4 min"."""
+    who = f"worker {d.get('id') if d.get('id') is not None else '?'} (pid {d.get('pid')})"
+    if d.get("signal"):
+        how = f"was killed by {d['signal']}"
+    elif d.get("exception"):
+        how = f"raised {d['exception']}"
+    elif d.get("exit_code") is not None:
+        how = f"exited with code {d['exit_code']}"
+    else:
+        how = "died (how is not known: not our child)"
+    parts = [f"{who} {how}"]
+    kills, at_start = d.get("oom_kills"), d.get("oom_kills_at_start")
+    if isinstance(kills, int):
+        n = kills - at_start if isinstance(at_start, int) and kills >= at_start else kills
+        since = " since dlwatch first saw the job" if isinstance(at_start, int) else ""
+        parts.append(f"the cgroup counted {n} OOM kill{'s' if n != 1 else ''}{since}")
+    elif d.get("oom_kills_reason"):
+        parts.append(f"OOM kills n/a: {d['oom_kills_reason']}")
+    first, last = d.get("rss_first_bytes"), d.get("rss_last_bytes")
+    if isinstance(first, int) and isinstance(last, int):
+        unit = "GiB" if max(first, last) >= 2**28 else "MiB"
+        a, b = _gib(first).removesuffix(" Mi"), _gib(last).removesuffix(" Mi")
+        verb = "grew" if last > first * 1.05 else "was"
+        rng = f"{a} → {b}" if verb == "grew" else b
+        parts.append(f"its RSS {verb} {rng} {unit}{_span(d.get('rss_span_s')) if verb == 'grew' else ''}")
+    return "; ".join(parts)
+
+
+def stall_line(ld: Mapping[str, Any]) -> str | None:
+    """ "STALLED: no batch for 42 s (threshold 10 s), inside next()", or None."""
+    s = ld.get("stalled_s")
+    if not isinstance(s, (int, float)):
+        return None
+    thr = ld.get("stall_threshold_s")
+    where = "inside next()" if ld.get("in_next") else "the loop outside the loader"
+    t = f" (threshold {thr:.0f} s)" if isinstance(thr, (int, float)) else ""
+    return f"STALLED: no batch for {s:.0f} s{t}, {where}"

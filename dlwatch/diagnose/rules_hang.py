@@ -222,6 +222,14 @@ def rule_loader_stalled(ctx: Context) -> list[dict[str, Any]]:
         main, workers, others = _mine(entries or [], lv.lid)
         deaths = [d for d in ld.get("worker_deaths") or [] if isinstance(d, dict)]
         cause, shows, step = _cause(ctx, lv, main, workers, others, deaths)
+        also = [
+            f"worker {w.get('worker_id')} (pid {w.get('pid')}) {hang.thread_kind_text(w.get('kind'))} "
+            f"in {_where_text(w)}"
+            for w in workers
+            if w.get("kind") not in (hang.IDLE, None) and f"(pid {w.get('pid')})" not in shows
+        ]
+        if also:
+            shows += "; also " + "; ".join(also)
         thr = num(ld.get("stall_threshold_s"))
         waiting = "inside next()" if ld.get("in_next") else "outside the loader"
         msg = (

@@ -72,11 +72,10 @@ def _signame(n: int) -> str:
         return f"signal {n}"
 
 
-def scan(it, deaths: list[dict]) -> None:
-    """Add to ``deaths`` the workers of iterator ``it`` that died since."""
-    if getattr(it, "_shutdown", False):
-        return  # torch is stopping them: exits now are its own
-    workers = list(getattr(it, "_workers", ()) or ())
+def scan(workers: list, deaths: list[dict]) -> None:
+    """Add to ``deaths`` the worker processes (``it._workers``, in worker id
+    order) that died since. Not while torch is shutting them down: exits then
+    are its own."""
     known = {d.get("pid") for d in deaths}
     for wid, w in enumerate(workers):
         pid = int(getattr(w, "pid", 0) or 0)
@@ -93,7 +92,8 @@ def from_error(it, e: BaseException, deaths: list[dict]) -> str:
     text = str(e)
     first = f"{type(e).__name__}: {text.strip().splitlines()[0] if text.strip() else ''}"[:MAX_TEXT]
     try:
-        scan(it, deaths)
+        if not getattr(it, "_shutdown", False):
+            scan(list(getattr(it, "_workers", ()) or ()), deaths)
     except Exception:
         pass
     pids = [int(getattr(w, "pid", 0) or 0) for w in list(getattr(it, "_workers", ()) or ())]

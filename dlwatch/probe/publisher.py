@@ -209,9 +209,26 @@ class Publisher:
         t = self._thread
         if t is not None and t.is_alive() and t is not threading.current_thread():
             t.join(timeout=1.0)
+        self._last_frame()
         self._control.farewell()
         self._close_sockets()
         self._unlink_own()
+
+    def _last_frame(self) -> None:
+        """At exit: one more frame, so that what ended the job (a worker
+        that died, the error the loader raised) reaches the monitors."""
+        try:
+            data = wire.encode(self.build_frame(scan=True))
+        except Exception:
+            return
+        for c in list(self._clients.values()):
+            if c.greeted and not c.closing:
+                try:
+                    c.out += data
+                    c.sock.send(bytes(c.out), socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
+                    c.out.clear()
+                except OSError:
+                    pass
 
     def abandon(self) -> None:
         """In a forked child: drop the inherited fds, leave the file alone."""
@@ -286,7 +303,7 @@ class Publisher:
                 self.queue(c, data)
         self._control.poll()
 
-    def build_frame(self) -> dict:
+    def build_frame(self, scan: bool = False) -> dict:
         now = time.perf_counter_ns()
         self._seq += 1
         loaders = []
@@ -296,7 +313,7 @@ class Publisher:
             stalls = self._stall.check(sts, now / 1e9)
         except Exception:
             stalls = {}
-        scan = self._seq % DEATH_SCAN_EVERY == 0
+        scan = scan or self._seq % DEATH_SCAN_EVERY == 0
         for st in sts:
             try:
                 if scan:

@@ -70,6 +70,7 @@ class LoaderStats:
         "autotune",
         "deaths",
         "error",
+        "procs",
         "__weakref__",
     )
 
@@ -110,6 +111,10 @@ class LoaderStats:
         self.autotune: dict | None = None  # what autotune decided (probe/autotune.py), when it is on
         self.deaths: list[dict] = []  # workers that died (deaths.py), the last MAX_DEATHS
         self.error: str | None = None  # the last exception __next__ raised (not StopIteration)
+        # The current iterator's worker Process objects: a worker's exit
+        # status stays readable after torch dropped the iterator (the job
+        # crashing on the death).
+        self.procs: list = []
 
     # --- called from the patched iterator (trainer main thread) -------------
 
@@ -187,8 +192,12 @@ class LoaderStats:
 
     def scan_deaths(self) -> None:
         it = self.iter_ref() if self.iter_ref is not None else None
-        if it is not None and self.num_workers:
-            deaths.scan(it, self.deaths)
+        if it is not None:
+            # Read here, not at iter(): torch starts the workers after the
+            # base __init__ that our patch follows.
+            self.procs = list(getattr(it, "_workers", ()) or ())
+        if self.procs and not getattr(it, "_shutdown", False):
+            deaths.scan(self.procs, self.deaths)
 
     def frame(self, now_ns: int) -> dict:
         now = now_ns / 1e9  # the hot path's clock, in seconds
