@@ -166,7 +166,7 @@ class Loader(_LoaderRequired, total=False):
     stall_threshold_s: float | None
     in_next: bool | None
     # Workers that died: id, pid, signal, exit_code, exception, t, their RSS
-    # when first and last sampled, the cgroup's oom_kills (None + reason).
+    # when first and last sampled, the cgroup's oom_kills (None + reason), cause (oom, shm, segfault, ...).
     worker_deaths: list[dict[str, Any]]
     last_error: str | None  # the last exception next() raised ("RuntimeError: DataLoader worker ...")
 

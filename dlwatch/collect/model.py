@@ -15,6 +15,7 @@ from typing import Any, cast
 from dlwatch.collect import window as win
 from dlwatch.collect.jobs import JobConnection
 from dlwatch.collect.totals import Totals
+from dlwatch.diagnose import hang
 from dlwatch.snapshot import SCHEMA_VERSION, Host, Job, Snapshot
 
 HISTORY_POINTS = 120
@@ -211,7 +212,7 @@ def _death(d: dict[str, Any], c: JobConnection) -> dict[str, Any]:
     pid = d.get("pid")
     rss = c.worker_rss.get(pid) if isinstance(pid, int) else None
     oom = c.oom or {}
-    return {
+    out = {
         "id": d.get("id"),
         "pid": pid,
         "signal": d.get("signal"),
@@ -225,6 +226,8 @@ def _death(d: dict[str, Any], c: JobConnection) -> dict[str, Any]:
         "oom_kills_at_start": oom.get("oom_kills_at_start"),
         "oom_kills_reason": oom.get("reason") if oom else "no worker death seen by this monitor",
     }
+    out["cause"] = hang.death_cause(out)
+    return out
 
 
 def _history(c: JobConnection, frames: list[dict[str, Any]], loader_id: int, full: bool) -> dict[str, Any]:

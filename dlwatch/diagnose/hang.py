@@ -244,6 +244,34 @@ def _span(s: Any) -> str:
     return f" in {s / 60:.0f} min" if s >= 90 else f" in {s:.0f} s"
 
 
+def death_cause(d: Mapping[str, Any]) -> str:
+    """ "oom", "shm", "segfault", "exception", "signal", "exit" or "unknown":
+    what the record shows. A SIGKILL is the OOM killer's when the cgroup
+    counted a kill since the job was first seen; a full /dev/shm shows as
+    torch's "unable to allocate shared memory" / "No space left" in the
+    worker, or as SIGBUS (a write past what tmpfs could back)."""
+    exc = str(d.get("exception") or "")
+    sig = d.get("signal")
+    kills, at_start = d.get("oom_kills"), d.get("oom_kills_at_start")
+    if sig == "SIGKILL" and isinstance(kills, int) and kills > (at_start if isinstance(at_start, int) else 0):
+        return "oom"
+    if sig == "SIGBUS" or re.search(r"shared memory|/dev/shm|\bshm\b|No space left on device", exc):
+        return "shm"
+    if sig == "SIGSEGV":
+        return "segfault"
+    if exc:
+        return "exception"
+    if sig:
+        return "signal"
+    return "exit" if d.get("exit_code") is not None else "unknown"
+
+
+_CAUSE_NOTE = {
+    "oom": "the OOM killer (memory limit)",
+    "shm": "/dev/shm is full: enlarge it (docker --shm-size) or lower num_workers × prefetch_factor",
+}
+
+
 def death_line(d: Mapping[str, Any]) -> str:
     """One line for a worker that died: how, the cgroup's OOM kills, its RSS.
 
@@ -273,6 +301,9 @@ def death_line(d: Mapping[str, Any]) -> str:
         verb = "grew" if last > first * 1.05 else "was"
         rng = f"{a} → {b}" if verb == "grew" else b
         parts.append(f"its RSS {verb} {rng} {unit}{_span(d.get('rss_span_s')) if verb == 'grew' else ''}")
+    note = _CAUSE_NOTE.get(death_cause(d))
+    if note:
+        parts.append(note)
     return "; ".join(parts)
 
 
