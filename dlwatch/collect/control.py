@@ -228,7 +228,8 @@ def _check_hello(pid: int, msg: dict, ask: _Ask) -> None:
     if ask.feature in features:
         return
     version = msg["job"].get("dlwatch_version") or "unknown"
-    if "features" in msg and not features:
+    profiling = {wire.FEATURE_PROFILE, wire.FEATURE_WORKER_PROFILE}
+    if "features" in msg and ask.feature in profiling and not profiling & set(features):
         why = "profiling is disabled in that job (DLWATCH_PROFILE=0)"
     else:
         why = f"its dlwatch ({version}) predates {ask.what}; restart it with dlwatch {__version__}"
