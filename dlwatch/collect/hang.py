@@ -83,16 +83,17 @@ def _from_outside(pid: int, role: str, why_not_inside: str) -> dict[str, Any]:
         out["error"] = f"{why_not_inside}; {line}"
         return out
     try:
-        out["threads"] = threads_from_py_spy(json.loads(proc.stdout))
+        out["threads"] = threads_from_py_spy(json.loads(proc.stdout), pid)
         out["via"] = "py-spy"
     except (ValueError, TypeError, KeyError) as e:
         out["error"] = f"{why_not_inside}; unreadable py-spy output: {e}"
     return out
 
 
-def threads_from_py_spy(dump: Any) -> list[dict[str, Any]]:
+def threads_from_py_spy(dump: Any, pid: int | None = None) -> list[dict[str, Any]]:
     """``py-spy dump --json`` (threads, frames innermost first) in the
-    job's own format (frames outermost first)."""
+    job's own format (frames outermost first). The main thread is the one
+    named so, or (py-spy often has no names) the one whose OS id is ``pid``."""
     threads = []
     for t in dump if isinstance(dump, list) else []:
         frames: list[list[Any]] = []
@@ -107,7 +108,7 @@ def threads_from_py_spy(dump: Any) -> list[dict[str, Any]]:
         threads.append(
             {
                 "name": name,
-                "main": name == "MainThread",
+                "main": name == "MainThread" or (pid is not None and t.get("os_thread_id") == pid),
                 "daemon": None,
                 "frames": frames,
                 "src": linecache.getline(leaf[0], leaf[1]).strip()[:160] if leaf else "",

@@ -146,6 +146,37 @@ def test_stacks_of_a_process_that_is_not_a_dlwatch_job_say_why(hung):
     assert "is not instrumented by dlwatch" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_a_job_without_the_hook_is_read_with_py_spy_or_says_which_permission_is_missing():
+    from dlwatch.collect import ptrace
+
+    d = short_tmpdir()
+    script = Path(d, "plain.py")
+    script.write_text(
+        "import time\n\n\ndef read_remote_shard():\n    time.sleep(60)\n\n\nread_remote_shard()\n"
+    )
+    p = subprocess.Popen([sys.executable, str(script)])
+    try:
+        time.sleep(0.5)
+        allowed = ptrace.check(p.pid).allowed
+        r = dlwatch("stacks", "--pid", str(p.pid), "--json", runtime_dir=d)
+    finally:
+        p.kill()
+        p.wait()
+        shutil.rmtree(d, ignore_errors=True)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    proc = doc["processes"][0]
+    assert doc["source"] == "py-spy" and proc["pid"] == p.pid
+    if allowed:
+        assert proc["via"] == "py-spy"
+        assert (
+            doc["summary"][0]["line"]
+            == f"main thread (pid {p.pid}): sleeping in read_remote_shard, plain.py:5"
+        )
+    else:
+        assert "py-spy may not read it" in proc["error"]
+
+
 def text_of(app, selector: str) -> str:
     return "\n".join(plain(w) for w in app.screen.query(selector))
 

@@ -433,9 +433,12 @@ def test_py_spy_dump_in_the_jobs_format():
                 {"name": "<module>", "filename": "/job/t.py", "line": 3},
             ],
         },
-        {"thread_name": None, "thread_id": 7, "frames": []},
+        {"thread_name": None, "thread_id": 7, "os_thread_id": 4242, "frames": []},
     ]
     threads = threads_from_py_spy(dump)
+    assert not threads[1]["main"]
+    # py-spy often names no thread: the main one is the thread whose OS id is the pid.
+    assert [t["name"] for t in threads_from_py_spy(dump, 4242) if t["main"]] == ["MainThread", "thread 7"]
     assert threads[0]["main"] and threads[0]["frames"] == [
         ["<module>", "/job/t.py", 3],
         ["read", "/job/shards.py", 88],
