@@ -176,8 +176,15 @@ def test_death_and_stall_lines():
     }
     assert hang.death_line(d) == (
         "worker 2 (pid 4712) was killed by SIGKILL; the cgroup counted 1 OOM kill since dlwatch first "
-        "saw the job; its RSS grew 1.2 → 7.8 GiB in 4 min"
+        "saw the job; its RSS grew 1.2 → 7.8 GiB in 4 min; the OOM killer (memory limit)"
     )
+    assert hang.death_cause(d) == "oom"
+    # A SIGKILL the cgroup did not count is someone's kill, not the OOM killer's.
+    assert hang.death_cause({**d, "oom_kills": 0}) == "signal"
+    no_shm = "RuntimeError: unable to allocate shared memory(shm) for file </torch_1>: No space left"
+    assert hang.death_cause({"signal": "SIGBUS"}) == "shm" == hang.death_cause({"exception": no_shm})
+    assert hang.death_cause({"signal": "SIGSEGV"}) == "segfault"
+    assert hang.death_cause({"exit_code": 1}) == "exit"
     no_oom = {
         "id": 0,
         "pid": 9,
