@@ -43,6 +43,7 @@ class StackGather:
             "threads": thread_stacks.capture(),
         }
         self.asked: list[dict] = []  # loader id, worker id, pid, the row's views
+        worker_burst.remove_stale(rundir.runtime_dir(), "wstacks-")
         self._ask()
 
     def _ask(self) -> None:

@@ -234,16 +234,17 @@ def running(pid: int) -> bool:
         return False
 
 
-def _remove_stale(directory: str) -> None:
+def remove_stale(directory: str, prefix: str = "wprof-") -> None:
     """Files of a worker that started sampling just as an earlier burst was
-    being gathered (it reported after the trainer had looked)."""
+    being gathered (it reported after the trainer had looked), or (prefix
+    ``wstacks-``) answered a stack request too late."""
     now = time.time()
     try:
         names = os.listdir(directory)
     except OSError:
         return
     for name in names:
-        if name.startswith("wprof-"):
+        if name.startswith(prefix):
             path = os.path.join(directory, name)
             try:
                 if now - os.lstat(path).st_mtime > STALE_S:
@@ -254,7 +255,7 @@ def _remove_stale(directory: str) -> None:
 
 def start(st, seconds: float, hz: int, loader: dict) -> WorkerBurst:
     global _current
-    _remove_stale(rundir.runtime_dir())
+    remove_stale(rundir.runtime_dir())
     b = WorkerBurst(st, seconds, hz, loader)
     with _lock:
         _current = b
