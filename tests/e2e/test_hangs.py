@@ -236,10 +236,20 @@ def watch_until_exit(p, d: str) -> dict:
         monitor.stop()
 
 
-def test_a_worker_killed_by_sigkill_is_named_with_its_signal_rss_and_oom_count():
+@sync
+async def test_a_worker_killed_by_sigkill_is_named_with_its_signal_rss_and_oom_count():
+    """Watched by the live view from start to after the job's end: the exited
+    job keeps the death in the snapshot and on screen."""
     p, d = start("kill")
     try:
-        snap = watch_until_exit(p, d)
+        app = DlwatchApp(Monitor(directory=d, window_s=1.0), interval=0.5, runtime_dir=d)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: job_state_cell(app, p.pid) == "exited", "the job exited", LIMIT_S)
+            await wait_for(
+                pilot, lambda: "was killed by SIGKILL" in text_of(app, "#loader-hang"), "the death", 10
+            )
+            shown = text_of(app, "#loader-hang")
+            snap = app.snapshot
     finally:
         stop_sessions([p], grace=0.0)
         shutil.rmtree(d, ignore_errors=True)
@@ -251,9 +261,7 @@ def test_a_worker_killed_by_sigkill_is_named_with_its_signal_rss_and_oom_count()
     assert d0["id"] == 1 and d0["signal"] == "SIGKILL" and d0["rss_last_bytes"] > 0
     assert isinstance(d0["oom_kills"], int) or d0["oom_kills_reason"]
     assert d0["cause"] == ("oom" if d0["oom_kills"] else "signal")
-    from dlwatch.diagnose.hang import death_line
-
-    assert death_line(d0).startswith(f"worker 1 (pid {d0['pid']}) was killed by SIGKILL; ")
+    assert f"✖ worker 1 (pid {d0['pid']}) was killed by SIGKILL; " in shown
 
 
 def _can_mount_tmpfs() -> bool:
