@@ -456,3 +456,41 @@ def test_py_spy_dump_in_the_jobs_format():
 def test_stacks_go_beside_the_recording():
     assert stacks_path("/r/run.jsonl.gz") == "/r/run.stacks.txt"
     assert stacks_path("run.jsonl") == "run.stacks.txt"
+
+
+def test_the_loader_panel_draws_a_stall_and_deaths_and_survives_garbage():
+    from dlwatch.tui import fmt
+    from dlwatch.tui.loader import hang_text
+
+    pal = fmt.DEFAULT_PALETTE
+    stuck = {
+        "role": "worker",
+        "loader_id": 0,
+        "kind": "io",
+        "line": "worker 0 (pid 5): blocked in I/O in r, s.py:1",
+    }
+    other = {"role": "worker", "loader_id": 1, "kind": "io", "line": "worker 0 (pid 9): of another loader"}
+    ld = {
+        "id": 0,
+        "stalled_s": 42.0,
+        "stall_threshold_s": 10.0,
+        "in_next": True,
+        "job_stacks": {"summary": [stuck, other]},
+        "worker_deaths": [{"id": 1, "pid": 6, "signal": "SIGKILL"}],
+        "last_error": "RuntimeError: DataLoader worker (pid 6) is killed by signal: Killed.",
+    }
+    text = hang_text(ld, pal).plain.splitlines()
+    assert text[0] == "STALLED: no batch for 42 s (threshold 10 s), inside next()"
+    assert text[1] == "  worker 0 (pid 5): blocked in I/O in r, s.py:1" and "of another loader" not in str(
+        text
+    )
+    assert text[2].startswith("✖ worker 1 (pid 6) was killed by SIGKILL")
+    assert text[3].startswith("the loader raised RuntimeError: DataLoader worker (pid 6)")
+    assert hang_text({"id": 0}, pal).plain == ""
+    garbage = {
+        "stalled_s": "x",
+        "job_stacks": 7,
+        "worker_deaths": [None, {"rss_first_bytes": "a", "rss_last_bytes": 3, "oom_kills": "n", "signal": 9}],
+        "last_error": 5,
+    }
+    assert "worker ? (pid None) was killed by 9" in hang_text(garbage, pal).plain
