@@ -124,11 +124,6 @@ _VERB = {
 }
 
 
-def thread_kind_text(kind: Any) -> str:
-    """ "is blocked in I/O", "is blocked on a lock", ... for ``wait_kind``'s answer."""
-    return {RUNNING: "runs", IDLE: "is idle"}.get(kind, "is " + _VERB.get(kind, "in"))
-
-
 def thread_line(thread: Mapping[str, Any], role: str = "trainer") -> str:
     kind = wait_kind(thread, role)
     at = blocked_at(thread)

@@ -115,6 +115,45 @@ def _finished_ranks(ctx: Context, job: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+Cause = tuple[str, str, str]  # (cause id, what the evidence shows, the next step)
+
+
+def _worker_cause(lv: LoaderView, w: Entry, others: list[Entry]) -> Cause | None:
+    """Why one stuck worker is stuck, from its stack."""
+    who = f"worker {w.get('worker_id')} (pid {w.get('pid')})"
+    kind = w.get("kind")
+    if kind == hang.LOCK:
+        users = _user_threads(others)
+        if lv.loader.get("start_method") == "fork" and users:
+            return (
+                "fork-inherited-lock",
+                f"{who} waits on a lock in {_where_text(w)}; it was forked while the trainer ran "
+                f"threads ({', '.join(users[:4])}): a lock one of them held at fork time stays held "
+                "in the worker, with no thread to release it",
+                "start workers with multiprocessing_context='spawn' or 'forkserver', or create the "
+                "lock (and the thread) after the DataLoader's workers have started",
+            )
+        return (
+            "worker-blocked-lock",
+            f"{who} waits on a lock in {_where_text(w)}",
+            "find who holds that lock (dlwatch stacks --pid shows every thread)",
+        )
+    if kind == hang.IO:
+        return (
+            "worker-blocked-io",
+            f"{who} is blocked in I/O in {_where_text(w)}",
+            "that read does not return: check the storage or endpoint it reads; give the read a "
+            "timeout, and DataLoader(timeout=...) to fail instead of hanging",
+        )
+    if kind in (hang.RUNNING, hang.SLEEP, hang.QUEUE):
+        return (
+            "worker-stuck",
+            f"{who} has been in one fetch for {num(w.get('in_fetch_s')) or 0:.0f} s, in {_where_text(w)}",
+            "that fetch does not finish; its frame is the place to look",
+        )
+    return None
+
+
 def _cause(
     ctx: Context,
     lv: LoaderView,
@@ -122,55 +161,39 @@ def _cause(
     workers: list[Entry],
     others: list[Entry],
     deaths: list[Entry],
-) -> tuple[str, str, str]:
-    """(cause id, what the evidence shows, the next step)."""
+) -> list[Cause]:
+    """Every cause the evidence shows, the one to act on first: a death, a
+    full /dev/shm, then the stuck workers (the one the loop waits for
+    first), else what the loop itself is doing."""
     ld = lv.loader
     shm = as_int(ctx.host.get("shm_free_bytes"))
-    blocked = [
-        w for w in workers if w.get("kind") in (hang.IO, hang.LOCK, hang.RUNNING, hang.SLEEP, hang.QUEUE)
-    ]
     if deaths:
         d = deaths[-1]
         how = d.get("signal") or d.get("exception") or f"exit code {d.get('exit_code')}"
-        return (
-            "worker-died",
-            f"worker {d.get('id')} (pid {d.get('pid')}) died ({how})",
-            "read the worker's error above; a SIGKILL with OOM kills counted is the memory limit",
-        )
-    if shm is not None and shm < SHM_FULL_BYTES and lv.num_workers:
-        return (
-            "shm-full",
-            f"/dev/shm has {shm / 2**20:.1f} MiB free: workers cannot hand over batches",
-            "free /dev/shm (stale torch_* files) or enlarge it (docker --shm-size=8g); "
-            "fewer workers or a smaller prefetch_factor need less",
-        )
-    locked = [w for w in blocked if w.get("kind") == hang.LOCK]
-    if locked:
-        w = locked[0]
-        users = _user_threads(others)
-        if ld.get("start_method") == "fork" and users:
-            return (
-                "fork-inherited-lock",
-                f"worker {w.get('worker_id')} (pid {w.get('pid')}) waits on a lock in {_where_text(w)}; "
-                f"it was forked while the trainer ran threads ({', '.join(users[:4])}): a lock one "
-                "of them held at fork time stays held in the worker, with no thread to release it",
-                "start workers with multiprocessing_context='spawn' or 'forkserver', or create the "
-                "lock (and the thread) after the DataLoader's workers have started",
+        return [
+            (
+                "worker-died",
+                f"worker {d.get('id')} (pid {d.get('pid')}) died ({how})",
+                "read the worker's error above; a SIGKILL with OOM kills counted is the memory limit",
             )
-        return (
-            "worker-blocked-lock",
-            f"worker {w.get('worker_id')} (pid {w.get('pid')}) waits on a lock in {_where_text(w)}",
-            "find who holds that lock (dlwatch stacks --pid shows every thread)",
-        )
-    io = [w for w in blocked if w.get("kind") == hang.IO]
-    if io:
-        w = io[0]
-        return (
-            "worker-blocked-io",
-            f"worker {w.get('worker_id')} (pid {w.get('pid')}) is blocked in I/O in {_where_text(w)}",
-            "that read does not return: check the storage or endpoint it reads; give the read a "
-            "timeout, and DataLoader(timeout=...) to fail instead of hanging",
-        )
+        ]
+    if shm is not None and shm < SHM_FULL_BYTES and lv.num_workers:
+        return [
+            (
+                "shm-full",
+                f"/dev/shm has {shm / 2**20:.1f} MiB free: workers cannot hand over batches",
+                "free /dev/shm (stale torch_* files) or enlarge it (docker --shm-size=8g); "
+                "fewer workers or a smaller prefetch_factor need less",
+            )
+        ]
+    awaited = as_int(ld.get("awaited_worker"))
+    causes = [
+        c
+        for w in sorted(workers, key=lambda w: as_int(w.get("worker_id")) != awaited)
+        if (c := _worker_cause(lv, w, others)) is not None
+    ]
+    if causes:
+        return causes
     idle = bool(workers) and all(w.get("kind") == hang.IDLE for w in workers)
     main_kind = (main or {}).get("kind")
     if (idle or not workers) and main_kind != hang.QUEUE and not ld.get("in_next"):
@@ -179,35 +202,33 @@ def _cause(
         if finished or main_kind == hang.COLLECTIVE:
             ranks = ", ".join(f"rank {r['rank']} (pid {r['pid']})" for r in finished)
             named = f"; {ranks} has finished its epoch" if ranks else ""
-            return (
-                "uneven-ranks",
-                f"every worker is idle and the loop waits in {where}{named}: "
-                "the ranks ran out of data unevenly",
-                "give every rank the same number of batches: DistributedSampler(drop_last=True), "
-                "or an iterable dataset that yields equally per rank (torch.distributed's join "
-                "context for uneven inputs)",
+            return [
+                (
+                    "uneven-ranks",
+                    f"every worker is idle and the loop waits in {where}{named}: "
+                    "the ranks ran out of data unevenly",
+                    "give every rank the same number of batches: DistributedSampler(drop_last=True), "
+                    "or an iterable dataset that yields equally per rank (torch.distributed's join "
+                    "context for uneven inputs)",
+                )
+            ]
+        return [
+            (
+                "loop-stuck",
+                f"the loop has not asked for a batch: its main thread is in {where}",
+                "that call does not return; dlwatch stacks shows every thread",
             )
-        return (
-            "loop-stuck",
-            f"the loop has not asked for a batch: its main thread is in {where}",
-            "that call does not return; dlwatch stacks shows every thread",
-        )
+        ]
     if idle and main_kind == hang.QUEUE:
-        return (
-            "workers-idle",
-            "the loop waits for a batch while every worker is idle: no worker was given the index",
-            "a worker that exited without the loader noticing, or a custom sampler/iterable that "
-            "stopped yielding; dlwatch stacks shows the workers",
-        )
-    if blocked:
-        w = blocked[0]
-        return (
-            "worker-stuck",
-            f"worker {w.get('worker_id')} (pid {w.get('pid')}) has been in one fetch for "
-            f"{num(w.get('in_fetch_s')) or 0:.0f} s, in {_where_text(w)}",
-            "that fetch does not finish; its frame is the place to look",
-        )
-    return ("unknown", "no stack shows where", "dlwatch stacks --pid shows every thread and worker")
+        return [
+            (
+                "workers-idle",
+                "the loop waits for a batch while every worker is idle: no worker was given the index",
+                "a worker that exited without the loader noticing, or a custom sampler/iterable that "
+                "stopped yielding; dlwatch stacks shows the workers",
+            )
+        ]
+    return [("unknown", "no stack shows where", "dlwatch stacks --pid shows every thread and worker")]
 
 
 def rule_loader_stalled(ctx: Context) -> list[dict[str, Any]]:
@@ -221,15 +242,16 @@ def rule_loader_stalled(ctx: Context) -> list[dict[str, Any]]:
         entries = stacks.get("summary") if stacks else []
         main, workers, others = _mine(entries or [], lv.lid)
         deaths = [d for d in ld.get("worker_deaths") or [] if isinstance(d, dict)]
-        cause, shows, step = _cause(ctx, lv, main, workers, others, deaths)
-        also = [
-            f"worker {w.get('worker_id')} (pid {w.get('pid')}) {hang.thread_kind_text(w.get('kind'))} "
-            f"in {_where_text(w)}"
-            for w in workers
-            if w.get("kind") not in (hang.IDLE, None) and f"(pid {w.get('pid')})" not in shows
-        ]
-        if also:
-            shows += "; also " + "; ".join(also)
+        causes = _cause(ctx, lv, main, workers, others, deaths)
+        cause, shows, step = causes[0]
+        awaited = as_int(ld.get("awaited_worker"))
+        if awaited is not None and cause.startswith("worker-") and cause != "worker-died":
+            shows = f"it waits for worker {awaited}'s batch; {shows}"
+        if len(causes) > 1:
+            shows += "; also " + "; ".join(c[1] for c in causes[1:])
+            more = list(dict.fromkeys(c[2] for c in causes[1:] if c[2] != step))
+            if more:
+                step += "; also " + "; ".join(more)
         thr = num(ld.get("stall_threshold_s"))
         waiting = "inside next()" if ld.get("in_next") else "outside the loader"
         msg = (
@@ -249,6 +271,8 @@ def rule_loader_stalled(ctx: Context) -> list[dict[str, Any]]:
                     "stall_threshold_s": thr,
                     "in_next": ld.get("in_next"),
                     "cause": cause,
+                    "causes": [c[0] for c in causes],
+                    "awaited_worker": awaited,
                     "main_thread": _where_text(main),
                     "main_thread_kind": (main or {}).get("kind"),
                     "workers_not_delivered": [

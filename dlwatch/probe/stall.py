@@ -49,6 +49,23 @@ def floor_from_env(environ=os.environ) -> float:
     return min(MAX_FLOOR_S, max(MIN_FLOOR_S, v))
 
 
+def awaited_worker(it) -> int | None:
+    """The worker whose batch an in-order loader waits for: torch hands
+    batch ``_rcvd_idx`` to one worker and returns them in order, so while
+    its entry in ``_task_info`` holds only the worker id, that worker has not
+    delivered. None for ``in_order=False`` (any worker may answer) or when
+    torch's private fields are not there."""
+    try:
+        if getattr(it, "_in_order", True) is False:
+            return None
+        info = it._task_info.get(it._rcvd_idx)
+        if isinstance(info, tuple) and len(info) == 1 and isinstance(info[0], int):
+            return info[0]
+    except Exception:
+        pass
+    return None
+
+
 class _Track:
     __slots__ = ("epoch", "batches", "t_last", "periods")
 
@@ -109,6 +126,8 @@ class StallWatch:
             if any(o is not st and o.t_last and now - o.t_last <= thr for o in loaders):
                 continue
             out[st.id]["stalled_s"] = round(idle, 3)
+            if out[st.id]["in_next"]:
+                out[st.id]["awaited_worker"] = awaited_worker(st.iter_ref())
         gone = set(self._tracks) - {st.id for st in loaders}
         for k in gone:
             del self._tracks[k]

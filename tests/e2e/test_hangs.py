@@ -112,7 +112,13 @@ def test_a_hung_job_is_stalled_with_each_workers_frame_and_the_cause_in_snapshot
     h = next(h for h in hung.snap["hints"] if h["id"] == "loader-stalled")
     assert h["severity"] == "critical" and h["job_pid"] == hung.proc.pid
     ev = h["evidence"]
-    assert ev["cause"] == "fork-inherited-lock" and "cache-refresher" in h["message"]
+    # Both stuck workers are named; the one the loop waits for first.
+    assert (
+        sorted(ev["causes"]) == ["fork-inherited-lock", "worker-blocked-io"]
+        and "cache-refresher" in h["message"]
+    )
+    assert ev["awaited_worker"] in (0, 1) and ld["awaited_worker"] == ev["awaited_worker"]
+    assert ev["cause"] == {0: "worker-blocked-io", 1: "fork-inherited-lock"}[ev["awaited_worker"]]
     assert "read_remote_shard" in h["message"] and "spawn" in h["suggestion"]
     assert {w["id"]: w["kind"] for w in ev["workers_not_delivered"]} == {0: "io", 1: "lock"}
     # The stall hides the rate hints its empty windows would otherwise raise.

@@ -369,6 +369,30 @@ def test_a_lock_held_at_fork_by_a_trainer_thread_is_told_from_a_plain_lock():
     assert plain["evidence"]["cause"] == "worker-blocked-lock"
 
 
+def test_the_worker_the_loop_waits_for_comes_first_and_the_others_are_named_too():
+    j = _stalled_job([LOCK_WORKER, IO_WORKER], others=[USER_THREAD])
+    j["loaders"][0]["awaited_worker"] = 1
+    h = _cause([j])
+    ev = h["evidence"]
+    assert ev["cause"] == "worker-blocked-io" and ev["causes"] == ["worker-blocked-io", "fork-inherited-lock"]
+    assert ev["awaited_worker"] == 1
+    assert "it waits for worker 1's batch; worker 1 (pid 5001) is blocked in I/O" in h["message"]
+    assert "also worker 0 (pid 5000) waits on a lock" in h["message"] and "cache-refresher" in h["message"]
+    assert (
+        "timeout" in h["suggestion"]
+        and "also start workers with multiprocessing_context='spawn'" in h["suggestion"]
+    )
+
+
+def test_the_awaited_worker_is_read_from_torchs_reorder_table():
+    it = SimpleNamespace(_rcvd_idx=8, _task_info={8: (0,), 9: (1, "batch")})
+    assert stall.awaited_worker(it) == 0
+    it._task_info[8] = (0, "arrived")
+    assert stall.awaited_worker(it) is None
+    assert stall.awaited_worker(SimpleNamespace(_in_order=False, _rcvd_idx=8, _task_info={8: (0,)})) is None
+    assert stall.awaited_worker(object()) is None
+
+
 def test_a_full_dev_shm_and_a_dead_worker_come_first():
     assert _cause([_stalled_job([IDLE_WORKER])], shm_free=1 << 20)["evidence"]["cause"] == "shm-full"
     dead = _stalled_job([IO_WORKER])
