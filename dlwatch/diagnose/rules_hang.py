@@ -116,6 +116,7 @@ def _finished_ranks(ctx: Context, job: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 Cause = tuple[str, str, str]  # (cause id, what the evidence shows, the next step)
+_STUCK = (hang.IO, hang.LOCK, hang.RUNNING, hang.SLEEP)
 
 
 def _worker_cause(lv: LoaderView, w: Entry, others: list[Entry]) -> Cause | None:
@@ -194,8 +195,22 @@ def _cause(
     ]
     if causes:
         return causes
-    idle = bool(workers) and all(w.get("kind") == hang.IDLE for w in workers)
     main_kind = (main or {}).get("kind")
+    if not lv.num_workers and ld.get("in_next") and main is not None and main_kind in _STUCK:
+        # num_workers=0: the loop fetches its batches itself, inside next().
+        what = {hang.IO: "is blocked in I/O", hang.LOCK: "waits on a lock"}.get(
+            str(main_kind), "does not return"
+        )
+        return [
+            (
+                "loop-fetch-blocked",
+                f"the loop loads its own batches (num_workers=0) and that fetch {what} "
+                f"in {_where_text(main)}",
+                "that call does not return: give it a timeout; with workers (num_workers > 0) "
+                "DataLoader(timeout=...) fails instead of hanging",
+            )
+        ]
+    idle = bool(workers) and all(w.get("kind") == hang.IDLE for w in workers)
     if (idle or not workers) and main_kind != hang.QUEUE and not ld.get("in_next"):
         finished = _finished_ranks(ctx, lv.job)
         where = _where_text(main) or "outside the loader"

@@ -418,6 +418,17 @@ def test_idle_workers_while_the_loop_waits_in_a_collective_name_the_rank_that_ra
     assert _cause([alone])["evidence"]["cause"] == "loop-stuck"
 
 
+def test_a_loop_without_workers_stuck_in_its_own_fetch():
+    main = _thread(
+        [("<module>", "/job/t.py", 9), ("__getitem__", "/job/ds.py", 12)], "with open(self.path) as f:"
+    )
+    j = _stalled_job([], main=main)
+    j["loaders"][0]["num_workers"] = 0
+    h = _cause([j])
+    assert h["evidence"]["cause"] == "loop-fetch-blocked"
+    assert "(num_workers=0) and that fetch is blocked in I/O in __getitem__, ds.py:12" in h["message"]
+
+
 def test_no_stall_no_hint_and_old_stacks_are_not_evidence():
     calm = _stalled_job([IO_WORKER])
     calm["loaders"][0]["stalled_s"] = None
