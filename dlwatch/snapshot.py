@@ -161,6 +161,16 @@ class Loader(_LoaderRequired, total=False):
     # Only under `dlwatch run --autotune` (README "Autotune"): state, reason,
     # current/original setting, changes (epoch, from, to, why, batches_per_s).
     autotune: dict[str, Any] | None
+    # A stall (docs/hangs.md): seconds since the last batch once past
+    # stall_threshold_s, else None; in_next: the loop is inside next().
+    stalled_s: float | None
+    stall_threshold_s: float | None
+    in_next: bool | None
+    awaited_worker: int | None  # the worker whose batch a stalled in-order loop waits for
+    # Workers that died: id, pid, signal, exit_code, exception, t, their RSS
+    # when first and last sampled, the cgroup's oom_kills (None + reason), cause (oom, shm, segfault, ...).
+    worker_deaths: list[dict[str, Any]]
+    last_error: str | None  # the last exception next() raised ("RuntimeError: DataLoader worker ...")
 
 
 class _JobRequired(TypedDict):
@@ -194,6 +204,9 @@ class Job(_JobRequired, total=False):
     last_wire_error: str | None
     # The last worker profile burst's top stage (dlwatch.diagnose.worker_profile.brief)
     worker_profile: dict[str, Any] | None
+    # The job's last stacks (a stall's or `dlwatch stacks`'): reason, t,
+    # processes (threads, frames), summary (one line each), error. docs/hangs.md.
+    stacks: dict[str, Any] | None
     sampled: bool  # attached without the hook, sampled from outside
     sampling: dict[str, Any]  # tool, span_s, samples, rate_hz, training thread
 

@@ -33,6 +33,18 @@ with the same single ``profile_status`` refusals. Every other monitor of the
 job gets the answer too, marked ``"broadcast": true`` (and a monitor that
 connects later gets the last one after its history).
 
+Every server lists ``"stacks"``: the Python stacks of the job's threads and
+of its DataLoader workers, asked for or sent on its own when a loader
+stalls::
+
+    client -> {"type": "stacks"}
+    server -> {"type": "stacks_result", "result": {...}}   (or with "error")
+
+Every other monitor gets the answer marked ``"broadcast": true``, and so does
+every monitor when the job gathered them on a stall (``result.reason``:
+``"stall"`` or ``"request"``); a monitor that connects later gets the last
+one after its history.
+
 A version mismatch is answered with ``{"type": "error", ...}`` and the
 connection is closed; so is a malformed or oversized frame.
 """
@@ -72,6 +84,7 @@ MAX_OUT_DIR_CHARS = 1024
 # What a server that runs profiler bursts announces in its hello.
 FEATURE_PROFILE = "profile"
 FEATURE_WORKER_PROFILE = "worker-profile"
+FEATURE_STACKS = "stacks"
 # Worker profile bursts: seconds and samples per second per worker.
 WORKER_PROFILE_DEFAULT_SECONDS = 5.0
 WORKER_PROFILE_MAX_SECONDS = 60.0
@@ -220,6 +233,12 @@ LOADER_OPTIONAL = (
     | _of(_STR, "start_method", "kind", "name", "iterator", "dataset")
     | _of(_LIST, "epoch_start_ms", "epoch_ms", "epoch_batches", "dataset_wrappers")
     | _of(_DICT, "autotune", "iterated_on", "replay")
+    # A stall (probe/stall.py), and workers that died (probe/deaths.py).
+    | _of(_NUM, "stalled_s", "stall_threshold_s")
+    | _of(_INT, "awaited_worker")
+    | _of(_BOOL, "in_next")
+    | _of(_LIST, "worker_deaths")
+    | _of(_STR, "last_error")
 )
 QUEUE_OPTIONAL = {"ready": _INT, "in_flight": _INT, "capacity": _INT}
 WORKER = {"id": _INT, "pid": _INT, "batches": _INT, "fetch_ns": _INT, "busy_ns": _INT}
@@ -237,6 +256,7 @@ WORKER_PROFILE = {"seconds": _NUM}
 WORKER_PROFILE_OPTIONAL = {"hz": _INT}
 # broadcast: the copy every other monitor of the job gets (not an answer to them)
 WORKER_PROFILE_RESULT_OPTIONAL = {"error": _STR, "broadcast": _BOOL}
+STACKS_RESULT_OPTIONAL = WORKER_PROFILE_RESULT_OPTIONAL
 
 
 @dataclass(frozen=True)
@@ -261,6 +281,8 @@ MESSAGES: dict[str, Schema] = {
     "profile_result": Schema(PROFILE_RESULT, PROFILE_RESULT_OPTIONAL),
     "worker_profile": Schema(WORKER_PROFILE, WORKER_PROFILE_OPTIONAL),
     "worker_profile_result": Schema(PROFILE_RESULT, WORKER_PROFILE_RESULT_OPTIONAL),
+    "stacks": Schema({}),
+    "stacks_result": Schema(PROFILE_RESULT, STACKS_RESULT_OPTIONAL),
 }
 RECORDS: dict[str, Schema] = {
     "job": Schema(JOB, JOB_OPTIONAL),
@@ -341,6 +363,10 @@ def validate(msg: Any) -> dict[str, Any]:
             raise WireError(f"profile_status.state {msg['state'][:40]!r} is not one of {PROFILE_STATES}")
     elif kind in ("profile_result", "worker_profile_result"):
         _check(msg, PROFILE_RESULT, PROFILE_RESULT_OPTIONAL, kind)
+    elif kind == "stacks":
+        _check(msg, {}, None, kind)
+    elif kind == "stacks_result":
+        _check(msg, PROFILE_RESULT, STACKS_RESULT_OPTIONAL, kind)
     elif kind == "worker_profile":
         _check(msg, WORKER_PROFILE, WORKER_PROFILE_OPTIONAL, kind)
         if not 0 < msg["seconds"] <= WORKER_PROFILE_MAX_SECONDS:
@@ -494,6 +520,20 @@ def worker_profile_result(
     if broadcast:
         msg["broadcast"] = True
     return msg
+
+
+def stacks_request() -> dict[str, Any]:
+    """A monitor's request for the job's stacks (threads and workers)."""
+    return validate({"type": "stacks"})
+
+
+def stacks_result(
+    result: dict[str, Any], error: str | None = None, broadcast: bool = False
+) -> dict[str, Any]:
+    """The job's stacks (``probe/stack_request.py``), or why there are none;
+    ``broadcast``: the copy for monitors that did not ask. The fields of a
+    worker profile's answer."""
+    return {**worker_profile_result(result, error, broadcast), "type": "stacks_result"}
 
 
 def check_protocol(hello: dict[str, Any]) -> None:

@@ -137,7 +137,17 @@ def open_live_view(args, source=None) -> int:
         interval=args.interval,
         profiler=profile_runner(source),
         worker_profiler=profile_runner(source, workers=True),
+        stacker=stacks_runner(source),
     )
+
+
+def stacks_runner(source):
+    """How the live view's ``S`` asks a job for its stacks (``profile_runner``'s reason)."""
+    import functools
+
+    from dlwatch.collect.hang import gather_stacks
+
+    return functools.partial(gather_stacks, directory=getattr(source, "directory", None))
 
 
 def profile_runner(source, workers: bool = False):

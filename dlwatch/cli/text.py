@@ -129,6 +129,10 @@ def render_snapshot(snap: dict, title: str = "dlwatch snapshot") -> str:
             lines.append("  no DataLoader iterated yet")
         for ld in j.get("loaders", []):
             lines.extend(_sampled_loader_lines(ld, j) if ld.get("sampled") is True else _loader_lines(ld))
+        st = j.get("stacks")
+        if isinstance(st, dict) and st.get("summary"):
+            lines.append(f"  stacks ({st.get('reason')}; dlwatch stacks --pid {j['pid']} for all of them):")
+            lines.extend(f"    {e.get('line')}" for e in st["summary"] if isinstance(e, dict))
     lines.append("")
     for fault in snap.get("errors") or []:
         lines.append(f"collector error: {fault}")
@@ -185,7 +189,21 @@ def _loader_lines(ld: dict) -> list[str]:
             "    worker  pid      cpu %  busy %  fetch ms  batches  rss        uss        thr  state"
         )
         lines.extend(_worker_line(w) for w in ld["workers"])
-    return lines
+    return lines + _hang_lines(ld)
+
+
+def _hang_lines(ld: dict) -> list[str]:
+    """A stall and the workers that died (docs/hangs.md)."""
+    from dlwatch.diagnose.hang import death_line, stall_line
+
+    out = []
+    stall = stall_line(ld)
+    if stall:
+        out.append(f"    {stall}")
+    out.extend(f"    {death_line(d)}" for d in ld.get("worker_deaths") or [] if isinstance(d, dict))
+    if ld.get("last_error"):
+        out.append(f"    the loader raised {_short(str(ld['last_error']), 160)}")
+    return out
 
 
 def _sampled_loader_lines(ld: dict, job: dict) -> list[str]:

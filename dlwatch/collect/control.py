@@ -98,6 +98,18 @@ def request_worker_profile(
     return worker_profile.summary(pid, msg["result"], msg.get("error"))
 
 
+# The job answers within its gathering grace (probe/stack_request.py: 1.5 s).
+STACKS_BOUND_S = 10.0
+
+
+def request_stacks(pid: int, **via: Unpack[Via]) -> dict:
+    """The Python stacks of job ``pid``'s threads and DataLoader workers:
+    the job's document (``processes``, ``reason``, ``t``) and its error."""
+    ask = _Ask(wire.stacks_request(), wire.FEATURE_STACKS, "stacks_result", STACKS_BOUND_S, "stack requests")
+    msg = _request(pid, ask, via)
+    return {**(msg.get("result") or {}), "error": msg.get("error")}
+
+
 @dataclass
 class _Ask:
     """One request: what to send, the feature the job must announce, the
@@ -216,7 +228,8 @@ def _check_hello(pid: int, msg: dict, ask: _Ask) -> None:
     if ask.feature in features:
         return
     version = msg["job"].get("dlwatch_version") or "unknown"
-    if "features" in msg and not features:
+    profiling = {wire.FEATURE_PROFILE, wire.FEATURE_WORKER_PROFILE}
+    if "features" in msg and ask.feature in profiling and not profiling & set(features):
         why = "profiling is disabled in that job (DLWATCH_PROFILE=0)"
     else:
         why = f"its dlwatch ({version}) predates {ask.what}; restart it with dlwatch {__version__}"

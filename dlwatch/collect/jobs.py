@@ -14,8 +14,9 @@ import time
 from collections import deque
 
 from dlwatch import __version__, rundir, wire
+from dlwatch.collect import oom
 from dlwatch.collect.totals import Totals
-from dlwatch.diagnose import worker_profile
+from dlwatch.diagnose import hang, worker_profile
 
 # Jobs publish ten frames a second. A monitor may ask for every Nth only
 # (half the decoding at N=2), but each frame skipped delays what the screen
@@ -30,6 +31,25 @@ CONNECT_TIMEOUT_S = 0.5
 # A socket file that refuses connections may belong to a job that has bound
 # but not yet listened: only call it stale once it is this old.
 STALE_GRACE_S = 5.0
+
+
+# Worker processes whose RSS the connection remembers (a job that re-spawns
+# its workers every epoch makes new ones; the oldest go first).
+MAX_RSS_TRACKED = 512
+
+
+def stacks_doc(msg: dict) -> dict:
+    """A ``stacks_result`` as the snapshot carries it: the job's document,
+    its error, and one summary line per process (``diagnose.hang``)."""
+    result = msg.get("result") or {}
+    doc = dict(result)
+    doc["error"] = msg.get("error")
+    try:
+        doc["summary"] = hang.summarize(result)
+    except Exception as e:  # a malformed document costs its summary
+        doc["summary"] = []
+        doc["error"] = doc["error"] or f"unreadable stacks: {type(e).__name__}: {e}"
+    return doc
 
 
 def pid_alive(pid: int) -> bool:
@@ -90,6 +110,17 @@ class JobConnection:
         self.ended_at: float | None = None
         # The job's last worker profile, as the hints quote it (model.py).
         self.worker_profile: dict | None = None
+        # The job's last stacks (a stall's or a request's), as the snapshot
+        # carries them (model.py), and its memory cgroup's OOM-kill counter
+        # when first seen and when a worker died (oom.py).
+        self.stacks: dict | None = None
+        self.cgroup_dir: str | None = None
+        self.cgroup_note = ""
+        self.oom_kills_at_start: int | None = None
+        self.oom: dict | None = None
+        self._deaths_seen = 0
+        # Each worker's first and last RSS sample: (time, bytes, time, bytes).
+        self.worker_rss: dict[int, tuple[float, int, float, int]] = {}
 
     # --- connection -------------------------------------------------------------
 
@@ -194,6 +225,9 @@ class JobConnection:
             self.job = msg["job"]
             self.state = "live"
             self.reason = ""
+            if self.cgroup_dir is None:
+                self.cgroup_dir, self.cgroup_note = oom.cgroup_dir(self.pid)
+                self.oom_kills_at_start = oom.oom_kills(self.cgroup_dir)[0]
             return 0
         if kind == "error":
             self._set_ended(
@@ -210,11 +244,38 @@ class JobConnection:
                 return 0  # duplicates after a reconnect's history replay
             self.frames.append(msg)
             self.totals.add(msg)
+            self._check_deaths(msg)
             return 1
         if kind == "worker_profile_result" and not msg.get("error"):
             doc = worker_profile.summary(self.pid, msg["result"], None)
             self.worker_profile = worker_profile.brief(doc, time.time())
+        if kind == "stacks_result":
+            self.stacks = stacks_doc(msg)
         return 0
+
+    def _check_deaths(self, frame: dict) -> None:
+        """A worker died since the last frame: read the OOM-kill counter now."""
+        n = sum(len(ld.get("worker_deaths") or ()) for ld in frame["loaders"])
+        if n == self._deaths_seen:
+            return
+        self._deaths_seen = n
+        count, source = oom.oom_kills(self.cgroup_dir)
+        self.oom = {
+            "oom_kills": count,
+            "oom_kills_at_start": self.oom_kills_at_start,
+            "source": source if count is not None else None,
+            "reason": None if count is not None else (self.cgroup_note or source),
+            "cgroup": self.cgroup_dir,
+        }
+
+    def track_rss(self, pid: int, rss: int, now: float) -> None:
+        first = self.worker_rss.get(pid)
+        if first is None:
+            self.worker_rss[pid] = (now, rss, now, rss)
+        else:
+            self.worker_rss[pid] = (first[0], first[1], now, rss)
+        if len(self.worker_rss) > MAX_RSS_TRACKED:
+            del self.worker_rss[next(iter(self.worker_rss))]
 
     @property
     def live(self) -> bool:

@@ -15,6 +15,7 @@ from typing import Any, cast
 from dlwatch.collect import window as win
 from dlwatch.collect.jobs import JobConnection
 from dlwatch.collect.totals import Totals
+from dlwatch.diagnose import hang
 from dlwatch.snapshot import SCHEMA_VERSION, Host, Job, Snapshot
 
 HISTORY_POINTS = 120
@@ -185,20 +186,49 @@ def job_dict(
         "worker_profile": c.worker_profile,
         "loaders": [],
     }
+    out["stacks"] = c.stacks
     if last is None:
         return cast(Job, out)  # checked: snapshot.problems, in the tests
     for ld in last["loaders"]:
-        out["loaders"].append(
-            loader_dict(
-                frames,
-                ld,
-                window_s,
-                procs if c.live else {},
-                _history(c, frames, ld["id"], history),
-                c.totals,
-            )
+        loader = loader_dict(
+            frames,
+            ld,
+            window_s,
+            procs if c.live else {},
+            _history(c, frames, ld["id"], history),
+            c.totals,
         )
+        if c.live:
+            for wk in loader["workers"]:
+                if isinstance(wk.get("rss_bytes"), int) and wk.get("pid"):
+                    c.track_rss(wk["pid"], wk["rss_bytes"], now)
+        loader["worker_deaths"] = [_death(d, c) for d in ld.get("worker_deaths") or [] if isinstance(d, dict)]
+        out["loaders"].append(loader)
     return cast(Job, out)  # checked: snapshot.problems, in the tests
+
+
+def _death(d: dict[str, Any], c: JobConnection) -> dict[str, Any]:
+    """A worker death as the job reported it, with what the monitor saw of
+    it: its RSS when first and last sampled, the cgroup's OOM-kill count."""
+    pid = d.get("pid")
+    rss = c.worker_rss.get(pid) if isinstance(pid, int) else None
+    oom = c.oom or {}
+    out = {
+        "id": d.get("id"),
+        "pid": pid,
+        "signal": d.get("signal"),
+        "exit_code": d.get("exit_code"),
+        "exception": d.get("exception"),
+        "t": d.get("t"),
+        "rss_first_bytes": rss[1] if rss else None,
+        "rss_last_bytes": rss[3] if rss else None,
+        "rss_span_s": round(rss[2] - rss[0], 1) if rss else None,
+        "oom_kills": oom.get("oom_kills"),
+        "oom_kills_at_start": oom.get("oom_kills_at_start"),
+        "oom_kills_reason": oom.get("reason") if oom else "no worker death seen by this monitor",
+    }
+    out["cause"] = hang.death_cause(out)
+    return out
 
 
 def _history(c: JobConnection, frames: list[dict[str, Any]], loader_id: int, full: bool) -> dict[str, Any]:
@@ -299,12 +329,23 @@ def loader_dict(
         "window_mono_ns": [w.get("start_mono_ns"), w.get("end_mono_ns")],
         "workers": workers,
         "history": history,
+        # A stall (docs/hangs.md): seconds without a batch past the threshold, else None.
+        "stalled_s": num_or_none(ld.get("stalled_s")),
+        "stall_threshold_s": num_or_none(ld.get("stall_threshold_s")),
+        "in_next": ld.get("in_next") if isinstance(ld.get("in_next"), bool) else None,
+        # The worker whose batch the stalled loop waits for (in-order loaders), else None.
+        "awaited_worker": ld.get("awaited_worker") if isinstance(ld.get("awaited_worker"), int) else None,
+        "last_error": ld.get("last_error") if isinstance(ld.get("last_error"), str) else None,
         # Only with `dlwatch run --autotune`: its state and decisions (README "Autotune").
         "autotune": ld.get("autotune") if isinstance(ld.get("autotune"), dict) else None,
     }
     if isinstance(ld.get("replay"), dict):
         out["replay"] = _replay(ld["replay"])
     return out
+
+
+def num_or_none(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 REPLAY_KEYS = ("state", "batches_cached", "bytes_cached", "batches_wanted", "max_bytes", "limited_by")

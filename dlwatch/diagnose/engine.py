@@ -37,6 +37,7 @@ from . import (
     rules_cores,
     rules_epochs,
     rules_gpu,
+    rules_hang,
     rules_memory,
     rules_order,
     rules_ranks,
@@ -97,6 +98,7 @@ REGISTRY: dict[str, Rule] = registry(
     rules_sharding.RULES,
     rules_order.RULES,
     rules_threads.RULES,
+    rules_hang.RULES,
 )
 
 

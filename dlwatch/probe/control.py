@@ -16,7 +16,7 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 from dlwatch import wire
-from dlwatch.probe import patches, profiler, worker_burst
+from dlwatch.probe import patches, profiler, stack_request, worker_burst
 
 if TYPE_CHECKING:
     from dlwatch.probe.publisher import Publisher
@@ -32,18 +32,27 @@ class Control:
         # The last worker profile's answer, for every monitor (live views,
         # recorders: the hints and reports quote it), new ones included.
         self._last_wprofile: bytes | None = None
+        # Stacks (stack_request.py): the gathering in progress, the clients
+        # that asked for it, and the last answer (every monitor gets it).
+        self._stacks: stack_request.StackGather | None = None
+        self._sclients: list[Any] = []
+        self._last_stacks: bytes | None = None
 
     def replay(self) -> list[bytes]:
         """What a newly greeted client gets after the history."""
-        return [self._last_wprofile] if self._last_wprofile is not None else []
+        return [m for m in (self._last_wprofile, self._last_stacks) if m is not None]
 
     def features(self) -> list[str]:
         """What the hello announces."""
-        return [wire.FEATURE_PROFILE, wire.FEATURE_WORKER_PROFILE] if profiler.enabled() else []
+        profiling = [wire.FEATURE_PROFILE, wire.FEATURE_WORKER_PROFILE] if profiler.enabled() else []
+        return [*profiling, wire.FEATURE_STACKS]
 
     def on_request(self, c, msg: dict) -> None:
         """A message from a greeted client; anything unknown is ignored."""
         kind = msg.get("type")
+        if kind == "stacks":
+            self._on_stacks(c)
+            return
         if kind not in ("profile", "worker_profile"):
             return
         if not profiler.enabled():
@@ -128,6 +137,47 @@ class Control:
         self._wclient = c
         self.pub.queue(c, wire.encode(self._wburst.status()))
 
+    # --- stacks -----------------------------------------------------------------
+
+    def _on_stacks(self, c) -> None:
+        """Stacks asked for: join the gathering in progress, or start one."""
+        if self._stacks is None:
+            try:
+                self._stacks = stack_request.StackGather("request")
+            except Exception as e:
+                self.pub.queue(c, wire.encode(wire.stacks_result({}, f"{type(e).__name__}: {e}")))
+                return
+        if len(self._sclients) < MAX_STACK_CLIENTS:
+            self._sclients.append(c)
+
+    def on_stall(self, loaders: list[dict]) -> None:
+        """A loader has just stalled (publisher): gather the stacks for every monitor."""
+        if self._stacks is None:
+            try:
+                self._stacks = stack_request.StackGather("stall", loaders)
+            except Exception:
+                self._stacks = None
+
+    def _poll_stacks(self) -> None:
+        g = self._stacks
+        if g is None:
+            return
+        try:
+            result = g.poll()
+        except Exception as e:
+            result, g.state = {"error": f"{type(e).__name__}: {e}"}, stack_request.DONE
+        if result is None:
+            return
+        self._stacks = None
+        asked, self._sclients = self._sclients, []
+        data = _encode_stacks(result)
+        for c in asked:
+            if self.pub.connected(c):
+                self.pub.queue(c, data)
+        copy = _encode_stacks(result, broadcast=True)
+        self._last_stacks = copy
+        self.pub.broadcast(copy, skip_all=asked)
+
     def farewell(self) -> None:
         """The job is exiting mid-burst: tell the monitor that asked, best effort."""
         w, wc = self._wburst, self._wclient
@@ -162,6 +212,8 @@ class Control:
 
     def poll(self) -> None:
         """Each tick of the publisher: forward a running burst's news."""
+        if self._stacks is not None:
+            self._poll_stacks()
         if self._wburst is not None:
             self._poll_workers()
         b, c = self._burst, self._client
@@ -211,6 +263,33 @@ class Control:
         if w.state == worker_burst.DONE:
             worker_burst.release(w)
             self._wburst = self._wclient = None
+
+
+MAX_STACK_CLIENTS = 8
+
+
+def _encode_stacks(result: dict, broadcast: bool = False) -> bytes:
+    """The answer in one frame: deep stacks are cut to their innermost
+    frames, then to each process's main thread, until it fits."""
+    for depth, main_only in ((None, False), (16, False), (16, True), (4, True)):
+        doc = _trimmed(result, depth, main_only) if depth is not None else result
+        try:
+            return wire.encode(wire.stacks_result(doc, broadcast=broadcast))
+        except (wire.WireError, ValueError, TypeError):
+            continue
+    return wire.encode(wire.stacks_result({}, "the stacks do not fit in one frame", broadcast=broadcast))
+
+
+def _trimmed(result: dict, depth: int, main_only: bool) -> dict:
+    procs = []
+    for p in result.get("processes") or []:
+        threads = [
+            dict(t, frames=t.get("frames", [])[-depth:], truncated=True)
+            for t in p.get("threads") or []
+            if not main_only or t.get("main")
+        ]
+        procs.append(dict(p, threads=threads))
+    return dict(result, processes=procs)
 
 
 def _loader_ref(st) -> dict:

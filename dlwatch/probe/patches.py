@@ -156,8 +156,12 @@ def _wrap_next(orig_next):
         except StopIteration:
             st.end_epoch(t0, _clock())
             raise
-        except BaseException:
+        except BaseException as e:
             st.t_enter = 0.0
+            try:
+                st.raised(self, e)  # a worker's death or exception: errors only
+            except Exception:
+                pass
             raise
         t1 = _clock()
         st.wait_s += t1 - t0

@@ -21,7 +21,7 @@ import time
 from collections import deque
 
 from dlwatch import rundir, wire
-from dlwatch.probe import control, patches
+from dlwatch.probe import control, patches, stall
 from dlwatch.probe.identity import job_identity
 
 INTERVAL_S = 0.1
@@ -105,6 +105,9 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 # follows the loader that stepped most in it).
 BUSY_FRAMES = 11
 
+# Worker deaths are looked for every this many frames (a waitid per worker).
+DEATH_SCAN_EVERY = 5
+
 # A client may ask for every Nth frame only ("every" in its hello): the live
 # monitor reads five a second, enough for its windows, at half the cost.
 MAX_EVERY = 100
@@ -143,6 +146,8 @@ class Publisher:
         self.clients_dropped = 0
         self._recent: deque[dict[int, int]] = deque(maxlen=BUSY_FRAMES)
         self._control = control.Control(self)
+        self._stall = stall.StallWatch()
+        self._stalled: set[int] = set()  # loader ids stalled at the last frame
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -204,9 +209,26 @@ class Publisher:
         t = self._thread
         if t is not None and t.is_alive() and t is not threading.current_thread():
             t.join(timeout=1.0)
+        self._last_frame()
         self._control.farewell()
         self._close_sockets()
         self._unlink_own()
+
+    def _last_frame(self) -> None:
+        """At exit: one more frame, so that what ended the job (a worker
+        that died, the error the loader raised) reaches the monitors."""
+        try:
+            data = wire.encode(self.build_frame(scan=True))
+        except Exception:
+            return
+        for c in list(self._clients.values()):
+            if c.greeted and not c.closing:
+                try:
+                    c.out += data
+                    c.sock.send(bytes(c.out), socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
+                    c.out.clear()
+                except OSError:
+                    pass
 
     def abandon(self) -> None:
         """In a forked child: drop the inherited fds, leave the file alone."""
@@ -281,18 +303,29 @@ class Publisher:
                 self.queue(c, data)
         self._control.poll()
 
-    def build_frame(self) -> dict:
+    def build_frame(self, scan: bool = False) -> dict:
         now = time.perf_counter_ns()
         self._seq += 1
         loaders = []
         batches: dict[int, int] = {}
-        for st in patches.registry.snapshot(now):
+        sts = patches.registry.snapshot(now)
+        try:
+            stalls = self._stall.check(sts, now / 1e9)
+        except Exception:
+            stalls = {}
+        scan = scan or self._seq % DEATH_SCAN_EVERY == 0
+        for st in sts:
             try:
-                loaders.append(st.frame(now))
+                if scan:
+                    st.scan_deaths()
+                fr = st.frame(now)
+                fr.update(stalls.get(st.id) or {})
+                loaders.append(fr)
                 batches[st.id] = st.batches
             except Exception:
                 continue
         self._recent.append(batches)
+        self._note_stalls(loaders)
         torch = sys.modules.get("torch")
         cuda_init = None
         try:
@@ -302,6 +335,15 @@ class Publisher:
             cuda_init = None
         main = {"cuda_initialized": cuda_init, "py_threads": threading.active_count()}
         return wire.window(self._seq, time.time(), now, loaders, main)
+
+    def _note_stalls(self, loaders: list[dict]) -> None:
+        """A loader that has just stalled: gather the stacks, once a stall."""
+        stalled = {ld["id"] for ld in loaders if ld.get("stalled_s") is not None}
+        new = stalled - self._stalled
+        self._stalled = stalled
+        if new:
+            keys = ("id", "stalled_s", "stall_threshold_s", "in_next", "batches", "epoch", "num_workers")
+            self._control.on_stall([{k: ld.get(k) for k in keys} for ld in loaders if ld["id"] in new])
 
     def _accept(self) -> None:
         while True:
@@ -479,9 +521,9 @@ class Publisher:
         except (OSError, rundir.RuntimeDirError):
             pass  # try again at the next check; the job trains on regardless
 
-    def broadcast(self, data: bytes, skip: _Client | None = None) -> None:
+    def broadcast(self, data: bytes, skip: _Client | None = None, skip_all=()) -> None:
         for c in list(self._clients.values()):
-            if c.greeted and not c.closing and c is not skip:
+            if c.greeted and not c.closing and c is not skip and c not in skip_all:
                 self.queue(c, data)
 
     def connected(self, c: _Client) -> bool:

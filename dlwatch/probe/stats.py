@@ -25,6 +25,7 @@ from collections import deque
 from time import perf_counter as _clock  # float seconds, as the hot path's
 from typing import Any
 
+from dlwatch.probe import deaths
 from dlwatch.probe import worker as _worker
 
 # Recent epochs remembered per loader (epoch-start stalls, epoch durations).
@@ -68,6 +69,9 @@ class LoaderStats:
         "hol_samples",
         "autotune",
         "batch_bytes",
+        "deaths",
+        "error",
+        "procs",
         "__weakref__",
     )
 
@@ -109,6 +113,12 @@ class LoaderStats:
         # Bytes of host (CPU) tensors in the batch, read at each epoch's first
         # batch (never on the per-batch path): what a .to('cuda') copies.
         self.batch_bytes: int | None = None
+        self.deaths: list[dict] = []  # workers that died (deaths.py), the last MAX_DEATHS
+        self.error: str | None = None  # the last exception __next__ raised (not StopIteration)
+        # The current iterator's worker Process objects: a worker's exit
+        # status stays readable after torch dropped the iterator (the job
+        # crashing on the death).
+        self.procs: list = []
 
     # --- called from the patched iterator (trainer main thread) -------------
 
@@ -178,7 +188,22 @@ class LoaderStats:
         self.epoch_t0 = 0.0
         self.first_pending = False
 
+    def raised(self, it, e: BaseException) -> None:
+        """``__next__`` raised ``e`` (not StopIteration): a worker's exception
+        or death, as torch reports it. Off the hot path: errors only."""
+        if isinstance(e, Exception):
+            self.error = deaths.from_error(it, e, self.deaths)
+
     # --- called from the publisher thread -------------------------------------
+
+    def scan_deaths(self) -> None:
+        it = self.iter_ref() if self.iter_ref is not None else None
+        if it is not None:
+            # Read here, not at iter(): torch starts the workers after the
+            # base __init__ that our patch follows.
+            self.procs = list(getattr(it, "_workers", ()) or ())
+        if self.procs and not getattr(it, "_shutdown", False):
+            deaths.scan(self.procs, self.deaths)
 
     def frame(self, now_ns: int) -> dict:
         now = now_ns / 1e9  # the hot path's clock, in seconds
@@ -235,6 +260,10 @@ class LoaderStats:
             out["autotune"] = self.autotune
         if self.batch_bytes is not None:
             out["batch_bytes"] = self.batch_bytes
+        if self.deaths:
+            out["worker_deaths"] = [dict(d) for d in self.deaths]
+        if self.error is not None:
+            out["last_error"] = self.error
         return out
 
 

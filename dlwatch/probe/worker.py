@@ -56,7 +56,10 @@ _HIST_EDGES = [wire.fetch_hist_bounds_ms(k)[0] / 1e3 for k in range(1, HIST_BUCK
 # trainer writes BURST_GEN (its id), BURST_HZ and BURST_END_S (float64
 # seconds); the worker writes BURST_ACK = BURST_GEN once it samples.
 BURST_GEN, BURST_HZ, BURST_END_S, BURST_ACK = range(HIST0 + HIST_BUCKETS, HIST0 + HIST_BUCKETS + 4)
-NFIELDS = HIST0 + HIST_BUCKETS + 4
+# A stack request (worker_watch.py): the trainer writes STACK_REQ (its id);
+# the worker's stack watcher writes its stacks to a file, then STACK_ACK.
+STACK_REQ, STACK_ACK = HIST0 + HIST_BUCKETS + 4, HIST0 + HIST_BUCKETS + 5
+NFIELDS = HIST0 + HIST_BUCKETS + 6
 
 # This process's row (int64 view), set when the hook runs in a worker; None
 # outside one.
@@ -128,6 +131,16 @@ def activate(slots, worker_id: int) -> None:
         row[base + STARTED_NS] = _clock_ns()
     _row = row
     _patch_fetchers(row, frow, base)
+    _start_watch(row, base)
+
+
+def _start_watch(row, base: int) -> None:
+    try:
+        from dlwatch.probe import worker_watch
+
+        worker_watch.start(row, base + STACK_REQ, base + STACK_ACK)
+    except Exception:
+        pass  # no stacks from this worker on a stall, never a broken worker
 
 
 def _patch_fetchers(row, frow, base: int) -> None:

@@ -111,7 +111,7 @@ class WorkerBurst:
         missing = [
             p
             for p in self.participants
-            if not os.path.exists(worker_sampler.result_path(directory, self.gen, p)) and _running(p)
+            if not os.path.exists(worker_sampler.result_path(directory, self.gen, p)) and running(p)
         ]
         if missing and now < self.end + GRACE_S:
             return []
@@ -137,9 +137,9 @@ class WorkerBurst:
         other = 0
         for pid, wid in sorted(self.participants.items(), key=lambda kv: kv[1]):
             path = worker_sampler.result_path(directory, self.gen, pid)
-            doc = _read(path)
+            doc = read_result(path)
             if doc is None:
-                why = "killed or exited before it could report" if not _running(pid) else "did not report"
+                why = "killed or exited before it could report" if not running(pid) else "did not report"
                 workers.append({"pid": pid, "id": wid, "reported": False, "note": why})
                 continue
             local = []
@@ -211,11 +211,12 @@ class WorkerBurst:
                     pass
 
 
-def _read(path: str) -> dict | None:
+def read_result(path: str, limit: int = MAX_FILE_BYTES) -> dict | None:
+    """A worker's JSON result file, or None (missing, too big, not JSON)."""
     try:
         with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-        if len(data) > MAX_FILE_BYTES:
+            data = f.read(limit + 1)
+        if len(data) > limit:
             return None
         doc = json.loads(data)
         return doc if isinstance(doc, dict) else None
@@ -223,7 +224,7 @@ def _read(path: str) -> dict | None:
         return None
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
     """Alive and not a zombie (a killed worker stays one until torch reaps it)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -233,16 +234,17 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _remove_stale(directory: str) -> None:
+def remove_stale(directory: str, prefix: str = "wprof-") -> None:
     """Files of a worker that started sampling just as an earlier burst was
-    being gathered (it reported after the trainer had looked)."""
+    being gathered (it reported after the trainer had looked), or (prefix
+    ``wstacks-``) answered a stack request too late."""
     now = time.time()
     try:
         names = os.listdir(directory)
     except OSError:
         return
     for name in names:
-        if name.startswith("wprof-"):
+        if name.startswith(prefix):
             path = os.path.join(directory, name)
             try:
                 if now - os.lstat(path).st_mtime > STALE_S:
@@ -253,7 +255,7 @@ def _remove_stale(directory: str) -> None:
 
 def start(st, seconds: float, hz: int, loader: dict) -> WorkerBurst:
     global _current
-    _remove_stale(rundir.runtime_dir())
+    remove_stale(rundir.runtime_dir())
     b = WorkerBurst(st, seconds, hz, loader)
     with _lock:
         _current = b

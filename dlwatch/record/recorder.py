@@ -25,6 +25,7 @@ from dataclasses import KW_ONLY, InitVar, dataclass
 from typing import Any
 
 from dlwatch import __version__
+from dlwatch.diagnose import hang
 from dlwatch.record import fileformat
 from dlwatch.snapshot import SCHEMA_VERSION, SnapshotSource, as_int, records
 
@@ -73,6 +74,8 @@ class Recorder:
         # Opened here, so that a path that cannot be written is an error
         # before any sampling starts.
         self._out = fileformat.open_write(self.path, exclusive=not overwrite)
+        self.stacks_path = stacks_path(self.path)
+        self._stacks_seen: set[tuple[int, float]] = set()
 
     def discard(self) -> None:
         """Close and remove the file without recording (the job never started)."""
@@ -123,6 +126,7 @@ class Recorder:
                     jobs.update(p for p in (as_int(j.get("pid")) for j in kept["jobs"]) if p is not None)
                     self._write(fileformat.compact(kept))
                     self.stats.lines += 1
+                    self._keep_stacks(kept)
                     if self.until is not None:
                         reason = self.until(kept) or ""
                 if self._stop.is_set():
@@ -155,6 +159,25 @@ class Recorder:
             ],
         )
 
+    def _keep_stacks(self, snap: dict[str, Any]) -> None:
+        """A job's new stacks (a stall's, or asked for), as text in a file
+        beside the recording: they outlive the job, readable without dlwatch."""
+        for job in records(snap.get("jobs")):
+            st, pid = job.get("stacks"), as_int(job.get("pid"))
+            if not isinstance(st, dict) or pid is None or not isinstance(st.get("t"), (int, float)):
+                continue
+            key = (pid, float(st["t"]))
+            if key in self._stacks_seen:
+                continue
+            self._stacks_seen.add(key)
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(st["t"]))
+            text = [f"=== job {pid} at {when} ({st.get('reason') or 'request'})", *hang.render(st), "", ""]
+            try:
+                with open(self.stacks_path, "a", encoding="utf-8") as f:
+                    f.write("\n".join(text))
+            except OSError:
+                pass  # the recording itself goes on
+
     def _write(self, obj: dict[str, Any]) -> None:
         line = json.dumps(obj, separators=(",", ":"), default=str) + "\n"
         self._out.write(line)
@@ -162,6 +185,14 @@ class Recorder:
         # leaves at most one torn line (gzip: a sync flush per line).
         self._out.flush()
         self.stats.bytes += len(line)
+
+
+def stacks_path(path: str) -> str:
+    """Where a recording's stacks go: ``run.jsonl.gz`` -> ``run.stacks.txt``."""
+    base = path
+    for suffix in (".gz", ".jsonl", ".json"):
+        base = base.removesuffix(suffix)
+    return base + ".stacks.txt"
 
 
 def default_path(compress: bool = True, now: float | None = None) -> str:

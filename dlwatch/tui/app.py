@@ -34,6 +34,7 @@ from dlwatch.tui.keys import APP_KEYS, SCREEN_KEYS, palette_keys
 from dlwatch.tui.loader import LoaderPanel
 from dlwatch.tui.profile import ProfileScreen, Runner
 from dlwatch.tui.sources import ReplayControls
+from dlwatch.tui.stacks import StacksRunner, StacksScreen
 from dlwatch.tui.status import job_header, status_text
 from dlwatch.tui.textline import TextLine
 
@@ -142,6 +143,7 @@ class DlwatchApp(App):
         version: str = __version__,
         profiler: Runner | None = None,
         worker_profiler: Runner | None = None,
+        stacker: StacksRunner | None = None,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
@@ -153,6 +155,7 @@ class DlwatchApp(App):
         self.version = version
         self.profiler = profiler
         self.worker_profiler = worker_profiler
+        self.stacker = stacker
         self.paused = False
         self.snapshot: dict | None = None
         self.rows: list[JobRow] = []
@@ -379,7 +382,12 @@ class DlwatchApp(App):
             return
         header.display = True
         set_static(header, job_header(job, pal, wide))
-        loaders = [ld for ld in fmt.lst(job.get("loaders")) if isinstance(ld, dict)]
+        stacks = job.get("stacks")
+        loaders = [
+            {**ld, "job_stacks": stacks} if stacks and fmt.num(ld.get("stalled_s")) is not None else ld
+            for ld in fmt.lst(job.get("loaders"))
+            if isinstance(ld, dict)
+        ]
         message.display = not loaders
         if not loaders:
             set_static(
@@ -592,6 +600,21 @@ class DlwatchApp(App):
         if pid is not None and self.worker_profiler is not None:
             self.push_screen(ProfileScreen(pid, self.worker_profiler, workers=True))
 
+    def action_stacks(self) -> None:
+        """``S``: the job's stacks; the live view asks the job for fresh ones."""
+        if isinstance(self.screen, StacksScreen):
+            return
+        job = self.selected_job()
+        pid = fmt.intval(job.get("pid")) if job else None
+        if job is None or pid is None:
+            self.notify("no job selected", severity="warning")
+            return
+        live = job_state(job) == "live" and not self.is_replay
+        stacks = job.get("stacks")
+        self.push_screen(
+            StacksScreen(pid, stacks if isinstance(stacks, dict) else None, self.stacker if live else None)
+        )
+
     def _profilable_pid(self, runner: Runner | None) -> int | None:
         job = self.selected_job()
         pid = fmt.intval(job.get("pid")) if job else None
@@ -629,10 +652,13 @@ def run_tui(
     interval: float = 0.5,
     profiler: Runner | None = None,
     worker_profiler: Runner | None = None,
+    stacker: StacksRunner | None = None,
 ) -> int:
     """Run the TUI until the user quits; the CLI's exit code. ``profiler``
     runs a burst on a job, ``worker_profiler`` a worker profile (the CLI
     passes the collector's; None: no bursts)."""
-    app = DlwatchApp(source, interval=interval, profiler=profiler, worker_profiler=worker_profiler)
+    app = DlwatchApp(
+        source, interval=interval, profiler=profiler, worker_profiler=worker_profiler, stacker=stacker
+    )
     app.run()
     return 0 if app.return_code in (None, 0) else int(app.return_code)

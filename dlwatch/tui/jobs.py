@@ -39,6 +39,14 @@ def primary_loader(job: Any) -> dict:
     return max(loaders, key=lambda ld: fmt.num(ld.get("batches_per_s")) or -1.0)
 
 
+def stalled(job: Any) -> bool:
+    """Some loader of the job has delivered no batch past its stall threshold."""
+    return any(
+        isinstance(ld, dict) and fmt.num(ld.get("stalled_s")) is not None
+        for ld in fmt.lst(fmt.d(job).get("loaders"))
+    )
+
+
 def job_state(job: Any) -> str:
     return fmt.s(fmt.d(job).get("state"), "live") or "live"
 
@@ -93,6 +101,8 @@ class JobRow:
 
     @property
     def state(self) -> str:
+        if any(job_state(j) == "live" and stalled(j) for j in self.jobs):
+            return "STALLED"
         states = {job_state(j) for j in self.jobs}
         if len(states) == 1:
             return states.pop()
@@ -145,7 +155,7 @@ def group_jobs(jobs: Any) -> list[JobRow]:
     return out
 
 
-STATE_STYLE = {"live": "good", "exited": "dim", "unreachable": "warn", "mixed": "warn"}
+STATE_STYLE = {"live": "good", "exited": "dim", "unreachable": "warn", "mixed": "warn", "STALLED": "bad"}
 
 
 class JobList(LineTable):

@@ -135,6 +135,16 @@ APP_KEYS = [
         display="W",
         command="Profile workers",
     ),
+    Key(
+        "S",
+        "stacks",
+        "stacks",
+        False,
+        "S",
+        "where the job is stuck: every thread's and worker's stack, the blocking frame named",
+        display="S",
+        command="Stacks",
+    ),
 ]
 
 # Textual's own, listed in the help all the same.

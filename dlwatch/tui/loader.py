@@ -117,6 +117,36 @@ def window_note(ld: dict) -> str:
     return f"over {span:.0f} s · {n} batch{'es' if n != 1 else ''}"
 
 
+def hang_text(ld: dict, pal: fmt.Palette) -> Text:
+    """A stall (red) with where each process of it is stuck, and the workers
+    that died (docs/hangs.md). Empty for a healthy loader."""
+    from dlwatch.diagnose.hang import death_line, stall_line
+
+    t = Text()
+    stall = stall_line(ld)
+    if stall:
+        t.append(stall, f"bold {pal.bad}")
+        stacks = fmt.d(ld.get("job_stacks"))
+        for e in fmt.lst(stacks.get("summary")):
+            if not isinstance(e, dict):
+                continue
+            lid = fmt.intval(e.get("loader_id"))
+            if e.get("role") == "worker" and lid != fmt.intval(ld.get("id")):
+                continue
+            t.append(
+                "\n  " + fmt.s(e.get("line")), pal.bad if e.get("kind") not in (None, "idle") else pal.dim
+            )
+        if not stacks:
+            t.append("\n  stacks: being gathered (S asks again)", pal.dim)
+    for d in fmt.lst(ld.get("worker_deaths")):
+        if isinstance(d, dict):
+            t.append(("\n" if t else "") + "✖ " + death_line(d), pal.bad)
+    err = fmt.s(ld.get("last_error"))
+    if err:
+        t.append(("\n" if t else "") + "the loader raised " + fmt.truncate(err, 200), pal.warn)
+    return t
+
+
 def queue_line(ld: dict, pal: fmt.Palette) -> Text:
     q = fmt.d(ld.get("queue"))
     ready, flight, cap = q.get("ready"), q.get("in_flight"), q.get("capacity")
@@ -224,6 +254,7 @@ class LoaderPanel(Vertical):
         self._epochs = TextLine(id="loader-epochs", classes="line")
         self._queue = TextLine(id="loader-queue", classes="line")
         self._autotune = TextLine(id="loader-autotune", classes="line")
+        self._hang = Static(id="loader-hang")
         self._table = WorkersTable(id="workers")
         self._no_workers = TextLine(id="no-workers", classes="line")
         self._notes = Static(id="worker-notes")
@@ -231,6 +262,7 @@ class LoaderPanel(Vertical):
     def compose(self) -> ComposeResult:
         yield from (
             self._title,
+            self._hang,
             self._gauge,
             self._stats,
             self._epochs,
@@ -281,6 +313,9 @@ class LoaderPanel(Vertical):
         if not self._gauge.ready:
             raise NoMatches("the gauge is still mounting")
         set_static(self._title, loader_title(ld, pal))
+        hang = hang_text(ld, pal)
+        self._hang.display = bool(hang)
+        set_static(self._hang, hang)
         self._headline(ld, pal, wide, history=True)
         at = autotune_line(ld, pal)
         self._autotune.display = at is not None

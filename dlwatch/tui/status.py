@@ -8,7 +8,7 @@ from typing import Any
 from rich.text import Text
 
 from dlwatch.tui import fmt
-from dlwatch.tui.jobs import JobRow
+from dlwatch.tui.jobs import JobRow, stalled
 
 
 def status_text(
@@ -79,7 +79,9 @@ def job_header(job: Any, pal: fmt.Palette, wide: bool) -> Text:
     rank, ws = fmt.intval(job.get("rank")), fmt.intval(job.get("world_size"))
     if rank is not None:
         parts.append(f"rank {rank}/{ws if ws is not None else '?'}")
-    if state == "live":
+    if state == "live" and stalled(job):
+        parts.append(Text(f"■ STALLED (live {fmt.duration(job.get('age_s'))}; S: stacks)", f"bold {pal.bad}"))
+    elif state == "live":
         parts.append(Text(f"● live {fmt.duration(job.get('age_s'))}", pal.good))
     else:
         reason = fmt.s(job.get("state_reason"))

@@ -103,13 +103,18 @@ def test_the_live_view_gets_a_profiler_on_its_collectors_runtime_dir(monkeypatch
     monkeypatch.setattr(
         tui_app,
         "run_tui",
-        lambda source, interval, profiler, worker_profiler: seen.update(p=profiler, w=worker_profiler) or 0,
+        lambda source, interval, profiler, worker_profiler, stacker: (
+            seen.update(p=profiler, w=worker_profiler, s=stacker) or 0
+        ),
     )
     assert main([]) == 0
     with pytest.raises(ProfileError, match=f"no dlwatch job with PID 4194305 in {d}$"):
         seen["p"](2**22 + 1, steps=3)
     with pytest.raises(ProfileError, match=f"no dlwatch job with PID 4194305 in {d}$"):
         seen["w"](2**22 + 1, seconds=1.0)
+    # S: stacks are asked where the collector looks too, the failure an answer, not a raise.
+    doc = seen["s"](2**22 + 1)
+    assert doc["error"].endswith(f"no dlwatch job with PID 4194305 in {d}") and doc["processes"] == []
 
 
 def test_every_subcommand_is_one_module_with_help():

@@ -297,8 +297,10 @@ def test_a_job_whose_probe_predates_profiling_is_not_supported():
         job.close()
 
 
-def test_a_job_with_profiling_disabled_says_so():
-    job = FakeJob(server_hello(features=[]))
+@pytest.mark.parametrize("features", [[], [wire.FEATURE_STACKS]])
+def test_a_job_with_profiling_disabled_says_so(features):
+    # A job of this dlwatch announces stacks whatever DLWATCH_PROFILE says.
+    job = FakeJob(server_hello(features=features))
     try:
         with pytest.raises(ProfileError, match="DLWATCH_PROFILE=0"):
             request_profile(job.pid, 5, 10.0, "/tmp", directory=job.dir)

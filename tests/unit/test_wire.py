@@ -448,6 +448,8 @@ BUILT = {
     "profile_result": wire.profile_result({"steps": 10}, "the job exited"),
     "worker_profile": wire.worker_profile_request(5.0, 100),
     "worker_profile_result": wire.worker_profile_result({"stacks": []}, "no worker fetched", broadcast=True),
+    "stacks": wire.stacks_request(),
+    "stacks_result": wire.stacks_result({"processes": []}, "the job exited", broadcast=True),
 }
 
 

@@ -1,0 +1,313 @@
+"""Reading a hung job's stacks: where each process is blocked, and on what.
+
+Pure: a stacks document (``probe/stack_request.py``: the trainer's threads
+and each DataLoader worker's, frames outermost first as ``[function, file,
+line]``, the innermost line's source in ``src``) in, plain figures out. The
+live view, ``dlwatch stacks`` and the ``loader-stalled`` hint read the same
+summary.
+
+The frame that blocks is the innermost one; when that is in the standard
+library or torch (a ``Condition.wait``, a queue's ``get``), the innermost
+frame of the user's own code is named beside it: that is the line to read.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+# What a thread waits on, told from its innermost frames. Order matters: a
+# DataLoader worker idle in its index queue is "idle", not "queue".
+IDLE, QUEUE, LOCK, IO, COLLECTIVE, SLEEP, RUNNING = (
+    "idle",
+    "data-queue",
+    "lock",
+    "io",
+    "collective",
+    "sleep",
+    "running",
+)
+
+_LOCK_SRC = re.compile(r"\.acquire\(|\bwith\b[^:]*\block\b|\block\b[^=]*\.acquire|semaphore|\.wait\(", re.I)
+_IO_SRC = re.compile(
+    r"\bopen\(|\.read(?:line|lines|into|_bytes|_text)?\(|\.recv(?:_into|from)?\(|\.accept\(|"
+    r"\.connect\(|select\(|\.poll\(|urlopen|requests\.|\.get_object\(|\.download|os\.read\(|\.load\("
+)
+_IO_FILES = ("socket.py", "ssl.py", "selectors.py", "subprocess.py", "http/client.py", "urllib/request.py")
+_LOCK_FUNCS = {"acquire", "_acquire_restore", "_wait_for_tstate_lock", "join"}
+
+
+def _where(path: str) -> str:
+    """'stdlib', 'torch', 'dlwatch' or 'user' for a frame's file."""
+    p = path.replace("\\", "/")
+    if "/torch/" in p:
+        return "torch"
+    if "/dlwatch/" in p and "/tests/" not in p:
+        return "dlwatch"
+    if "site-packages/" in p or "dist-packages/" in p:
+        return "library"
+    if re.search(r"/lib/python3\.\d+/", p) or p.startswith("<frozen"):
+        return "stdlib"
+    return "user"
+
+
+def _frames(thread: Mapping[str, Any]) -> list[list[Any]]:
+    out = []
+    for f in thread.get("frames") or []:
+        if isinstance(f, (list, tuple)) and len(f) >= 3:
+            out.append([str(f[0]), str(f[1]), int(f[2]) if isinstance(f[2], int) else 0])
+    return out
+
+
+def frame_text(f: Sequence[Any]) -> str:
+    return f"{f[0]}, {os.path.basename(str(f[1]))}:{f[2]}"
+
+
+def wait_kind(thread: Mapping[str, Any], role: str = "trainer") -> str:
+    """What ``thread`` is waiting on, from its innermost frames and source."""
+    frames = _frames(thread)
+    if not frames:
+        return RUNNING
+    names = [f[0].rsplit(".", 1)[-1] for f in frames]
+    files = [f[1].replace("\\", "/") for f in frames]
+    leaf_name, leaf_file = names[-1], files[-1]
+    src = str(thread.get("src") or "")
+    if role == "worker" and "_worker_loop" in names and "fetch" not in names:
+        return IDLE  # between tasks, waiting for an index
+    if any("/torch/distributed/" in p for p in files[-6:]):
+        return COLLECTIVE
+    if any(n in ("_try_get_data", "_get_data") for n in names[-8:]):
+        return QUEUE
+    if leaf_name == "sleep" or "time.sleep(" in src:
+        return SLEEP
+    if leaf_file.endswith("threading.py") and leaf_name in _LOCK_FUNCS | {"wait"}:
+        return LOCK
+    if any(leaf_file.endswith(s) for s in _IO_FILES) or _IO_SRC.search(src):
+        return IO
+    if _LOCK_SRC.search(src):
+        return LOCK
+    return RUNNING
+
+
+def blocked_at(thread: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The innermost frame, and the innermost of the user's own code when
+    that is a different one (``user``)."""
+    frames = _frames(thread)
+    if not frames:
+        return None
+    leaf = frames[-1]
+    out: dict[str, Any] = {
+        "function": leaf[0],
+        "file": leaf[1],
+        "line": leaf[2],
+        "src": str(thread.get("src") or "")[:160],
+        "text": frame_text(leaf),
+    }
+    if _where(leaf[1]) != "user":
+        for f in reversed(frames[:-1]):
+            if _where(f[1]) == "user":
+                out["user"] = {"function": f[0], "file": f[1], "line": f[2], "text": frame_text(f)}
+                break
+    return out
+
+
+_VERB = {
+    IDLE: "idle, waiting for work",
+    QUEUE: "waiting for a batch",
+    LOCK: "blocked on a lock",
+    IO: "blocked in I/O",
+    COLLECTIVE: "waiting in a collective",
+    SLEEP: "sleeping",
+    RUNNING: "in",
+}
+
+
+def thread_line(thread: Mapping[str, Any], role: str = "trainer") -> str:
+    kind = wait_kind(thread, role)
+    at = blocked_at(thread)
+    if at is None:
+        return "no Python frame"
+    where = at["text"]
+    if "user" in at:
+        where += f" (from {at['user']['text']})"
+    if kind == RUNNING:
+        return f"in {where}"
+    if kind == IDLE:
+        return _VERB[IDLE]
+    return f"{_VERB[kind]} in {where}"
+
+
+def main_thread(proc: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    threads = [t for t in proc.get("threads") or [] if isinstance(t, dict)]
+    for t in threads:
+        if t.get("main"):
+            return t
+    return threads[0] if threads else None
+
+
+def _notable(t: Any) -> bool:
+    """A trainer thread worth a line: the pin-memory thread, and threads
+    running code of the user's (not multiprocessing's queue feeders)."""
+    if not isinstance(t, dict):
+        return False
+    return t.get("name") == "pt_data_pin" or any(_where(f[1]) == "user" for f in _frames(t))
+
+
+def process_name(proc: Mapping[str, Any]) -> str:
+    pid = proc.get("pid")
+    if proc.get("role") == "worker":
+        return f"worker {proc.get('worker_id')} (pid {pid})"
+    return f"trainer (pid {pid})"
+
+
+def summarize(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One entry per process (and per notable trainer thread: the
+    pin-memory thread and any the user started), with its one line."""
+    out: list[dict[str, Any]] = []
+    for proc in doc.get("processes") or []:
+        if not isinstance(proc, dict):
+            continue
+        role = str(proc.get("role") or "trainer")
+        name = process_name(proc)
+        base = {
+            "role": role,
+            "pid": proc.get("pid"),
+            "worker_id": proc.get("worker_id"),
+            "loader_id": proc.get("loader_id"),
+            "in_fetch_s": proc.get("in_fetch_s"),
+        }
+        if proc.get("error"):
+            out.append({**base, "thread": None, "kind": None, "at": None, "line": f"{name}: {proc['error']}"})
+            continue
+        main = main_thread(proc)
+        threads = [main] if main is not None else []
+        if role == "trainer":
+            threads += [t for t in proc.get("threads") or [] if t is not main and _notable(t)]
+        for t in threads:
+            tname = str(t.get("name") or "?")
+            label = name if t is main else f"{name} thread {tname}"
+            if role == "trainer" and t is main:
+                label = f"main thread (pid {proc.get('pid')})"
+            out.append(
+                {
+                    **base,
+                    "thread": tname,
+                    "kind": wait_kind(t, role),
+                    "at": blocked_at(t),
+                    "line": f"{label}: {thread_line(t, role)}",
+                }
+            )
+    return out
+
+
+def lines(doc: Mapping[str, Any]) -> list[str]:
+    return [s["line"] for s in summarize(doc)]
+
+
+def render(doc: Mapping[str, Any], full: bool = True) -> list[str]:
+    """Text: the one-line summary, then (``full``) every thread's stack,
+    innermost last, as ``py-spy dump`` and tracebacks print them."""
+    out = [*lines(doc)]
+    if not full:
+        return out
+    for proc in doc.get("processes") or []:
+        if not isinstance(proc, dict) or proc.get("error"):
+            continue
+        out.append("")
+        out.append(f"== {process_name(proc)}")
+        for t in proc.get("threads") or []:
+            if not isinstance(t, dict):
+                continue
+            flag = " (main)" if t.get("main") else ""
+            out.append(f"  thread {t.get('name')}{flag}:")
+            for f in _frames(t):
+                out.append(f"    {f[0]} ({f[1]}:{f[2]})")
+            if t.get("src"):
+                out.append(f"      > {t['src']}")
+    return out
+
+
+def _gib(n: Any) -> str:
+    return f"{n / 2**30:.1f}" if isinstance(n, (int, float)) and n >= 2**28 else f"{(n or 0) / 2**20:.0f} Mi"
+
+
+def _span(s: Any) -> str:
+    if not isinstance(s, (int, float)):
+        return ""
+    return f" in {s / 60:.0f} min" if s >= 90 else f" in {s:.0f} s"
+
+
+def death_cause(d: Mapping[str, Any]) -> str:
+    """ "oom", "shm", "segfault", "exception", "signal", "exit" or "unknown":
+    what the record shows. A SIGKILL is the OOM killer's when the cgroup
+    counted a kill since the job was first seen; a full /dev/shm shows as
+    torch's "unable to allocate shared memory" / "No space left" in the
+    worker, or as SIGBUS (a write past what tmpfs could back)."""
+    exc = str(d.get("exception") or "")
+    sig = d.get("signal")
+    kills, at_start = d.get("oom_kills"), d.get("oom_kills_at_start")
+    if sig == "SIGKILL" and isinstance(kills, int) and kills > (at_start if isinstance(at_start, int) else 0):
+        return "oom"
+    if sig == "SIGBUS" or re.search(r"shared memory|/dev/shm|\bshm\b|No space left on device", exc):
+        return "shm"
+    if sig == "SIGSEGV":
+        return "segfault"
+    if exc:
+        return "exception"
+    if sig:
+        return "signal"
+    return "exit" if d.get("exit_code") is not None else "unknown"
+
+
+_CAUSE_NOTE = {
+    "oom": "the OOM killer (memory limit)",
+    "shm": "/dev/shm is full: enlarge it (docker --shm-size) or lower num_workers × prefetch_factor",
+}
+
+
+def death_line(d: Mapping[str, Any]) -> str:
+    """One line for a worker that died: how, the cgroup's OOM kills, its RSS.
+
+    "worker 2 (pid 4712) was killed by SIGKILL; the cgroup counted 1 OOM
+    kill; its RSS grew 1.2 → 7.8 GiB in 4 min"."""
+    who = f"worker {d.get('id') if d.get('id') is not None else '?'} (pid {d.get('pid')})"
+    if d.get("signal"):
+        how = f"was killed by {d['signal']}"
+    elif d.get("exception"):
+        how = f"raised {d['exception']}"
+    elif d.get("exit_code") is not None:
+        how = f"exited with code {d['exit_code']}"
+    else:
+        how = "died (how is not known: not our child)"
+    parts = [f"{who} {how}"]
+    kills, at_start = d.get("oom_kills"), d.get("oom_kills_at_start")
+    if isinstance(kills, int):
+        n = kills - at_start if isinstance(at_start, int) and kills >= at_start else kills
+        since = " since dlwatch first saw the job" if isinstance(at_start, int) else ""
+        parts.append(f"the cgroup counted {n} OOM kill{'s' if n != 1 else ''}{since}")
+    elif d.get("oom_kills_reason"):
+        parts.append(f"OOM kills n/a: {d['oom_kills_reason']}")
+    first, last = d.get("rss_first_bytes"), d.get("rss_last_bytes")
+    if isinstance(first, int) and isinstance(last, int):
+        unit = "GiB" if max(first, last) >= 2**28 else "MiB"
+        a, b = _gib(first).removesuffix(" Mi"), _gib(last).removesuffix(" Mi")
+        verb = "grew" if last > first * 1.05 else "was"
+        rng = f"{a} → {b}" if verb == "grew" else b
+        parts.append(f"its RSS {verb} {rng} {unit}{_span(d.get('rss_span_s')) if verb == 'grew' else ''}")
+    note = _CAUSE_NOTE.get(death_cause(d))
+    if note:
+        parts.append(note)
+    return "; ".join(parts)
+
+
+def stall_line(ld: Mapping[str, Any]) -> str | None:
+    """ "STALLED: no batch for 42 s (threshold 10 s), inside next()", or None."""
+    s = ld.get("stalled_s")
+    if not isinstance(s, (int, float)):
+        return None
+    thr = ld.get("stall_threshold_s")
+    where = "inside next()" if ld.get("in_next") else "the loop outside the loader"
+    t = f" (threshold {thr:.0f} s)" if isinstance(thr, (int, float)) else ""
+    return f"STALLED: no batch for {s:.0f} s{t}, {where}"

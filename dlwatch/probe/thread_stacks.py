@@ -1,0 +1,69 @@
+"""The Python stacks of this process's threads, read from inside it.
+
+``sys._current_frames()`` is the interpreter's own table of each thread's
+innermost frame: reading it from another thread of the same process needs no
+ptrace, no signal and no cooperation from the thread that is stuck, only the
+GIL for the few microseconds the walk takes. A thread blocked in a read, a
+lock or a queue has released the GIL, so it is seen where it blocks; a thread
+that holds the GIL inside a C call delays the read until that call returns
+(py-spy, from outside, does not have that limit).
+
+Bounded: at most ``MAX_THREADS`` threads and the innermost ``MAX_FRAMES``
+frames of each; dlwatch's own threads are left out. Used by the trainer's
+publisher (its own threads) and by a DataLoader worker's stack watcher
+(``worker_watch.py``). Stdlib only.
+"""
+
+from __future__ import annotations
+
+import linecache
+import sys
+import threading
+from types import FrameType
+from typing import Any
+
+MAX_THREADS = 64
+MAX_FRAMES = 48
+MAX_SRC_CHARS = 160
+# Our threads (publisher, worker sampler, stack watcher) are not the job's.
+OWN_PREFIX = "dlwatch-"
+
+
+def capture() -> list[dict]:
+    """Every thread but ours: name, whether it is the main thread, daemon,
+    frames outermost first as ``[function, file, line]``, and the source
+    text of the innermost line (``src``)."""
+    frames = sys._current_frames()
+    by_ident = {t.ident: t for t in threading.enumerate()}
+    main_ident = threading.main_thread().ident
+    out: list[dict] = []
+    for ident, top in frames.items():
+        t = by_ident.get(ident)
+        name = t.name if t is not None else f"thread {ident}"
+        if name.startswith(OWN_PREFIX):
+            continue
+        chain: list[list[Any]] = []
+        f: FrameType | None = top
+        leaf: tuple[str, int] | None = None
+        while f is not None and len(chain) < MAX_FRAMES:
+            code = f.f_code
+            if leaf is None:
+                leaf = (code.co_filename, f.f_lineno or 0)
+            chain.append([getattr(code, "co_qualname", code.co_name), code.co_filename, f.f_lineno or 0])
+            f = f.f_back
+        chain.reverse()
+        src = linecache.getline(leaf[0], leaf[1]).strip()[:MAX_SRC_CHARS] if leaf else ""
+        out.append(
+            {
+                "name": name[:80],
+                "main": ident == main_ident,
+                "daemon": bool(t.daemon) if t is not None else None,
+                "frames": chain,
+                "truncated": f is not None,
+                "src": src,
+            }
+        )
+        if len(out) >= MAX_THREADS:
+            break
+    out.sort(key=lambda th: (not th["main"], th["name"]))
+    return out

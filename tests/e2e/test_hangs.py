@@ -1,0 +1,328 @@
+"""The hang doctor on real hangs (docs/hangs.md): a job whose two workers are
+stuck for good (one opening a FIFO nobody writes, one on a lock a trainer
+thread held when it forked), a worker SIGKILLed, a worker that runs out of
+/dev/shm in a mount namespace of its own, and a torchrun rank that runs out
+of data. Each shows its state, frame and hint in ``snapshot --json``, the
+live view and ``dlwatch stacks``.
+
+One hung job serves every test that reads it (module fixture). The stall
+floor is 1.5 s here (``DLWATCH_STALL_FLOOR_S``, the production default is
+10 s) so that the stall is declared a second after the hang, not ten.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from dlwatch.collect.hang import gather_stacks
+from dlwatch.collect.monitor import Monitor
+from dlwatch.tui.app import DlwatchApp
+from dlwatch.tui.jobs import JobList
+from dlwatch.tui.stacks import StacksScreen
+from tests.e2e.test_tui_live import sync, wait_for
+from tests.e2e_util import dlwatch, short_tmpdir, snapshot_json, stop_sessions
+from tests.tui_fixtures import plain, row_text
+
+JOBS = Path(__file__).resolve().parent.parent / "jobs" / "hang_jobs.py"
+FLOOR_S = "1.5"
+LIMIT_S = 60.0  # a generous "eventually" on a loaded 2-core machine
+
+
+def start(mode: str, *args: str, runtime_dir: str | None = None, launcher: tuple = ()) -> tuple:
+    d = runtime_dir or short_tmpdir()
+    env = dict(os.environ, DLWATCH_DIR=d, DLWATCH_STALL_FLOOR_S=FLOOR_S, OMP_NUM_THREADS="1")
+    p = subprocess.Popen(
+        [*launcher, sys.executable, str(JOBS), mode, *args] if not launcher else [*launcher, str(JOBS), mode],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        cwd=d,
+    )
+    return p, d
+
+
+def wait_snapshot(d: str, done, what: str) -> dict:
+    end = time.monotonic() + LIMIT_S
+    snap: dict = {}
+    while time.monotonic() < end:
+        snap = snapshot_json(d, "--window", "1")
+        if done(snap):
+            return snap
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}: {json.dumps(snap)[:3000]}")
+
+
+def stalled_with_stacks(snap: dict, pid: int | None = None) -> bool:
+    for j in snap["jobs"]:
+        if pid is not None and j["pid"] != pid:
+            continue
+        if any(ld.get("stalled_s") for ld in j["loaders"]) and (j.get("stacks") or {}).get("summary"):
+            return any(h["id"] == "loader-stalled" for h in snap["hints"])
+    return False
+
+
+def summary_of(job: dict, role: str, worker_id: int | None = None) -> dict:
+    for e in job["stacks"]["summary"]:
+        if e["role"] == role and (worker_id is None or e["worker_id"] == worker_id):
+            if role == "worker" or e["thread"] == "MainThread":
+                return e
+    raise AssertionError(f"no {role} {worker_id} in {job['stacks']['summary']}")
+
+
+@pytest.fixture(scope="module")
+def hung():
+    work = short_tmpdir("dlwhang")
+    fifo = os.path.join(work, "shard.fifo")
+    os.mkfifo(fifo)
+    p, d = start("hang", fifo)
+    try:
+        snap = wait_snapshot(d, stalled_with_stacks, "the stall, its stacks and its hint")
+        yield SimpleNamespace(proc=p, dir=d, snap=snap, job=snap["jobs"][0])
+    finally:
+        stop_sessions([p], grace=0.0)
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_a_hung_job_is_stalled_with_each_workers_frame_and_the_cause_in_snapshot_json(hung):
+    job = hung.job
+    ld = job["loaders"][0]
+    assert ld["stalled_s"] >= ld["stall_threshold_s"] == float(FLOOR_S) and ld["in_next"] is True
+    assert job["stacks"]["reason"] == "stall"
+    reader = summary_of(job, "worker", 0)
+    assert reader["kind"] == "io" and reader["at"]["function"] == "read_remote_shard"
+    assert reader["at"]["file"].endswith("hang_jobs.py") and reader["in_fetch_s"] > 0
+    assert reader["line"].startswith(f"worker 0 (pid {reader['pid']}): blocked in I/O in read_remote_shard")
+    locked = summary_of(job, "worker", 1)
+    assert locked["kind"] == "lock" and locked["at"]["function"] == "Shards.__getitem__"
+    main = summary_of(job, "trainer")
+    assert main["kind"] == "data-queue" and main["at"]["user"]["function"] == "run"
+    assert {w["pid"] for w in ld["workers"]} == {reader["pid"], locked["pid"]}
+    h = next(h for h in hung.snap["hints"] if h["id"] == "loader-stalled")
+    assert h["severity"] == "critical" and h["job_pid"] == hung.proc.pid
+    ev = h["evidence"]
+    # Both stuck workers are named; the one the loop waits for first.
+    assert (
+        sorted(ev["causes"]) == ["fork-inherited-lock", "worker-blocked-io"]
+        and "cache-refresher" in h["message"]
+    )
+    assert ev["awaited_worker"] in (0, 1) and ld["awaited_worker"] == ev["awaited_worker"]
+    assert ev["cause"] == {0: "worker-blocked-io", 1: "fork-inherited-lock"}[ev["awaited_worker"]]
+    assert "read_remote_shard" in h["message"] and "spawn" in h["suggestion"]
+    assert {w["id"]: w["kind"] for w in ev["workers_not_delivered"]} == {0: "io", 1: "lock"}
+    # The stall hides the rate hints its empty windows would otherwise raise.
+    assert not {"io-bound", "add-workers"} & {x["id"] for x in hung.snap["hints"]}
+
+
+def test_dlwatch_stacks_names_the_blocking_frame_of_each_process(hung):
+    pid = hung.proc.pid
+    r = dlwatch("stacks", "--pid", str(pid), runtime_dir=hung.dir)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith(f"main thread (pid {pid}): waiting for a batch in ")
+    assert any(
+        "worker 0 (pid" in x and "blocked in I/O in read_remote_shard, hang_jobs.py:" in x for x in lines
+    )
+    assert any(
+        "worker 1 (pid" in x and "blocked on a lock in Shards.__getitem__, hang_jobs.py:" in x for x in lines
+    )
+    assert any(x.startswith(f"trainer (pid {pid}) thread cache-refresher: sleeping in ") for x in lines)
+    assert '      > with open(path, "rb") as f:  # a FIFO nobody writes: blocks here forever' in lines
+    doc = json.loads(dlwatch("stacks", "--pid", str(pid), "--json", runtime_dir=hung.dir).stdout)
+    assert doc["source"] == "job" and doc["reason"] == "request" and doc["error"] is None
+    roles = sorted((p["role"], p.get("worker_id")) for p in doc["processes"])
+    assert roles == [("trainer", None), ("worker", 0), ("worker", 1)]
+    assert all(p["threads"] for p in doc["processes"])
+
+
+def test_stacks_of_a_process_that_is_not_a_dlwatch_job_say_why(hung):
+    r = dlwatch("stacks", "--pid", str(os.getpid()), "--no-py-spy", runtime_dir=hung.dir)
+    assert r.returncode == 1 and r.stdout == ""
+    assert "is not instrumented by dlwatch" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_job_without_the_hook_is_read_with_py_spy_or_says_which_permission_is_missing():
+    from dlwatch.collect import ptrace
+
+    d = short_tmpdir()
+    script = Path(d, "plain.py")
+    script.write_text(
+        "import time\n\n\ndef read_remote_shard():\n    time.sleep(60)\n\n\nread_remote_shard()\n"
+    )
+    p = subprocess.Popen([sys.executable, str(script)])
+    try:
+        time.sleep(0.5)
+        allowed = ptrace.check(p.pid).allowed
+        r = dlwatch("stacks", "--pid", str(p.pid), "--json", runtime_dir=d)
+    finally:
+        p.kill()
+        p.wait()
+        shutil.rmtree(d, ignore_errors=True)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    proc = doc["processes"][0]
+    assert doc["source"] == "py-spy" and proc["pid"] == p.pid
+    if allowed:
+        assert proc["via"] == "py-spy"
+        assert (
+            doc["summary"][0]["line"]
+            == f"main thread (pid {p.pid}): sleeping in read_remote_shard, plain.py:5"
+        )
+    else:
+        assert "py-spy may not read it" in proc["error"]
+
+
+def text_of(app, selector: str) -> str:
+    return "\n".join(plain(w) for w in app.screen.query(selector))
+
+
+def job_state_cell(app, pid: int) -> str:
+    table = app.screen.query_one(JobList)
+    key = f"job:{pid}"
+    return row_text(table, key)[2] if key in set(table.row_keys) else ""
+
+
+@sync
+async def test_the_live_view_says_stalled_names_the_frames_and_S_shows_the_stacks(hung):
+    pid = hung.proc.pid
+    stacker = functools.partial(gather_stacks, directory=hung.dir)
+    app = DlwatchApp(Monitor(directory=hung.dir), interval=0.5, runtime_dir=hung.dir, stacker=stacker)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(
+            pilot, lambda: job_state_cell(app, pid) == "STALLED", "STALLED in the job list", LIMIT_S
+        )
+        await wait_for(
+            pilot, lambda: "read_remote_shard" in text_of(app, "#loader-hang"), "stuck frames", LIMIT_S
+        )
+        panel = text_of(app, "#loader-hang")
+        assert "STALLED: no batch for" in panel and "blocked on a lock in Shards.__getitem__" in panel
+        assert "STALLED" in text_of(app, "#job-header")
+        await pilot.press("S")
+        await wait_for(pilot, lambda: isinstance(app.screen, StacksScreen), "the stacks screen")
+        screen = app.screen
+        await wait_for(pilot, lambda: not screen.asking, "the fresh stacks")
+        shown = text_of(app, "#stacks-text")
+        assert f"stacks of PID {pid}" in shown and "(request)" in shown
+        assert "blocked in I/O in read_remote_shard" in shown and "== worker 1 (pid" in shown
+        await pilot.press("escape")
+
+
+def test_a_recording_keeps_the_stacks_in_a_file_beside_it(hung):
+    out = os.path.join(hung.dir, "rec.jsonl")
+    r = dlwatch("record", "-o", out, "--duration", "2", "--pid", str(hung.proc.pid), runtime_dir=hung.dir)
+    assert r.returncode == 0, r.stderr
+    text = Path(hung.dir, "rec.stacks.txt").read_text()
+    # The job's last stacks: its stall's, or those another test asked for since.
+    first = text.splitlines()[0]
+    assert first.startswith(f"=== job {hung.proc.pid} at ") and first.endswith(("(stall)", "(request)"))
+    assert "blocked in I/O in read_remote_shard" in text
+
+
+def watch_until_exit(p, d: str) -> dict:
+    """A collector watching the job from its start to after its end: the
+    exited job's last figures, as the live view keeps them."""
+    monitor = Monitor(directory=d, window_s=1.0)
+    monitor.start()
+    try:
+        p.wait(timeout=LIMIT_S)
+        time.sleep(1.0)
+        return monitor.sample_now()
+    finally:
+        monitor.stop()
+
+
+@sync
+async def test_a_worker_killed_by_sigkill_is_named_with_its_signal_rss_and_oom_count():
+    """Watched by the live view from start to after the job's end: the exited
+    job keeps the death in the snapshot and on screen."""
+    p, d = start("kill")
+    try:
+        app = DlwatchApp(Monitor(directory=d, window_s=1.0), interval=0.5, runtime_dir=d)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: job_state_cell(app, p.pid) == "exited", "the job exited", LIMIT_S)
+            await wait_for(
+                pilot, lambda: "was killed by SIGKILL" in text_of(app, "#loader-hang"), "the death", 10
+            )
+            shown = text_of(app, "#loader-hang")
+            snap = app.snapshot
+    finally:
+        stop_sessions([p], grace=0.0)
+        shutil.rmtree(d, ignore_errors=True)
+    job = next(j for j in snap["jobs"] if j["pid"] == p.pid)
+    assert job["state"] == "exited"
+    deaths = job["loaders"][0]["worker_deaths"]
+    assert len(deaths) == 1, deaths
+    d0 = deaths[0]
+    assert d0["id"] == 1 and d0["signal"] == "SIGKILL" and d0["rss_last_bytes"] > 0
+    assert isinstance(d0["oom_kills"], int) or d0["oom_kills_reason"]
+    assert d0["cause"] == ("oom" if d0["oom_kills"] else "signal")
+    assert f"✖ worker 1 (pid {d0['pid']}) was killed by SIGKILL; " in shown
+
+
+def _can_mount_tmpfs() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    r = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
+        capture_output=True,
+    )
+    return r.returncode == 0
+
+
+def test_a_worker_that_runs_out_of_dev_shm_is_named_with_the_cause():
+    if not _can_mount_tmpfs():
+        pytest.skip("cannot mount a tmpfs in a mount namespace of its own here (needs root or CAP_SYS_ADMIN)")
+    d = short_tmpdir()
+    launcher = (
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        f'mount -t tmpfs -o size=1m tmpfs /dev/shm && exec "{sys.executable}" "$0" "$@"',
+    )
+    p, d = start("shm", runtime_dir=d, launcher=launcher)
+    try:
+        snap = watch_until_exit(p, d)
+    finally:
+        stop_sessions([p], grace=0.0)
+        shutil.rmtree(d, ignore_errors=True)
+    job = snap["jobs"][0]
+    d0 = job["loaders"][0]["worker_deaths"][0]
+    assert d0["cause"] == "shm" and "No space left on device" in d0["exception"], d0
+    assert job["loaders"][0]["last_error"].startswith(
+        "RuntimeError: Caught RuntimeError in DataLoader worker"
+    )
+
+
+def test_a_torchrun_rank_that_ran_out_of_data_is_named():
+    launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
+    p, d = start("ranks", launcher=launcher)
+    try:
+        snap = wait_snapshot(d, stalled_with_stacks, "rank 0's stall")
+        r = dlwatch("stacks", runtime_dir=d)  # two jobs: --pid is needed
+    finally:
+        stop_sessions([p], grace=0.0)
+        shutil.rmtree(d, ignore_errors=True)
+    assert r.returncode == 2 and "name one with --pid" in r.stderr
+    h = next(h for h in snap["hints"] if h["id"] == "loader-stalled")
+    r0 = next(j for j in snap["jobs"] if j["pid"] == h["job_pid"])
+    r1 = next(j for j in snap["jobs"] if j["pid"] != h["job_pid"])
+    assert (r0["rank"], r1["rank"]) == (0, 1)
+    assert r0["loaders"][0]["in_next"] is False and r1["loaders"][0]["stalled_s"] is None
+    ev = h["evidence"]
+    assert ev["cause"] == "uneven-ranks" and ev["main_thread_kind"] == "collective"
+    assert f"rank 1 (pid {r1['pid']}) has finished its epoch" in h["message"]
+    assert "all_reduce" in ev["main_thread"]

@@ -1,0 +1,531 @@
+"""The hang doctor's pure parts: the stall clock, worker deaths from torch's
+errors, what a stack waits on, the loader-stalled rule's causes, the cgroup
+OOM counter, py-spy's dump in our format."""
+
+from __future__ import annotations
+
+import os
+import signal
+from types import SimpleNamespace
+
+import pytest
+
+from dlwatch.collect import oom
+from dlwatch.collect.hang import threads_from_py_spy
+from dlwatch.diagnose import evaluate, hang
+from dlwatch.probe import deaths, stall
+from dlwatch.record.recorder import stacks_path
+
+from .test_diagnose_rules import T0, get, ids, job, loader, snap
+
+# --- the stall clock (probe/stall.py) ------------------------------------------------
+
+
+class _It:
+    pass
+
+
+def _st(lid=0, *, batches=0, t_last=0.0, t_enter=0.0, epoch_t0=1.0, first=False, starts=(), it=None):
+    it = it or _It()
+    return SimpleNamespace(
+        id=lid,
+        epoch=1,
+        batches=batches,
+        t_last=t_last,
+        t_enter=t_enter,
+        epoch_t0=epoch_t0,
+        first_pending=first,
+        epoch_start_ms=list(starts),
+        iter_ref=(lambda: it),
+        _it=it,
+    )
+
+
+def _steady(watch, st, period=0.1, n=20, t0=2.0):
+    """Feed ``watch`` a loader that takes a batch every ``period`` s."""
+    t = t0
+    for _ in range(n):
+        st.batches += 1
+        st.t_last = t
+        watch.check([st], t + 0.01)
+        t += period
+    return st.t_last
+
+
+def test_a_loader_is_stalled_past_max_floor_or_ten_periods():
+    w = stall.StallWatch(floor_s=2.0)
+    st = _st()
+    last = _steady(w, st, period=0.1)
+    st.t_enter = last + 0.001  # inside next() since
+    assert w.check([st], last + 1.9)[0]["stalled_s"] is None  # floor 2 s > 10 x 0.1 s
+    got = w.check([st], last + 2.5)[0]
+    assert got["stalled_s"] == pytest.approx(2.5) and got["stall_threshold_s"] == 2.0 and got["in_next"]
+    slow = stall.StallWatch(floor_s=2.0)
+    st2 = _st()
+    last = _steady(slow, st2, period=1.0)
+    assert slow.check([st2], last + 5.0)[0]["stalled_s"] is None  # 10 x 1 s = 10 s
+    assert slow.check([st2], last + 10.5)[0]["stalled_s"] == pytest.approx(10.5)
+
+
+def test_an_ended_epoch_a_dead_iterator_or_a_stepping_sibling_is_no_stall():
+    w = stall.StallWatch(floor_s=1.0)
+    st = _st()
+    last = _steady(w, st)
+    st.epoch_t0 = 0.0  # StopIteration
+    assert w.check([st], last + 100)[0]["stalled_s"] is None
+    st.epoch_t0, st.iter_ref = 1.0, (lambda: None)
+    assert w.check([st], last + 100)[0]["stalled_s"] is None
+    st.iter_ref = lambda: st._it
+    val = _st(1, batches=5, t_last=last + 99.5)  # a validation loader stepping now
+    assert w.check([st, val], last + 100)[0]["stalled_s"] is None
+    assert w.check([st], last + 100)[0]["stalled_s"] == pytest.approx(100)
+
+
+def test_an_epoch_start_gets_three_floors_or_three_slowest_starts():
+    w = stall.StallWatch(floor_s=2.0)
+    st = _st(first=True, epoch_t0=10.0)
+    assert w.check([st], 15.0)[0]["stalled_s"] is None
+    assert w.check([st], 16.5)[0]["stalled_s"] == pytest.approx(6.5)
+    st.epoch_start_ms = [4000.0]  # spawned workers took 4 s last time
+    assert w.check([st], 21.0)[0]["stall_threshold_s"] == 12.0
+
+
+@pytest.mark.parametrize(
+    "raw, want",
+    [(None, 10.0), ("", 10.0), ("2.5", 2.5), ("x", 10.0), ("0", 0.5), ("nan", 10.0), ("1e9", 3600.0)],
+)
+def test_the_floor_comes_from_the_environment_within_bounds(raw, want):
+    env = {} if raw is None else {"DLWATCH_STALL_FLOOR_S": raw}
+    assert stall.floor_from_env(env) == want
+
+
+# --- worker deaths (probe/deaths.py) -------------------------------------------------
+
+
+def _proc(pid, rc):
+    return SimpleNamespace(pid=pid, _popen=SimpleNamespace(returncode=rc))
+
+
+def test_a_reaped_worker_is_recorded_with_its_signal_or_exit_code_once():
+    out: list[dict] = []
+    deaths.scan([_proc(11, None), _proc(12, -signal.SIGKILL), _proc(13, 0), _proc(14, 3)], out)
+    deaths.scan([_proc(12, -signal.SIGKILL)], out)
+    assert [(d["id"], d["pid"], d["signal"], d["exit_code"]) for d in out] == [
+        (1, 12, "SIGKILL", None),
+        (3, 14, None, 3),
+    ]
+
+
+def test_a_running_child_is_never_reaped_by_the_scan():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(7)
+    out: list[dict] = []
+    try:
+        while deaths._status(SimpleNamespace(pid=pid, _popen=None)) == (False, None, None):
+            pass
+        deaths.scan([SimpleNamespace(pid=pid, _popen=None)], out)
+        assert out[0]["exit_code"] == 7
+        # WNOWAIT: the child is still there for its parent (torch) to reap.
+        assert os.waitpid(pid, 0)[1] >> 8 == 7
+    finally:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+
+
+@pytest.mark.parametrize(
+    "message, want",
+    [
+        ("DataLoader worker (pid {w1}) is killed by signal: Killed. ", (1, "w1", "SIGKILL", None)),
+        (
+            "DataLoader worker (pid {w1}) is killed by signal: Segmentation fault. ",
+            (1, "w1", "SIGSEGV", None),
+        ),
+        ("DataLoader worker (pid(s) {w1}) exited unexpectedly", (1, "w1", None, None)),
+        (
+            "Caught ValueError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+            '  File "x.py", line 3, in f\nValueError: bad shard 7\n',
+            (0, "w0", None, "ValueError: bad shard 7"),
+        ),
+    ],
+)
+def test_torchs_errors_name_the_dead_worker(message, want):
+    # Two live processes that are not our children (their exit status is not ours to read).
+    pids = {"w0": os.getpid(), "w1": os.getppid()}
+    it = SimpleNamespace(_workers=[_proc(pids["w0"], None), _proc(pids["w1"], None)], _shutdown=False)
+    out: list[dict] = []
+    first = deaths.from_error(it, RuntimeError(message.format(**pids)), out)
+    assert first.startswith("RuntimeError: ")
+    assert [(d["id"], d["pid"], d["signal"], d["exception"]) for d in out] == [
+        (*want[:1], pids[want[1]], *want[2:])
+    ]
+
+
+def test_death_and_stall_lines():
+    d = {
+        "id": 2,
+        "pid": 4712,
+        "signal": "SIGKILL",
+        "oom_kills": 1,
+        "oom_kills_at_start": 0,
+        "rss_first_bytes": int(1.2 * 2**30),
+        "rss_last_bytes": int(7.8 * 2**30),
+        "rss_span_s": 240.0,
+    }
+    assert hang.death_line(d) == (
+        "worker 2 (pid 4712) was killed by SIGKILL; the cgroup counted 1 OOM kill since dlwatch first "
+        "saw the job; its RSS grew 1.2 → 7.8 GiB in 4 min; the OOM killer (memory limit)"
+    )
+    assert hang.death_cause(d) == "oom"
+    # A SIGKILL the cgroup did not count is someone's kill, not the OOM killer's.
+    assert hang.death_cause({**d, "oom_kills": 0}) == "signal"
+    no_shm = "RuntimeError: unable to allocate shared memory(shm) for file </torch_1>: No space left"
+    assert hang.death_cause({"signal": "SIGBUS"}) == "shm" == hang.death_cause({"exception": no_shm})
+    assert hang.death_cause({"signal": "SIGSEGV"}) == "segfault"
+    assert hang.death_cause({"exit_code": 1}) == "exit"
+    no_oom = {
+        "id": 0,
+        "pid": 9,
+        "exception": "ValueError: x",
+        "oom_kills": None,
+        "oom_kills_reason": "no cgroup",
+    }
+    assert hang.death_line(no_oom) == "worker 0 (pid 9) raised ValueError: x; OOM kills n/a: no cgroup"
+    assert hang.stall_line({"stalled_s": 42.4, "stall_threshold_s": 10, "in_next": True}) == (
+        "STALLED: no batch for 42 s (threshold 10 s), inside next()"
+    )
+    assert hang.stall_line({"stalled_s": None}) is None
+
+
+# --- what a stack waits on (diagnose/hang.py) ----------------------------------------
+
+STD = "/usr/lib/python3.11"
+TORCH = "/venv/lib/python3.11/site-packages/torch/utils/data"
+
+
+def _thread(frames, src="", main=True, name="MainThread"):
+    return {"name": name, "main": main, "frames": [list(f) for f in frames], "src": src}
+
+
+WORKER_LOOP = [("_worker_loop", f"{TORCH}/_utils/worker.py", 374)]
+FETCH = [*WORKER_LOOP, ("fetch", f"{TORCH}/_utils/fetch.py", 54)]
+
+
+@pytest.mark.parametrize(
+    "frames, src, role, want",
+    [
+        ([*FETCH, ("read_shard", "/job/shards.py", 88)], "with open(path) as f:", "worker", hang.IO),
+        ([*FETCH, ("__getitem__", "/job/ds.py", 23)], "with LOCK:", "worker", hang.LOCK),
+        (
+            [*FETCH, ("__getitem__", "/job/ds.py", 5), ("acquire", f"{STD}/threading.py", 9)],
+            "",
+            "worker",
+            hang.LOCK,
+        ),
+        ([*WORKER_LOOP, ("get", f"{STD}/multiprocessing/queues.py", 113)], "", "worker", hang.IDLE),
+        (
+            [("<module>", "/job/t.py", 9), ("_try_get_data", f"{TORCH}/dataloader.py", 1291)],
+            "",
+            "trainer",
+            hang.QUEUE,
+        ),
+        (
+            [("<module>", "/job/t.py", 9), ("all_reduce", "/v/site-packages/torch/distributed/c10d.py", 2)],
+            "work.wait()",
+            "trainer",
+            hang.COLLECTIVE,
+        ),
+        ([("<module>", "/job/t.py", 9)], "time.sleep(3600)", "trainer", hang.SLEEP),
+        ([("<module>", "/job/t.py", 9)], "x = model(batch)", "trainer", hang.RUNNING),
+        ([], "", "trainer", hang.RUNNING),
+    ],
+)
+def test_what_a_thread_waits_on(frames, src, role, want):
+    assert hang.wait_kind(_thread(frames, src), role) == want
+
+
+def test_the_summary_names_each_process_and_the_users_frame_under_the_stdlib():
+    doc = {
+        "processes": [
+            {
+                "role": "trainer",
+                "pid": 100,
+                "threads": [
+                    _thread(
+                        [("<module>", "/job/t.py", 35), ("_try_get_data", f"{TORCH}/dataloader.py", 1291)],
+                        "idx, data = self._get_data()",
+                    ),
+                    _thread(
+                        [("_feed", f"{STD}/multiprocessing/queues.py", 231)],
+                        main=False,
+                        name="QueueFeederThread",
+                    ),
+                    _thread(
+                        [("_pin_memory_loop", f"{TORCH}/_utils/pin_memory.py", 50)],
+                        main=False,
+                        name="pt_data_pin",
+                    ),
+                ],
+            },
+            {
+                "role": "worker",
+                "pid": 4711,
+                "worker_id": 3,
+                "loader_id": 0,
+                "threads": [_thread([*FETCH, ("read_remote_shard", "/job/shards.py", 88)], "f.read()")],
+            },
+            {"role": "worker", "pid": 4712, "worker_id": 4, "loader_id": 0, "error": "no answer"},
+        ]
+    }
+    lines = hang.lines(doc)
+    assert lines == [
+        "main thread (pid 100): waiting for a batch in _try_get_data, dataloader.py:1291 "
+        "(from <module>, t.py:35)",
+        "trainer (pid 100) thread pt_data_pin: in _pin_memory_loop, pin_memory.py:50",
+        "worker 3 (pid 4711): blocked in I/O in read_remote_shard, shards.py:88",
+        "worker 4 (pid 4712): no answer",
+    ]
+    text = hang.render(doc)
+    assert "== worker 3 (pid 4711)" in text and "      > f.read()" in text
+
+
+# --- loader-stalled (diagnose/rules_hang.py) -----------------------------------------
+
+
+def _stalled_job(
+    workers, *, main=None, others=(), start_method="fork", pid=1000, run_id=None, rank=None, **ld_kw
+):
+    ld = loader(nw=len(workers) or 2, stalled_s=40.0, stall_threshold_s=10.0, in_next=True, **ld_kw)
+    ld["start_method"] = start_method
+    procs = [
+        {
+            "role": "trainer",
+            "pid": pid,
+            "threads": [
+                main
+                or _thread(
+                    [("<module>", "/job/t.py", 35), ("_try_get_data", f"{TORCH}/dataloader.py", 1291)], ""
+                ),
+                *others,
+            ],
+        }
+    ]
+    for i, (frames, src) in enumerate(workers):
+        procs.append(
+            {
+                "role": "worker",
+                "pid": 5000 + i,
+                "worker_id": i,
+                "loader_id": 0,
+                "in_fetch_s": 39.0,
+                "threads": [_thread(frames, src)],
+            }
+        )
+    doc = {"t": T0 - 30, "reason": "stall", "processes": procs}
+    doc["summary"] = hang.summarize(doc)
+    return job(pid, loaders=[ld], stacks=doc, run_id=run_id, rank=rank)
+
+
+IO_WORKER = ([*FETCH, ("read_remote_shard", "/job/shards.py", 88)], "with open(path) as f:")
+LOCK_WORKER = ([*FETCH, ("__getitem__", "/job/ds.py", 23)], "with LOCK:")
+IDLE_WORKER = ([*WORKER_LOOP, ("get", f"{STD}/multiprocessing/queues.py", 113)], "")
+USER_THREAD = _thread(
+    [("refresh", "/job/cache.py", 30)], "time.sleep(60)", main=False, name="cache-refresher"
+)
+
+
+def _cause(jobs, **kw):
+    h = get(evaluate(snap(jobs, **kw)), "loader-stalled")
+    assert h["severity"] == "critical"
+    return h
+
+
+def test_a_worker_blocked_in_io_is_named_with_its_frame():
+    h = _cause([_stalled_job([IO_WORKER, IDLE_WORKER])])
+    ev = h["evidence"]
+    assert ev["cause"] == "worker-blocked-io" and ev["stalled_s"] == 40.0 and ev["in_next"] is True
+    assert "worker 0 (pid 5000) is blocked in I/O in read_remote_shard, shards.py:88" in h["message"]
+    assert ev["workers_not_delivered"] == [
+        {
+            "id": 0,
+            "pid": 5000,
+            "in_fetch_s": 39.0,
+            "kind": "io",
+            "blocked_at": "read_remote_shard, shards.py:88",
+        }
+    ]
+    assert ev["main_thread"].startswith("_try_get_data, dataloader.py:1291")
+    assert "timeout" in h["suggestion"]
+
+
+def test_a_lock_held_at_fork_by_a_trainer_thread_is_told_from_a_plain_lock():
+    h = _cause([_stalled_job([LOCK_WORKER, IO_WORKER], others=[USER_THREAD])])
+    assert h["evidence"]["cause"] == "fork-inherited-lock"
+    assert "cache-refresher" in h["message"] and "spawn" in h["suggestion"]
+    assert "also worker 1 (pid 5001) is blocked in I/O" in h["message"]
+    plain = _cause([_stalled_job([LOCK_WORKER], start_method="spawn", others=[USER_THREAD])])
+    assert plain["evidence"]["cause"] == "worker-blocked-lock"
+
+
+def test_the_worker_the_loop_waits_for_comes_first_and_the_others_are_named_too():
+    j = _stalled_job([LOCK_WORKER, IO_WORKER], others=[USER_THREAD])
+    j["loaders"][0]["awaited_worker"] = 1
+    h = _cause([j])
+    ev = h["evidence"]
+    assert ev["cause"] == "worker-blocked-io" and ev["causes"] == ["worker-blocked-io", "fork-inherited-lock"]
+    assert ev["awaited_worker"] == 1
+    assert "it waits for worker 1's batch; worker 1 (pid 5001) is blocked in I/O" in h["message"]
+    assert "also worker 0 (pid 5000) waits on a lock" in h["message"] and "cache-refresher" in h["message"]
+    assert (
+        "timeout" in h["suggestion"]
+        and "also start workers with multiprocessing_context='spawn'" in h["suggestion"]
+    )
+
+
+def test_the_awaited_worker_is_read_from_torchs_reorder_table():
+    it = SimpleNamespace(_rcvd_idx=8, _task_info={8: (0,), 9: (1, "batch")})
+    assert stall.awaited_worker(it) == 0
+    it._task_info[8] = (0, "arrived")
+    assert stall.awaited_worker(it) is None
+    assert stall.awaited_worker(SimpleNamespace(_in_order=False, _rcvd_idx=8, _task_info={8: (0,)})) is None
+    assert stall.awaited_worker(object()) is None
+
+
+def test_a_full_dev_shm_and_a_dead_worker_come_first():
+    assert _cause([_stalled_job([IDLE_WORKER])], shm_free=1 << 20)["evidence"]["cause"] == "shm-full"
+    dead = _stalled_job([IO_WORKER])
+    dead["loaders"][0]["worker_deaths"] = [{"id": 0, "pid": 5000, "signal": "SIGKILL"}]
+    assert _cause([dead])["evidence"]["cause"] == "worker-died"
+
+
+def test_idle_workers_while_the_loop_waits_in_a_collective_name_the_rank_that_ran_out():
+    coll = _thread(
+        [("<module>", "/job/t.py", 40), ("all_reduce", "/v/site-packages/torch/distributed/c10d.py", 2)],
+        "work.wait()",
+    )
+    r0 = _stalled_job([IDLE_WORKER, IDLE_WORKER], main=coll, run_id="r", rank=0, pid=1000)
+    r0["loaders"][0]["in_next"] = False
+    r1 = job(1001, loaders=[loader(batches=80, epoch_batches=[80])], run_id="r", rank=1)
+    h = _cause([r0, r1])
+    ev = h["evidence"]
+    assert ev["cause"] == "uneven-ranks" and ev["main_thread_kind"] == "collective"
+    assert ev["finished_ranks"][0]["rank"] == 1 and "rank 1 (pid 1001)" in h["message"]
+    assert "drop_last" in h["suggestion"]
+    alone = _stalled_job([IDLE_WORKER], main=_thread([("<module>", "/job/t.py", 40)], "save(model)"))
+    alone["loaders"][0]["in_next"] = False
+    assert _cause([alone])["evidence"]["cause"] == "loop-stuck"
+
+
+def test_a_loop_without_workers_stuck_in_its_own_fetch():
+    main = _thread(
+        [("<module>", "/job/t.py", 9), ("__getitem__", "/job/ds.py", 12)], "with open(self.path) as f:"
+    )
+    j = _stalled_job([], main=main)
+    j["loaders"][0]["num_workers"] = 0
+    h = _cause([j])
+    assert h["evidence"]["cause"] == "loop-fetch-blocked"
+    assert "(num_workers=0) and that fetch is blocked in I/O in __getitem__, ds.py:12" in h["message"]
+
+
+def test_no_stall_no_hint_and_old_stacks_are_not_evidence():
+    calm = _stalled_job([IO_WORKER])
+    calm["loaders"][0]["stalled_s"] = None
+    assert "loader-stalled" not in ids(evaluate(snap([calm])))
+    stale = _stalled_job([IO_WORKER])
+    stale["stacks"]["t"] = T0 - 600
+    h = _cause([stale])
+    assert h["evidence"]["cause"] == "unknown" and h["evidence"]["lines"] == []
+
+
+def test_the_stall_hides_the_window_rate_hints_of_its_loader():
+    j = _stalled_job(
+        [IO_WORKER], wait=0.9, worker_kw=dict(cpu=5.0, busy=1.0, fetch_ms=900.0), worker_ms=900.0
+    )
+    assert "io-bound" not in ids(evaluate(snap([j])))
+
+
+# --- the cgroup's OOM counter, py-spy's dump, the recording's stacks file ---------------
+
+
+def test_the_oom_kill_count_from_cgroup_v2_then_v1(tmp_path):
+    assert oom.parse_oom_kill("low 0\nhigh 0\nmax 3\noom 2\noom_kill 1\n") == 1
+    assert oom.parse_oom_kill("oom_kill_disable 0\nunder_oom 0\n") is None
+    v2 = tmp_path / "job.scope"
+    v2.mkdir()
+    (v2 / "memory.events").write_text("oom 1\noom_kill 2\n")
+    assert oom.oom_kills(str(v2)) == (2, "memory.events")
+    v1 = tmp_path / "v1"
+    v1.mkdir()
+    (v1 / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 5\n")
+    assert oom.oom_kills(str(v1)) == (5, "memory.oom_control")
+    assert oom.oom_kills(None)[0] is None and "unknown" in oom.oom_kills(None)[1]
+    directory, how = oom.cgroup_dir(os.getpid())
+    assert (directory is None) == (how.startswith(("no ", "cannot")))
+
+
+def test_py_spy_dump_in_the_jobs_format():
+    dump = [
+        {
+            "thread_name": "MainThread",
+            "thread_id": 1,
+            "frames": [
+                {"name": "read", "filename": "/job/shards.py", "line": 88},
+                {"name": "<module>", "filename": "/job/t.py", "line": 3},
+            ],
+        },
+        {"thread_name": None, "thread_id": 7, "os_thread_id": 4242, "frames": []},
+    ]
+    threads = threads_from_py_spy(dump)
+    assert not threads[1]["main"]
+    # py-spy often names no thread: the main one is the thread whose OS id is the pid.
+    assert [t["name"] for t in threads_from_py_spy(dump, 4242) if t["main"]] == ["MainThread", "thread 7"]
+    assert threads[0]["main"] and threads[0]["frames"] == [
+        ["<module>", "/job/t.py", 3],
+        ["read", "/job/shards.py", 88],
+    ]
+    assert threads[1]["name"] == "thread 7" and threads[1]["frames"] == []
+
+
+def test_stacks_go_beside_the_recording():
+    assert stacks_path("/r/run.jsonl.gz") == "/r/run.stacks.txt"
+    assert stacks_path("run.jsonl") == "run.stacks.txt"
+
+
+def test_the_loader_panel_draws_a_stall_and_deaths_and_survives_garbage():
+    from dlwatch.tui import fmt
+    from dlwatch.tui.loader import hang_text
+
+    pal = fmt.DEFAULT_PALETTE
+    stuck = {
+        "role": "worker",
+        "loader_id": 0,
+        "kind": "io",
+        "line": "worker 0 (pid 5): blocked in I/O in r, s.py:1",
+    }
+    other = {"role": "worker", "loader_id": 1, "kind": "io", "line": "worker 0 (pid 9): of another loader"}
+    ld = {
+        "id": 0,
+        "stalled_s": 42.0,
+        "stall_threshold_s": 10.0,
+        "in_next": True,
+        "job_stacks": {"summary": [stuck, other]},
+        "worker_deaths": [{"id": 1, "pid": 6, "signal": "SIGKILL"}],
+        "last_error": "RuntimeError: DataLoader worker (pid 6) is killed by signal: Killed.",
+    }
+    text = hang_text(ld, pal).plain.splitlines()
+    assert text[0] == "STALLED: no batch for 42 s (threshold 10 s), inside next()"
+    assert text[1] == "  worker 0 (pid 5): blocked in I/O in r, s.py:1" and "of another loader" not in str(
+        text
+    )
+    assert text[2].startswith("✖ worker 1 (pid 6) was killed by SIGKILL")
+    assert text[3].startswith("the loader raised RuntimeError: DataLoader worker (pid 6)")
+    assert hang_text({"id": 0}, pal).plain == ""
+    garbage = {
+        "stalled_s": "x",
+        "job_stacks": 7,
+        "worker_deaths": [None, {"rss_first_bytes": "a", "rss_last_bytes": 3, "oom_kills": "n", "signal": 9}],
+        "last_error": 5,
+    }
+    assert "worker ? (pid None) was killed by 9" in hang_text(garbage, pal).plain
