@@ -314,10 +314,8 @@ class Monitor:
                 judged = dict(
                     snap,
                     window_s=dw,
-                    jobs=[  # type: ignore[assignment]
-                        model.job_dict(c, dw, procs, now, history=False) for c in conns
-                    ]
-                    + attached,
+                    jobs=attached  # type: ignore[assignment]
+                    + [model.job_dict(c, dw, procs, now, history=False) for c in conns],
                 )
             try:
                 snap["hints"] = cast(list[Hint], diagnoser.update(judged))
