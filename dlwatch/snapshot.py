@@ -251,6 +251,9 @@ class Snapshot(_SnapshotRequired, total=False):
     # Why ``hints`` says nothing: the diagnosis could not start or raised.
     # Absent when the hints are the diagnosis's own verdict.
     hints_error: str
+    # Why every worker's uss_bytes is None: not read (a one-shot snapshot);
+    # absent when USS is read.
+    uss_reason: str
 
 
 # ------------------------------------------------------------- the source

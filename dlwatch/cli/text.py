@@ -84,6 +84,10 @@ def render_snapshot(snap: dict, title: str = "dlwatch snapshot") -> str:
             lines.append("  no DataLoader iterated yet")
         for ld in j.get("loaders", []):
             lines.extend(_sampled_loader_lines(ld, j) if ld.get("sampled") is True else _loader_lines(ld))
+    if snap.get("uss_reason") and any(
+        ld.get("workers") for j in snap.get("jobs", []) for ld in j.get("loaders", [])
+    ):
+        lines.append(f"uss: n/a: {snap['uss_reason']}")
     lines.append("")
     for fault in snap.get("errors") or []:
         lines.append(f"collector error: {fault}")
