@@ -161,7 +161,7 @@ class JobList(LineTable):
             if row.world_size and n != row.world_size:
                 label += f"/{row.world_size}"
             label_cell: tuple | str = ((label, "bold"),)
-            cmd = fmt.truncate(f"{row.run_id} · " + fmt.s(job.get("cmdline")), 200)
+            cmd = fmt.truncate(f"{row.run_id} · " + fmt.short_command(job.get("cmdline")), 200)
             slowest = fmt.intval(fmt.d(row.slowest).get("rank"))
             # The slowest rank's wait, named: "r1 38%".
             wait_prefix = f"r{slowest} " if slowest is not None else ""
@@ -172,7 +172,7 @@ class JobList(LineTable):
                 label_cell = f"  r{rank if rank is not None else '?'} {pid if pid is not None else '?'}"
             else:
                 label_cell = str(pid) if pid is not None else fmt.NA
-            cmd = fmt.s(job.get("cmdline"), fmt.NA)
+            cmd = fmt.short_command(job.get("cmdline"))
             if job.get("sampled") is True:
                 cmd = "[sampled] " + cmd
             wait_prefix = ""

@@ -84,15 +84,6 @@ APP_KEYS = [
         "dismiss the selected exited job",
         command="Dismiss exited job",
     ),
-    Key(
-        "e",
-        "hint_detail",
-        "hints in full",
-        False,
-        "e",
-        "every hint of the job in full, all its evidence",
-        command="Hints in full",
-    ),
     Key("left", "replay_seek(-10)", "-10 s", True, "← / →", "10 s back / forward", True, "←"),
     Key("right", "replay_seek(10)", "+10 s", True, "", "", True, "→"),
     Key(
@@ -129,11 +120,20 @@ APP_KEYS = [
         "W",
         "worker_profile",
         "workers",
-        False,
+        True,
         "W",
         "profile the DataLoader workers for 5 s: which stage of __getitem__ costs what",
         display="W",
         command="Profile workers",
+    ),
+    Key(
+        "e",
+        "hint_detail",
+        "hints",
+        True,
+        "e",
+        "every hint of the job in full, all its evidence",
+        command="Hints in full",
     ),
 ]
 
