@@ -432,3 +432,24 @@ def test_what_attach_cannot_measure_is_said_not_yet():
     [ld] = snap["jobs"][0]["loaders"]
     for line in (epoch_stats(ld, fmt.DEFAULT_PALETTE), queue_line(ld, fmt.DEFAULT_PALETTE)):
         assert sampled.NOT_SAMPLED in line.plain
+
+
+def test_live_view_says_what_the_samples_saw_of_a_job_without_a_loader():
+    import asyncio
+
+    from tests.tui_fixtures import make_app, screen_lines
+
+    s = sampled.summarize([parse_line("thread (5): MainThread;<module> (t.py:1);sleep (t.py:2) 300", 5)], 5)
+    snap = snap_of("fork1")
+    snap["jobs"] = [sampled.job_dict({"cmdline": "python serve.py"}, s, {}, span_s=3.0)]
+
+    async def go():
+        app = make_app([snap])
+        async with app.run_test(size=(120, 40)) as pilot:
+            for _ in range(4):
+                await pilot.pause()
+            text = "\n".join(screen_lines(app))
+            assert "no DataLoader iterator seen in 300 samples of this process (sampled from outside)" in text
+            assert "figures appear at the first iter(loader)" not in text
+
+    asyncio.run(go())
