@@ -158,6 +158,9 @@ class Sampled:
     torn: int = 0  # samples left out: frames missing at the outer end (see summarize)
     # Samples of processes that are not the job's (see own_process), left out.
     foreign: int = 0
+    # Children seen inside a DataLoader iterator themselves: the ranks under a
+    # launcher (torchrun, accelerate launch) are the jobs to attach to.
+    child_loops: set[int] = field(default_factory=set)
     processes: set[int] = field(default_factory=set)  # processes with at least one sample
     training_tid: int | None = None
     training_thread: str = ""
@@ -240,6 +243,8 @@ def summarize(stacks: Iterable[Stack], root_pid: int) -> Sampled:
         kinds = _kinds(st.frames)
         if "pin" in kinds and pid == root_pid:
             out.pin_memory = True
+        if pid != root_pid and "next" in kinds and "worker" not in kinds:
+            out.child_loops.add(pid)
         if pid == root_pid and "next" in kinds:
             c[1] += st.count
             it = _iterator_class(st.frames)
@@ -404,6 +409,12 @@ def job_dict(
                 if s.python
                 else "not sampled yet"
             )
+            if s.child_loops:
+                pids = " ".join(f"--pid {p}" for p in sorted(s.child_loops))
+                job["state_reason"] += (
+                    f"; its child process{'es' if len(s.child_loops) > 1 else ''} "
+                    f"{', '.join(map(str, sorted(s.child_loops)))} iterate one: `dlwatch attach {pids}`"
+                )
         return job
     order = worker_order or {}
     ordered = sorted(s.workers, key=lambda w: (order.get(w.pid, math.inf), w.pid))

@@ -194,6 +194,10 @@ def test_two_torchrun_ranks_attached_by_pid(unhooked):
         assert sorted(j["rank"] for j in jobs) == [0, 1] and {j["world_size"] for j in jobs} == {2}
         assert len({j["run_id"] for j in jobs}) == 1
         assert all(j["loaders"] and j["loaders"][0]["num_workers"] == 1 for j in jobs)
+        # The launcher itself: its ranks' workers are not its own; it names the ranks.
+        [launcher] = attach_json("--pid", str(runner.pid), "--seconds", "2")["jobs"]
+        assert launcher["loaders"] == [], launcher["loaders"]
+        assert all(f"--pid {r}" in launcher["state_reason"] for r in ranks), launcher["state_reason"]
     finally:
         shutil.rmtree(d, ignore_errors=True)
 

@@ -453,3 +453,17 @@ def test_live_view_says_what_the_samples_saw_of_a_job_without_a_loader():
             assert "figures appear at the first iter(loader)" not in text
 
     asyncio.run(go())
+
+
+def test_a_launcher_points_at_the_ranks_that_iterate():
+    # torchrun's own process: its ranks iterate, their workers are not the launcher's.
+    launcher, rank = (1, "python -m torch.distributed.run t.py"), (2, "python t.py")
+    lines = [
+        f"{_chain(launcher)};thread (1): MainThread;<module> (run.py:1);sleep (run.py:2) 100",
+        f"{_chain(launcher, rank)};thread (2): MainThread;<module> (t.py:3);{_NEXT} 60",
+        f"{_chain(launcher, rank, (3, 'python t.py'))};thread (3): MainThread;{_LOOP};{_FETCH} 90",
+    ]
+    s = sampled.summarize([parse_line(ln) for ln in lines], 1)
+    assert s.data_wait is None and s.workers == [] and s.child_loops == {2} and s.foreign == 90
+    job = sampled.job_dict({"cmdline": "torchrun t.py"}, s, {}, span_s=3.0)
+    assert job["loaders"] == [] and "`dlwatch attach --pid 2`" in job["state_reason"]
