@@ -71,6 +71,19 @@ def creatable_problem(path: str) -> str | None:
             f"runtime directory {path} does not exist and cannot be created: "
             f"no permission to write in {parent} (check DLWATCH_DIR)"
         )
+    # access() says yes to root everywhere, and a pseudo-filesystem (/proc,
+    # /sys) or a read-only mount refuses anyway: try, with a name of our own
+    # beside it (never the directory itself, which a starting job may be
+    # creating at this moment), and remove it again.
+    import tempfile  # here: the probe imports this module, and needs none of this
+
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".dlwatch-probe-", dir=parent))
+    except OSError as e:
+        return (
+            f"runtime directory {path} does not exist and cannot be created in {parent}: "
+            f"{e.strerror} (check DLWATCH_DIR)"
+        )
     return None
 
 

@@ -289,6 +289,9 @@ class Snapshot(_SnapshotRequired, total=False):
     # "ranks_live", "hosts", "data_wait_fraction_max" (the slowest rank's: the run's pace),
     # "data_wait_fraction_mean", "slowest": {"rank", "host", "pid"} | None}
     runs: list[dict[str, Any]]
+    # Why every worker's uss_bytes is None: not read (a one-shot snapshot);
+    # absent when USS is read.
+    uss_reason: str
 
 
 # ------------------------------------------------------------- the source

@@ -30,7 +30,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with ``command`` (a command's name), only that
+    command's subparser, when there is such a command."""
     p = _Parser(
         prog="dlwatch",
         description="Live monitor of PyTorch DataLoader input pipelines. Without a command, "
@@ -52,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_host_arguments(p)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for mod in commands.modules():
+    only = commands.module(command) if command else None
+    for mod in [only] if only is not None else commands.modules():
         sp = sub.add_parser(
             mod.NAME,
             help=mod.HELP,
@@ -86,7 +89,10 @@ def add_view_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    # The first word that is not an option names the command: only its parser is built.
+    first = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(first).parse_args(argv)
     try:
         handler = getattr(args, "handler", None)
         if handler is not None:

@@ -133,6 +133,10 @@ def render_snapshot(snap: dict, title: str = "dlwatch snapshot") -> str:
         if isinstance(st, dict) and st.get("summary"):
             lines.append(f"  stacks ({st.get('reason')}; dlwatch stacks --pid {j['pid']} for all of them):")
             lines.extend(f"    {e.get('line')}" for e in st["summary"] if isinstance(e, dict))
+    if snap.get("uss_reason") and any(
+        ld.get("workers") for j in snap.get("jobs", []) for ld in j.get("loaders", [])
+    ):
+        lines.append(f"uss: n/a: {snap['uss_reason']}")
     lines.append("")
     for fault in snap.get("errors") or []:
         lines.append(f"collector error: {fault}")

@@ -25,6 +25,7 @@ from typing import cast
 import psutil
 
 from dlwatch.collect import ptrace, sampled, spy
+from dlwatch.collect.model import HISTORY_POINTS
 from dlwatch.collect.stacks import Stack, parse_raw
 from dlwatch.snapshot import Hint
 
@@ -36,6 +37,12 @@ LIVE_MIN_WINDOW_S = 3.0
 KEEP_CHUNKS = 10
 # py-spy needs a moment to attach and to write its file after the span.
 RECORD_GRACE_S = 15.0
+# How often the job's process tree is listed during a recording, to tell a
+# replaced worker from one more (sampled.merge_slots): one listing reads
+# /proc/*/stat, ~1.7 ms of CPU for ~100 processes here, so ~0.7 % of a core.
+POLL_S = 0.25
+# The live view forgets processes not seen for this long (bounded memory).
+FORGET_S = 60.0
 
 
 def identity(pid: int) -> dict:
@@ -124,6 +131,77 @@ def worker_facts(pid: int, worker_pids: Iterable[int]) -> tuple[dict[int, float]
     return order, methods
 
 
+class Lifetimes:
+    """When each descendant of the attached PIDs was first and last seen
+    alive, from listings of their process trees every ``POLL_S`` seconds in
+    a thread of its own (``start``/``stop``, or ``with``)."""
+
+    def __init__(self, roots: Iterable[int], every_s: float = POLL_S) -> None:
+        self.roots = list(roots)
+        self.every_s = every_s
+        # pid -> (first seen, last seen, create_time)
+        self._seen: dict[int, tuple[float, float, float]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def poll(self) -> None:
+        # Both ends are times of listings, on one clock: two workers overlap
+        # when one listing saw both. (A process's create_time is counted from
+        # boot time rounded to the second: it cannot be set against now.)
+        now = time.monotonic()
+        found = []
+        for root in self.roots:
+            for p in descendants(root):
+                try:
+                    found.append((p.pid, p.create_time()))
+                except (psutil.Error, OSError):
+                    continue
+        with self._lock:
+            for pid, created in found:
+                old = self._seen.get(pid)
+                # A reused PID is a new process: its create_time differs.
+                if old is None or old[2] != created:
+                    self._seen[pid] = (now, now, created)
+                else:
+                    self._seen[pid] = (old[0], now, created)
+            for pid in [p for p, (_, last, _) in self._seen.items() if now - last > FORGET_S]:
+                del self._seen[pid]
+
+    def lives(self) -> dict[int, tuple[float, float]]:
+        """Each process's (first seen, last seen alive), monotonic seconds."""
+        with self._lock:
+            return {pid: (first, last) for pid, (first, last, _) in self._seen.items()}
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="dlwatch-attach-tree", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+            self._thread = None
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.poll()
+            except Exception:
+                pass  # a listing that fails costs one point of the lifetimes
+            if self._stop.wait(self.every_s):
+                return
+
+    def __enter__(self) -> Lifetimes:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
 @dataclass
 class Attached:
     """One attached job's recording, as ``measure`` and ``LiveAttach`` hold it."""
@@ -135,9 +213,13 @@ class Attached:
     error: tuple[int, str] | None = None
     # CLOCK_MONOTONIC ns around the recording (py-spy starting to sampling ended).
     span_ns: tuple[int, int] | None = None
+    # Each descendant's (first, last seen alive), monotonic seconds (Lifetimes).
+    lives: dict[int, tuple[float, float]] | None = None
 
     def summary(self) -> sampled.Sampled:
-        return sampled.summarize(self.stacks, self.pid)
+        s = sampled.summarize(self.stacks, self.pid)
+        s.workers = sampled.merge_slots(s.workers, self.lives)
+        return s
 
 
 def preflight(pid: int) -> tuple[int, str] | None:
@@ -145,6 +227,13 @@ def preflight(pid: int) -> tuple[int, str] | None:
     access = ptrace.check(pid)
     if not access.allowed:
         return access.code, f"cannot attach to PID {pid}: {access.line()}"
+    if not ptrace.looks_like_python(pid):
+        return ptrace.EXIT_NOT_PYTHON, f"PID {pid} is not a Python process: nothing to attach to"
+    if _torch_dir(pid) is None:
+        return ptrace.EXIT_NOT_PYTHON, (
+            f"PID {pid} is a Python process without torch (no libtorch loaded): not a PyTorch job "
+            "(a job that is still starting loads it within seconds)"
+        )
     if spy.find() is None:
         return ptrace.EXIT_NO_SAMPLER, spy.INSTALL_HINT
     return None
@@ -155,17 +244,22 @@ def record(pids: list[int], seconds: float) -> list[Attached]:
     binary = spy.find()
     assert binary is not None, "preflight() checks for py-spy"
     t0 = time.monotonic_ns()
-    recs = [spy.Recording(binary, pid, seconds) for pid in pids]
     out = []
-    for rec in recs:
-        res = rec.wait(seconds + RECORD_GRACE_S)
-        t1 = time.monotonic_ns()
-        stacks, _bad = parse_raw(res.text, rec.pid)
-        # py-spy samples for --duration from the moment it has attached,
-        # which on a loaded box is a good part of a second after it started:
-        # the span is the last --duration before it exited.
-        start = t0 if res.exited else max(t0, t1 - int(rec.seconds * 1e9))
-        out.append(Attached(rec.pid, stacks, (t1 - start) / 1e9, res.exited, res.error, (start, t1)))
+    with Lifetimes(pids) as tree:
+        recs = [spy.Recording(binary, pid, seconds) for pid in pids]
+        for rec in recs:
+            res = rec.wait(seconds + RECORD_GRACE_S)
+            t1 = time.monotonic_ns()
+            stacks, _bad = parse_raw(res.text, rec.pid)
+            # py-spy samples for --duration from the moment it has attached,
+            # which on a loaded box is a good part of a second after it started:
+            # the span is the last --duration before it exited.
+            start = t0 if res.exited else max(t0, t1 - int(rec.seconds * 1e9))
+            out.append(Attached(rec.pid, stacks, (t1 - start) / 1e9, res.exited, res.error, (start, t1)))
+        tree.poll()  # a worker started since the last listing
+    lives = tree.lives()
+    for att in out:
+        att.lives = lives
     return out
 
 
@@ -206,9 +300,14 @@ class LiveAttach:
         self._rec: spy.Recording | None = None
         self._thread: threading.Thread | None = None
         self._workers: list[int] = []
+        self._tree = Lifetimes([pid])
+        # The data wait of each recording, oldest first: the view's history
+        # graph (about a point a second, as a hooked job's).
+        self._history: deque[float | None] = deque(maxlen=HISTORY_POINTS)
 
     def start(self) -> None:
         if self._thread is None:
+            self._tree.start()
             self._thread = threading.Thread(target=self._run, name=f"dlwatch-attach-{self.pid}", daemon=True)
             self._thread.start()
 
@@ -220,6 +319,7 @@ class LiveAttach:
         if self._thread is not None:
             self._thread.join(timeout=5.0)
             self._thread = None
+        self._tree.stop()
 
     def _run(self) -> None:
         binary = spy.find()
@@ -232,11 +332,15 @@ class LiveAttach:
             res = self._rec.wait(self.chunk_s + RECORD_GRACE_S)
             self._rec = None
             stacks, _ = parse_raw(res.text, self.pid)
-            att = Attached(self.pid, stacks, time.monotonic() - t0, res.exited, res.error)
+            att = Attached(
+                self.pid, stacks, time.monotonic() - t0, res.exited, res.error, lives=self._tree.lives()
+            )
             with self._lock:
                 if stacks:
                     self._chunks.append((time.monotonic(), att))
-                    self._workers = [w.pid for w in att.summary().workers]
+                    summary = att.summary()
+                    self._workers = [w.pid for w in summary.workers]
+                    self._history.append(summary.data_wait.fraction if summary.data_wait else None)
                 if res.error is not None and not self._chunks:
                     self.error = res.error
                 if res.exited or res.error is not None:
@@ -255,6 +359,7 @@ class LiveAttach:
         with self._lock:
             chunks = list(self._chunks)
             exited, error = self.exited, self.error
+            history = list(self._history)
         picked: list[Attached] = []
         span = 0.0
         for _, att in reversed(chunks):
@@ -262,8 +367,11 @@ class LiveAttach:
                 break
             picked.append(att)
             span += att.span_s
-        merged = Attached(self.pid, [st for a in picked for st in a.stacks], span, exited)
+        stacks = [st for a in picked for st in a.stacks]
+        merged = Attached(self.pid, stacks, span, exited, lives=self._tree.lives())
         job = job_from(merged, self.ident, procs)
+        for ld in job["loaders"]:
+            ld["history"] = {"data_wait_fraction": history}
         if error is not None:
             job["state"], job["state_reason"] = "unreachable", error[1]
         elif exited:

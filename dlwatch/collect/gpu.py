@@ -30,6 +30,7 @@ any call fail; by default the real ``pynvml`` is imported on first use.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from types import ModuleType
@@ -47,6 +48,17 @@ def _text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
     return str(value)
+
+
+# What an NVIDIA driver leaves on a box (the kernel module's /proc entry, its
+# control device, WSL2's GPU device). Where none is there NVML cannot start,
+# so pynvml is not even imported: that import and the failing nvmlInit cost
+# ~10 ms of CPU, a tenth of a one-shot `dlwatch snapshot` (bench/snapshot_cost.py).
+DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/dxg")
+
+
+def driver_present(paths: tuple[str, ...] = DRIVER_PATHS) -> bool:
+    return any(os.path.exists(p) for p in paths)
 
 
 def _sample_value(smp: Any) -> float | None:
@@ -112,6 +124,8 @@ class GpuSampler:
 
     def _try_init(self) -> str | None:
         if self._nvml is None:
+            if not driver_present():
+                return NOT_FOUND
             try:
                 self._nvml = _import_pynvml()
             except ImportError:

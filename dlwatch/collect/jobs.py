@@ -24,6 +24,12 @@ from dlwatch.diagnose import hang, worker_profile
 # 5 frames/s, and freshness (on screen within 1 s, ~0.9 s measured) has
 # little room. The live view takes them all.
 FRAME_EVERY = 1
+# A one-shot snapshot (`dlwatch snapshot`) is not in a hurry: every 3rd frame.
+# Its figures are differences of the frames' cumulative counters, exact at any
+# pace; only the queue mean averages 10 frames of a 3 s window instead of 30.
+# Decoding the job's one-minute replay (600 frames, ~45 us each with 8 workers
+# here) was a third of a snapshot's CPU (bench/snapshot_cost.py).
+ONE_SHOT_EVERY = 3
 # 2+ minutes of frames at 10 Hz: enough for the history graphs and any window.
 MAX_FRAMES = 1300
 RECV_BYTES = 1 << 16
@@ -91,9 +97,10 @@ def _unlink_quietly(path: str) -> None:
 class JobConnection:
     """One job's stream: its identity, its recent frames and its state."""
 
-    def __init__(self, pid: int, path: str, max_frames: int = MAX_FRAMES) -> None:
+    def __init__(self, pid: int, path: str, max_frames: int = MAX_FRAMES, every: int = FRAME_EVERY) -> None:
         self.pid = pid
         self.path = path
+        self.every = every  # ask the job for every Nth frame (its hello's "every")
         self.sock: socket.socket | None = None
         self.decoder = wire.FrameDecoder()
         self.job: dict | None = None
@@ -129,7 +136,7 @@ class JobConnection:
         s.settimeout(CONNECT_TIMEOUT_S)
         try:
             s.connect(self.path)
-            s.sendall(wire.encode(wire.client_hello(f"dlwatch {__version__}", every=FRAME_EVERY)))
+            s.sendall(wire.encode(wire.client_hello(f"dlwatch {__version__}", every=self.every)))
         except OSError as e:
             s.close()
             self._connect_failed(e)

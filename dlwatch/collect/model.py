@@ -55,7 +55,9 @@ def snapshot_dict(
     diagnosis fills it. ``errors`` appears only when the collector had faults,
     so the document of a healthy collector is the schema's and nothing more.
     ``attached``: jobs sampled from outside (``attach.py``), already built;
-    they follow the hooked ones."""
+    they come first: they are the jobs the user named (``dlwatch --attach
+    P``), and the live view opens on the first job, not on a hooked job's
+    exited entry."""
     conns = ordered(conns)
     attached = list(attached)
     snap: dict[str, Any] = {
@@ -65,7 +67,7 @@ def snapshot_dict(
         "host": host_dict(host) | cpu_accounting(host, conns, procs, attached),
         "gpu_status": gpu_status,
         "gpus": gpus,
-        "jobs": [job_dict(c, window_s, procs, now) for c in conns] + attached,
+        "jobs": attached + [job_dict(c, window_s, procs, now) for c in conns],
         "hints": [],
         "runtime_dir": runtime_dir,
         "runtime_dir_error": runtime_dir_error,

@@ -34,7 +34,7 @@ from typing import Any, Literal, TypeVar, cast
 
 from dlwatch import rundir
 from dlwatch.collect import model
-from dlwatch.collect.jobs import JobConnection, discover, pid_alive
+from dlwatch.collect.jobs import ONE_SHOT_EVERY, JobConnection, discover, pid_alive
 from dlwatch.collect.samplers import GpuSource, HintSource, HostSource, ProcSource
 from dlwatch.collect.schedstat import SchedSampler
 from dlwatch.diagnose.facts import window_util
@@ -50,6 +50,14 @@ RESCAN_S = 1.0
 HELLO_GRACE_S = 2.0
 GPU_EVERY_S = 1.0
 HISTORY_POINTS = model.HISTORY_POINTS
+# Why a one-shot snapshot's workers have no USS. /proc/PID/smaps_rollup walks
+# the process's page tables under its memory-map lock: ~10 ms of CPU per GiB
+# of RSS here (1.2 GiB: 10-12 ms), so 8 workers of 2-4 GiB cost a one-shot
+# snapshot 0.2-0.4 s and stall the job's page faults meanwhile. The live view
+# spreads its reads over seconds (USS_INTERVAL_S); a snapshot reads none.
+USS_SKIPPED = (
+    "not read by a one-shot snapshot (`dlwatch snapshot --uss` reads it: ~10 ms of CPU per GiB of RSS)"
+)
 # The live loop builds twice a second; the host figures and the diagnosis
 # (whose hold times are seconds) are refreshed once a second.
 HOST_EVERY_S = 1.0
@@ -102,8 +110,14 @@ class Monitor:
         only_pid: int | None = None,
         clock: Callable[[], float] = time.time,
         attach: Iterable[int] = (),
+        uss: bool = True,
+        frame_every: int = 1,
     ) -> None:
         self.directory = directory or rundir.runtime_dir()
+        # Read workers' USS (/proc/PID/smaps_rollup)? A one-shot snapshot
+        # does not: see USS_SKIPPED.
+        self.uss = uss
+        self.frame_every = frame_every  # each job sends every Nth frame (jobs.FRAME_EVERY)
         self.window_s = window_s
         # Hints are judged on a steadier window than the live figures: the
         # view wants a change on screen within a second, a diagnosis wants a
@@ -201,7 +215,7 @@ class Monitor:
                 continue
             c = self.conns.get(pid)
             if c is None:
-                c = JobConnection(pid, path)
+                c = JobConnection(pid, path, every=self.frame_every)
                 self.conns[pid] = c
             if c.sock is None and c.state in ("connecting", "unreachable"):
                 if c.connect() and c.sock is not None:
@@ -292,6 +306,8 @@ class Monitor:
             errors=[*self.broken.values(), *self.errors],
             attached=attached,
         )
+        if not self.uss and self._procs is not None:
+            snap["uss_reason"] = USS_SKIPPED
         if "diagnosis" in self.broken:
             snap["hints_error"] = self.broken["diagnosis"]
         diagnoser = self._diagnoser
@@ -308,10 +324,8 @@ class Monitor:
                 judged = dict(
                     snap,
                     window_s=dw,
-                    jobs=[  # type: ignore[assignment]
-                        model.job_dict(c, dw, procs, now, history=False) for c in conns
-                    ]
-                    + attached,
+                    jobs=attached  # type: ignore[assignment]
+                    + [model.job_dict(c, dw, procs, now, history=False) for c in conns],
                 )
             try:
                 snap["hints"] = cast(list[Hint], diagnoser.update(judged))
@@ -379,7 +393,9 @@ class Monitor:
             return {}
         procs: dict[int, dict[str, Any]] = self._safe(
             "processes",
-            lambda: sampler.sample(sorted(pids), main_pids=mains, uss_pids=workers, force_uss=force_uss),
+            lambda: sampler.sample(
+                sorted(pids), main_pids=mains, uss_pids=workers if self.uss else (), force_uss=force_uss
+            ),
             {},
         )
         if sched is not None:
@@ -546,12 +562,19 @@ def take_snapshot(
     only_pid: int | None = None,
     settle_s: float = 0.6,
     monitor: Monitor | None = None,
+    uss: bool = False,
 ) -> Snapshot:
     """One measurement (``Monitor.sample_now``) by a monitor of its own unless
     one is given. Hysteresis needs a stream of updates; a single measurement
-    is judged on its own window (warm-up from the loaders' history)."""
+    is judged on its own window (warm-up from the loaders' history).
+    ``uss``: also read each worker's USS (USS_SKIPPED says why not by default)."""
     m = monitor or Monitor(
-        directory=directory, window_s=window_s, only_pid=only_pid, diagnoser=_OneShotDiagnoser()
+        directory=directory,
+        window_s=window_s,
+        only_pid=only_pid,
+        diagnoser=_OneShotDiagnoser(),
+        uss=uss,
+        frame_every=ONE_SHOT_EVERY,
     )
     try:
         return m.sample_now(window_s, settle_s)

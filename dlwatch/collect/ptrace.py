@@ -139,7 +139,7 @@ def check(pid: int, proc: str = "/proc") -> Access:
         uids, gids, _ppid = status_ids(pid, proc)
     except (OSError, ValueError):
         return Access(False, f"no process with PID {pid}", "check the PID (`ps -ef`)", EXIT_NO_PROCESS)
-    return decide(
+    access = decide(
         caller_uid=os.geteuid(),
         caller_gid=os.getegid(),
         has_cap=has_cap_sys_ptrace(proc),
@@ -151,6 +151,31 @@ def check(pid: int, proc: str = "/proc") -> Access:
         descendant=False,
         pid=pid,
     )
+    if access.allowed and not maps_readable(pid, proc):
+        # The table above is the usual rule; the kernel may still say no (a
+        # process of another user namespace, a VM's or container's init, a
+        # security module). /proc/PID/maps takes the same check as reading
+        # the memory, so it tells the truth before py-spy tries.
+        return Access(
+            False,
+            f"the kernel refuses to let you read its memory (/proc/{pid}/maps: permission denied)",
+            "it may run in another container or user namespace; restart the job with the hook "
+            "(`dlwatch run -- python train.py`)",
+            EXIT_NOT_PERMITTED,
+        )
+    return access
+
+
+def maps_readable(pid: int, proc: str = "/proc") -> bool:
+    """False only where reading /proc/PID/maps is refused outright."""
+    try:
+        with open(f"{proc}/{pid}/maps", "rb") as f:
+            f.read(1)
+    except PermissionError:
+        return False
+    except OSError:
+        pass
+    return True
 
 
 def looks_like_python(pid: int, proc: str = "/proc") -> bool:

@@ -28,6 +28,9 @@ from typing import Any
 from dlwatch.collect.model import process_figures
 from dlwatch.collect.stacks import Stack, parse_frame
 
+# A forkserver worker's parent: the server the job started (a child of the job).
+_FORKSERVER = "multiprocessing.forkserver"
+
 Z95 = 1.96
 # What views print for a figure only the hook can measure.
 NOT_SAMPLED = "n/a (attached: sampled)"
@@ -140,6 +143,10 @@ class WorkerSamples:
     tid: int | None
     busy: Share  # inside the dataset fetch, of the samples inside the worker loop
     waiting_index: Share  # blocked on the index queue: idle
+    # Earlier processes of the same worker slot, replaced during the
+    # recording (a loader without persistent_workers starts new ones each
+    # epoch); ``pid`` is the newest. The shares cover them all.
+    replaced: tuple[int, ...] = ()
 
 
 @dataclass
@@ -147,8 +154,13 @@ class Sampled:
     """The job as its samples show it."""
 
     root_pid: int
-    samples: int = 0  # every sample of every thread of every process
+    samples: int = 0  # every sample of every thread of the job's processes
     torn: int = 0  # samples left out: frames missing at the outer end (see summarize)
+    # Samples of processes that are not the job's (see own_process), left out.
+    foreign: int = 0
+    # Children seen inside a DataLoader iterator themselves: the ranks under a
+    # launcher (torchrun, accelerate launch) are the jobs to attach to.
+    child_loops: set[int] = field(default_factory=set)
     processes: set[int] = field(default_factory=set)  # processes with at least one sample
     training_tid: int | None = None
     training_thread: str = ""
@@ -181,6 +193,21 @@ def _outer(st: Stack) -> str:
     return f"{f.func} ({f.file})"
 
 
+def own_process(st: Stack, root_pid: int) -> bool:
+    """Whether a stack is of the job's own processes: the attached process
+    itself, its children (fork and spawn workers are the trainer's children)
+    and a forkserver's children (the server is the trainer's child). py-spy
+    follows every descendant of the PID it is given, and from a launcher or
+    a container's first process that is other programs altogether: their
+    DataLoader workers are not this job's."""
+    pids = st.pids or (root_pid,)
+    if pids[0] != root_pid:
+        return False
+    if len(pids) <= 2:
+        return True
+    return len(pids) == 3 and len(st.cmdlines) > 1 and _FORKSERVER in st.cmdlines[1]
+
+
 def summarize(stacks: Iterable[Stack], root_pid: int) -> Sampled:
     """The training thread, the data wait and the workers of one job.
 
@@ -192,7 +219,7 @@ def summarize(stacks: Iterable[Stack], root_pid: int) -> Sampled:
     waits on the GPU is mostly inside ``__next__``, so counting them as
     "not waiting" would bias the data wait down."""
     stacks = list(stacks)
-    roots = _roots(stacks, root_pid)
+    roots = _roots([st for st in stacks if own_process(st, root_pid)], root_pid)
     out = Sampled(root_pid=root_pid)
     # (pid, tid) -> [all samples, samples in __next__ / in the worker loop, in fetch, on the index]
     threads: dict[tuple[int, int | None], list[int]] = {}
@@ -200,6 +227,9 @@ def summarize(stacks: Iterable[Stack], root_pid: int) -> Sampled:
     workers: set[tuple[int, int | None]] = set()
     iterators: dict[str, int] = {}
     for st in stacks:
+        if not own_process(st, root_pid):
+            out.foreign += st.count
+            continue
         pid = st.pid if st.pid is not None else root_pid
         out.samples += st.count
         out.processes.add(pid)
@@ -213,6 +243,8 @@ def summarize(stacks: Iterable[Stack], root_pid: int) -> Sampled:
         kinds = _kinds(st.frames)
         if "pin" in kinds and pid == root_pid:
             out.pin_memory = True
+        if pid != root_pid and "next" in kinds and "worker" not in kinds:
+            out.child_loops.add(pid)
         if pid == root_pid and "next" in kinds:
             c[1] += st.count
             it = _iterator_class(st.frames)
@@ -244,6 +276,51 @@ def summarize(stacks: Iterable[Stack], root_pid: int) -> Sampled:
         for pid, (tid, c) in sorted(per_pid.items())
     ]
     return out
+
+
+def merge_slots(
+    workers: list[WorkerSamples], lives: Mapping[int, tuple[float, float]] | None
+) -> list[WorkerSamples]:
+    """One entry per worker slot: a worker that started after another one
+    ended holds that one's slot (a loader without persistent_workers
+    replaces its workers each epoch), so the count is the most workers alive
+    at once, not every process seen. ``lives``: each worker's (start, last
+    seen alive) in seconds, from polls of the process tree during the
+    recording. A worker no poll saw lived between two polls (well under a
+    second): it joins the slot with the fewest samples, never adds one.
+    Without ``lives`` nothing is merged."""
+    if not lives or len(workers) < 2:
+        return list(workers)
+    known = sorted((w for w in workers if w.pid in lives), key=lambda w: (lives[w.pid][0], w.pid))
+    slots: list[list[WorkerSamples]] = []
+    for w in known:
+        start = lives[w.pid][0]
+        free = [s for s in slots if lives[s[-1].pid][1] < start]
+        if free:
+            # The slot whose worker ended last before this one started.
+            max(free, key=lambda s: lives[s[-1].pid][1]).append(w)
+        else:
+            slots.append([w])
+    for w in workers:
+        if w.pid not in lives:
+            if slots:
+                min(slots, key=lambda s: sum(x.busy.samples for x in s)).insert(0, w)
+            else:
+                slots.append([w])
+    return sorted((_merged(s) for s in slots), key=lambda w: w.pid)
+
+
+def _merged(slot: list[WorkerSamples]) -> WorkerSamples:
+    last = slot[-1]
+    if len(slot) == 1:
+        return last
+    return WorkerSamples(
+        last.pid,
+        last.tid,
+        Share(sum(w.busy.hits for w in slot), sum(w.busy.samples for w in slot)),
+        Share(sum(w.waiting_index.hits for w in slot), sum(w.waiting_index.samples for w in slot)),
+        tuple(w.pid for w in slot[:-1]),
+    )
 
 
 def _waiting_for_index(frames: tuple[str, ...]) -> bool:
@@ -320,6 +397,8 @@ def job_dict(
             "training_tid": s.training_tid,
             "training_thread": s.training_thread,
             "torn_samples": s.torn,
+            "other_process_samples": s.foreign,
+            "replaced_workers": sum(len(w.replaced) for w in s.workers),
             "torch_loaded": identity.get("torch_loaded"),
         },
         "loaders": [],
@@ -331,6 +410,12 @@ def job_dict(
                 if s.python
                 else "not sampled yet"
             )
+            if s.child_loops:
+                pids = " ".join(f"--pid {p}" for p in sorted(s.child_loops))
+                job["state_reason"] += (
+                    f"; its child process{'es' if len(s.child_loops) > 1 else ''} "
+                    f"{', '.join(map(str, sorted(s.child_loops)))} iterate one: `dlwatch attach {pids}`"
+                )
         return job
     order = worker_order or {}
     ordered = sorted(s.workers, key=lambda w: (order.get(w.pid, math.inf), w.pid))

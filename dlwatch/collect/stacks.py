@@ -38,6 +38,8 @@ class Stack:
     thread: str  # the thread's name, "" when py-spy did not give one
     frames: tuple[str, ...]  # outermost first, "function (file:line)"
     count: int
+    # The command line of each process of ``pids`` (py-spy names each one).
+    cmdlines: tuple[str, ...] = ()
 
     @property
     def pid(self) -> int | None:
@@ -85,11 +87,12 @@ def parse_line(line: str, root_pid: int | None = None) -> Stack | None:
         return None
     if count < 0 or not body:
         return None
-    pids, rest = _processes(body)
+    pids, cmdlines, rest = _processes(body)
     if pids is None:
         return None
     if not pids and root_pid is not None:
         pids = (root_pid,)
+        cmdlines = ("",)
     tid, name, frames_text = None, "", rest
     m = _THREAD.search(rest)
     if m is not None and m.start() == 0:
@@ -98,24 +101,27 @@ def parse_line(line: str, root_pid: int | None = None) -> Stack | None:
         name = (m.group(2) or "").strip()
         frames_text = rest[m.end() :].lstrip(";")
     frames = tuple(f for f in frames_text.split(";") if f) if frames_text else ()
-    return Stack(pids=pids, tid=tid, thread=name, frames=frames, count=count)
+    return Stack(pids=pids, tid=tid, thread=name, frames=frames, count=count, cmdlines=cmdlines)
 
 
-def _processes(body: str) -> tuple[tuple[int, ...] | None, str]:
-    """The leading ``process PID:"CMDLINE";`` fields and what follows them.
-    A command line ends at the ``";`` that starts the next field (another
-    process or the thread), which is what makes a ``;`` inside it harmless."""
+def _processes(body: str) -> tuple[tuple[int, ...] | None, tuple[str, ...], str]:
+    """The leading ``process PID:"CMDLINE";`` fields (their PIDs and command
+    lines) and what follows them. A command line ends at the ``";`` that
+    starts the next field (another process or the thread), which is what
+    makes a ``;`` inside it harmless."""
     pids: list[int] = []
+    cmds: list[str] = []
     rest = body
     while True:
         m = _PROCESS.match(rest)
         if m is None:
-            return tuple(pids), rest
+            return tuple(pids), tuple(cmds), rest
         pids.append(int(m.group(1)))
         after = rest[m.end() :]
         nxt = _next_field(after)
         if nxt is None:
-            return None, ""
+            return None, (), ""
+        cmds.append(after[: nxt - 2])
         rest = after[nxt:]
 
 

@@ -219,6 +219,11 @@ def cycle_model(ctx: Context, lv: LoaderView) -> tuple[CycleModel | None, str]:
     step = lv.step_ms
     n0 = lv.num_workers
     if wait_ms is None or step is None or step <= 0 or n0 is None:
+        if lv.loader.get("sampled") is True:
+            return None, (
+                "the wait and step times per batch are never measured when attached (only the hook "
+                "counts batches): run the job with the hook for them"
+            )
         return None, "the loader's wait and step times per batch are not measured yet"
     c_t = trainer_cpu(lv.job)
     cap = job_capacity(ctx, lv)

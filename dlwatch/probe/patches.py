@@ -16,15 +16,14 @@ run; a descriptor sees every assignment). Originals are kept for
 
 from __future__ import annotations
 
-import dis
 import sys
-import types
 from collections.abc import Callable
 from time import perf_counter as _clock  # float seconds: see stats.py
 from typing import Any
 
 from dlwatch.probe import postimport, worker_burst
 from dlwatch.probe import worker as _worker
+from dlwatch.probe.frames import as_frame_of
 from dlwatch.probe.stats import Registry
 
 TARGET_MODULE = "torch.utils.data.dataloader"
@@ -110,9 +109,9 @@ def _patch(mod) -> None:
     # accelerator, ...): the frame it then names is the caller's, which our
     # wrapper would otherwise be. Dressed as the original, the wrapper frame
     # reads as torch's own code, as it would without dlwatch.
-    __init__ = _as_frame_of(__init__, orig_init, mod)
-    _reset = _as_frame_of(_reset, orig_reset, mod)
-    __next__ = _wrap_next(orig_next)
+    __init__ = as_frame_of(__init__, orig_init, mod)
+    _reset = as_frame_of(_reset, orig_reset, mod)
+    __next__ = _wrap_next(orig_next, mod)
 
     __init__._dlwatch_orig = orig_init  # type: ignore[attr-defined]  # what uninstall restores
     _reset._dlwatch_orig = orig_reset  # type: ignore[attr-defined]
@@ -125,8 +124,11 @@ def _patch(mod) -> None:
     cls._dlw_stats = None  # class default: uninstrumented iterators skip at once
 
 
-def _wrap_next(orig_next):
-    """The patched ``__next__``: the hot path, around torch's own.
+def _wrap_next(orig_next, mod=None):
+    """The patched ``__next__``: the hot path, around torch's own; with
+    ``mod`` (torch's dataloader module), dressed as the original
+    (``frames.as_frame_of``): an exception from the dataset then shows no
+    dlwatch file in the user's traceback.
 
     Two clock reads, an attribute read, a few float adds and slot stores. The
     shape is the fastest of those bench/hotpath_variants.py times (Xeon, 3.11:
@@ -145,16 +147,18 @@ def _wrap_next(orig_next):
     t_enter needs no reset on the way out.
     """
 
+    clock = _clock  # a cell, not a global: the dressed function runs with torch's globals
+
     def __next__(self):
         st = self._dlw_stats
         if st is None:
             return orig_next(self)
-        t0 = _clock()
+        t0 = clock()
         st.t_enter = t0
         try:
             data = orig_next(self)
         except StopIteration:
-            st.end_epoch(t0, _clock())
+            st.end_epoch(t0, clock())
             raise
         except BaseException as e:
             st.t_enter = 0.0
@@ -163,7 +167,7 @@ def _wrap_next(orig_next):
             except Exception:
                 pass
             raise
-        t1 = _clock()
+        t1 = clock()
         st.wait_s += t1 - t0
         last = st.t_last
         st.t_last = t1
@@ -174,53 +178,10 @@ def _wrap_next(orig_next):
             st.first_batch(t1, data)
         return data
 
+    if mod is not None:
+        __next__ = as_frame_of(__next__, orig_next, mod)
     __next__._dlwatch_orig = orig_next  # type: ignore[attr-defined]  # what uninstall restores
     return __next__
-
-
-def _as_frame_of(wrapper, orig, mod):
-    """``wrapper`` whose frames carry ``orig``'s file, first line and module
-    globals, so ``warnings`` (filename, line, module filters, once-registry)
-    and tracebacks attribute them to torch, never to a dlwatch file. The
-    wrapper must reach everything through its closure. Unchanged if ``orig``
-    is not plain Python code (another patcher's callable)."""
-    code = getattr(orig, "__code__", None)
-    if code is None or not isinstance(getattr(mod, "__dict__", None), dict):
-        return wrapper
-    try:
-        w = wrapper.__code__
-        # Line numbers are stored relative to the first line: shifting it
-        # makes every line of the wrapper read as the original's ``def`` line
-        # region; the call to the original lands on that line.
-        call = _call_line(w)
-        dressed = w.replace(
-            co_filename=code.co_filename,
-            co_firstlineno=max(1, code.co_firstlineno - (call - w.co_firstlineno)),
-        )
-        f = types.FunctionType(
-            dressed, mod.__dict__, wrapper.__name__, wrapper.__defaults__, wrapper.__closure__
-        )
-    except Exception:
-        return wrapper
-    f.__kwdefaults__ = wrapper.__kwdefaults__
-    f.__qualname__ = getattr(orig, "__qualname__", wrapper.__qualname__)
-    return f
-
-
-def _call_line(code) -> int:
-    """The line of the wrapper that calls the original (the first line that
-    loads the closure variable ``orig_*``)."""
-    line: int | None = None
-    for instr in dis.get_instructions(code):
-        positions = getattr(instr, "positions", None)  # Python 3.11+
-        if positions is not None:
-            line = positions.lineno
-        elif instr.starts_line:  # 3.10: set on the first instruction of a line
-            line = instr.starts_line
-        if instr.opname == "LOAD_DEREF" and str(instr.argval).startswith("orig_"):
-            if line:
-                return line
-    return code.co_firstlineno
 
 
 def _in_worker_process() -> bool:

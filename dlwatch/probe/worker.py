@@ -27,6 +27,7 @@ view ~32 ns), the wrapper alone went from +301 to +231 ns per fetch
 from __future__ import annotations
 
 import os
+import sys
 import zlib
 from bisect import bisect_right as _bucket
 from time import perf_counter as _clock
@@ -34,6 +35,7 @@ from time import perf_counter_ns as _clock_ns
 from typing import Any
 
 from dlwatch import wire
+from dlwatch.probe.frames import as_frame_of
 
 # Row layout, one row per worker: PID, BATCHES, STARTED_NS int64; FETCH_S
 # (completed fetch time) and CUR_START_S (start of the fetch in progress, 0
@@ -150,28 +152,32 @@ def _patch_fetchers(row, frow, base: int) -> None:
         cur = cls.__dict__.get("fetch")
         if cur is None:
             continue
-        timed = _timed(getattr(cur, "_dlwatch_orig", cur), row, frow, base)
+        timed = _timed(getattr(cur, "_dlwatch_orig", cur), row, frow, base, fetch)
         if cls is fetch._IterableDatasetFetcher:
-            timed = _fingerprint_first(cls, timed, row, base + FIRST_FP, base + SECOND_FP)
+            timed = _fingerprint_first(cls, timed, row, base + FIRST_FP, base + SECOND_FP, fetch)
         cls.fetch = timed  # type: ignore[method-assign]
 
 
-def _fingerprint_first(cls, timed, row, i_first: int, i_second: int):
+def _fingerprint_first(cls, timed, row, i_first: int, i_second: int, mod=None):
     """``timed`` that stores digests of this process's first two batches,
-    then puts ``timed`` itself on the class: the later fetches pay nothing."""
+    then puts ``timed`` itself on the class: the later fetches pay nothing.
+    Dressed as the original fetch of ``mod`` (frames.py), as ``timed`` is."""
+    orig_timed, fingerprint = timed, digest
 
     def fetch(self, possibly_batched_index):
-        data = timed(self, possibly_batched_index)
+        data = orig_timed(self, possibly_batched_index)
         try:
             i = i_second if row[i_first] else i_first
             if i == i_second or row[i_second]:
-                cls.fetch = timed
+                cls.fetch = orig_timed
             if not row[i]:
-                row[i] = digest(data)
+                row[i] = fingerprint(data)
         except Exception:
-            cls.fetch = timed
+            cls.fetch = orig_timed
         return data
 
+    if mod is not None:
+        fetch = as_frame_of(fetch, timed._dlwatch_orig, mod)
     fetch._dlwatch_orig = timed._dlwatch_orig  # type: ignore[attr-defined]
     return fetch
 
@@ -206,9 +212,15 @@ def digest(batch) -> int:
     return crc | (1 << 32)
 
 
-def _timed(orig, row, frow, base: int):
-    """``orig`` (a fetcher's ``fetch``) timed into row ``base`` of the table
-    whose int64 and float64 views are ``row`` and ``frow``."""
+def _timed(orig_fetch, row, frow, base: int, mod=None):
+    """``orig_fetch`` (a fetcher's ``fetch``) timed into row ``base`` of the
+    table whose int64 and float64 views are ``row`` and ``frow``; with
+    ``mod`` (torch's fetch module), dressed as the original (frames.py): a
+    dataset's exception then shows no dlwatch frame in the worker's
+    traceback, which torch copies into the message the trainer raises.
+    Everything the wrapper uses is a cell: dressed, it runs with torch's
+    globals."""
+    clock, bucket, start_sampler = _clock, _bucket, _start_sampler
     i_batches, i_fetch, i_cur = base + BATCHES, base + FETCH_S, base + CUR_START_S
     i_hist = base + HIST0
     # Running totals, continued from the row (a re-activated worker adds on).
@@ -229,43 +241,44 @@ def _timed(orig, row, frow, base: int):
         nonlocal busy, batches, seen
         if row[i_gen] != seen:
             seen = row[i_gen]
-            _start_sampler(row, frow, base, seen)
-        t0 = _clock()
+            start_sampler(row, frow, base, seen)
+        t0 = clock()
         frow[i_cur] = t0
         try:
-            data = orig(self, possibly_batched_index)
+            data = orig_fetch(self, possibly_batched_index)
         except BaseException:
             # StopIteration ends an IterableDataset: time spent, no batch.
-            busy += _clock() - t0
+            busy += clock() - t0
             frow[i_fetch] = busy
             frow[i_cur] = 0.0
             raise
-        d = _clock() - t0
+        d = clock() - t0
         busy += d
         batches += 1
         frow[i_fetch] = busy
         row[i_batches] = batches
         frow[i_cur] = 0.0
-        k = _bucket(edges, d)
+        k = bucket(edges, d)
         c = hist[k] + 1
         hist[k] = c
         hrow[k] = c
         return data
 
-    fetch._dlwatch_orig = orig  # type: ignore[attr-defined]  # what a re-patch unwraps
+    if mod is not None:
+        fetch = as_frame_of(fetch, orig_fetch, mod)
+    fetch._dlwatch_orig = orig_fetch  # type: ignore[attr-defined]  # what a re-patch unwraps
     return fetch
 
 
 def _start_sampler(row, frow, base: int, gen: int) -> None:
+    """Called by the timed fetch only: its frame, the caller's, is where the
+    burst's samples stop (dressed or not, whichever code it runs)."""
     try:
         from dlwatch.probe import worker_sampler
 
-        worker_sampler.start(row, frow, base, gen, _FETCH_CODE)
+        worker_sampler.start(row, frow, base, gen, sys._getframe(1).f_code)
     except Exception:
         pass  # a burst that cannot sample costs its samples, never the fetch
-
-
-_FETCH_CODE = _timed(None, [0] * NFIELDS, [0.0] * NFIELDS, 0).__code__
 
 
 def read_workers(

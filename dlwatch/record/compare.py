@@ -30,7 +30,11 @@ METRICS = (
     ("worker_cpu_mean", "worker CPU, mean (% of a core)", "pct", ""),
     ("worker_uss_last_sum", "workers' USS at the end, sum", "bytes", ""),
     ("batches", "batches recorded", "count", ""),
-    ("duration_s", "recorded (s)", "s", ""),
+    # The whole recording (what `dlwatch run --record` says it covered, "over
+    # N s"), and the part of it in which the main loader was seen: the job's
+    # start-up before its first batch is in the first only.
+    ("recording_s", "recording (s)", "s", ""),
+    ("duration_s", "main loader seen (s)", "s", ""),
 )
 
 
@@ -57,8 +61,8 @@ def compare(a: RecordingSeries, b: RecordingSeries) -> Comparison:
     la, lb = a.main_loader(), b.main_loader()
     sa, sb = (la.settings if la else {}), (lb.settings if lb else {})
     settings = [(k, sa.get(k), sb.get(k), sa.get(k) != sb.get(k)) for k in SETTINGS if k in sa or k in sb]
-    ma = summary(la) if la else {}
-    mb = summary(lb) if lb else {}
+    ma = {**(summary(la) if la else {}), "recording_s": round(a.duration_s, 3)}
+    mb = {**(summary(lb) if lb else {}), "recording_s": round(b.duration_s, 3)}
     metrics = []
     for key, label, kind, _better in METRICS:
         va, vb = ma.get(key), mb.get(key)

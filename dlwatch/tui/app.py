@@ -390,13 +390,10 @@ class DlwatchApp(App):
         ]
         message.display = not loaders
         if not loaders:
-            set_static(
-                message,
-                Text(
-                    "this job has no DataLoader iterator yet: figures appear at the first iter(loader)",
-                    pal.dim,
-                ),
-            )
+            why = "this job has no DataLoader iterator yet: figures appear at the first iter(loader)"
+            if job.get("sampled") is True and fmt.s(job.get("state_reason")):
+                why = f"{job['state_reason']} (sampled from outside)"  # what the samples saw
+            set_static(message, Text(why, pal.dim))
         loaders_box.display = bool(loaders)
         panels = list(loaders_box.query_children(LoaderPanel))
         # Panels are reused by position: switching jobs updates them in place.

@@ -144,6 +144,18 @@ def duration(v: Any) -> str:
     return f"{x // 86400}d{(x % 86400) // 3600}h"
 
 
+def short_command(cmdline: Any) -> str:
+    """A command line for a narrow column: the program by its name, not its
+    path (`/home/u/proj/.venv/bin/python -m x` reads `python -m x`; the
+    header keeps the full line)."""
+    if not isinstance(cmdline, str) or not cmdline:
+        return NA
+    prog, sep, rest = cmdline.partition(" ")
+    if "/" in prog:
+        prog = prog.rsplit("/", 1)[1] or prog
+    return prog + sep + rest
+
+
 def truncate(text: str, width: int) -> str:
     if width <= 0:
         return ""

@@ -203,7 +203,7 @@ class JobList(LineTable):
                 where = fmt.s(fmt.d(row.slowest).get("host"))
                 mean = fmt.pct(row.data_wait_mean)
                 cmd = f"slowest on {where or fmt.NA} · mean {mean} · {len(hosts)} hosts · " + cmd
-            cmd = fmt.truncate(cmd + fmt.s(job.get("cmdline")), 200)
+            cmd = fmt.truncate(cmd + fmt.short_command(job.get("cmdline")), 200)
             slowest = fmt.intval(fmt.d(row.slowest).get("rank"))
             # The slowest rank's wait, named: "r1 38%".
             wait_prefix = f"r{slowest} " if slowest is not None else ""
@@ -214,7 +214,7 @@ class JobList(LineTable):
                 label_cell = f"  r{rank if rank is not None else '?'} {pid if pid is not None else '?'}"
             else:
                 label_cell = str(pid) if pid is not None else fmt.NA
-            cmd = fmt.s(job.get("cmdline"), fmt.NA)
+            cmd = fmt.short_command(job.get("cmdline"))
             if fmt.s(job.get("host")):
                 cmd = f"[{fmt.s(job.get('host'))}] " + cmd
             if job.get("sampled") is True:

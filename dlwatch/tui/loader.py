@@ -97,6 +97,8 @@ def sampled_stats(ld: dict, pal: fmt.Palette) -> Text:
 
 def epoch_stats(ld: dict, pal: fmt.Palette) -> Text:
     """The epoch line of the wide layout."""
+    if ld.get("sampled") is True:
+        return Text(f"epoch, epoch start, batches: {NOT_SAMPLED}: only the hook counts batches", pal.dim)
     return fmt.join(
         [
             f"epoch {fmt.count(ld.get('epoch'))}",
@@ -153,7 +155,9 @@ def queue_line(ld: dict, pal: fmt.Palette) -> Text:
     t = Text("queue ", "bold")
     capacity = fmt.intval(cap)
     if capacity is None or capacity <= 0:
-        if fmt.intval(ld.get("num_workers")) == 0:
+        if ld.get("sampled") is True:
+            t.append(f"{NOT_SAMPLED}: the prefetch queue is only read by the hook", pal.dim)
+        elif fmt.intval(ld.get("num_workers")) == 0:
             t.append("n/a (num_workers=0: the loop loads each batch itself)", pal.dim)
         else:
             t.append("n/a", pal.dim)

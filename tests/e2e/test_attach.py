@@ -154,6 +154,19 @@ def test_a_job_that_exits_during_the_attach(unhooked):
     job.finish()
 
 
+def test_a_worker_replaced_each_epoch_is_one_worker(unhooked):
+    # num_workers=1 without persistent_workers, epochs of ~0.3 s: the 2 s
+    # attach sees ~6 worker processes one after the other, one at a time.
+    job = unhooked("--workers", "1", "--sample-ms", "10", "--step-ms", "5", "--epoch-batches", "15")
+    job.wait_ready()
+    snap = attach_json("--pid", str(job.pid), "--seconds", "2")
+    [j] = snap["jobs"]
+    [ld] = j["loaders"]
+    assert ld["num_workers"] == 1 and len(ld["workers"]) == 1, ld["workers"]
+    assert j["sampling"]["replaced_workers"] >= 2
+    assert j["sampling"]["other_process_samples"] == 0
+
+
 def test_two_torchrun_ranks_attached_by_pid(unhooked):
     d = short_tmpdir("dlwtr")
     try:
@@ -181,6 +194,10 @@ def test_two_torchrun_ranks_attached_by_pid(unhooked):
         assert sorted(j["rank"] for j in jobs) == [0, 1] and {j["world_size"] for j in jobs} == {2}
         assert len({j["run_id"] for j in jobs}) == 1
         assert all(j["loaders"] and j["loaders"][0]["num_workers"] == 1 for j in jobs)
+        # The launcher itself: its ranks' workers are not its own; it names the ranks.
+        [launcher] = attach_json("--pid", str(runner.pid), "--seconds", "2")["jobs"]
+        assert launcher["loaders"] == [], launcher["loaders"]
+        assert all(f"--pid {r}" in launcher["state_reason"] for r in ranks), launcher["state_reason"]
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -193,10 +210,13 @@ def test_not_a_python_or_pytorch_job():
         r = attach("--pid", str(sleeper.pid), "--seconds", "1")
         assert r.returncode == ptrace.EXIT_NOT_PYTHON and "not a Python process" in r.stderr
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        assert r.stdout == ""  # refused before sampling: no figures at all
         r = attach("--check", str(sleeper.pid))
         assert r.returncode == ptrace.EXIT_NOT_PYTHON, r.stderr
-        r = attach("--pid", str(py.pid), "--seconds", "1")
-        assert r.returncode == ptrace.EXIT_NOT_PYTHON and "without torch" in r.stderr, r.stderr
+        for args in (["--pid", str(py.pid), "--seconds", "1"], ["--check", str(py.pid)]):
+            r = attach(*args)
+            assert r.returncode == ptrace.EXIT_NOT_PYTHON and "without torch" in r.stderr, r.stderr
+            assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
     finally:
         for p in (sleeper, py):
             p.kill()
@@ -214,6 +234,7 @@ def test_no_such_process():
 
 def test_check_says_which_condition_holds(unhooked):
     job = unhooked("--workers", "0", "--duration", "30")
+    job.wait_ready(settle=0.0)  # --check also says whether torch is loaded
     r = attach("--check", str(job.pid))
     assert r.returncode == 0, r.stderr
     assert "can be sampled" in r.stdout and "ptrace_scope" in r.stdout
@@ -269,8 +290,11 @@ def test_live_view_collector_shows_the_attached_job(unhooked, tmp_path):
             time.sleep(0.2)
         assert found is not None, m.errors
         assert found["sampled"] is True and found["state"] == "live"
+        assert snap["jobs"][0]["pid"] == job.pid  # the job asked for comes first: the view opens on it
         [ld] = found["loaders"]
         assert ld["num_workers"] == 1 and ld["workers"][0]["cpu_percent"] is not None
+        # A point of history per recording, from the first one on.
+        assert ld["history"]["data_wait_fraction"] and ld["history"]["data_wait_fraction"][-1] is not None
         assert snap["host"]["jobs_cpu_cores"] is not None  # the attached processes are counted
     finally:
         m.stop()

@@ -66,8 +66,12 @@ def test_dataset_exception_surfaces_unchanged(workers):
     plain, _, err0, _ = _run(*args, disable=True)
     hooked, _, err1, left = _run(*args, disable=False)
     assert plain["error"] is not None and plain["error"][0] == "ValueError"
-    assert hooked["error"] == plain["error"]
+    assert hooked["error"] == plain["error"] and hooked["chained"] == plain["chained"]
     assert "corrupt sample 9" in hooked["error"][1]
+    # No dlwatch file in what the user reads (the trainer's traceback and the
+    # worker's, copied into the message): the wrappers read as torch's frames.
+    assert hooked["traceback"]["probe_frames"] == 0, hooked["traceback"]
+    assert hooked["traceback"]["frames"] <= plain["traceback"]["frames"] + (2 if workers else 1)
     assert err1 == err0
     assert left == []
 

@@ -204,6 +204,30 @@ def test_run_record_records_the_commands_jobs_and_passes_on_its_exit_status(shor
     assert r.snapshots[-1]["jobs"][0]["state"] != "live"
 
 
+def test_run_record_of_an_interrupted_command_says_so_and_keeps_the_recording(short_tmpdir):
+    path = os.path.join(short_tmpdir, "int.jsonl")
+    code = "import sys, time; open(sys.argv[1], 'w').close(); time.sleep(60)"
+    started = os.path.join(short_tmpdir, "started")
+    # stdin too off any terminal: dlwatch passes on a SIGINT that did not come from one.
+    p = subprocess.Popen(
+        [sys.executable, "-m", "dlwatch", "run", "--record", path, "--", sys.executable, "-c", code, started],
+        env=dict(os.environ, DLWATCH_DIR=os.path.join(short_tmpdir, "rt")),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    end = time.monotonic() + 60
+    while not os.path.exists(started):
+        assert p.poll() is None and time.monotonic() < end, p.stderr.read() if p.stderr else ""
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "the command was interrupted (Ctrl-C, SIGINT); the recording is kept" in err
+    assert "status -" not in err and os.path.exists(path)
+
+
 def dlwatch_run(*args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "dlwatch", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60)

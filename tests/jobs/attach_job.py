@@ -26,11 +26,11 @@ def _spend(ms, spin):
 
 
 class Costly(Dataset):
-    def __init__(self, sample_ms, spin):
-        self.sample_ms, self.spin = sample_ms, spin
+    def __init__(self, sample_ms, spin, size=10**7):
+        self.sample_ms, self.spin, self.size = sample_ms, spin, size
 
     def __len__(self):
-        return 10**7
+        return self.size
 
     def __getitem__(self, i):
         _spend(self.sample_ms, self.spin)
@@ -49,11 +49,15 @@ def main():
     p.add_argument("--pin-memory", action="store_true")
     p.add_argument("--trace")
     p.add_argument("--ready")
+    p.add_argument(
+        "--epoch-batches", type=int, help="epochs of N batches (workers not persistent: new ones each epoch)"
+    )
     a = p.parse_args()
     kw = dict(batch_size=a.batch_size, num_workers=a.workers, pin_memory=a.pin_memory)
     if a.workers:
         kw["multiprocessing_context"] = a.start_method
-    loader = DataLoader(Costly(a.sample_ms, a.spin), **kw)
+    size = a.epoch_batches * a.batch_size if a.epoch_batches else 10**7
+    loader = DataLoader(Costly(a.sample_ms, a.spin, size), **kw)
     trace = open(a.trace, "w", buffering=1) if a.trace else None
     wait = total = 0
     it = iter(loader)
@@ -62,7 +66,11 @@ def main():
     n = 0
     while True:
         t0 = time.monotonic_ns()
-        next(it)
+        try:
+            next(it)
+        except StopIteration:
+            it = iter(loader)  # the next epoch
+            continue
         t1 = time.monotonic_ns()
         if end is None:
             end = time.monotonic() + a.duration

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import time
+import traceback
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
@@ -178,6 +179,10 @@ def main():
                 break
     except Exception as e:  # the test compares this with and without the hook
         out["error"] = [type(e).__name__, str(e).splitlines()[-1] if str(e) else ""]
+        # What the user reads: the traceback, and a worker's copied into the message.
+        told = "".join(traceback.format_exception(e))
+        out["traceback"] = {"probe_frames": told.count("dlwatch/probe/"), "frames": told.count('  File "')}
+        out["chained"] = [e.__cause__ is not None, e.__context__ is not None]
     out.update(recs=recs, digest=digest)
     with open(a.out + ".tmp", "w") as f:
         json.dump(out, f)

@@ -10,6 +10,7 @@ the whole run: 50 % data wait), ``noworkers`` num_workers=0 (67 %), ``spawn2``
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -327,3 +328,142 @@ def test_torn_samples_are_left_out_and_iterator_internals_count_as_wait():
     s = sampled.summarize([parse_line(ln, root_pid=5) for ln in lines], 5)
     assert s.torn == 7
     assert (s.data_wait.hits, s.data_wait.samples) == (43, 93)
+
+
+# ------------------------------------------------- only the target's processes
+
+_NEXT = "_BaseDataLoaderIter.__next__ (torch/utils/data/dataloader.py:725)"
+_LOOP = "_worker_loop (torch/utils/data/_utils/worker.py:374)"
+_FETCH = "_MapDatasetFetcher.fetch (torch/utils/data/_utils/fetch.py:57)"
+
+
+def _chain(*procs: tuple[int, str]) -> str:
+    return ";".join(f'process {pid}:"{cmd}"' for pid, cmd in procs)
+
+
+def test_other_programs_under_the_target_are_left_out():
+    # py-spy follows every descendant of the PID it is given: from a
+    # launcher or a container's first process, other jobs and their workers.
+    root, other = (1, "python entry.py"), (50, "python other_train.py")
+    lines = [
+        f"{_chain(root)};thread (1): MainThread;<module> (entry.py:3);{_NEXT} 30",
+        f"{_chain(root)};thread (1): MainThread;<module> (entry.py:3);wait (entry.py:9) 70",
+        # another job the target started: its child, but not a worker; its
+        # own worker is not the target's
+        f"{_chain(root, other)};thread (50): MainThread;<module> (t.py:1);{_NEXT} 90",
+        f"{_chain(root, other, (51, 'python other_train.py'))};thread (51): MainThread;{_LOOP};{_FETCH} 80",
+        # the target's own fork worker, and a forkserver worker of it
+        f"{_chain(root, (2, 'python entry.py'))};thread (2): MainThread;{_LOOP};{_FETCH} 60",
+        f"{_chain(root, (3, 'python -c from multiprocessing.forkserver import main; main(5)'), (4, 'x'))};"
+        f"thread (4): MainThread;{_LOOP};{_FETCH} 40",
+    ]
+    s = sampled.summarize([parse_line(ln) for ln in lines], 1)
+    assert s.foreign == 80 and s.samples == 290
+    assert [w.pid for w in s.workers] == [2, 4]
+    assert (s.data_wait.hits, s.data_wait.samples) == (30, 100)
+
+
+def _worker(pid: int, hits: int, n: int) -> sampled.WorkerSamples:
+    return sampled.WorkerSamples(pid, pid, sampled.Share(hits, n), sampled.Share(0, n))
+
+
+def test_a_replaced_worker_is_the_same_slot():
+    # num_workers=1 without persistent_workers: a new worker each epoch.
+    ws = [_worker(10, 90, 100), _worker(11, 80, 100), _worker(12, 40, 50)]
+    lives = {10: (0.0, 1.0), 11: (1.25, 2.0), 12: (2.25, 3.0)}
+    [slot] = sampled.merge_slots(ws, lives)
+    assert slot.pid == 12 and slot.replaced == (10, 11)
+    assert (slot.busy.hits, slot.busy.samples) == (210, 250)
+
+
+def test_workers_alive_together_are_slots_of_their_own():
+    ws = [_worker(p, 50, 100) for p in (20, 21, 30, 31, 40)]
+    # Two workers an epoch, replaced twice; 40 lived between two listings.
+    lives = {20: (0.0, 1.0), 21: (0.0, 1.0), 30: (1.25, 2.0), 31: (1.25, 2.0)}
+    slots = sampled.merge_slots(ws, lives)
+    assert len(slots) == 2 and sorted(p for s in slots for p in (s.pid, *s.replaced)) == [20, 21, 30, 31, 40]
+    assert sampled.merge_slots(ws, None) == ws  # nothing known: nothing merged
+
+
+def test_a_replaced_worker_counts_once_in_the_snapshot():
+    s, _ = load("fork1")
+    [w] = s.workers
+    twin = sampled.WorkerSamples(w.pid + 1000, w.tid, w.busy, w.waiting_index)
+    s.workers = sampled.merge_slots([w, twin], {w.pid: (0.0, 1.0), w.pid + 1000: (1.5, 2.0)})
+    job = sampled.job_dict({"cmdline": "python train.py"}, s, {}, span_s=2.0)
+    [ld] = job["loaders"]
+    assert ld["num_workers"] == 1 and job["sampling"]["replaced_workers"] == 1
+    assert ld["workers"][0]["pid"] == w.pid + 1000
+
+
+def test_a_process_the_kernel_will_not_let_us_read_is_refused(monkeypatch, tmp_path):
+    (tmp_path / "7").mkdir()
+    uid, gid = os.geteuid(), os.getegid()
+    (tmp_path / "7" / "status").write_text(
+        f"PPid:\t1\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nGid:\t{gid}\t{gid}\t{gid}\n"
+    )
+    monkeypatch.setattr(ptrace, "read_scope", lambda: 0)
+    assert ptrace.check(7, str(tmp_path)).allowed  # no maps file: py-spy will tell
+    monkeypatch.setattr(ptrace, "maps_readable", lambda pid, proc: False)
+    a = ptrace.check(7, str(tmp_path))
+    assert not a.allowed and a.code == ptrace.EXIT_NOT_PERMITTED
+    assert "/proc/7/maps" in a.line() and "\n" not in a.line()
+
+
+def test_a_bare_pid_is_told_to_use_dash_dash_pid(capsys):
+    from dlwatch.cli import main as cli
+
+    assert cli.main(["attach", "1234"]) == 2
+    err = capsys.readouterr().err
+    assert "--pid 1234" in err and len(err.strip().splitlines()) == 1
+
+
+def test_what_attach_cannot_measure_is_said_not_yet():
+    from dlwatch.diagnose import capacity
+    from dlwatch.diagnose.facts import build_context
+    from dlwatch.tui import fmt
+    from dlwatch.tui.loader import epoch_stats, queue_line
+
+    snap = snap_of("fork1")
+    ctx = build_context(snap, {})
+    [lv] = ctx.loaders
+    got = capacity.predict(ctx, lv, 2)
+    assert isinstance(got, capacity.NoPrediction) and "never measured when attached" in got.reason
+    [ld] = snap["jobs"][0]["loaders"]
+    for line in (epoch_stats(ld, fmt.DEFAULT_PALETTE), queue_line(ld, fmt.DEFAULT_PALETTE)):
+        assert sampled.NOT_SAMPLED in line.plain
+
+
+def test_live_view_says_what_the_samples_saw_of_a_job_without_a_loader():
+    import asyncio
+
+    from tests.tui_fixtures import make_app, screen_lines
+
+    s = sampled.summarize([parse_line("thread (5): MainThread;<module> (t.py:1);sleep (t.py:2) 300", 5)], 5)
+    snap = snap_of("fork1")
+    snap["jobs"] = [sampled.job_dict({"cmdline": "python serve.py"}, s, {}, span_s=3.0)]
+
+    async def go():
+        app = make_app([snap])
+        async with app.run_test(size=(120, 40)) as pilot:
+            for _ in range(4):
+                await pilot.pause()
+            text = "\n".join(screen_lines(app))
+            assert "no DataLoader iterator seen in 300 samples of this process (sampled from outside)" in text
+            assert "figures appear at the first iter(loader)" not in text
+
+    asyncio.run(go())
+
+
+def test_a_launcher_points_at_the_ranks_that_iterate():
+    # torchrun's own process: its ranks iterate, their workers are not the launcher's.
+    launcher, rank = (1, "python -m torch.distributed.run t.py"), (2, "python t.py")
+    lines = [
+        f"{_chain(launcher)};thread (1): MainThread;<module> (run.py:1);sleep (run.py:2) 100",
+        f"{_chain(launcher, rank)};thread (2): MainThread;<module> (t.py:3);{_NEXT} 60",
+        f"{_chain(launcher, rank, (3, 'python t.py'))};thread (3): MainThread;{_LOOP};{_FETCH} 90",
+    ]
+    s = sampled.summarize([parse_line(ln) for ln in lines], 1)
+    assert s.data_wait is None and s.workers == [] and s.child_loops == {2} and s.foreign == 90
+    job = sampled.job_dict({"cmdline": "torchrun t.py"}, s, {}, span_s=3.0)
+    assert job["loaders"] == [] and "`dlwatch attach --pid 2`" in job["state_reason"]

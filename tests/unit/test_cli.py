@@ -70,12 +70,15 @@ def test_insecure_runtime_dir_is_refused():
     assert snap["schema_version"] == 1 and snap["jobs"] == [] and "0777" in snap["runtime_dir_error"]
 
 
-@pytest.mark.parametrize("parent", ["file", "readonly"])
+@pytest.mark.parametrize("parent", ["file", "readonly", "proc"])
 def test_runtime_dir_that_cannot_be_created_says_why(parent):
     """No job can ever publish in a directory that cannot be created: say so
     instead of "no dlwatch jobs found"."""
     d = short_tmpdir()
-    if parent == "file":
+    if parent == "proc":
+        # /proc takes no new directory, from root either (access() says it may).
+        target, why = "/proc/dlwatch-nope", "cannot be created in /proc"
+    elif parent == "file":
         blocker = os.path.join(d, "not-a-dir")
         open(blocker, "w").close()
         target, why = os.path.join(blocker, "dlwatch"), "is not a directory"
@@ -115,6 +118,19 @@ def test_the_live_view_gets_a_profiler_on_its_collectors_runtime_dir(monkeypatch
     # S: stacks are asked where the collector looks too, the failure an answer, not a raise.
     doc = seen["s"](2**22 + 1)
     assert doc["error"].endswith(f"no dlwatch job with PID 4194305 in {d}") and doc["processes"] == []
+
+
+def test_a_command_builds_only_its_own_parser():
+    # `dlwatch snapshot` must not pay for tune's imports (bench/snapshot_cost.py).
+    code = (
+        "import sys; from dlwatch.cli.main import build_parser; "
+        "p = build_parser('snapshot'); print('dlwatch.tune' in sys.modules, 'tune' in p.format_help())"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.split() == ["False", "False"], r.stderr
+    from dlwatch.cli.main import build_parser
+
+    assert "tune" in build_parser("no-such-command").format_help()
 
 
 def test_every_subcommand_is_one_module_with_help():
@@ -234,3 +250,32 @@ def test_snapshot_follow_usage_errors(capsys):
     ):
         assert main(argv) == 2
         assert capsys.readouterr().err == f"dlwatch snapshot: {why}\n"
+
+
+@pytest.mark.parametrize(
+    "status,words",
+    [
+        (-2, "interrupted (Ctrl-C, SIGINT); the recording is kept"),
+        (130, "interrupted (Ctrl-C, SIGINT)"),
+        (-15, "stopped (SIGTERM)"),
+        (-9, "killed by SIGKILL"),
+        (7, "the command exited with status 7"),
+        (0, "the command exited with status 0"),
+    ],
+)
+def test_run_says_how_the_command_ended(status, words):
+    from dlwatch.cli.commands.run import exit_reason
+
+    assert words in exit_reason(status) and "status -" not in exit_reason(status)
+
+
+def test_tune_help_is_wrapped_to_the_terminal():
+    r = subprocess.run(
+        [sys.executable, "-m", "dlwatch", "tune", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, COLUMNS="100"),
+    )
+    assert r.returncode == 0 and "Little's-law" in r.stdout
+    assert max(len(line) for line in r.stdout.splitlines()) <= 100

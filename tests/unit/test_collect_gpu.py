@@ -265,10 +265,24 @@ def test_init_retried_at_most_every_30_seconds():
 
 
 def test_pynvml_not_importable(monkeypatch):
+    monkeypatch.setattr(gpu, "driver_present", lambda: True)  # a driver, but not the package
     monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` raise ImportError
     status, gpus = GpuSampler().sample()
     assert status == gpu.NOT_INSTALLED and status.startswith("n/a: NVML not found")
     assert gpus == []
+
+
+def test_without_a_driver_pynvml_is_not_even_imported(monkeypatch, tmp_path):
+    assert not gpu.driver_present((str(tmp_path / "nvidiactl"),))
+    (tmp_path / "nvidiactl").touch()
+    assert gpu.driver_present((str(tmp_path / "x"), str(tmp_path / "nvidiactl")))
+    monkeypatch.setattr(gpu, "driver_present", lambda: False)
+
+    def no_import():
+        raise AssertionError("pynvml imported without a driver")
+
+    monkeypatch.setattr(gpu, "_import_pynvml", no_import)
+    assert GpuSampler().sample() == (gpu.NOT_FOUND, [])
 
 
 # ---------------------------------------------------------------- the real NVML

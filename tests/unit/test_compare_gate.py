@@ -134,3 +134,16 @@ def test_cli_exits_1_when_a_recording_cannot_say(pair, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["compare", fast, slow, "--max-regression", "abc"])
     assert e.value.code == 2
+
+
+def test_the_recording_and_the_main_loaders_span_are_named_apart(tmp_path, capsys):
+    # The job's first 3 s have no loader yet: `run --record` said "over 9 s".
+    snaps = stream(10)
+    for s in snaps[:3]:
+        s["jobs"][0]["loaders"] = []
+    path = write(tmp_path / "a.jsonl", snaps)
+    assert main(["compare", path, path]) == 0
+    out = capsys.readouterr().out
+    assert "recording (s)  " in out and "main loader seen (s)" in out and "recorded (s)" not in out
+    rows = {ln.split("  ")[0]: ln.split()[-4] for ln in out.splitlines() if "(s)" in ln}
+    assert rows == {"recording (s)": "9.0", "main loader seen (s)": "6.0"}, out

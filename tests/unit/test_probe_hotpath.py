@@ -162,8 +162,10 @@ def test_batches_identical_and_dataset_exception_unchanged(hooked):
         next(it)
     with pytest.raises(ValueError, match="corrupt sample 4") as info:
         next(it)
-    # The dataset's own frame is in the traceback; the probe adds no exception.
+    # The dataset's own frame is in the traceback; the probe adds no exception,
+    # and no frame that names a dlwatch file (its wrapper reads as torch's).
     assert any(fr.name == "__getitem__" for fr in info.traceback)
+    assert not [fr for fr in info.traceback if "dlwatch/probe" in str(fr.path)], info.traceback
     assert info.value.__context__ is None and info.value.__cause__ is None
     st = stats_of(it)
     assert st.t_enter == 0.0, "a raising __next__ is not left 'in progress'"

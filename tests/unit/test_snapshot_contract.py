@@ -118,6 +118,25 @@ def test_what_the_monitor_builds_satisfies_the_contract():
     assert 0.0 <= ld["data_wait_fraction"] <= 1.0
 
 
+def test_a_one_shot_snapshot_reads_no_uss_and_says_so():
+    asked = []
+
+    class Procs(FixedProcs):
+        def sample(self, pids, main_pids=None, uss_pids=None, force_uss=False):
+            asked.append(uss_pids)
+            return {p: dict(f, uss_bytes=None) for p, f in super().sample(pids, main_pids).items()}
+
+    m = recorded_monitor(uss=False)
+    m._procs = Procs()
+    snap = m.build(3.0)
+    assert asked == [()] and S.problems(snap) == []
+    assert "--uss" in snap["uss_reason"]
+    from dlwatch.cli.text import render_snapshot
+
+    assert f"uss: n/a: {snap['uss_reason']}" in render_snapshot(snap)
+    assert "uss_reason" not in recorded_monitor().build(3.0)  # the live view reads it
+
+
 @pytest.mark.parametrize(
     "name,snap",
     [

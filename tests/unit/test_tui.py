@@ -1085,3 +1085,27 @@ def test_every_key_has_an_action_and_a_line_in_the_help():
         if k.help_keys:
             assert k.help in (replay if k.replay_only else live), k
     assert "10 s back / forward" not in live and "pause / play the recording" in replay
+
+
+@sync
+async def test_footer_lists_the_profile_and_hint_keys():
+    app = make_app([F.data_bound()])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        footer = screen_lines(app)[-1]
+        for key in ("P profile", "W workers", "e hints"):
+            assert key in footer, footer
+
+
+@sync
+async def test_job_row_names_the_interpreter_not_its_path():
+    snap = F.data_bound()
+    snap["jobs"][0]["cmdline"] = "/home/u/proj/.venv/bin/python -m dlwatch.demo.train --scenario data-bound"
+    app = make_app([snap])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        jobs = app.screen.query_one(JobList)
+        row = " ".join(row_text(jobs, jobs.row_keys[0]))
+        assert "python -m dlwatch.demo.train" in row and ".venv" not in row, row
+    assert fmt.short_command("python train.py") == "python train.py"
+    assert fmt.short_command(None) == fmt.NA

@@ -11,8 +11,25 @@ them. Heavy imports (Textual, psutil, torch) go inside ``run``, so that
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 from types import ModuleType
+
+
+def module(name: str) -> ModuleType | None:
+    """The module of command ``name`` alone, or None when there is none: a
+    command's parser then needs no other module imported (``dlwatch
+    snapshot`` would otherwise import ``tune``'s search machinery, ~14 ms of
+    its ~0.1 s of CPU)."""
+    if not name.isidentifier() or name.startswith("_"):
+        return None
+    try:
+        if importlib.util.find_spec(f"{__name__}.{name}") is None:
+            return None
+    except (ImportError, ValueError):
+        return None
+    mod = importlib.import_module(f"{__name__}.{name}")
+    return mod if getattr(mod, "NAME", None) == name else None
 
 
 def modules() -> list[ModuleType]:

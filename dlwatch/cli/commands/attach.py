@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from dlwatch.cli.common import EXIT_OK, EXIT_USAGE, fail
@@ -25,6 +26,9 @@ MAX_SECONDS = 600.0
 
 
 def add_arguments(p) -> None:
+    # `dlwatch attach 1234` is a natural guess: caught here to say --pid,
+    # rather than argparse's "unrecognized arguments" under the top-level usage.
+    p.add_argument("bare", nargs="*", help=argparse.SUPPRESS)
     p.add_argument(
         "--pid",
         type=int,
@@ -39,13 +43,16 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    if args.bare:
+        given = args.bare[0]
+        return fail(f"give the PID with --pid: `dlwatch attach --pid {given}`", EXIT_USAGE, PROG)
     if args.check is not None:
         return check(args.check)
     if not args.pid:
         return fail("give the job's PID: `dlwatch attach --pid P`", EXIT_USAGE, PROG)
     if not 1 <= args.seconds <= MAX_SECONDS:
         return fail(f"--seconds must be between 1 and {MAX_SECONDS:.0f}", EXIT_USAGE, PROG)
-    from dlwatch.collect import attach, ptrace
+    from dlwatch.collect import attach
 
     pids = list(dict.fromkeys(args.pid))
     for pid in pids:
@@ -57,36 +64,28 @@ def run(args) -> int:
         fail(line, code, PROG)
     if not snap["jobs"]:
         return errors[0][0] if errors else 1
-    no_torch = [
-        j["pid"] for j in snap["jobs"] if not j.get("loaders") and j["sampling"].get("torch_loaded") is False
-    ]
     if args.json:
         print(json.dumps(snap, indent=2, default=str))
     else:
         from dlwatch.cli.text import render_snapshot
 
         print(render_snapshot(snap, title="dlwatch attach"))
-    for pid in no_torch:
-        fail(f"PID {pid} is a Python process without torch: not a PyTorch job", ptrace.EXIT_NOT_PYTHON, PROG)
-    if no_torch:
-        return ptrace.EXIT_NOT_PYTHON
     return errors[0][0] if errors else EXIT_OK
 
 
 def check(pid: int) -> int:
-    """``--check``: which permission lets us read ``pid``, or what to do."""
-    from dlwatch.collect import ptrace, spy
+    """``--check``: which permission lets us read ``pid``, or what to do;
+    and whether it is a PyTorch job (what ``--pid`` would refuse)."""
+    from dlwatch.collect import attach, ptrace, spy
 
     access = ptrace.check(pid)
     if not access.allowed:
         return fail(f"cannot attach to PID {pid}: {access.line()}", access.code, PROG)
     scope = ptrace.read_scope()
+    refused = attach.preflight(pid)
+    if refused is not None:
+        return fail(refused[1], refused[0], PROG)
     print(f"PID {pid} can be sampled: {access.condition}")
     print(f"  kernel.yama.ptrace_scope: {'not present (no Yama)' if scope is None else scope}")
-    if not ptrace.looks_like_python(pid):
-        return fail(f"but PID {pid} does not look like a Python process", ptrace.EXIT_NOT_PYTHON, PROG)
-    binary = spy.find()
-    if binary is None:
-        return fail(spy.INSTALL_HINT, ptrace.EXIT_NO_SAMPLER, PROG)
-    print(f"  sampler: {binary}")
+    print(f"  sampler: {spy.find()}")
     return EXIT_OK

@@ -151,10 +151,28 @@ class JobsOf:
             return None
         if self._exited_at is None:
             self._exited_at = time.monotonic()
-        reason = f"the command exited with status {self.child.returncode}"
+        reason = exit_reason(self.child.returncode)
         if not any(is_live(j) for j in records(snap.get("jobs"))):
             return reason
         return reason if time.monotonic() - self._exited_at >= self.FINAL_S else None
+
+
+def exit_reason(returncode: int) -> str:
+    """How CMD ended, in words: a negative status is the signal that ended
+    it (Popen's convention), and 130 / 143 are a shell's way of saying the
+    same of SIGINT / SIGTERM."""
+    sig = -returncode if returncode < 0 else returncode - 128 if returncode in (130, 143) else None
+    if sig == signal.SIGINT:
+        return "the command was interrupted (Ctrl-C, SIGINT); the recording is kept"
+    if sig == signal.SIGTERM:
+        return "the command was stopped (SIGTERM); the recording is kept"
+    if sig is not None and returncode < 0:
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return f"the command was killed by {name}; the recording is kept"
+    return f"the command exited with status {returncode}"
 
 
 def forward_signals(child) -> None:

@@ -56,6 +56,12 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--count", type=int, metavar="N", help="with --follow: stop after N snapshots")
     add_host_arguments(p, sub=True)
+    p.add_argument(
+        "--uss",
+        action="store_true",
+        help="also read each worker's USS (/proc/PID/smaps_rollup: ~10 ms of CPU per GiB of the "
+        "worker's RSS, under its memory-map lock); without it a one-shot snapshot leaves USS out",
+    )
 
 
 def run(args) -> int:
@@ -77,7 +83,7 @@ def run(args) -> int:
         return fail(problem, EXIT_ERROR)
     if args.follow:
         return follow(args)
-    snap = take_snapshot(window_s=args.window or DEFAULT_WINDOW_S, only_pid=args.pid)
+    snap = take_snapshot(window_s=args.window or DEFAULT_WINDOW_S, only_pid=args.pid, uss=args.uss)
     if args.pid is not None and not snap["jobs"]:
         return fail(f"no dlwatch job with PID {args.pid} in {rundir.runtime_dir()}")
     if args.json:

@@ -7,6 +7,7 @@ import argparse
 import json
 import shutil
 import sys
+import textwrap
 from typing import Any
 
 from dlwatch.cli.common import (
@@ -95,7 +96,10 @@ def _count(text: str) -> int:
 def add_arguments(p) -> None:
     from dlwatch.tune.sweep import CEILING_BATCHES, DEFAULT_MAX_TRIALS, DEFAULT_TRIAL_S
 
+    # Raw, for the epilog's examples; the description is then wrapped here,
+    # to the width argparse gives everything else (the terminal's, less 2).
     p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.description = textwrap.fill(DESCRIPTION, max(40, shutil.get_terminal_size().columns - 2))
     p.add_argument(
         "--trial-seconds",
         type=_positive,
