@@ -1,9 +1,13 @@
 """Which trial to run next, and which setting to recommend: pure functions of
 the trials measured so far. ``dlwatch tune`` runs a trial per process;
 the probe's autotune (``dlwatch run --autotune``) an epoch per trial, so this
-module is stdlib only and sits in the lowest layer, importable by both.
+module is stdlib only and sits in the lowest layer, importable by both. It
+does not live in ``dlwatch/tune/``: that package is monitor-side (it starts
+processes and runs a collector), and the code that runs inside a training job
+may import nothing of the monitor's (an import-linter contract), so the one
+search both use stays beside ``wire`` and ``thresholds``.
 
-A trial here is the dict of the result document (README "Tune"): ``config``
+A trial here is the dict of the result document (docs/tune.md): ``config``
 (the knobs it overrode), ``settings`` (the loader's four knobs as the probe
 read them), ``status`` and the figures of ``measure.TrialMeter``.
 

@@ -14,6 +14,10 @@ import math
 # says "material (≥ 5–10 %)"; 10 % is where a fix buys a visible speed-up and
 # epoch-boundary noise no longer matters.
 DATA_BOUND_WAIT = 0.10
+# Mean worker busy fraction from which the workers are "the limit": above it a
+# worker hardly ever sits idle waiting for the next index (RULES.md: ~0.8). The
+# hooked rules (rules_workers) and the attached ones (rules_sampled) share it.
+WORKERS_SATURATED_BUSY = 0.80
 # Share of busy time a worker spends on a CPU from which loading counts as
 # CPU-bound; below it the worker mostly sleeps inside fetch (I/O). The catalog's
 # io-bound example is "CPU < 50 % of busy time"; one boundary keeps the two

@@ -406,9 +406,8 @@ def measure(pids: list[int], seconds: float) -> tuple[dict, list[tuple[int, str]
     (sampled once before the recording starts and once after it ends)."""
     from dlwatch.collect import model
     from dlwatch.collect.host import HostSampler
-    from dlwatch.collect.monitor import add_runqueue
     from dlwatch.collect.procs import ProcSampler
-    from dlwatch.collect.schedstat import SchedSampler
+    from dlwatch.collect.schedstat import SchedSampler, add_runqueue
     from dlwatch.diagnose import evaluate
 
     procs, sched, host, gpu = ProcSampler(), SchedSampler(), HostSampler(), _gpu_sampler()

@@ -36,7 +36,7 @@ from dlwatch import rundir
 from dlwatch.collect import model
 from dlwatch.collect.jobs import ONE_SHOT_EVERY, JobConnection, discover, pid_alive
 from dlwatch.collect.samplers import GpuSource, HintSource, HostSource, ProcSource
-from dlwatch.collect.schedstat import SchedSampler
+from dlwatch.collect.schedstat import SchedSampler, add_runqueue
 from dlwatch.diagnose.facts import window_util
 from dlwatch.snapshot import SCHEMA_VERSION, Hint, Snapshot
 
@@ -505,14 +505,6 @@ class Monitor:
     def latest(self) -> dict | None:
         with self._lock:
             return self._latest
-
-
-def add_runqueue(procs: dict, waits: dict) -> dict:
-    """Each process's figures with its run-queue wait (``runqueue_percent``)."""
-    for pid, v in waits.items():
-        if pid in procs and isinstance(procs[pid], dict):
-            procs[pid] = dict(procs[pid], runqueue_percent=v)
-    return procs
 
 
 def _sleep(t: float) -> list:

@@ -101,3 +101,11 @@ class SchedSampler:
         self._last = last  # forget pids no longer asked about
         self._tids = {p: t for p, t in self._tids.items() if p in last}
         return out
+
+
+def add_runqueue(procs: dict, waits: dict) -> dict:
+    """Each process's figures with its run-queue wait (``runqueue_percent``)."""
+    for pid, v in waits.items():
+        if pid in procs and isinstance(procs[pid], dict):
+            procs[pid] = dict(procs[pid], runqueue_percent=v)
+    return procs

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlwatch.thresholds import DATA_BOUND_WAIT
+from dlwatch.thresholds import DATA_BOUND_WAIT, WORKERS_SATURATED_BUSY
 
 from .facts import Context, hint, ms, num, pct, r
 from .registry import Rule
-from .rules_workers import MIN_WORTHWHILE_SPEEDUP, WORKERS_SATURATED_BUSY
+from .rules_workers import MIN_WORTHWHILE_SPEEDUP
 
 # Share of the loop's time blocked behind the head of the line from which
 # the hint shows: below it the gain is within the noise of a real job.

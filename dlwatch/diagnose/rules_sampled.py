@@ -19,12 +19,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from dlwatch.thresholds import CPU_BOUND_MIN_SHARE, DATA_BOUND_WAIT, IO_MAX_RECOMMENDED_WORKERS
+from dlwatch.thresholds import (
+    CPU_BOUND_MIN_SHARE,
+    DATA_BOUND_WAIT,
+    IO_MAX_RECOMMENDED_WORKERS,
+    WORKERS_SATURATED_BUSY,
+)
 
 from . import capacity
 from .facts import Context, LoaderView, as_dict, as_list, cores, hint, num, pct, r, whole_cores
 from .registry import Rule
-from .rules_workers import WORKERS_SATURATED_BUSY
 
 # Rules whose inputs an attached job has: the two here, and those that read
 # only /proc and host figures (cores, threads, memory, /dev/shm).

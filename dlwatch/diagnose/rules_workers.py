@@ -24,6 +24,7 @@ from dlwatch.thresholds import (  # noqa: F401 (re-exported for the rules' reade
     DATA_BOUND_WAIT,
     IO_MAX_RECOMMENDED_WORKERS,
     LITTLE_SAFETY,
+    WORKERS_SATURATED_BUSY,
     little_workers,
 )
 
@@ -48,9 +49,6 @@ from .registry import Rule
 # num_workers == 0 with wait between this and DATA_BOUND_WAIT: an info hint —
 # worth knowing, not worth a warning (the lower edge of the catalog's 5–10 %, README "Hints").
 NO_WORKERS_INFO_WAIT = 0.05
-# Mean worker busy fraction from which the workers are "the limit": above it a
-# worker hardly ever sits idle waiting for the next index (RULES.md: ~0.8).
-WORKERS_SATURATED_BUSY = 0.80
 # Cores counted as saturated when worker CPU + main loops reach this fraction
 # of the usable cores (psutil never reads exactly 100 % of a quota).
 CORES_SATURATED_FRACTION = 0.90

@@ -13,17 +13,31 @@ publisher's thread only.
 from __future__ import annotations
 
 import socket
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 from dlwatch import wire
 from dlwatch.probe import patches, profiler, stack_request, worker_burst
 
-if TYPE_CHECKING:
-    from dlwatch.probe.publisher import Publisher
+
+class Sender(Protocol):
+    """What Control needs of the publisher that owns it (probe/publisher.py):
+    named here, so that this module does not import the one that imports it."""
+
+    directory: str | None
+
+    def queue(self, c: Any, data: bytes) -> None: ...
+
+    def broadcast(self, data: bytes, skip: Any = None, skip_all: Iterable[Any] = ()) -> None: ...
+
+    def connected(self, c: Any) -> bool: ...
+
+    def recent_batches(self) -> deque[dict[int, int]]: ...
 
 
 class Control:
-    def __init__(self, pub: Publisher) -> None:
+    def __init__(self, pub: Sender) -> None:
         self.pub = pub
         self._burst: profiler.Burst | None = None
         self._client: Any = None  # the publisher's _Client that asked

@@ -19,7 +19,7 @@ from time import perf_counter as _clock
 
 from dlwatch import rundir
 from dlwatch.probe import patches, thread_stacks, worker_burst, worker_watch
-from dlwatch.probe.worker import CUR_START_S, NFIELDS, PID, STACK_ACK, STACK_REQ
+from dlwatch.probe.worker_row import CUR_START_S, NFIELDS, PID, STACK_ACK, STACK_REQ
 
 # Workers look for a request four times a second (worker_watch.POLL_S);
 # a worker busy in Python answers within one look, one blocked in a C call

@@ -34,34 +34,31 @@ from time import perf_counter as _clock
 from time import perf_counter_ns as _clock_ns
 from typing import Any
 
-from dlwatch import wire
 from dlwatch.probe.frames import as_frame_of
 
-# Row layout, one row per worker: PID, BATCHES, STARTED_NS int64; FETCH_S
-# (completed fetch time) and CUR_START_S (start of the fetch in progress, 0
-# when idle) float64 seconds; FIRST_FP and SECOND_FP, digests of the first two
-# batches an iterable dataset's worker delivered (0: none yet), which tell an
-# unsharded dataset (every worker yields the same stream) from a sharded one
-# (and constant data, whose two batches are alike, from both); then
-# HIST_BUCKETS int64 counts of fetch times, the tail of the fetch time
-# (head-of-line blocking) in fixed memory.
-PID, BATCHES, FETCH_S, CUR_START_S, STARTED_NS, FIRST_FP, SECOND_FP = range(7)
-HIST0 = 7
-# The buckets are the wire's (``wire.fetch_hist_bounds_ms``).
-HIST_PER_OCTAVE = wire.FETCH_HIST_PER_OCTAVE
-HIST_BUCKETS = wire.FETCH_HIST_BUCKETS
-HIST_LO_S = wire.FETCH_HIST_LO_S
-# The lower edges of buckets 1.. (seconds): a fetch's bucket is how many of
-# them it reaches (a C bisect, cheaper than a log and no clamping needed).
-_HIST_EDGES = [wire.fetch_hist_bounds_ms(k)[0] / 1e3 for k in range(1, HIST_BUCKETS)]
-# A worker profile burst (worker_sampler.py), after the histogram: the
-# trainer writes BURST_GEN (its id), BURST_HZ and BURST_END_S (float64
-# seconds); the worker writes BURST_ACK = BURST_GEN once it samples.
-BURST_GEN, BURST_HZ, BURST_END_S, BURST_ACK = range(HIST0 + HIST_BUCKETS, HIST0 + HIST_BUCKETS + 4)
-# A stack request (worker_watch.py): the trainer writes STACK_REQ (its id);
-# the worker's stack watcher writes its stacks to a file, then STACK_ACK.
-STACK_REQ, STACK_ACK = HIST0 + HIST_BUCKETS + 4, HIST0 + HIST_BUCKETS + 5
-NFIELDS = HIST0 + HIST_BUCKETS + 6
+# The row layout (worker_row.py), re-exported: the trainer's readers and the
+# tests name the fields as worker.X.
+from dlwatch.probe.worker_row import (  # noqa: E402,F401
+    _HIST_EDGES,
+    BATCHES,
+    BURST_ACK,
+    BURST_END_S,
+    BURST_GEN,
+    BURST_HZ,
+    CUR_START_S,
+    FETCH_S,
+    FIRST_FP,
+    HIST0,
+    HIST_BUCKETS,
+    HIST_LO_S,
+    HIST_PER_OCTAVE,
+    NFIELDS,
+    PID,
+    SECOND_FP,
+    STACK_ACK,
+    STACK_REQ,
+    STARTED_NS,
+)
 
 # This process's row (int64 view), set when the hook runs in a worker; None
 # outside one.
@@ -276,7 +273,8 @@ def _start_sampler(row, frow, base: int, gen: int) -> None:
     try:
         from dlwatch.probe import worker_sampler
 
-        worker_sampler.start(row, frow, base, gen, sys._getframe(1).f_code)
+        # Its own code too: the sampler leaves out the samples of this very call.
+        worker_sampler.start(row, frow, base, gen, sys._getframe(1).f_code, _start_sampler.__code__)
     except Exception:
         pass  # a burst that cannot sample costs its samples, never the fetch
 

@@ -29,7 +29,7 @@ from time import perf_counter as _clock
 
 from dlwatch import rundir, wire
 from dlwatch.probe import worker_sampler
-from dlwatch.probe.worker import BURST_ACK, BURST_END_S, BURST_GEN, BURST_HZ, NFIELDS, PID
+from dlwatch.probe.worker_row import BURST_ACK, BURST_END_S, BURST_GEN, BURST_HZ, NFIELDS, PID
 
 # After the deadline: workers finish their sample and write their file.
 GRACE_S = 3.0

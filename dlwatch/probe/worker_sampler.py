@@ -30,7 +30,7 @@ from time import perf_counter as _clock
 from types import CodeType
 
 from dlwatch import rundir, wire
-from dlwatch.probe.worker import BURST_ACK, BURST_END_S, BURST_GEN, BURST_HZ, _start_sampler
+from dlwatch.probe.worker_row import BURST_ACK, BURST_END_S, BURST_GEN, BURST_HZ
 
 # Distinct stacks kept per worker; later new ones are counted as "other".
 MAX_STACKS = 4000
@@ -38,7 +38,6 @@ MAX_DEPTH = 128
 MAX_LINE_CHARS = 160
 SWITCH_INTERVAL_S = 0.0001
 
-_START_CODE = _start_sampler.__code__
 _lock = threading.Lock()
 _running: set[int] = set()  # burst ids sampled by this process now
 
@@ -47,22 +46,26 @@ def result_path(directory: str, gen: int, pid: int) -> str:
     return os.path.join(directory, f"wprof-{gen:x}-{pid}.json")
 
 
-def start(row, frow, base: int, gen: int, fetch_code) -> None:
-    """From the fetch (the worker's loop thread): sample until the deadline."""
+def start(row, frow, base: int, gen: int, fetch_code, start_code=None) -> None:
+    """From the fetch (the worker's loop thread): sample until the deadline.
+    ``fetch_code`` is the fetch's frame's code (samples stop there);
+    ``start_code`` the caller's own (worker._start_sampler), whose samples
+    are the burst starting, not the dataset's work."""
     if gen == 0 or frow[base + BURST_END_S] <= _clock():
         return
     with _lock:
         if gen in _running:
             return
         _running.add(gen)
-    s = _Sampler(row, frow, base, gen, fetch_code, threading.get_ident())
+    s = _Sampler(row, frow, base, gen, fetch_code, threading.get_ident(), start_code)
     threading.Thread(target=s.run, name="dlwatch-worker-sampler", daemon=True).start()
 
 
 class _Sampler:
-    def __init__(self, row, frow, base: int, gen: int, fetch_code, tid: int) -> None:
+    def __init__(self, row, frow, base: int, gen: int, fetch_code, tid: int, start_code=None) -> None:
         self.row, self.frow, self.base, self.gen = row, frow, base, gen
         self.fetch_code = fetch_code
+        self.start_code = start_code
         self.tid = tid
         self.stacks: dict[tuple, int] = {}
         self.codes: dict[int, CodeType] = {}  # id -> code: keeps the ids valid
@@ -137,7 +140,7 @@ class _Sampler:
             f = f.f_back
         else:
             return  # not inside a fetch: the worker is idle
-        if chain and chain[-1] is _START_CODE:
+        if chain and self.start_code is not None and chain[-1] is self.start_code:
             return  # our own start, inside the fetch that saw the burst
         self.in_fetch += 1
         if len(chain) > MAX_DEPTH:

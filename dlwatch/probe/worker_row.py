@@ -1,0 +1,36 @@
+"""The layout of a worker's row in the shared counters table: which 8-byte
+field holds what. Written by the worker (worker.py: the timed fetch;
+worker_sampler.py: a profile burst's ack; worker_watch.py: a stack request's
+ack) and read by the trainer (worker.py's reader, worker_burst.py,
+stack_request.py): one module both sides import, so that none of them has to
+import another for its field numbers."""
+
+from __future__ import annotations
+
+from dlwatch import wire
+
+# Row layout, one row per worker: PID, BATCHES, STARTED_NS int64; FETCH_S
+# (completed fetch time) and CUR_START_S (start of the fetch in progress, 0
+# when idle) float64 seconds; FIRST_FP and SECOND_FP, digests of the first two
+# batches an iterable dataset's worker delivered (0: none yet), which tell an
+# unsharded dataset (every worker yields the same stream) from a sharded one
+# (and constant data, whose two batches are alike, from both); then
+# HIST_BUCKETS int64 counts of fetch times, the tail of the fetch time
+# (head-of-line blocking) in fixed memory.
+PID, BATCHES, FETCH_S, CUR_START_S, STARTED_NS, FIRST_FP, SECOND_FP = range(7)
+HIST0 = 7
+# The buckets are the wire's (``wire.fetch_hist_bounds_ms``).
+HIST_PER_OCTAVE = wire.FETCH_HIST_PER_OCTAVE
+HIST_BUCKETS = wire.FETCH_HIST_BUCKETS
+HIST_LO_S = wire.FETCH_HIST_LO_S
+# The lower edges of buckets 1.. (seconds): a fetch's bucket is how many of
+# them it reaches (a C bisect, cheaper than a log and no clamping needed).
+_HIST_EDGES = [wire.fetch_hist_bounds_ms(k)[0] / 1e3 for k in range(1, HIST_BUCKETS)]
+# A worker profile burst (worker_sampler.py), after the histogram: the
+# trainer writes BURST_GEN (its id), BURST_HZ and BURST_END_S (float64
+# seconds); the worker writes BURST_ACK = BURST_GEN once it samples.
+BURST_GEN, BURST_HZ, BURST_END_S, BURST_ACK = range(HIST0 + HIST_BUCKETS, HIST0 + HIST_BUCKETS + 4)
+# A stack request (worker_watch.py): the trainer writes STACK_REQ (its id);
+# the worker's stack watcher writes its stacks to a file, then STACK_ACK.
+STACK_REQ, STACK_ACK = HIST0 + HIST_BUCKETS + 4, HIST0 + HIST_BUCKETS + 5
+NFIELDS = HIST0 + HIST_BUCKETS + 6
