@@ -2,7 +2,7 @@
 tune`` asks a trial to use, shared by the tuner (which writes it) and the
 probe (which applies it, ``dlwatch/probe/overrides.py``).
 
-The variable holds one JSON object (README "Tune")::
+The variable holds one JSON object (docs/tune.md)::
 
     {"loader": {"index": 0, "dataset": "ImageFolder", "batch_size": 64},
      "num_workers": 4, "prefetch_factor": 4, "pin_memory": true, "persistent_workers": true}

@@ -4,7 +4,7 @@ The collector (``dlwatch.collect.model``) builds it; the diagnosis, the live
 view, ``dlwatch snapshot``/``ls`` and every later consumer (record, export,
 tune) read it, through the types and the None-tolerant accessors here and
 nowhere else. Its JSON form is ``dlwatch snapshot --json`` (schema_version 1,
-documented in README "Snapshot JSON"): keys are only ever added, never renamed.
+documented in docs/reference/snapshot-json.md): keys are only ever added, never renamed.
 
 stdlib only: the probe side's tests and any script may import it without the
 monitor's dependencies.
@@ -40,7 +40,7 @@ PERCENT_PER_CORE = 100.0
 
 # ----------------------------------------------------------------- the types
 #
-# Each record is a required part (README's minimum schema) and an optional part
+# Each record is a required part (the minimum schema of docs/reference/snapshot-json.md) and an optional part
 # (extras the collector adds; a consumer may rely on them but must accept their
 # absence in a file written by an older dlwatch). Python 3.10 has no
 # ``NotRequired``, hence the two-class pattern.
@@ -158,7 +158,7 @@ class Loader(_LoaderRequired, total=False):
     # {"state": "warm-up"|"caching"|"replaying", "batches_cached", "bytes_cached",
     #  "batches_wanted", "max_bytes", "limited_by": "max_bytes"|None}
     replay: dict[str, Any]
-    # Only under `dlwatch run --autotune` (README "Autotune"): state, reason,
+    # Only under `dlwatch run --autotune` (docs/autotune.md): state, reason,
     # current/original setting, changes (epoch, from, to, why, batches_per_s).
     autotune: dict[str, Any] | None
     # A stall (docs/hangs.md): seconds since the last batch once past

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-# Loop time spent waiting for data above which the job is "data-bound". README "Hints"
+# Loop time spent waiting for data above which the job is "data-bound". docs/hints/index.md
 # says "material (≥ 5–10 %)"; 10 % is where a fix buys a visible speed-up and
 # epoch-boundary noise no longer matters.
 DATA_BOUND_WAIT = 0.10
@@ -26,7 +26,7 @@ CPU_BOUND_MIN_SHARE = 0.50
 # Multiplier on the Little's-law ratio. 1.0: the fetch time is measured under
 # the current contention and the prefetch queue (prefetch_factor batches per
 # worker) already absorbs jitter, so the plain ratio is the honest minimum; the
-# 40 ms / 10 ms -> 4 workers example of README "What it does" holds exactly.
+# 40 ms / 10 ms -> 4 workers example of docs/overview.md holds exactly.
 LITTLE_SAFETY = 1.0
 # Sanity ceiling for the uncapped I/O-bound recommendation: a tiny step time
 # must not turn into "use 400 workers" (every worker costs memory and a pid).

@@ -2,7 +2,7 @@
 
 ``Monitor`` (``monitor.py``) decides *when* to read sockets and sample
 processes, host and GPUs; this module turns what it has into the snapshot
-document of ``dlwatch.snapshot`` (README "Snapshot JSON"). Nothing here does
+document of ``dlwatch.snapshot`` (docs/reference/snapshot-json.md). Nothing here does
 I/O: the same connections and samples always give the same document, which
 is what the golden test in ``tests/unit/test_snapshot_contract.py`` pins.
 """
@@ -338,7 +338,7 @@ def loader_dict(
         # The worker whose batch the stalled loop waits for (in-order loaders), else None.
         "awaited_worker": ld.get("awaited_worker") if isinstance(ld.get("awaited_worker"), int) else None,
         "last_error": ld.get("last_error") if isinstance(ld.get("last_error"), str) else None,
-        # Only with `dlwatch run --autotune`: its state and decisions (README "Autotune").
+        # Only with `dlwatch run --autotune`: its state and decisions (docs/autotune.md).
         "autotune": ld.get("autotune") if isinstance(ld.get("autotune"), dict) else None,
     }
     if isinstance(ld.get("replay"), dict):
@@ -354,5 +354,5 @@ REPLAY_KEYS = ("state", "batches_cached", "bytes_cached", "batches_wanted", "max
 
 
 def _replay(rep: dict[str, Any]) -> dict[str, Any]:
-    """The replay state a tune ceiling trial's probe reports (README "Tune")."""
+    """The replay state a tune ceiling trial's probe reports (docs/tune.md)."""
     return {k: rep.get(k) for k in REPLAY_KEYS}

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 YAMA_PATH = "/proc/sys/kernel/yama/ptrace_scope"
 CAP_SYS_PTRACE = 19
 
-# Exit codes of ``dlwatch attach`` and ``attach --check`` (README "Attach").
+# Exit codes of ``dlwatch attach`` and ``attach --check`` (docs/attach.md).
 EXIT_NO_PROCESS = 3
 EXIT_NOT_PERMITTED = 4
 EXIT_NOT_PYTHON = 5

@@ -359,7 +359,7 @@ def job_dict(
     worker_order: Mapping[int, float] | None = None,
     start_methods: Mapping[int, str] | None = None,
 ) -> dict:
-    """A job of the snapshot (README "Snapshot JSON") for an attached job:
+    """A job of the snapshot (docs/reference/snapshot-json.md) for an attached job:
     the sampled figures, the process figures of ``procs`` (as the hooked
     jobs'), and None where only the hook can measure (views print
     ``NOT_SAMPLED``)."""

@@ -1,4 +1,4 @@
-"""dlwatch.diagnose: pure rules from a snapshot to hints (docs/ARCHITECTURE.md §1, README "Hints").
+"""dlwatch.diagnose: pure rules from a snapshot to hints (docs/ARCHITECTURE.md §1, docs/hints/index.md).
 
 No I/O, no clock of its own (``snapshot["time"]`` is the clock), and no
 imports of textual/psutil/pynvml/torch.

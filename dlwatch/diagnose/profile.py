@@ -2,8 +2,7 @@
 
 Pure: the job measures (``dlwatch.probe.profile_figures``), this decides
 what the figures mean and what to do next. ``summary(pid, result, error)``
-is the document ``dlwatch profile --json`` prints (README, "Profiler
-bursts"); ``verdict(figures)`` the rule, table-tested; ``summary_lines``
+is the document ``dlwatch profile --json`` prints (docs/profiles.md); ``verdict(figures)`` the rule, table-tested; ``summary_lines``
 the plain text the CLI prints and the live view shows.
 """
 
@@ -184,7 +183,7 @@ def _top_share(top: list[dict[str, Any]], step_ms: float, steps: int) -> str:
 
 
 def summary(pid: int, result: dict[str, Any] | None, error: str | None) -> dict[str, Any]:
-    """The ``dlwatch profile --json`` document (README, "Profiler bursts")."""
+    """The ``dlwatch profile --json`` document (docs/profiles.md)."""
     fig = as_dict(result)
     v, reason, suggestion = verdict(fig) if not error else (None, None, None)
     cuda = fig.get("cuda") if isinstance(fig.get("cuda"), dict) else None

@@ -17,7 +17,7 @@ from .facts import Context, hint, num, pct, r
 from .registry import Rule
 
 # Data wait that makes a pageable host-to-device copy worth fixing: the copy
-# happens in the loop, so any material wait (the catalog's lower 5 %, README "Hints") counts.
+# happens in the loop, so any material wait (the catalog's lower 5 %, docs/hints/index.md) counts.
 PIN_MIN_WAIT = 0.05
 # The pageable host-to-device copy is estimated, not timed (the probe does
 # not see the copy): bytes per batch over this bandwidth. Pageable copies

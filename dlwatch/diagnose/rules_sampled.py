@@ -65,7 +65,7 @@ def _needed(work: float, wait: float) -> float:
 
 
 # A tenth of a worker is within the shares' noise: 2.04 workers needed is
-# a recommendation of 2, not 3 (the job of README's example needs exactly 2).
+# a recommendation of 2, not 3 (the job of docs/attach.md's example needs exactly 2).
 SLACK_WORKERS = 0.1
 
 

@@ -47,7 +47,7 @@ from .facts import (
 from .registry import Rule
 
 # num_workers == 0 with wait between this and DATA_BOUND_WAIT: an info hint —
-# worth knowing, not worth a warning (the lower edge of the catalog's 5–10 %, README "Hints").
+# worth knowing, not worth a warning (the lower edge of the catalog's 5–10 %, docs/hints/index.md).
 NO_WORKERS_INFO_WAIT = 0.05
 # Cores counted as saturated when worker CPU + main loops reach this fraction
 # of the usable cores (psutil never reads exactly 100 % of a quota).

@@ -7,7 +7,7 @@ fetch down to the leaf, and the leaf's line (with that line's source text,
 which is how a C call such as ``cv2.imread`` or ``f.read()`` is recognised:
 it has no frame of its own). ``classify`` puts each stack in the stage a
 user would change (``STAGE_KINDS``); ``summary`` is the document
-``dlwatch profile --workers --json`` prints (README, "Worker profiles");
+``dlwatch profile --workers --json`` prints (docs/profiles.md);
 ``summary_lines`` the text the CLI prints and the live view shows.
 """
 
@@ -257,7 +257,7 @@ def verdict(a: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def summary(pid: int, result: dict[str, Any] | None, error: str | None) -> dict[str, Any]:
-    """The ``dlwatch profile --workers --json`` document (README, "Worker profiles")."""
+    """The ``dlwatch profile --workers --json`` document (docs/profiles.md)."""
     res = as_dict(result)
     a = analyse(res) if res and not error else {"samples": 0, "stages": [], "worker_functions": []}
     v = verdict(a) if not error else None

@@ -23,7 +23,7 @@ HISTORY_POINTS = 60
 MAX_LOADERS = 3
 MAX_WORKERS = 8
 MAX_HINTS = 6
-# The live view's levels (README "The live view"): < 10 % fine, 10–30 % warn, more is bad.
+# The live view's levels (docs/live-view.md): < 10 % fine, 10–30 % warn, more is bad.
 WAIT_WARN = 0.10
 WAIT_BAD = 0.30
 COLOURS = {"ok": "#2e7d32", "warn": "#b26a00", "bad": "#c62828", "info": "#1565c0"}

@@ -1,4 +1,4 @@
-"""Kineto's events as plain rows, on every torch the README names.
+"""Kineto's events as plain rows, on every torch dlwatch supports (2.1–2.14).
 
 ``torch._C._autograd._KinetoEvent`` is a pybind class whose methods come and
 go between releases; reading one that a release lacks raised

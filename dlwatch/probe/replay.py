@@ -1,6 +1,6 @@
 """Replay: the selected loader serves batches it already produced, so the
 training loop runs at the pace it would have if data cost nothing
-(``dlwatch tune``'s ceiling trial; README "Tune").
+(``dlwatch tune``'s ceiling trial; docs/tune.md).
 
 Only ``overrides`` creates a ``Replay``, and only when ``DLWATCH_OVERRIDES``
 asks for one: a normal run never gets here.

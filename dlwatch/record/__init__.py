@@ -4,5 +4,5 @@
 ``reader`` reads a recording back (tolerating a torn last line); ``series``
 turns a recording into time series and summaries; ``report`` and ``compare``
 render them as one self-contained HTML file. The file format is described in
-``fileformat`` and README "Recordings".
+``fileformat`` and docs/recordings.md.
 """

@@ -1,7 +1,7 @@
 """Two recordings side by side: "before/after the fix".
 
 Each recording is reduced to its main loader (the one that moved the most
-batches: the training loader; README says so) and compared on its settings
+batches: the training loader; docs/recordings.md says so) and compared on its settings
 and its summary figures (``series.summary``). ``compare`` returns plain data;
 ``text`` renders it for a terminal, ``report.compare_html`` for a file.
 

@@ -5,8 +5,8 @@ flushes every line (a gzip sync flush: the stream up to that line is
 readable even if the recorder is killed), so a recording that was cut short
 ends in at most one torn line, which the reader skips with a warning.
 
-What a line holds is the snapshot of ``dlwatch snapshot --json`` (README
-"Snapshot JSON", the same ``schema_version``), with two exceptions that keep
+What a line holds is the snapshot of ``dlwatch snapshot --json`` (docs/reference/snapshot-json.md,
+the same ``schema_version``), with two exceptions that keep
 the size linear in time and small: the 120-point ``history`` series of each
 loader and GPU are left out (the recording *is* the history; replay rebuilds
 them from the preceding lines), and figures are rounded to 4 decimals.

@@ -25,7 +25,7 @@ LEVEL_LABEL = {GOOD: "✓ OK", WARN: "▲ WARN", BAD: "✖ BAD", INFO: "ℹ INFO
 HINT_LEVEL = {"critical": BAD, "warn": WARN, "info": INFO}
 HINT_LABEL = {"critical": "✖ CRITICAL", "warn": "▲ WARN", "info": "ℹ INFO"}
 
-# Data-wait levels (README "The live view"): < 10 % good, 10–30 % warn, > 30 % bad.
+# Data-wait levels (docs/live-view.md): < 10 % good, 10–30 % warn, > 30 % bad.
 WAIT_WARN = 0.10
 WAIT_BAD = 0.30
 

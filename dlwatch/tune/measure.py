@@ -300,7 +300,7 @@ class TrialMeter:
     # --- the result ------------------------------------------------------------
 
     def figures(self) -> dict:
-        """The trial's figures (README "Tune"); None where not measured."""
+        """The trial's figures (docs/tune.md); None where not measured."""
         lid = self.busiest()
         pts = self.points.get(lid, []) if lid is not None else []
         ld = self.loaders.get(lid, {}) if lid is not None else {}

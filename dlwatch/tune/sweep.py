@@ -1,7 +1,7 @@
 """The sweep: baseline, then the trials ``search.propose`` asks for, within
 ``--max-trials`` and ``--budget``; the result document at the end.
 
-The result document (``dlwatch tune --json``, README "Tune"):
+The result document (``dlwatch tune --json``, docs/tune.md):
 ``schema_version``, ``command``, ``baseline`` and ``trials[]`` (trial
 objects: ``index``, ``config`` — the knobs the trial overrode —, ``settings``,
 ``status``, ``why`` and the figures of ``measure.TrialMeter``), ``best`` (a

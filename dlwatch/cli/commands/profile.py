@@ -56,7 +56,7 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--workers",
         action="store_true",
-        help="profile the DataLoader workers' fetches instead (README, 'Worker profiles')",
+        help="profile the DataLoader workers' fetches instead (docs/profiles.md)",
     )
     p.add_argument(
         "--seconds",
@@ -71,7 +71,7 @@ def add_arguments(p) -> None:
         "--hz", type=int, default=hz, metavar="N", help=f"with --workers: samples/s per worker (default {hz})"
     )
     p.add_argument(
-        "--json", action="store_true", help="print the summary as JSON (README, 'Profiler bursts')"
+        "--json", action="store_true", help="print the summary as JSON (docs/profiles.md)"
     )
 
 

@@ -51,7 +51,7 @@ def add_arguments(p) -> None:
         "--autotune",
         action="store_true",
         help="change num_workers and prefetch_factor between epochs of map-style loaders, "
-        "by tune's search, without changing the batches or their order (README 'Autotune')",
+        "by tune's search, without changing the batches or their order (docs/autotune.md)",
     )
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD [ARGS...]")
 

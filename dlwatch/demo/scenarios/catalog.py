@@ -21,7 +21,7 @@ class Scenario:
     name: str
     description: str
     args: tuple[str, ...]
-    # The hint id this scenario is designed to show (README "Hints"),
+    # The hint id this scenario is designed to show (docs/hints/index.md),
     # None where the outcome depends on the box (data-bound) or none is wanted.
     hint: str | None = None
 
