@@ -2,8 +2,9 @@
 
 Pure: the job measures (``dlwatch.probe.profile_figures``), this decides
 what the figures mean and what to do next. ``summary(pid, result, error)``
-is the document ``dlwatch profile --json`` prints (docs/profiles.md); ``verdict(figures)`` the rule, table-tested; ``summary_lines``
-the plain text the CLI prints and the live view shows.
+is the document ``dlwatch profile --json`` prints (docs/profiles.md);
+``verdict(figures)`` the rule, table-tested; ``summary_lines`` the plain text
+the CLI prints and the live view shows.
 """
 
 from __future__ import annotations

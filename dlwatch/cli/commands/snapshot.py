@@ -33,7 +33,9 @@ WAKE_SLACK = 2.0
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--json", action="store_true", help='print it as JSON (schema: docs/reference/snapshot-json.md)')
+    p.add_argument(
+        "--json", action="store_true", help="print it as JSON (schema: docs/reference/snapshot-json.md)"
+    )
     p.add_argument("--pid", type=int, help="only the job with this trainer PID")
     p.add_argument(
         "--window",

@@ -148,7 +148,9 @@ def add_arguments(p) -> None:
         action="store_true",
         help="skip the ceiling trial (the loop's pace with data for free)",
     )
-    p.add_argument("--json", action="store_true", help='print the result document as JSON (docs/reference/tune-json.md)')
+    p.add_argument(
+        "--json", action="store_true", help="print the result document as JSON (docs/reference/tune-json.md)"
+    )
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
 
 
