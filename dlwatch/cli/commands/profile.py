@@ -70,9 +70,7 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--hz", type=int, default=hz, metavar="N", help=f"with --workers: samples/s per worker (default {hz})"
     )
-    p.add_argument(
-        "--json", action="store_true", help="print the summary as JSON (docs/profiles.md)"
-    )
+    p.add_argument("--json", action="store_true", help="print the summary as JSON (docs/profiles.md)")
 
 
 def run(args) -> int:
