@@ -276,6 +276,11 @@ class JobConnection:
         }
 
     def track_rss(self, pid: int, rss: int, now: float) -> None:
+        # A killed worker lingers as a zombie until torch reaps it, and a
+        # zombie's RSS reads 0: that is no figure of the worker's memory (a
+        # death's "last RSS" came out 0 B on a loaded box).
+        if rss <= 0:
+            return
         first = self.worker_rss.get(pid)
         if first is None:
             self.worker_rss[pid] = (now, rss, now, rss)

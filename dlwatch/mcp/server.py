@@ -25,7 +25,8 @@ INSTRUCTIONS = (
     "with evidence and a next step) and snapshot (the figures: the loop's data wait, batches/s, workers, "
     "cores); explain gives a hint's page (what it means, what to do). When the loop is slow without "
     "waiting for data, profile; when the workers are CPU-bound, "
-    "worker_profile (both cost seconds of the job's time). Only this user's jobs are visible."
+    "worker_profile (both cost seconds of the job's time); when a job has gone silent, stacks (where "
+    "each thread and worker is blocked). Only this user's jobs are visible."
 )
 
 

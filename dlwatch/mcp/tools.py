@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from dlwatch import rundir, wire
 from dlwatch.collect.control import ProfileError, request_profile, request_worker_profile
+from dlwatch.collect.hang import gather_stacks
 from dlwatch.collect.listing import list_jobs
 from dlwatch.collect.monitor import DEFAULT_WINDOW_S, take_snapshot
 from dlwatch.record.fileformat import compact
@@ -116,6 +117,20 @@ class Tools:
         )
         self._keep_trace(doc.get("trace_path"))
         return doc
+
+    def stacks(self, pid: int) -> dict[str, Any]:
+        """Where job ``pid`` is stuck: every trainer thread's and worker's
+        stack, one summary line per process (``dlwatch stacks --json``)."""
+        _check_pid(pid)
+        directory = self.directory or rundir.runtime_dir()
+        if not os.path.exists(_socket_path(directory, pid)):
+            # Only this user's dlwatch jobs: `dlwatch stacks` may read an
+            # unhooked process with py-spy, the agent's server does not.
+            raise ToolFailure(
+                f"PID {pid} is not instrumented by dlwatch (no socket in {directory}): "
+                "list_jobs gives the PIDs of your jobs"
+            )
+        return self._burst(pid, lambda: gather_stacks(pid, directory=self.directory))
 
     def explain(self, hint_id: str) -> dict[str, Any]:
         """A hint's page: what it means, when it fires, where its thresholds
@@ -311,8 +326,16 @@ TOOLS: tuple[ToolSpec, ...] = (
         "and GPU.",
         runs_commands=True,
     ),
-    # The stacks of a stalled job (`dlwatch stacks`) come here: a `stacks`
-    # method on Tools and its ToolSpec.
+    ToolSpec(
+        "stacks",
+        "Where job `pid` is stuck, as `dlwatch stacks --json`: the Python stack of every thread of the "
+        "trainer (the pin-memory thread included) and of every DataLoader worker, outermost frame first, "
+        "and `summary`: one line per process naming what it waits on (a batch, a lock, I/O, a collective, "
+        "idle) and the frame it is blocked in. Use it when the hints say loader-stalled, or a job has "
+        "gone silent. Cost: about a second; the job's publisher thread reads its own frames and each "
+        "worker's watcher thread writes its own, no ptrace and no signal; a process that cannot answer "
+        "is read with py-spy only when installed and permitted.",
+    ),
 )
 
 

@@ -24,7 +24,7 @@ from dlwatch import snapshot as S
 from tests.e2e_util import Job, dlwatch, short_tmpdir, truth_in_window
 
 ROOT = Path(__file__).resolve().parents[2]
-READ_ONLY = ["list_jobs", "snapshot", "hints", "explain", "profile", "worker_profile"]
+READ_ONLY = ["list_jobs", "snapshot", "hints", "explain", "profile", "worker_profile", "stacks"]
 NO_SUCH_PID = 2**22 + 1  # above Linux's largest pid_max
 MCP_CMD = ["-m", "dlwatch", "mcp"]
 
@@ -178,6 +178,17 @@ def test_a_profiler_burst_and_a_worker_profile_of_the_job(agent, job):
     assert {w["pid"] for w in doc["workers"]} <= {c.pid for c in psutil.Process(pid).children()}
 
 
+def test_the_stacks_of_the_job_name_every_process(agent, job):
+    pid = job.proc.pid
+    doc = agent.ok("stacks", pid=pid)
+    assert doc["pid"] == pid and doc["source"] == "job" and not doc["error"]
+    roles = [p["role"] for p in doc["processes"]]
+    assert roles.count("trainer") == 1 and "worker" in roles, roles
+    # One line per process, each naming its pid.
+    pids = {p["pid"] for p in doc["processes"]}
+    assert all(any(f"pid {q}" in e["line"] for e in doc["summary"]) for q in pids), doc["summary"]
+
+
 @pytest.mark.parametrize(
     "tool,arguments,why",
     [
@@ -185,6 +196,7 @@ def test_a_profiler_burst_and_a_worker_profile_of_the_job(agent, job):
         ("hints", {"pid": 1}, "no dlwatch job with PID 1 "),
         ("profile", {"pid": 1}, "PID 1 is not instrumented by dlwatch"),
         ("worker_profile", {"pid": NO_SUCH_PID}, f"no dlwatch job with PID {NO_SUCH_PID}"),
+        ("stacks", {"pid": 1}, "PID 1 is not instrumented by dlwatch"),
         ("snapshot", {"pid": -1}, "pid must be a process id"),
         ("snapshot", {"pid": "abc"}, "valid integer"),
         ("snapshot", {"window_seconds": 0}, "window_seconds must be in"),

@@ -529,3 +529,15 @@ def test_the_loader_panel_draws_a_stall_and_deaths_and_survives_garbage():
         "last_error": 5,
     }
     assert "worker ? (pid None) was killed by 9" in hang_text(garbage, pal).plain
+
+
+def test_a_zombies_zero_rss_is_not_a_dead_workers_last_rss():
+    # Killed, a worker is a zombie until torch reaps it, and /proc reads its
+    # RSS as 0: the death keeps the last RSS the worker really had.
+    from dlwatch.collect.jobs import JobConnection
+
+    c = JobConnection(2929, "/nonexistent/2929.sock")
+    c.track_rss(4712, 1 << 30, 10.0)
+    c.track_rss(4712, 3 << 30, 250.0)
+    c.track_rss(4712, 0, 251.0)
+    assert c.worker_rss[4712] == (10.0, 1 << 30, 250.0, 3 << 30)
