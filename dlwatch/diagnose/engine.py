@@ -34,6 +34,8 @@ from dlwatch.snapshot import severity_rank
 
 from . import (
     ceiling,
+    direction,
+    others,
     rules_cores,
     rules_epochs,
     rules_gpu,
@@ -149,6 +151,10 @@ class DiagnoseState:
     rule_errors: Mapping[str, str] = field(default_factory=dict)
     # pid -> recent CPU samples (smoothing.py): CPU over the loader's window
     cpu: smoothing.History = field(default_factory=dict)
+    # Whether other processes decide the worker counts (others.py), held
+    others: others.OthersTrack = field(default_factory=others.OthersTrack)
+    # (pid, loader id) -> the worker-count advice's direction, held (direction.py)
+    directions: Mapping[tuple[int, int], direction.DirectionTrack] = field(default_factory=dict)
 
 
 def _grace(window_s: float | None) -> float:
@@ -482,12 +488,29 @@ def diagnose(
     mem = rules_memory.update_mem_series(dict(state.mem), snapshot, t)
     judged, cpu = smoothing.smooth_cpu(snapshot, {} if restart else state.cpu, t)
     ctx = build_context(judged, phases, mem)
+    held_others = others.step(state.others, ctx, t, restart)
+    ctx = replace(ctx, others_decide=held_others.on)
     fired, errors = _run_rules(ctx)
     frozen = _frozen_keys(ctx, tracks)
     # A rule that raised says nothing: keep its shown hints as they were.
     frozen.update(k for k in state.hints if k[0] in errors)
+    # A loader's worker-count advice keeps its direction (direction.py): the
+    # hints that would turn it wait, the shown ones stay as they were.
+    dirs, held = direction.step(state.directions, direction.candidates(fired, ctx), t)
+    waiting = direction.held_keys(fired, {k for k, tr in state.hints.items() if tr.shown}, held)
+    fired = {k: h for k, h in fired.items() if k not in waiting}
+    frozen |= waiting
     hints = _step_hysteresis(state.hints, fired, frozen, t, restart, _hold_off(judged))
-    new_state = DiagnoseState(time=t, loaders=tracks, hints=hints, mem=mem, rule_errors=errors, cpu=cpu)
+    new_state = DiagnoseState(
+        time=t,
+        loaders=tracks,
+        hints=hints,
+        mem=mem,
+        rule_errors=errors,
+        cpu=cpu,
+        others=held_others,
+        directions=dirs,
+    )
     shown = [_copy_hint(tr.hint) for tr in hints.values() if tr.shown]
     return _sorted(shown), new_state
 

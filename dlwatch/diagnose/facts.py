@@ -181,6 +181,9 @@ class Context:
     # (job_pid, worker_pid) -> (first_t, samples, growth): rules_memory; only the
     # stateful path fills it, so slope rules are silent in one-shot use.
     mem_series: MemSeries = field(default_factory=dict)
+    # Whether other processes decide the best worker counts (others.py): the
+    # stateful diagnosis's held state; None: judge this snapshot alone.
+    others_decide: bool | None = None
 
     @property
     def main_loops(self) -> int:
@@ -232,6 +235,7 @@ def build_context(
     snapshot: Mapping[str, Any],
     phase_of: Mapping[tuple[int, int], str],
     mem_series: MemSeries | None = None,
+    others_decide: bool | None = None,
 ) -> Context:
     host = as_dict(snapshot.get("host"))
     usable = num(host.get("usable_cores"))
@@ -286,6 +290,7 @@ def build_context(
         gpu_ok=snapshot.get("gpu_status") == "ok",
         gpus=[g for g in as_list(snapshot.get("gpus")) if isinstance(g, dict)],
         mem_series=mem_series or {},
+        others_decide=others_decide,
     )
 
 
