@@ -251,6 +251,11 @@ class Snapshot(_SnapshotRequired, total=False):
     # Why ``hints`` says nothing: the diagnosis could not start or raised.
     # Absent when the hints are the diagnosis's own verdict.
     hints_error: str
+    # Loaders of live jobs the diagnosis has not judged yet (their first
+    # warm-up): {"job_pid", "loader_id", "judging_s" (seconds so far, None
+    # when not known), "reason"}. No hints for such a loader is "not judged
+    # yet", never "nothing to fix".
+    judging: list[dict[str, Any]]
 
 
 # ------------------------------------------------------------- the source

@@ -88,6 +88,14 @@ def render_snapshot(snap: dict, title: str = "dlwatch snapshot") -> str:
     for fault in snap.get("errors") or []:
         lines.append(f"collector error: {fault}")
     hints = snap.get("hints") or []
+    judging: list[str] = []
+    try:
+        from dlwatch.diagnose.render import judging_lines
+
+        judging = judging_lines(snap.get("judging"))
+    except ImportError:
+        pass
+    lines.extend(judging)
     if snap.get("hints_error") and not hints:
         lines.append(f"hints: n/a: {snap['hints_error']}")
     elif hints:
@@ -99,7 +107,7 @@ def render_snapshot(snap: dict, title: str = "dlwatch snapshot") -> str:
             for hint in hints:
                 lines.append(f"[{hint['severity']}] {hint['message']}\n    → {hint['suggestion']}")
     else:
-        lines.append("hints: none")
+        lines.append("hints: none yet" if judging else "hints: none")
     return "\n".join(lines)
 
 

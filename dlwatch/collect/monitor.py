@@ -139,6 +139,7 @@ class Monitor:
         self._hints: list = []
         self._hints_at: float | None = None
         self._hints_error: str | None = None
+        self._judging: list = []
         self._sched_cache: dict[int, float | None] = {}
         self._sched_at: float | None = None
         self._lock = threading.Lock()
@@ -305,6 +306,7 @@ class Monitor:
             t = time.monotonic()
             if reuse_procs and self._hints_at is not None and t - self._hints_at < DIAGNOSE_EVERY_S:
                 snap["hints"] = self._hints
+                snap["judging"] = self._judging
                 if self._hints_error:
                     snap["hints_error"] = self._hints_error
                 return snap
@@ -321,6 +323,10 @@ class Monitor:
                 )
             try:
                 snap["hints"] = cast(list[Hint], diagnoser.update(judged))
+                # The loaders not judged yet: "judging… (N s)", not "nothing to fix".
+                judging = getattr(diagnoser, "judging", None)
+                self._judging = judging() if callable(judging) else []
+                snap["judging"] = self._judging
                 self._hints_error = None
             except Exception as e:
                 self._fault("diagnosis", e)
@@ -521,10 +527,16 @@ def _default_host() -> HostSource:
 
 
 class _OneShotDiagnoser:
-    def update(self, snapshot: Mapping[str, Any]) -> list[dict]:
-        from dlwatch.diagnose import evaluate
+    _judging: list[dict] = []
 
+    def update(self, snapshot: Mapping[str, Any]) -> list[dict]:
+        from dlwatch.diagnose import evaluate, judging
+
+        self._judging = judging(snapshot)
         return evaluate(snapshot)
+
+    def judging(self) -> list[dict]:
+        return self._judging
 
 
 def _default_diagnoser() -> HintSource:

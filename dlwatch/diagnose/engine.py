@@ -126,6 +126,7 @@ class LoaderTrack:
     batches: int | None
     first_batch_at: float | None  # steady clock start: first batch seen this epoch
     was_steady: bool = False
+    seen_at: float | None = None  # the first snapshot that held the loader
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,8 @@ class DiagnoseState:
     others: others.OthersTrack = field(default_factory=others.OthersTrack)
     # (pid, loader id) -> the worker-count advice's direction, held (direction.py)
     directions: Mapping[tuple[int, int], direction.DirectionTrack] = field(default_factory=dict)
+    # Loaders of live jobs not judged yet (their first warm-up), as ``judging`` lists them
+    judging: tuple[dict[str, Any], ...] = ()
 
 
 def _grace(window_s: float | None) -> float:
@@ -249,14 +252,14 @@ def _track_loaders(
             # Attached mid-run: trust the job's own recent history rather than
             # making the user wait through a warm-up that already happened.
             start = t - loader_grace(ld, window) if history_says_steady(ld, window) else None
-            tr = LoaderTrack(epoch, batches, start)
+            tr = LoaderTrack(epoch, batches, start, seen_at=t)
         elif epoch != tr.epoch and _respawns_workers(ld):
-            tr = LoaderTrack(epoch, batches, None, tr.was_steady)
+            tr = LoaderTrack(epoch, batches, None, tr.was_steady, tr.seen_at)
         else:
             start = tr.first_batch_at
             if start is None and batches is not None and tr.batches is not None and batches > tr.batches:
                 start = t
-            tr = LoaderTrack(epoch, batches, start, tr.was_steady)
+            tr = LoaderTrack(epoch, batches, start, tr.was_steady, tr.seen_at)
         steady = (
             batches is not None
             and batches >= warmup_batches(ld)
@@ -469,6 +472,48 @@ def _step_hysteresis(
     return new
 
 
+def _judging(
+    ctx: Context, tracks: Mapping[tuple[int, int], LoaderTrack], t: float
+) -> tuple[dict[str, Any], ...]:
+    """The live loaders no rate rule has judged yet: their first warm-up."""
+    out = []
+    for lv in ctx.loaders:
+        tr = tracks.get((lv.pid, lv.lid))
+        if lv.phase != WARMUP or tr is None or tr.was_steady:
+            continue
+        since = tr.seen_at if tr.seen_at is not None else t
+        out.append(judging_entry(lv.pid, lv.lid, t - since, lv.loader))
+    return tuple(out)
+
+
+def judging_entry(pid: int, lid: int, seconds: float | None, loader: Mapping[str, Any]) -> dict[str, Any]:
+    """One loader's warm-up as the snapshot's ``judging`` lists it."""
+    need = warmup_batches(loader)
+    have = as_int(loader.get("batches_total")) or 0
+    if have < need:
+        why = f"{have} of the {need} batches its rates are judged after"
+    else:
+        why = "its window still holds the epoch's start-up"
+    return {
+        "job_pid": pid,
+        "loader_id": lid,
+        "judging_s": None if seconds is None else round(seconds, 1),
+        "reason": why,
+    }
+
+
+def judging(snapshot: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Stateless ``judging`` for one-shot callers: the loaders of live jobs
+    whose own history says they are still warming up (``judging_s``: since
+    the epoch's first batch, when the loader says)."""
+    ctx = build_context(snapshot, stateless_phases(snapshot))
+    return [
+        judging_entry(lv.pid, lv.lid, num(lv.loader.get("epoch_first_batch_age_s")), lv.loader)
+        for lv in ctx.loaders
+        if lv.phase == WARMUP
+    ]
+
+
 def diagnose(
     snapshot: Mapping[str, Any], state: DiagnoseState | None = None
 ) -> tuple[list[dict[str, Any]], DiagnoseState]:
@@ -510,6 +555,7 @@ def diagnose(
         cpu=cpu,
         others=held_others,
         directions=dirs,
+        judging=_judging(ctx, tracks, t),
     )
     shown = [_copy_hint(tr.hint) for tr in hints.values() if tr.shown]
     return _sorted(shown), new_state
@@ -524,6 +570,11 @@ class Diagnoser:
     def update(self, snapshot: Mapping[str, Any]) -> list[dict[str, Any]]:
         hints, self.state = diagnose(snapshot, self.state)
         return hints
+
+    def judging(self) -> list[dict[str, Any]]:
+        """The loaders the last ``update`` had not judged yet (the snapshot's
+        ``judging``): views say "judging… (N s)", never "nothing to fix"."""
+        return [dict(e) for e in self.state.judging]
 
     def reset(self) -> None:
         self.state = DiagnoseState()

@@ -9,6 +9,7 @@ import pytest
 from dlwatch.diagnose import Diagnoser, evaluate, others
 from dlwatch.diagnose import direction as d
 from dlwatch.diagnose.facts import build_context
+from dlwatch.diagnose.smoothing import smooth_cpu
 from tests.unit.test_diagnose_rules import T0, job, loader, snap, worker
 
 COUNT_HINTS = d.LOADER_HINTS | {d.HOST_HINT}
@@ -47,7 +48,9 @@ def test_a_busy_box_says_others_decide_once_and_holds_it():
     first = next(i for i, s in enumerate(seen) if s)
     assert first <= 10
     assert all(s == [("cores-shared-with-others", "warn")] for s in seen[first:]), seen
-    (h,) = [h for h in diag.update(demo_box(1.4, t=T0 + 120)) if h["id"] == "cores-shared-with-others"]
+    for k in range(120, 124):  # the figure is the mean over the loader's window
+        hints = diag.update(demo_box(1.4, t=T0 + k))
+    (h,) = [h for h in hints if h["id"] == "cores-shared-with-others"]
     assert "other processes use 1.4 of the 2 usable cores" in h["message"]
     assert (
         "the best num_workers depends on them: measure with `dlwatch tune -- python train.py`"
@@ -94,6 +97,14 @@ def test_a_spike_shorter_than_the_enter_time_starts_nothing():
         assert not track.on
 
 
+def test_the_others_cores_are_their_mean_over_the_loader_window():
+    hist: dict = {}
+    for k, o in enumerate([1.0, 2.0, 0.0, 1.0, 2.0]):
+        out, hist = smooth_cpu(demo_box(o, t=T0 + k), hist, T0 + k)
+    # window 3 s: the samples at T0+1..T0+4
+    assert out["host"]["other_cpu_cores"] == pytest.approx(1.25)
+
+
 # --- the direction gate ---------------------------------------------------------
 
 
@@ -137,3 +148,27 @@ def test_a_gain_around_the_bar_does_not_turn_the_advice_on_and_off():
         severities.append(next((h["severity"] for h in hints if h["id"] == "no-workers"), None))
     first = next(i for i, s in enumerate(severities) if s)
     assert len(set(severities[first:])) == 1, severities
+
+
+# --- warm-up said -----------------------------------------------------------------
+
+
+def test_a_loader_is_judging_until_its_first_judgement_and_not_after():
+    from dlwatch.diagnose import judging
+
+    diag = Diagnoser()
+    seen = []
+    for k in range(12):
+        # A fresh job: batches from 0, 10 a second; the epoch's first batch at T0.
+        ld = loader(nw=0, wait=0.4, step_ms=60.0, batches=10 * k, window_s=3.0, epoch=1)
+        ld["epoch_first_batch_age_s"] = float(k)
+        j = job(loaders=[ld], main_cpu=40.0, main_thread_cpu=40.0)
+        s = snap([j], t=T0 + k, usable=2.0, other_cpu_cores=0.0, gpus=[], gpu_status="n/a")
+        diag.update(s)
+        seen.append([(e["loader_id"], e["judging_s"]) for e in diag.judging()])
+        if k == 1:
+            (e,) = judging(s)  # the one-shot path says the same from the loader's history
+            assert e["judging_s"] == 1.0 and e["reason"] == "10 of the 20 batches its rates are judged after"
+    assert seen[0] == [(0, 0.0)] and seen[2] == [(0, 2.0)]
+    done = next(i for i, v in enumerate(seen) if not v)
+    assert all(not v for v in seen[done:]) and done <= 6

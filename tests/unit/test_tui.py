@@ -198,6 +198,20 @@ async def test_no_hints_and_waiting_states():
 
 
 @sync
+async def test_a_loader_not_judged_yet_says_judging_never_nothing_to_fix():
+    # The first screen of issue 32: a red wait gauge beside "nothing to fix".
+    snap = F.data_bound(hints=False)
+    pid = snap["jobs"][0]["pid"]
+    snap["judging"] = [{"job_pid": pid, "loader_id": 0, "judging_s": 4.2, "reason": "12 of the 20 batches"}]
+    app = make_app([snap])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        hints = plain(app.screen.query_one(HintsPanel))
+        assert "judging… (4 s) loader 0" in hints and "12 of the 20 batches" in hints
+        assert "nothing to fix" not in hints
+
+
+@sync
 async def test_a_failed_diagnosis_and_collector_faults_are_shown():
     snap = F.data_bound(hints=False)
     snap["hints_error"] = "diagnosis failed: KeyError: 'loaders'"
