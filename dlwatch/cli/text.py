@@ -121,6 +121,8 @@ def _loader_lines(ld: dict) -> list[str]:
     )
     wait, step = _num(ld.get("wait_ms_mean"), unit=" ms"), _num(ld.get("step_ms_mean"), unit=" ms")
     start = _num(ld.get("epoch_start_ms_last"), "{:.0f}", " ms")
+    if num(ld.get("epoch_start_ms_last")) is None:
+        start = "n/a (no epoch started yet)"
     lines = [
         f"  loader {ld['id']} ({ld.get('kind', 'map')}, {ld.get('dataset') or '?'}): {cfg}",
         f"    data wait {_pct(ld.get('data_wait_fraction'))}   {ld.get('batches_per_s', 0):.1f} batches/s   "

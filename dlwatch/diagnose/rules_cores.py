@@ -133,15 +133,18 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
             verdicts.append(f"{lv.title}: the gain of fewer workers cannot be predicted ({pred.reason})")
     harmful = bool(cut)
     usable = cores(ctx.usable_cores)
+    # CPU alone under the names the tables use (a worker's CPU %, the
+    # trainer's main CPU): the run-queue wait is said apart, as a wait.
+    workers_cpu = sum(lv.cpu_sum + lv.cpu_missing for lv in steady)
     who = [
         f"{'the trainer' if ctx.main_loops == 1 else _plural(ctx.main_loops, 'trainer')} "
-        f"{cores(round(acc.trainers, 1))} cores (all threads, run-queue wait included)",
-        f"{_plural(busy_workers, 'busy DataLoader worker')} {cores(round(acc.workers, 1))}",
+        f"{cores(round(acc.trainers - acc.trainers_runqueue, 1))} cores of CPU (all threads)",
+        f"{_plural(busy_workers, 'busy DataLoader worker')} {cores(round(workers_cpu, 1))}",
     ]
     who += others_cores(acc)
     msg = (
         f"The {usable} usable cores are fully used{window_note(ctx)}: {', '.join(who[:-1])} and "
-        f"{who[-1]}; threads waited {cores(round(rq, 1))} cores' worth for a CPU "
+        f"{who[-1]}; besides, their threads waited {cores(round(rq, 1))} cores' worth for a CPU "
         f"({pct(rq / ctx.usable_cores)} of the cores)."
     )
     if verdicts:

@@ -1096,3 +1096,24 @@ def test_every_key_has_an_action_and_a_line_in_the_help():
         if k.help_keys:
             assert k.help in (replay if k.replay_only else live), k
     assert "10 s back / forward" not in live and "pause / play the recording" in replay
+
+
+def test_every_missing_loader_figure_says_why():
+    # Issue 32: "worker n/a/batch", an exited job's "queue n/a", "workers: n/a",
+    # "last epoch n/a" with no reason.
+    from dlwatch.tui.loader import _no_workers_why, epoch_stats, queue_line, worker_time
+
+    pal = fmt.Palette()
+    gone = {"num_workers": 2, "active": False, "queue": {}, "worker_ms_per_batch": None}
+    assert worker_time(gone) == "worker time n/a (no fetch timed in the window)"
+    assert worker_time({"num_workers": 0}) == "worker time n/a (num_workers=0)"
+    assert worker_time({"worker_ms_per_batch": 42.0}) == "worker 42.0 ms/batch"
+    assert "n/a (no iterator" in queue_line(gone, pal).plain
+    assert _no_workers_why(gone, 2).startswith("workers: none now (num_workers=2")
+    epochs = epoch_stats({"epoch": 1}, pal).plain
+    assert (
+        "epoch start n/a (no epoch started yet)" in epochs
+        and "last epoch n/a (no epoch finished yet)" in epochs
+    )
+    for text in (worker_time(gone), queue_line(gone, pal).plain, epochs, _no_workers_why({}, None)):
+        assert "n/a/" not in text and ("n/a" not in text or "n/a (" in text), text
