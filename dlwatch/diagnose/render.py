@@ -173,9 +173,10 @@ def with_tune_command(h: dict[str, Any], snapshot: Mapping[str, Any]) -> dict[st
         return h
     ev = h.get("evidence") or {}
     loader = next((ld for ld in records(job.get("loaders")) if ld.get("id") == h.get("loader_id")), {})
-    cmd = tune_command(
-        job, {"num_workers": ev.get("recommended_num_workers"), "current": as_int(loader.get("num_workers"))}
-    )
+    # A count weighed and found not worth it is still the one to measure.
+    n = ev.get("recommended_num_workers")
+    n = ev.get("considered_num_workers") if n is None else n
+    cmd = tune_command(job, {"num_workers": n, "current": as_int(loader.get("num_workers"))})
     if cmd is None:
         return h
     where = " with the loop saved as train.py" if cmd.startswith("%") else ""

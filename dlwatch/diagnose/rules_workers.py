@@ -134,6 +134,26 @@ def _gain(pred: capacity.Prediction | capacity.NoPrediction | None) -> tuple[boo
     return pred.speedup >= MIN_WORTHWHILE_SPEEDUP, text + "."
 
 
+def _nothing_to_gain(h: dict[str, Any], pred: Any, nw: int) -> dict[str, Any]:
+    """A count hint whose predicted gain is under the bar advises no setting
+    (issue 32: "set num_workers=6" beside ≈ 1.00×): it keeps the count it
+    weighed as ``considered_num_workers`` and says to keep the current one."""
+    if not isinstance(pred, capacity.Prediction) or pred.speedup >= MIN_WORTHWHILE_SPEEDUP:
+        return h
+    ev = h["evidence"]
+    rec = ev.get("recommended_num_workers")
+    if rec is None or rec == nw:
+        return h
+    ev["considered_num_workers"] = rec
+    ev["recommended_num_workers"] = None
+    h["suggestion"] = (
+        f"keep num_workers={nw}: {rec} is expected to gain under {pct(MIN_WORTHWHILE_SPEEDUP - 1)} "
+        f"(≈ {pred.speedup:.2f}×); the loading's CPU is the cost to cut (cache decoded samples, "
+        f"lighter transforms)"
+    )
+    return h
+
+
 def _prediction_evidence(pred: capacity.Prediction | capacity.NoPrediction | None) -> dict[str, Any]:
     if pred is None:
         return {"expected_speedup": None}
@@ -241,8 +261,6 @@ def rule_no_workers(ctx: Context) -> list[dict[str, Any]]:
                 f"set num_workers={rec} in DataLoader(...) so batches load in the "
                 f"background while the loop computes"
             )
-            if isinstance(pred, capacity.Prediction) and not worth:
-                sugg += "; or, since the CPU is the limit, make loading cheaper (cache decoded samples)"
         else:
             sugg = (
                 "set num_workers=2 in DataLoader(...) to load in the background, "
@@ -263,7 +281,7 @@ def rule_no_workers(ctx: Context) -> list[dict[str, Any]]:
         ev |= _prediction_evidence(pred)
         if acc is not None:
             ev["cpu_accounting"] = acc.evidence()
-        out.append(hint("no-workers", severity, lv.pid, lv.lid, msg, sugg, ev))
+        out.append(_nothing_to_gain(hint("no-workers", severity, lv.pid, lv.lid, msg, sugg, ev), pred, 0))
     return out
 
 
@@ -328,7 +346,8 @@ def rule_add_workers(ctx: Context) -> list[dict[str, Any]]:
             "cpu_accounting": acc.evidence(),
         }
         ev |= _prediction_evidence(pred)
-        out.append(hint("add-workers", "warn" if worth else "info", lv.pid, lv.lid, msg, sugg, ev))
+        h = hint("add-workers", "warn" if worth else "info", lv.pid, lv.lid, msg, sugg, ev)
+        out.append(_nothing_to_gain(h, pred, nw))
     return out
 
 
@@ -362,7 +381,11 @@ def rule_io_bound(ctx: Context) -> list[dict[str, Any]]:
             "cpu_bound_reason": why,
         }
         ev |= _prediction_evidence(pred)
-        out.append(hint("io-bound", "warn" if worth else "info", lv.pid, lv.lid, msg, sugg, ev))
+        out.append(
+            _nothing_to_gain(
+                hint("io-bound", "warn" if worth else "info", lv.pid, lv.lid, msg, sugg, ev), pred, nw
+            )
+        )
     return out
 
 
