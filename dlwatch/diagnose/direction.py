@@ -50,6 +50,8 @@ LOADER_HINTS = frozenset(
     }
 )
 HOST_HINT = "workers-oversubscribe-cores"
+# Every hint that speaks about a loader's worker count.
+COUNT_HINTS = LOADER_HINTS | {HOST_HINT}
 
 LoaderKey = tuple[int, int]
 HintKey = tuple[str, int | None, int | None]
@@ -64,17 +66,16 @@ class DirectionTrack:
 
 
 def _of_hint(h: Mapping[str, Any], nw: int | None) -> str:
+    """The direction one hint states: its recommended count against the
+    current one. A count hint whose gain is under the bar recommends none
+    (rules_workers._nothing_to_gain), so it reads as "none"."""
     ev = as_dict(h.get("evidence"))
     if ev.get("others_decide") is True:
         return OTHERS
     rec = as_int(ev.get("recommended_num_workers"))
     if rec is None or nw is None or rec == nw:
         return NONE
-    if rec < nw and (h.get("severity") == "warn" or h.get("id") == "pipeline-has-headroom"):
-        return LOWER
-    if rec > nw and h.get("severity") == "warn":
-        return RAISE
-    return NONE  # an info hint whose gain is under the bar: nothing to change
+    return RAISE if rec > nw else LOWER
 
 
 def candidates(fired: Mapping[HintKey, Mapping[str, Any]], ctx: Context) -> dict[LoaderKey, str]:

@@ -153,9 +153,9 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
         parts = [f"num_workers={n} for loader {lid} of PID {pid}" for (pid, lid), n in sorted(cut.items())]
         sugg = "lower " + ", ".join(parts)
     else:
-        msg += " Worth knowing, nothing to lower."
+        msg += " Worth knowing; no lower count is predicted faster."
         sugg = (
-            "nothing to change in num_workers; a step whose intra-op threads fill the cores leaves a "
+            "no lower num_workers is predicted faster; a step whose intra-op threads fill the cores leaves a "
             "worker none (torch.set_num_threads trades one for the other): `dlwatch tune` measures it"
         )
     logical = num(ctx.host.get("logical_cpus"))

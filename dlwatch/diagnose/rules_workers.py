@@ -27,7 +27,7 @@ from dlwatch.thresholds import (  # noqa: F401 (re-exported for the rules' reade
     little_workers,
 )
 
-from . import capacity
+from . import capacity, direction, story
 from .facts import (
     Context,
     LoaderView,
@@ -445,7 +445,10 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict[str, Any]]:
                 f" The last worker profile puts {pct(wp['top_share'])} of the workers' time in "
                 f"{wp['top_stage']} ({wp['verdict']})."
             )
-            sugg = str(wp.get("suggestion") or sugg)
+            # Its next step, unless it weighs more workers where one more cannot help.
+            theirs = str(wp.get("suggestion") or "")
+            if theirs and (one_more_helps or direction.RAISE not in story.says(theirs)):
+                sugg = theirs
         else:
             sugg += "; to see which stage costs what: dlwatch profile --workers (W in the live view)"
         if one_more_helps:

@@ -12,7 +12,7 @@ from dlwatch.diagnose.facts import build_context
 from dlwatch.diagnose.smoothing import smooth_cpu
 from tests.unit.test_diagnose_rules import T0, job, loader, snap, worker
 
-COUNT_HINTS = d.LOADER_HINTS | {d.HOST_HINT}
+COUNT_HINTS = d.COUNT_HINTS
 
 
 def demo_box(others_cores, *, rq=40.0, wait=0.55, cpu=55.0, t=T0):

@@ -1024,6 +1024,33 @@ async def test_profile_key_shows_progress_then_summary_while_the_view_stays_live
 
 
 @sync
+async def test_the_profilers_next_step_defers_to_the_hint_on_screen_about_the_worker_count():
+    from dlwatch.diagnose import profile
+
+    snap = F.data_bound(hints=False)
+    snap["hints"] = [
+        F.hint(
+            "no-workers",
+            "info",
+            "Loader 0 of PID 4242 spends 50 % of the loop waiting for data with num_workers=0",
+            "keep num_workers=0: 1 is expected to gain under 10 % (≈ 1.00×)",
+            job_pid=4242,
+            num_workers=0,
+            recommended_num_workers=None,
+        )
+    ]
+    fig = {"steps": 10, "step_ms_mean": 40.0, "data_wait_fraction": 0.5, "loader": {"id": 0}}
+    app = make_app(
+        StaticSource([snap]), interval=FAST, profiler=lambda pid, **_: profile.summary(pid, fig, None)
+    )
+    async with app.run_test(size=(100, 30)) as pilot:
+        text = await open_profile(pilot, app)
+        await wait_until(pilot, lambda: "data-bound" in text())
+        assert "next step: fix the input pipeline first, as the live view's no-workers hint says" in text()
+        assert "more DataLoader workers" not in text()
+
+
+@sync
 async def test_profile_key_reports_a_failure_and_escape_cancels():
 
     seen_cancel = threading.Event()
