@@ -127,6 +127,7 @@ class LoaderTrack:
     first_batch_at: float | None  # steady clock start: first batch seen this epoch
     was_steady: bool = False
     seen_at: float | None = None  # the first snapshot that held the loader
+    judged_at: float | None = None  # first steady: its hints show HOLD_ON_S later
 
 
 @dataclass(frozen=True)
@@ -254,12 +255,12 @@ def _track_loaders(
             start = t - loader_grace(ld, window) if history_says_steady(ld, window) else None
             tr = LoaderTrack(epoch, batches, start, seen_at=t)
         elif epoch != tr.epoch and _respawns_workers(ld):
-            tr = LoaderTrack(epoch, batches, None, tr.was_steady, tr.seen_at)
+            tr = LoaderTrack(epoch, batches, None, tr.was_steady, tr.seen_at, tr.judged_at)
         else:
             start = tr.first_batch_at
             if start is None and batches is not None and tr.batches is not None and batches > tr.batches:
                 start = t
-            tr = LoaderTrack(epoch, batches, start, tr.was_steady, tr.seen_at)
+            tr = LoaderTrack(epoch, batches, start, tr.was_steady, tr.seen_at, tr.judged_at)
         steady = (
             batches is not None
             and batches >= warmup_batches(ld)
@@ -267,7 +268,7 @@ def _track_loaders(
             and t - tr.first_batch_at >= loader_grace(ld, window)
         )
         if steady and not tr.was_steady:
-            tr = replace(tr, was_steady=True)
+            tr = replace(tr, was_steady=True, judged_at=t)
         tracks[key] = tr
         if ld.get("sampled") is True:
             phases[key] = STEADY  # as in stateless_phases
@@ -475,25 +476,31 @@ def _step_hysteresis(
 def _judging(
     ctx: Context, tracks: Mapping[tuple[int, int], LoaderTrack], t: float
 ) -> tuple[dict[str, Any], ...]:
-    """The live loaders no rate rule has judged yet: their first warm-up."""
+    """The live loaders no rate rule has judged yet: their first warm-up,
+    and the hold a condition needs after it before its hint shows."""
     out = []
     for lv in ctx.loaders:
         tr = tracks.get((lv.pid, lv.lid))
-        if lv.phase != WARMUP or tr is None or tr.was_steady:
+        if tr is None or lv.phase == INACTIVE:
+            continue
+        # Judged once its first steady figures had HOLD_ON_S to show a hint.
+        if tr.was_steady and (tr.judged_at is None or t - tr.judged_at >= HOLD_ON_S):
             continue
         since = tr.seen_at if tr.seen_at is not None else t
-        out.append(judging_entry(lv.pid, lv.lid, t - since, lv.loader))
+        why = f"a condition must hold {HOLD_ON_S:.0f} s before its hint shows" if tr.was_steady else None
+        out.append(judging_entry(lv.pid, lv.lid, t - since, lv.loader, why))
     return tuple(out)
 
 
-def judging_entry(pid: int, lid: int, seconds: float | None, loader: Mapping[str, Any]) -> dict[str, Any]:
+def judging_entry(
+    pid: int, lid: int, seconds: float | None, loader: Mapping[str, Any], why: str | None = None
+) -> dict[str, Any]:
     """One loader's warm-up as the snapshot's ``judging`` lists it."""
     need = warmup_batches(loader)
     have = as_int(loader.get("batches_total")) or 0
-    if have < need:
-        why = f"{have} of the {need} batches its rates are judged after"
-    else:
-        why = "its window still holds the epoch's start-up"
+    if why is None:
+        started = "its window still holds the epoch's start-up"
+        why = f"{have} of the {need} batches its rates are judged after" if have < need else started
     return {
         "job_pid": pid,
         "loader_id": lid,

@@ -157,18 +157,24 @@ def test_a_loader_is_judging_until_its_first_judgement_and_not_after():
     from dlwatch.diagnose import judging
 
     diag = Diagnoser()
-    seen = []
-    for k in range(12):
+    seen: list = []
+    reasons: list = []
+    shown: list = []
+    for k in range(14):
         # A fresh job: batches from 0, 10 a second; the epoch's first batch at T0.
         ld = loader(nw=0, wait=0.4, step_ms=60.0, batches=10 * k, window_s=3.0, epoch=1)
         ld["epoch_first_batch_age_s"] = float(k)
         j = job(loaders=[ld], main_cpu=40.0, main_thread_cpu=40.0)
         s = snap([j], t=T0 + k, usable=2.0, other_cpu_cores=0.0, gpus=[], gpu_status="n/a")
-        diag.update(s)
+        shown.append(bool(diag.update(s)))
         seen.append([(e["loader_id"], e["judging_s"]) for e in diag.judging()])
+        reasons.extend(e["reason"] for e in diag.judging())
         if k == 1:
             (e,) = judging(s)  # the one-shot path says the same from the loader's history
             assert e["judging_s"] == 1.0 and e["reason"] == "10 of the 20 batches its rates are judged after"
     assert seen[0] == [(0, 0.0)] and seen[2] == [(0, 2.0)]
+    # Steady, then the hold a condition needs before its hint shows: still judging.
     done = next(i for i, v in enumerate(seen) if not v)
-    assert all(not v for v in seen[done:]) and done <= 6
+    assert all(not v for v in seen[done:]) and done <= 9
+    assert reasons[-1] == "a condition must hold 3 s before its hint shows"
+    assert shown[done]  # never a snapshot with neither a hint nor "judging…"
