@@ -159,6 +159,8 @@ class DiagnoseState:
     directions: Mapping[tuple[int, int], direction.DirectionTrack] = field(default_factory=dict)
     # Loaders of live jobs not judged yet (their first warm-up), as ``judging`` lists them
     judging: tuple[dict[str, Any], ...] = ()
+    # Loaders judged at least once: never "judging" again
+    judged: frozenset[tuple[int, int]] = frozenset()
 
 
 def _grace(window_s: float | None) -> float:
@@ -473,23 +475,44 @@ def _step_hysteresis(
     return new
 
 
+# A loader's first judgement waits at most this long after its first steady
+# figures for a pending hint to show (a condition that keeps flickering
+# under its hold must not keep it "judging" forever).
+JUDGING_MAX_PENDING_S = 15.0
+
+
 def _judging(
-    ctx: Context, tracks: Mapping[tuple[int, int], LoaderTrack], t: float
-) -> tuple[dict[str, Any], ...]:
-    """The live loaders no rate rule has judged yet: their first warm-up,
-    and the hold a condition needs after it before its hint shows."""
+    ctx: Context,
+    tracks: Mapping[tuple[int, int], LoaderTrack],
+    hints: Mapping[HintKey, HintTrack],
+    judged: frozenset[tuple[int, int]],
+    t: float,
+) -> tuple[tuple[dict[str, Any], ...], frozenset[tuple[int, int]]]:
+    """The live loaders not judged yet, and the loaders judged so far. A
+    loader is judged once a hint about it (or its job, or the box) shows, or
+    once its figures have been steady for HOLD_ON_S with no hint pending
+    about it: until then no hint is not "nothing to fix"."""
+    shown: set[tuple[int | None, int | None]] = set()
+    pending: set[tuple[int | None, int | None]] = set()
+    for (_rid, pid, lid), ht in hints.items():
+        (shown if ht.shown else pending).add((pid, lid))
     out = []
+    done = set(judged)
     for lv in ctx.loaders:
-        tr = tracks.get((lv.pid, lv.lid))
-        if tr is None or lv.phase == INACTIVE:
+        key = (lv.pid, lv.lid)
+        tr = tracks.get(key)
+        if key in done or tr is None or lv.phase == INACTIVE:
             continue
-        # Judged once its first steady figures had HOLD_ON_S to show a hint.
-        if tr.was_steady and (tr.judged_at is None or t - tr.judged_at >= HOLD_ON_S):
-            continue
+        about = {key, (lv.pid, None), (None, None)}
+        if tr.was_steady and tr.judged_at is not None:
+            held = t - tr.judged_at
+            if about & shown or (held >= HOLD_ON_S and not about & pending) or held >= JUDGING_MAX_PENDING_S:
+                done.add(key)
+                continue
         since = tr.seen_at if tr.seen_at is not None else t
         why = f"a condition must hold {HOLD_ON_S:.0f} s before its hint shows" if tr.was_steady else None
         out.append(judging_entry(lv.pid, lv.lid, t - since, lv.loader, why))
-    return tuple(out)
+    return tuple(out), frozenset(done)
 
 
 def judging_entry(
@@ -553,6 +576,7 @@ def diagnose(
     fired = {k: h for k, h in fired.items() if k not in waiting}
     frozen |= waiting
     hints = _step_hysteresis(state.hints, fired, frozen, t, restart, _hold_off(judged))
+    judging_now, judged_loaders = _judging(ctx, tracks, hints, state.judged, t)
     new_state = DiagnoseState(
         time=t,
         loaders=tracks,
@@ -562,7 +586,8 @@ def diagnose(
         cpu=cpu,
         others=held_others,
         directions=dirs,
-        judging=_judging(ctx, tracks, t),
+        judging=judging_now,
+        judged=judged_loaders,
     )
     shown = [_copy_hint(tr.hint) for tr in hints.values() if tr.shown]
     return _sorted(shown), new_state

@@ -178,3 +178,16 @@ def test_a_loader_is_judging_until_its_first_judgement_and_not_after():
     assert all(not v for v in seen[done:]) and done <= 9
     assert reasons[-1] == "a condition must hold 3 s before its hint shows"
     assert shown[done]  # never a snapshot with neither a hint nor "judging…"
+
+
+def test_judging_lasts_while_a_hint_about_the_loader_is_pending():
+    # Other processes busy from the start: the first hint, cores-shared-with-others,
+    # waits for the others' state (3 s) and its own hold (3 s) after the
+    # loader's figures are steady. In between: judging, never nothing.
+    diag = Diagnoser()
+    for k in range(12):
+        hints = diag.update(demo_box(1.4, t=T0 + k))
+        judging = diag.judging()
+        assert hints or judging, k
+        assert not (hints and judging), k
+    assert [h["id"] for h in hints] == ["cores-shared-with-others"]
