@@ -128,6 +128,12 @@ class Loader(_LoaderRequired, total=False):
     # the reorder buffer (head-of-line blocking), sampled ~10 times a second.
     head_of_line_fraction: float | None
     active: bool  # an iterator is alive
+    # An epoch runs (begun, not exhausted or dropped); None: the probe does not say
+    epoch_open: bool | None
+    # The framework iterating it ("transformers" | "lightning" | "accelerate")
+    # and what for ("train" | "eval"), from the code that calls iter(); None: not known
+    framework: str | None
+    role: str | None
     epoch_start_ms: list[float]  # recent epochs, oldest first
     epoch_ms: list[float]  # recent completed epoch durations
     epoch_ms_last: float | None

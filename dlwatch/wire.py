@@ -220,6 +220,8 @@ LOADER_OPTIONAL = (
     | _of(_STR, "start_method", "kind", "name", "iterator", "dataset")
     | _of(_LIST, "epoch_start_ms", "epoch_ms", "epoch_batches", "dataset_wrappers")
     | _of(_DICT, "autotune", "iterated_on", "replay")
+    | _of(_BOOL, "epoch_open")
+    | _of(_STR, "framework", "role")
 )
 QUEUE_OPTIONAL = {"ready": _INT, "in_flight": _INT, "capacity": _INT}
 WORKER = {"id": _INT, "pid": _INT, "batches": _INT, "fetch_ns": _INT, "busy_ns": _INT}

@@ -111,6 +111,15 @@ def render_snapshot(snap: dict, title: str = "dlwatch snapshot") -> str:
     return "\n".join(lines)
 
 
+def _role(ld: dict) -> str:
+    """ "eval, " / "train, " where the framework iterating the loader says (its
+    ``role``), with the framework's name; "" where none does."""
+    role, fw = ld.get("role"), ld.get("framework")
+    if not role:
+        return ""
+    return f"{role} ({fw}), " if fw else f"{role}, "
+
+
 def _loader_lines(ld: dict) -> list[str]:
     cfg = (
         f"workers {ld['num_workers']}"
@@ -124,7 +133,7 @@ def _loader_lines(ld: dict) -> list[str]:
     if num(ld.get("epoch_start_ms_last")) is None:
         start = "n/a (no epoch started yet)"
     lines = [
-        f"  loader {ld['id']} ({ld.get('kind', 'map')}, {ld.get('dataset') or '?'}): {cfg}",
+        f"  loader {ld['id']} ({_role(ld)}{ld.get('kind', 'map')}, {ld.get('dataset') or '?'}): {cfg}",
         f"    data wait {_pct(ld.get('data_wait_fraction'))}   {ld.get('batches_per_s', 0):.1f} batches/s   "
         f"wait {wait}   step {step}   epoch {ld.get('epoch')}   epoch start {start}",
     ]

@@ -272,6 +272,10 @@ def loader_dict(
         "iterated_on": _iterated_on(ld.get("iterated_on")),
         "head_of_line_fraction": w.get("head_of_line_fraction"),
         "active": bool(ld.get("active", False)),
+        # Older probes do not say: None, taken as open while active.
+        "epoch_open": ld.get("epoch_open"),
+        "framework": ld.get("framework"),
+        "role": ld.get("role"),
         "epoch": ld["epoch"],
         "batches_total": ld["batches"],
         "wait_s_total": lifetime.get("wait_s_total"),

@@ -232,7 +232,7 @@ def stateless_phases(snapshot: Mapping[str, Any]) -> dict[tuple[int, int], str]:
             # Attached to a running job: no batch clock to judge warm-up by,
             # and the job was running before anyone looked.
             out[(pid, lid)] = STEADY
-        elif ld.get("active") is False:
+        elif ld.get("active") is False or ld.get("epoch_open") is False:
             out[(pid, lid)] = INACTIVE
         else:
             out[(pid, lid)] = STEADY if history_says_steady(ld, window) else WARMUP
@@ -274,7 +274,7 @@ def _track_loaders(
         tracks[key] = tr
         if ld.get("sampled") is True:
             phases[key] = STEADY  # as in stateless_phases
-        elif ld.get("active") is False:
+        elif ld.get("active") is False or ld.get("epoch_open") is False:
             phases[key] = INACTIVE
         else:
             phases[key] = STEADY if steady else WARMUP

@@ -40,6 +40,7 @@ from .facts import (
     others_cores,
     pct,
     r,
+    setting,
     whole_cores,
     worker_values,
 )
@@ -204,7 +205,7 @@ def _no_workers_sampled(ctx: Context, lv: LoaderView) -> dict[str, Any] | None:
     ) + capped(est, cap, rec, f"; the free cores allow {rec}")
     ev = _sampling_evidence(lv) | est | {"num_workers": 0, "core_cap": cap, "usable_cores": ctx.usable_cores}
     ev["recommended_num_workers"] = rec
-    sugg = f"set num_workers={rec} in DataLoader(...) so batches load while the loop computes"
+    sugg = f"set {setting(lv.loader, 'num_workers', rec)} so batches load while the loop computes"
     severity = "warn" if wait[0] >= DATA_BOUND_WAIT else "info"
     return hint("no-workers", severity, lv.pid, lv.lid, msg, sugg, ev)
 
@@ -258,12 +259,12 @@ def rule_no_workers(ctx: Context) -> list[dict[str, Any]]:
         msg += gain_text
         if rec is not None:
             sugg = (
-                f"set num_workers={rec} in DataLoader(...) so batches load in the "
+                f"set {setting(lv.loader, 'num_workers', rec)} so batches load in the "
                 f"background while the loop computes"
             )
         else:
             sugg = (
-                "set num_workers=2 in DataLoader(...) to load in the background, "
+                f"set {setting(lv.loader, 'num_workers', 2)} to load in the background, "
                 "then re-measure the data wait"
             )
         ev: dict[str, Any] = {
@@ -333,7 +334,7 @@ def rule_add_workers(ctx: Context) -> list[dict[str, Any]]:
                 f"per-batch overhead outside the fetch (IPC, collate) is the rest"
             )
         msg += "." + gain_text
-        sugg = f"set num_workers={rec} in DataLoader(...)"
+        sugg = f"set {setting(lv.loader, 'num_workers', rec)}"
         ev = _common_evidence(lv) | {
             "recommended_num_workers": rec,
             "little_law_workers": little,
@@ -370,7 +371,7 @@ def rule_io_bound(ctx: Context) -> list[dict[str, Any]]:
         worth, gain_text = _gain(pred)
         msg += gain_text
         sugg = (
-            f"set num_workers={rec} in DataLoader(...) (I/O waits overlap, so this may exceed "
+            f"set {setting(lv.loader, 'num_workers', rec)} (I/O waits overlap, so this may exceed "
             f"the core count), or cache the dataset on local SSD / in RAM"
         )
         ev = _common_evidence(lv) | {
@@ -452,7 +453,7 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict[str, Any]]:
         else:
             sugg += "; to see which stage costs what: dlwatch profile --workers (W in the live view)"
         if one_more_helps:
-            sugg = f"set num_workers={nw + 1} in DataLoader(...); beyond that, " + sugg
+            sugg = f"set {setting(lv.loader, 'num_workers', nw + 1)}; beyond that, " + sugg
         ev = _common_evidence(lv) | {
             "usable_cores": ctx.usable_cores,
             "usable_cores_source": ctx.usable_cores_source(),

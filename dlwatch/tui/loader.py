@@ -24,9 +24,28 @@ def _flag(on: Any) -> str:
     return "✓" if on is True else ("✗" if on is False else "?")
 
 
+# How a loader's role reads, by the framework that said it.
+_ROLES = {
+    ("transformers", "eval"): "eval (Trainer)",
+    ("transformers", "train"): "train (Trainer)",
+    ("lightning", "eval"): "validation (Lightning)",
+    ("lightning", "train"): "train (Lightning)",
+}
+
+
+def loader_role(ld: dict) -> str:
+    """ "eval (Trainer)", "validation (Lightning)", … where the framework says; else ""."""
+    role, fw = fmt.s(ld.get("role")), fmt.s(ld.get("framework"))
+    return _ROLES.get((fw, role), role)
+
+
 def loader_title(ld: dict, pal: fmt.Palette) -> Text:
     nw = fmt.intval(ld.get("num_workers"))
     parts: list[Text | str] = [Text(f"loader {fmt.count(ld.get('id'))}", "bold")]
+    role = loader_role(ld)
+    if role:
+        # The framework says which loader is which: an evaluation's pauses are not training's.
+        parts.append(Text(role, f"bold {pal.info}"))
     kind = fmt.s(ld.get("kind"))
     if kind:
         parts.append(kind)
@@ -48,6 +67,8 @@ def loader_title(ld: dict, pal: fmt.Palette) -> Text:
         parts.append(sm)
     if ld.get("active") is False:
         parts.append(Text("idle (no iterator)", pal.dim))
+    elif ld.get("epoch_open") is False:
+        parts.append(Text("idle (its epoch finished)", pal.dim))
     return fmt.join(parts, pal=pal)
 
 
