@@ -135,12 +135,13 @@ def _gain(pred: capacity.Prediction | capacity.NoPrediction | None) -> tuple[boo
     return pred.speedup >= MIN_WORTHWHILE_SPEEDUP, text + "."
 
 
-def _nothing_to_gain(h: dict[str, Any], pred: Any, nw: int) -> dict[str, Any]:
+def _nothing_to_gain(h: dict[str, Any], pred: Any, lv: LoaderView) -> dict[str, Any]:
     """A count hint whose predicted gain is under the bar advises no setting
     (issue 32: "set num_workers=6" beside ≈ 1.00×): it keeps the count it
     weighed as ``considered_num_workers`` and says to keep the current one."""
     if not isinstance(pred, capacity.Prediction) or pred.speedup >= MIN_WORTHWHILE_SPEEDUP:
         return h
+    nw = lv.num_workers or 0
     ev = h["evidence"]
     rec = ev.get("recommended_num_workers")
     if rec is None or rec == nw:
@@ -148,9 +149,8 @@ def _nothing_to_gain(h: dict[str, Any], pred: Any, nw: int) -> dict[str, Any]:
     ev["considered_num_workers"] = rec
     ev["recommended_num_workers"] = None
     h["suggestion"] = (
-        f"keep num_workers={nw}: {rec} is expected to gain under {pct(MIN_WORTHWHILE_SPEEDUP - 1)} "
-        f"(≈ {pred.speedup:.2f}×); the loading's CPU is the cost to cut (cache decoded samples, "
-        f"lighter transforms)"
+        f"keep {setting(lv.loader, 'num_workers', nw)}: {rec} would gain under "
+        f"{pct(MIN_WORTHWHILE_SPEEDUP - 1)}, {pred.phrase()}"
     )
     return h
 
@@ -282,7 +282,7 @@ def rule_no_workers(ctx: Context) -> list[dict[str, Any]]:
         ev |= _prediction_evidence(pred)
         if acc is not None:
             ev["cpu_accounting"] = acc.evidence()
-        out.append(_nothing_to_gain(hint("no-workers", severity, lv.pid, lv.lid, msg, sugg, ev), pred, 0))
+        out.append(_nothing_to_gain(hint("no-workers", severity, lv.pid, lv.lid, msg, sugg, ev), pred, lv))
     return out
 
 
@@ -348,7 +348,7 @@ def rule_add_workers(ctx: Context) -> list[dict[str, Any]]:
         }
         ev |= _prediction_evidence(pred)
         h = hint("add-workers", "warn" if worth else "info", lv.pid, lv.lid, msg, sugg, ev)
-        out.append(_nothing_to_gain(h, pred, nw))
+        out.append(_nothing_to_gain(h, pred, lv))
     return out
 
 
@@ -384,7 +384,7 @@ def rule_io_bound(ctx: Context) -> list[dict[str, Any]]:
         ev |= _prediction_evidence(pred)
         out.append(
             _nothing_to_gain(
-                hint("io-bound", "warn" if worth else "info", lv.pid, lv.lid, msg, sugg, ev), pred, nw
+                hint("io-bound", "warn" if worth else "info", lv.pid, lv.lid, msg, sugg, ev), pred, lv
             )
         )
     return out

@@ -24,9 +24,10 @@ from .facts import as_dict, as_int, as_list
 
 # How free text states a direction on the worker count (suggestions of the
 # hints, the bursts' next steps, tune's recommendation).
+_NONE = r"keep (dataloader_)?num_workers|nothing to change in num_workers|more workers cannot help"
 _SAYS = (
     (OTHERS, re.compile(r"best num_workers depends on")),
-    (NONE, re.compile(r"keep num_workers|nothing to change in num_workers|more workers cannot help")),
+    (NONE, re.compile(_NONE)),
     (LOWER, re.compile(r"fewer (DataLoader )?workers|(?<!no )lower num_workers")),
     (RAISE, re.compile(r"more (DataLoader )?workers(?! cannot)|raise num_workers")),
 )

@@ -41,7 +41,9 @@ def test_no_workers_promises_nothing_when_the_loops_threads_fill_the_cores():
     # ≈ 1.00×: no setting advised (issue 32); the count weighed stays in the
     # evidence and is the one the tune command measures.
     assert ev["recommended_num_workers"] is None and ev["considered_num_workers"] == 1
-    assert h["suggestion"].startswith("keep num_workers=0: 1 is expected to gain under 10 % (≈ 1.00×)")
+    assert h["suggestion"].startswith(
+        "keep num_workers=0 in DataLoader(...): 1 would gain under 10 %, expected ≈ 1.00× throughput"
+    )
     assert "set num_workers" not in h["suggestion"] and "dlwatch tune --workers 0,1" in h["suggestion"]
     assert ev["expected_speedup"] == pytest.approx(1.0, abs=0.02)
     assert ev["expected_bound"] == "shared cores"

@@ -37,7 +37,7 @@ def _stated(hints: list[dict], nw: int) -> list[tuple[str, set[str]]]:
 
 def test_the_reader_of_directions():
     assert says("set num_workers=4 in DataLoader(...)", 2) == {RAISE}
-    assert says("keep num_workers=0: 1 is expected to gain under 10 %", 0) == {NONE}
+    assert says("keep num_workers=0 in DataLoader(...): 1 would gain under 10 %", 0) == {NONE}
     assert says("lower num_workers=0 for loader 0 of PID 1", 2) == {LOWER}
     assert says("nothing to change in num_workers; … `dlwatch tune` measures it", 2) == {NONE}
     assert says("no lower num_workers is predicted faster; … `dlwatch tune` measures it", 2) == set()

@@ -1033,7 +1033,7 @@ async def test_the_profilers_next_step_defers_to_the_hint_on_screen_about_the_wo
             "no-workers",
             "info",
             "Loader 0 of PID 4242 spends 50 % of the loop waiting for data with num_workers=0",
-            "keep num_workers=0: 1 is expected to gain under 10 % (≈ 1.00×)",
+            "keep num_workers=0 in DataLoader(...): 1 would gain under 10 %, expected ≈ 1.00× throughput",
             job_pid=4242,
             num_workers=0,
             recommended_num_workers=None,
