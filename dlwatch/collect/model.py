@@ -187,16 +187,20 @@ def job_dict(
     if last is None:
         return cast(Job, out)  # checked: snapshot.problems, in the tests
     for ld in last["loaders"]:
-        out["loaders"].append(
-            loader_dict(
-                frames,
-                ld,
-                window_s,
-                procs if c.live else {},
-                _history(c, frames, ld["id"], history),
-                c.totals,
-            )
+        d = loader_dict(
+            frames,
+            ld,
+            window_s,
+            procs if c.live else {},
+            _history(c, frames, ld["id"], history),
+            c.totals,
         )
+        if not c.live:
+            # The process is gone, its iterators with it: the views say so
+            # where a figure is missing, instead of a bare n/a.
+            d["active"] = False
+            d["epoch_open"] = False
+        out["loaders"].append(d)
     return cast(Job, out)  # checked: snapshot.problems, in the tests
 
 
