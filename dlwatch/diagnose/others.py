@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from dlwatch.thresholds import CPU_BOUND_MIN_SHARE
 
 from . import capacity
-from .facts import PERCENT_PER_CORE, Context, LoaderView, num
+from .facts import Context, LoaderView
 
 # Other processes must use at least half a core, and a tenth of the usable
 # cores, before their load is worth a sentence (the monitor itself, a shell
@@ -88,13 +88,17 @@ def step(track: OthersTrack, ctx: Context, t: float, restart: bool) -> OthersTra
     return OthersTrack(True, since)
 
 
-def loads_on_cpu(lv: LoaderView) -> bool:
-    """Whether the loader's loading wants a core per worker (so the cores
-    the others leave decide how many help)."""
-    if lv.num_workers == 0:
-        main = num(lv.job.get("main_thread_cpu_percent"))
-        wait = lv.wait or 0.0
-        return main is None or min(wait, main / PERCENT_PER_CORE) >= CPU_BOUND_MIN_SHARE * wait
+# Workers busier than this are the loader's limit (rules_workers.WORKERS_SATURATED_BUSY).
+SATURATED_BUSY = 0.80
+
+
+def workers_short_of_cpu(lv: LoaderView) -> bool:
+    """Whether the loader's workers are its limit and load on a CPU (so the
+    cores the others leave decide how many help). A loader without workers
+    keeps its own story: with num_workers=0 the loop loads every batch
+    itself, whatever the others do (no-workers)."""
+    if not lv.num_workers or lv.busy_mean is None or lv.busy_mean < SATURATED_BUSY:
+        return False
     share = lv.cpu_share_of_busy
     return share is not None and share >= CPU_BOUND_MIN_SHARE
 
@@ -103,6 +107,6 @@ def decide(ctx: Context, lv: LoaderView) -> float | None:
     """Other processes' cores when they decide this loader's best worker
     count (its loading is on a CPU and the state holds), else None."""
     on = heavy(ctx) if ctx.others_decide is None else ctx.others_decide
-    if not on or not loads_on_cpu(lv):
+    if not on or not workers_short_of_cpu(lv):
         return None
     return capacity.others_cpu(ctx)

@@ -257,9 +257,8 @@ def rule_cores_shared_with_others(ctx: Context) -> list[dict[str, Any]]:
         starved = others.starved_cores(ctx)
         nw = lv.num_workers
         who = (
-            f"its {_plural(nw, 'worker')} load on a CPU"
-            if nw
-            else "with num_workers=0 the training loop loads every batch on its own CPU"
+            f"its {_plural(nw, 'worker')} {'are' if nw != 1 else 'is'} busy {pct(lv.busy_mean)} "
+            f"of the time, loading on a CPU"
         )
         usable = cores(ctx.usable_cores)
         msg = (
@@ -297,7 +296,7 @@ SUPERSEDED_BY_OVERSUBSCRIPTION = frozenset(
 
 # While other processes decide a loader's count, the count rules' figures
 # move with their load: one story instead (others.py).
-DECIDED_BY_OTHERS = frozenset({"no-workers", "add-workers", "cpu-bound-preprocessing"})
+DECIDED_BY_OTHERS = frozenset({"add-workers", "cpu-bound-preprocessing"})
 
 RULES = (
     Rule(
