@@ -17,7 +17,12 @@ layer adds the memory a human reader needs:
 - while warming up, a hint already on screen stays and a pending one is
   forgotten (it must re-earn its hold on steady figures);
 - a job that is not "live" gets no new hints; its shown ones fade after
-  ``HOLD_OFF_S`` like any cleared condition.
+  ``HOLD_OFF_S`` like any cleared condition;
+- a loader's worker-count advice keeps its direction for a minute
+  (direction.py), and whether other processes decide the counts is a held
+  state (others.py);
+- a loader not judged yet is listed (``judging``), so that no hint is never
+  read as "nothing to fix" before the first judgement.
 
 The only clock is ``snapshot["time"]``: replaying recorded snapshots gives the
 same hints as watching them live.
