@@ -29,12 +29,16 @@ pytestmark = pytest.mark.timing
 # (phase, burners' niceness or None, seconds): the quiet phase covers the
 # judgement (warm-up and hold: ~12 s on the reference box) and holds it.
 PHASES = (("quiet", None, 24.0), ("nice 19", 19, 16.0), ("nice 0", 0, 26.0))
-# The cause on each: the cores are taken by the workers (and, at nice 19, by
-# processes that give them back), or by other processes that do not.
+# The cause on each: the cores are taken by the job's CPU-bound workers (and,
+# at nice 19, by processes that give them back): cpu-bound-preprocessing, or
+# where the trainer and the monitor tip the count over the cores, the
+# oversubscription hint saying no lower count is faster; or by other
+# processes that do not give them back.
+CORES_FULL = ("cpu-bound-preprocessing", "workers-oversubscribe-cores")
 EXPECTED = {
-    "quiet": "cpu-bound-preprocessing",
-    "nice 19": "cpu-bound-preprocessing",
-    "nice 0": "cores-shared-with-others",
+    "quiet": CORES_FULL,
+    "nice 19": CORES_FULL,
+    "nice 0": ("cores-shared-with-others",),
 }
 # The issue's bar: the cause on screen within 30 s of the job (or the burners) starting.
 WITHIN_S = 30.0
@@ -94,13 +98,12 @@ def _trace(seen) -> str:
 @pytest.mark.parametrize("phase", [p[0] for p in PHASES])
 def test_the_cause_is_said_within_30_s_and_kept(story, phase):
     rows = [r for r in story if r[0] == phase]
-    want = EXPECTED[phase]
-    first = next((r[1] for r in rows if want in r[2]), None)
+    first = next((r for r in rows if len(r[2]) == 1 and set(r[2]) <= set(EXPECTED[phase])), None)
     # The quiet phase starts with the job: its start-up counts against the 30 s.
-    assert first is not None and first <= WITHIN_S, _trace(story)
+    assert first is not None and first[1] <= WITHIN_S, _trace(story)
     # From then on, that story and no other about the worker count.
-    after = [r for r in rows if r[1] >= first]
-    assert all(r[2] == {want} for r in after), _trace(story)
+    after = [r for r in rows if r[1] >= first[1]]
+    assert all(r[2] == first[2] for r in after), _trace(story)
 
 
 def test_a_waiting_loop_never_reads_nothing_to_fix(story):
