@@ -517,7 +517,7 @@ def _judging(
         since = tr.seen_at if tr.seen_at is not None else t
         why = f"a condition must hold {HOLD_ON_S:.0f} s before its hint shows" if tr.was_steady else None
         out.append(judging_entry(lv.pid, lv.lid, t - since, lv.loader, why))
-    return tuple(out), frozenset(done)
+    return tuple(out), frozenset(k for k in done if k in tracks)
 
 
 def judging_entry(
@@ -577,6 +577,7 @@ def diagnose(
     # A loader's worker-count advice keeps its direction (direction.py): the
     # hints that would turn it wait, the shown ones stay as they were.
     dirs, held = direction.step(state.directions, direction.candidates(fired, ctx), t)
+    dirs = {k: v for k, v in dirs.items() if k in tracks}  # bounded: the loaders of this snapshot
     waiting = direction.held_keys(fired, {k for k, tr in state.hints.items() if tr.shown}, held)
     fired = {k: h for k, h in fired.items() if k not in waiting}
     frozen |= waiting

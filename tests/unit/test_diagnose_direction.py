@@ -191,3 +191,12 @@ def test_judging_lasts_while_a_hint_about_the_loader_is_pending():
         assert hints or judging, k
         assert not (hints and judging), k
     assert [h["id"] for h in hints] == ["cores-shared-with-others"]
+
+
+def test_the_held_states_forget_loaders_that_are_gone():
+    diag = Diagnoser()
+    for k in range(8):
+        diag.update(demo_box(1.4, t=T0 + k))
+    assert diag.state.directions and diag.state.judged
+    diag.update(snap([], t=T0 + 9, usable=2.0, other_cpu_cores=0.0, gpus=[], gpu_status="n/a"))
+    assert not diag.state.directions and not diag.state.judged
