@@ -28,8 +28,9 @@ from . import capacity
 from .facts import Context, LoaderView
 
 # Other processes must use at least half a core, and a tenth of the usable
-# cores, before their load is worth a sentence (the monitor itself, a shell
-# and an editor use 0.1–0.3 of a core on the reference box).
+# cores, before their load is worth a sentence: a monitor, a shell and an
+# editor stay well under that (the collector's own cost is about 1 % of a
+# core with 8 busy jobs, README "Performance").
 OTHERS_MIN_CORES = 0.5
 OTHERS_MIN_FRACTION = 0.10
 # ... and the jobs' processes must measurably wait for a CPU (run-queue wait,
