@@ -569,7 +569,7 @@ def diagnose(
     judged, cpu = smoothing.smooth_cpu(snapshot, {} if restart else state.cpu, t)
     ctx = build_context(judged, phases, mem)
     held_others = others.step(state.others, ctx, t, restart)
-    ctx = replace(ctx, others_decide=held_others.on)
+    ctx = replace(ctx, others_decide=held_others.on, others_peak=held_others.peak if held_others.on else None)
     fired, errors = _run_rules(ctx)
     frozen = _frozen_keys(ctx, tracks)
     # A rule that raised says nothing: keep its shown hints as they were.

@@ -188,6 +188,8 @@ class Context:
     # Whether other processes decide the best worker counts (others.py): the
     # stateful diagnosis's held state; None: judge this snapshot alone.
     others_decide: bool | None = None
+    # The most cores other processes used while that state holds (others.py).
+    others_peak: float | None = None
 
     @property
     def main_loops(self) -> int:

@@ -58,6 +58,9 @@ class OthersTrack:
     on: bool = False
     # When off: the condition has held since; when on: the others have been light since.
     since: float | None = None
+    # While on: the most cores the others used (a held story keeps its figure
+    # honest: "up to 1.5 … in the last minute" when they have gone quiet).
+    peak: float = 0.0
 
 
 def others_threshold(ctx: Context) -> float:
@@ -80,17 +83,21 @@ def heavy(ctx: Context, factor: float = 1.0) -> bool:
 
 def step(track: OthersTrack, ctx: Context, t: float, restart: bool) -> OthersTrack:
     """The state after this snapshot."""
+    now = capacity.others_cpu(ctx) or 0.0
     if not track.on:
         if not heavy(ctx):
             return OthersTrack()
         since = t if restart or track.since is None else track.since
-        return OthersTrack(t - since >= ENTER_S, None if t - since >= ENTER_S else since)
+        if t - since >= ENTER_S:
+            return OthersTrack(True, None, now)
+        return OthersTrack(False, since)
+    peak = max(track.peak, now)
     if heavy(ctx, RELEASE_FACTOR):
-        return OthersTrack(True, None)
+        return OthersTrack(True, None, peak)
     since = t if track.since is None else track.since
     if t - since >= RELEASE_S:
         return OthersTrack()
-    return OthersTrack(True, since)
+    return OthersTrack(True, since, peak)
 
 
 # Workers busier than this are the loader's limit (rules_workers.WORKERS_SATURATED_BUSY).

@@ -261,16 +261,24 @@ def rule_cores_shared_with_others(ctx: Context) -> list[dict[str, Any]]:
             f"of the time, loading on a CPU"
         )
         usable = cores(ctx.usable_cores)
+        peak = max(theirs, ctx.others_peak or 0.0)
+        # Held after the others went quiet: their figure then is the most they used.
+        use = f"use {cores(round(theirs, 1))} of the {usable} usable cores"
+        if peak >= theirs + 0.2:
+            use = (
+                f"used up to {cores(round(peak, 1))} of the {usable} usable cores in the last minute "
+                f"({cores(round(theirs, 1))} now)"
+            )
         msg = (
             f"{lv.title} waits for data {pct(lv.wait)} of the time{window_note(ctx)}; {who}, and "
-            f"other processes use {cores(round(theirs, 1))} of the {usable} usable cores: this job's "
+            f"other processes {use}: this job's "
             f"processes waited {cores(round(starved, 1))} cores' worth for a CPU. More workers take "
             f"more of the cores from the other processes, fewer load less at once: the best "
             f"num_workers depends on what they do, and dlwatch does not predict it."
         )
         cmd = tune_command(lv.job, {}) or "dlwatch tune"
         sugg = (
-            f"other processes use {cores(round(theirs, 1))} of the {usable} cores; the best "
+            f"other processes use up to {cores(round(peak, 1))} of the {usable} cores; the best "
             f"num_workers depends on them: measure with `{cmd}` while they run, or make "
             f"each batch cheaper (cache decoded samples)"
         )
@@ -278,6 +286,7 @@ def rule_cores_shared_with_others(ctx: Context) -> list[dict[str, Any]]:
             "data_wait_fraction": r(lv.wait),
             "num_workers": nw,
             "other_cpu_cores": r(theirs, 2),
+            "other_cpu_cores_peak": r(peak, 2),
             "usable_cores": ctx.usable_cores,
             "jobs_runqueue_cores": r(starved, 2),
             "others_decide": True,

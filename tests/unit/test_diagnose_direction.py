@@ -200,3 +200,15 @@ def test_the_held_states_forget_loaders_that_are_gone():
     assert diag.state.directions and diag.state.judged
     diag.update(snap([], t=T0 + 9, usable=2.0, other_cpu_cores=0.0, gpus=[], gpu_status="n/a"))
     assert not diag.state.directions and not diag.state.judged
+
+
+def test_a_held_story_gives_the_most_the_others_used_once_they_went_quiet():
+    diag = Diagnoser()
+    for k in range(10):
+        diag.update(demo_box(1.6, t=T0 + k))
+    for k in range(10, 20):  # the others stop; the workers no longer wait
+        hints = diag.update(demo_box(0.0, rq=1.0, t=T0 + k))
+    (h,) = [h for h in hints if h["id"] == "cores-shared-with-others"]
+    assert "other processes used up to 1.6 of the 2 usable cores in the last minute (0 now)" in h["message"]
+    assert "other processes use up to 1.6 of the 2 cores" in h["suggestion"]
+    assert h["evidence"]["other_cpu_cores_peak"] == 1.6
