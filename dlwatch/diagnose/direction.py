@@ -50,6 +50,7 @@ LOADER_HINTS = frozenset(
     }
 )
 HOST_HINT = "workers-oversubscribe-cores"
+OTHERS_HINT = "cores-shared-with-others"
 # Every hint that speaks about a loader's worker count.
 COUNT_HINTS = LOADER_HINTS | {HOST_HINT}
 
@@ -136,4 +137,28 @@ def held_keys(fired: Mapping[HintKey, Any], shown: set[HintKey], held: set[Loade
             out.add(key)
         elif rid == HOST_HINT:
             out.add(key)
+    return out
+
+
+def without_faded_rivals(
+    hints: Mapping[HintKey, Any], fired: Mapping[HintKey, Any], dirs: Mapping[LoaderKey, DirectionTrack]
+) -> dict[HintKey, Any]:
+    """Once a loader's "others decide" hint shows, the hints of the direction
+    it replaced go at once instead of fading beside it for the hold-off: two
+    stories on screen for seconds is what the state is there to prevent.
+    ``hints``: the engine's hint tracks (``.shown``)."""
+    told = {
+        key
+        for key, tr in dirs.items()
+        if tr.shown == OTHERS and getattr(hints.get((OTHERS_HINT, *key)), "shown", False)
+    }
+    if not told:
+        return dict(hints)
+    out = {}
+    for key, tr in hints.items():
+        rid, pid, lid = key
+        rival = key not in fired and rid != OTHERS_HINT
+        if rival and ((rid in LOADER_HINTS and (pid, lid) in told) or (rid == HOST_HINT and told)):
+            continue
+        out[key] = tr
     return out

@@ -582,6 +582,7 @@ def diagnose(
     fired = {k: h for k, h in fired.items() if k not in waiting}
     frozen |= waiting
     hints = _step_hysteresis(state.hints, fired, frozen, t, restart, _hold_off(judged))
+    hints = direction.without_faded_rivals(hints, fired, dirs)
     judging_now, judged_loaders = _judging(ctx, tracks, hints, state.judged, t)
     new_state = DiagnoseState(
         time=t,

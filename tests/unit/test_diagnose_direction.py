@@ -212,3 +212,19 @@ def test_a_held_story_gives_the_most_the_others_used_once_they_went_quiet():
     assert "other processes used up to 1.6 of the 2 usable cores in the last minute (0 now)" in h["message"]
     assert "other processes use up to 1.6 of the 2 cores" in h["suggestion"]
     assert h["evidence"]["other_cpu_cores_peak"] == 1.6
+
+
+def test_when_the_others_come_the_story_changes_once_without_two_on_screen():
+    diag = Diagnoser()
+    stories = []
+    for k in range(40):
+        # Others under the bar, yet the cores over-full: the oversubscription
+        # hint ("no lower count is predicted faster"); then they take more.
+        s = demo_box(0.45, t=T0 + k) if k < 12 else demo_box(1.4, t=T0 + k)
+        stories.append(tuple(h["id"] for h in diag.update(s) if h["id"] in COUNT_HINTS))
+    shown = [s for s in stories if s]
+    assert shown[0] == ("workers-oversubscribe-cores",) and shown[-1] == ("cores-shared-with-others",)
+    # One change, and never both at once.
+    assert all(len(s) == 1 for s in shown), stories
+    changes = sum(1 for a, b in zip(shown, shown[1:]) if a != b)
+    assert changes == 1, stories
