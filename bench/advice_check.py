@@ -139,7 +139,12 @@ def measure(name: str, args: str | None, seconds: float) -> dict:
         if not hint or hint["evidence"].get("expected_speedup") is None:
             return row
         ev = hint["evidence"]
-        n = ev["recommended_num_workers"]
+        # An info hint under the 10 % bar advises no count: the one it weighed is measured.
+        n = (
+            ev["recommended_num_workers"]
+            if ev.get("recommended_num_workers") is not None
+            else ev.get("considered_num_workers")
+        )
         if args is None:
             run(image_cmd(n, seconds, out), d, False, 0, None)
             after = _read(out)["images_per_s"]

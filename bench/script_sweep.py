@@ -251,6 +251,8 @@ def replay_hints(snaps: list[dict]) -> dict:
             if ev.get("expected_speedup") is not None:
                 e["speedup"].append(ev["expected_speedup"])
             rec = ev.get("recommended_num_workers")
+            if rec is None:
+                rec = ev.get("considered_num_workers")  # weighed, under the 10 % bar
             if rec is None and h["id"] == "workers-oversubscribe-cores":
                 recs = ev.get("recommended_num_workers_by_loader") or []
                 rec = recs[0]["recommended_num_workers"] if recs else None

@@ -128,6 +128,12 @@ class Loader(_LoaderRequired, total=False):
     # the reorder buffer (head-of-line blocking), sampled ~10 times a second.
     head_of_line_fraction: float | None
     active: bool  # an iterator is alive
+    # An epoch runs (begun, not exhausted or dropped); None: the probe does not say
+    epoch_open: bool | None
+    # The framework iterating it ("transformers" | "lightning" | "accelerate")
+    # and what for ("train" | "eval"), from the code that calls iter(); None: not known
+    framework: str | None
+    role: str | None
     epoch_start_ms: list[float]  # recent epochs, oldest first
     epoch_ms: list[float]  # recent completed epoch durations
     epoch_ms_last: float | None
@@ -292,6 +298,11 @@ class Snapshot(_SnapshotRequired, total=False):
     # Why every worker's uss_bytes is None: not read (a one-shot snapshot);
     # absent when USS is read.
     uss_reason: str
+    # Loaders of live jobs the diagnosis has not judged yet (their first
+    # warm-up): {"job_pid", "loader_id", "judging_s" (seconds so far, None
+    # when not known), "reason"}. No hints for such a loader is "not judged
+    # yet", never "nothing to fix".
+    judging: list[dict[str, Any]]
 
 
 # ------------------------------------------------------------- the source

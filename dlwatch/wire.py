@@ -239,6 +239,8 @@ LOADER_OPTIONAL = (
     | _of(_BOOL, "in_next")
     | _of(_LIST, "worker_deaths")
     | _of(_STR, "last_error")
+    | _of(_BOOL, "epoch_open")
+    | _of(_STR, "framework", "role")
 )
 QUEUE_OPTIONAL = {"ready": _INT, "in_flight": _INT, "capacity": _INT}
 WORKER = {"id": _INT, "pid": _INT, "batches": _INT, "fetch_ns": _INT, "busy_ns": _INT}

@@ -141,6 +141,14 @@ def render_snapshot(snap: dict, title: str = "dlwatch snapshot") -> str:
     for fault in snap.get("errors") or []:
         lines.append(f"collector error: {fault}")
     hints = snap.get("hints") or []
+    judging: list[str] = []
+    try:
+        from dlwatch.diagnose.render import judging_lines
+
+        judging = judging_lines(snap.get("judging"))
+    except ImportError:
+        pass
+    lines.extend(judging)
     if snap.get("hints_error") and not hints:
         lines.append(f"hints: n/a: {snap['hints_error']}")
     elif hints:
@@ -152,8 +160,17 @@ def render_snapshot(snap: dict, title: str = "dlwatch snapshot") -> str:
             for hint in hints:
                 lines.append(f"[{hint['severity']}] {hint['message']}\n    → {hint['suggestion']}")
     else:
-        lines.append("hints: none")
+        lines.append("hints: none yet" if judging else "hints: none")
     return "\n".join(lines)
+
+
+def _role(ld: dict) -> str:
+    """ "eval, " / "train, " where the framework iterating the loader says (its
+    ``role``), with the framework's name; "" where none does."""
+    role, fw = ld.get("role"), ld.get("framework")
+    if not role:
+        return ""
+    return f"{role} ({fw}), " if fw else f"{role}, "
 
 
 def _loader_lines(ld: dict) -> list[str]:
@@ -166,8 +183,10 @@ def _loader_lines(ld: dict) -> list[str]:
     )
     wait, step = _num(ld.get("wait_ms_mean"), unit=" ms"), _num(ld.get("step_ms_mean"), unit=" ms")
     start = _num(ld.get("epoch_start_ms_last"), "{:.0f}", " ms")
+    if num(ld.get("epoch_start_ms_last")) is None:
+        start = "n/a (no epoch started yet)"
     lines = [
-        f"  loader {ld['id']} ({ld.get('kind', 'map')}, {ld.get('dataset') or '?'}): {cfg}",
+        f"  loader {ld['id']} ({_role(ld)}{ld.get('kind', 'map')}, {ld.get('dataset') or '?'}): {cfg}",
         f"    data wait {_pct(ld.get('data_wait_fraction'))}   {ld.get('batches_per_s', 0):.1f} batches/s   "
         f"wait {wait}   step {step}   epoch {ld.get('epoch')}   epoch start {start}",
     ]

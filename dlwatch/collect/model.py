@@ -205,6 +205,11 @@ def job_dict(
                 if isinstance(wk.get("rss_bytes"), int) and wk.get("pid"):
                     c.track_rss(wk["pid"], wk["rss_bytes"], now)
         loader["worker_deaths"] = [_death(d, c) for d in ld.get("worker_deaths") or [] if isinstance(d, dict)]
+        if not c.live:
+            # The process is gone, its iterators with it: the views say so
+            # where a figure is missing, instead of a bare n/a.
+            loader["active"] = False
+            loader["epoch_open"] = False
         out["loaders"].append(loader)
     return cast(Job, out)  # checked: snapshot.problems, in the tests
 
@@ -306,6 +311,10 @@ def loader_dict(
         "iterated_on": _iterated_on(ld.get("iterated_on")),
         "head_of_line_fraction": w.get("head_of_line_fraction"),
         "active": bool(ld.get("active", False)),
+        # Older probes do not say: None, taken as open while active.
+        "epoch_open": ld.get("epoch_open"),
+        "framework": ld.get("framework"),
+        "role": ld.get("role"),
         "epoch": ld["epoch"],
         "batches_total": ld["batches"],
         "wait_s_total": lifetime.get("wait_s_total"),

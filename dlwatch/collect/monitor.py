@@ -154,6 +154,8 @@ class Monitor:
         self._hints: list = []
         self._hints_at: float | None = None
         self._hints_error: str | None = None
+        self._judging: list = []
+        self._judged_loaders: set[tuple[Any, Any]] = set()
         self._sched_cache: dict[int, float | None] = {}
         self._sched_at: float | None = None
         self._lock = threading.Lock()
@@ -315,6 +317,7 @@ class Monitor:
             t = time.monotonic()
             if reuse_procs and self._hints_at is not None and t - self._hints_at < DIAGNOSE_EVERY_S:
                 snap["hints"] = self._hints
+                snap["judging"] = self._judging + _unjudged(snap, self._judged_loaders)
                 if self._hints_error:
                     snap["hints_error"] = self._hints_error
                 return snap
@@ -329,6 +332,11 @@ class Monitor:
                 )
             try:
                 snap["hints"] = cast(list[Hint], diagnoser.update(judged))
+                # The loaders not judged yet: "judging… (N s)", not "nothing to fix".
+                judging = getattr(diagnoser, "judging", None)
+                self._judging = judging() if callable(judging) else []
+                self._judged_loaders = _loader_keys(judged)
+                snap["judging"] = self._judging
                 self._hints_error = None
             except Exception as e:
                 self._fault("diagnosis", e)
@@ -535,11 +543,46 @@ def _default_host() -> HostSource:
     return HostSampler()
 
 
-class _OneShotDiagnoser:
-    def update(self, snapshot: Mapping[str, Any]) -> list[dict]:
-        from dlwatch.diagnose import evaluate
+def _loader_keys(snap: Mapping[str, Any]) -> set[tuple[Any, Any]]:
+    return {
+        (j.get("pid"), ld.get("id"))
+        for j in snap.get("jobs") or []
+        if isinstance(j, dict)
+        for ld in j.get("loaders") or []
+        if isinstance(ld, dict)
+    }
 
+
+def _unjudged(snap: Mapping[str, Any], judged: set[tuple[Any, Any]]) -> list[dict]:
+    """Loaders of live jobs that appeared after the last diagnosis (it runs
+    once a second, snapshots come twice): judging, not "nothing to fix"."""
+    live = {
+        "jobs": [
+            j for j in snap.get("jobs") or [] if isinstance(j, dict) and j.get("state", "live") == "live"
+        ]
+    }
+    return [
+        {
+            "job_pid": pid,
+            "loader_id": lid,
+            "judging_s": None,
+            "reason": "not judged yet: new since the last diagnosis",
+        }
+        for pid, lid in sorted(_loader_keys(live) - judged, key=str)
+    ]
+
+
+class _OneShotDiagnoser:
+    _judging: list[dict] = []
+
+    def update(self, snapshot: Mapping[str, Any]) -> list[dict]:
+        from dlwatch.diagnose import evaluate, judging
+
+        self._judging = judging(snapshot)
         return evaluate(snapshot)
+
+    def judging(self) -> list[dict]:
+        return self._judging
 
 
 def _default_diagnoser() -> HintSource:

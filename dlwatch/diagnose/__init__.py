@@ -7,6 +7,8 @@ imports of textual/psutil/pynvml/torch.
   gating over successive snapshots; the live views use it (or ``Diagnoser``).
 - ``evaluate(snapshot) -> hints``: instantaneous, for one-shot output.
 - ``format_hints(hints) -> str``: text for ``dlwatch snapshot``.
+- ``judging(snapshot)`` / ``Diagnoser.judging()``: the loaders not judged
+  yet (their first warm-up), the snapshot's ``judging``.
 
 The rule catalog, thresholds and their origins: ``RULES.md`` next to this file.
 """
@@ -19,6 +21,7 @@ from .engine import (
     DiagnoseState,
     diagnose,
     evaluate,
+    judging,
 )
 from .registry import Rule
 from .render import format_hints
@@ -29,6 +32,7 @@ __all__ = [
     "diagnose",
     "evaluate",
     "format_hints",
+    "judging",
     "HOLD_ON_S",
     "HOLD_OFF_S",
     "REGISTRY",

@@ -17,7 +17,12 @@ layer adds the memory a human reader needs:
 - while warming up, a hint already on screen stays and a pending one is
   forgotten (it must re-earn its hold on steady figures);
 - a job that is not "live" gets no new hints; its shown ones fade after
-  ``HOLD_OFF_S`` like any cleared condition.
+  ``HOLD_OFF_S`` like any cleared condition;
+- a loader's worker-count advice keeps its direction for a minute
+  (direction.py), and whether other processes decide the counts is a held
+  state (others.py);
+- a loader not judged yet is listed (``judging``), so that no hint is never
+  read as "nothing to fix" before the first judgement.
 
 The only clock is ``snapshot["time"]``: replaying recorded snapshots gives the
 same hints as watching them live.
@@ -34,6 +39,8 @@ from dlwatch.snapshot import severity_rank
 
 from . import (
     ceiling,
+    direction,
+    others,
     rules_cores,
     rules_epochs,
     rules_gpu,
@@ -126,6 +133,8 @@ class LoaderTrack:
     batches: int | None
     first_batch_at: float | None  # steady clock start: first batch seen this epoch
     was_steady: bool = False
+    seen_at: float | None = None  # the first snapshot that held the loader
+    judged_at: float | None = None  # first steady: its hints show HOLD_ON_S later
 
 
 @dataclass(frozen=True)
@@ -151,6 +160,14 @@ class DiagnoseState:
     rule_errors: Mapping[str, str] = field(default_factory=dict)
     # pid -> recent CPU samples (smoothing.py): CPU over the loader's window
     cpu: smoothing.History = field(default_factory=dict)
+    # Whether other processes decide the worker counts (others.py), held
+    others: others.OthersTrack = field(default_factory=others.OthersTrack)
+    # (pid, loader id) -> the worker-count advice's direction, held (direction.py)
+    directions: Mapping[tuple[int, int], direction.DirectionTrack] = field(default_factory=dict)
+    # Loaders of live jobs not judged yet (their first warm-up), as ``judging`` lists them
+    judging: tuple[dict[str, Any], ...] = ()
+    # Loaders judged at least once: never "judging" again
+    judged: frozenset[tuple[int, int]] = frozenset()
 
 
 def _grace(window_s: float | None) -> float:
@@ -222,7 +239,7 @@ def stateless_phases(snapshot: Mapping[str, Any]) -> dict[tuple[int, int], str]:
             # Attached to a running job: no batch clock to judge warm-up by,
             # and the job was running before anyone looked.
             out[(pid, lid)] = STEADY
-        elif ld.get("active") is False:
+        elif ld.get("active") is False or ld.get("epoch_open") is False:
             out[(pid, lid)] = INACTIVE
         else:
             out[(pid, lid)] = STEADY if history_says_steady(ld, window) else WARMUP
@@ -245,14 +262,14 @@ def _track_loaders(
             # Attached mid-run: trust the job's own recent history rather than
             # making the user wait through a warm-up that already happened.
             start = t - loader_grace(ld, window) if history_says_steady(ld, window) else None
-            tr = LoaderTrack(epoch, batches, start)
+            tr = LoaderTrack(epoch, batches, start, seen_at=t)
         elif epoch != tr.epoch and _respawns_workers(ld):
-            tr = LoaderTrack(epoch, batches, None, tr.was_steady)
+            tr = LoaderTrack(epoch, batches, None, tr.was_steady, tr.seen_at, tr.judged_at)
         else:
             start = tr.first_batch_at
             if start is None and batches is not None and tr.batches is not None and batches > tr.batches:
                 start = t
-            tr = LoaderTrack(epoch, batches, start, tr.was_steady)
+            tr = LoaderTrack(epoch, batches, start, tr.was_steady, tr.seen_at, tr.judged_at)
         steady = (
             batches is not None
             and batches >= warmup_batches(ld)
@@ -260,11 +277,11 @@ def _track_loaders(
             and t - tr.first_batch_at >= loader_grace(ld, window)
         )
         if steady and not tr.was_steady:
-            tr = replace(tr, was_steady=True)
+            tr = replace(tr, was_steady=True, judged_at=t)
         tracks[key] = tr
         if ld.get("sampled") is True:
             phases[key] = STEADY  # as in stateless_phases
-        elif ld.get("active") is False:
+        elif ld.get("active") is False or ld.get("epoch_open") is False:
             phases[key] = INACTIVE
         else:
             phases[key] = STEADY if steady else WARMUP
@@ -465,6 +482,75 @@ def _step_hysteresis(
     return new
 
 
+# A loader's first judgement waits at most this long after its first steady
+# figures for a pending hint to show (a condition that keeps flickering
+# under its hold must not keep it "judging" forever).
+JUDGING_MAX_PENDING_S = 15.0
+
+
+def _judging(
+    ctx: Context,
+    tracks: Mapping[tuple[int, int], LoaderTrack],
+    hints: Mapping[HintKey, HintTrack],
+    judged: frozenset[tuple[int, int]],
+    t: float,
+) -> tuple[tuple[dict[str, Any], ...], frozenset[tuple[int, int]]]:
+    """The live loaders not judged yet, and the loaders judged so far. A
+    loader is judged once a hint about it (or its job, or the box) shows, or
+    once its figures have been steady for HOLD_ON_S with no hint pending
+    about it: until then no hint is not "nothing to fix"."""
+    shown: set[tuple[int | None, int | None]] = set()
+    pending: set[tuple[int | None, int | None]] = set()
+    for (_rid, pid, lid), ht in hints.items():
+        (shown if ht.shown else pending).add((pid, lid))
+    out = []
+    done = set(judged)
+    for lv in ctx.loaders:
+        key = (lv.pid, lv.lid)
+        tr = tracks.get(key)
+        if key in done or tr is None or lv.phase == INACTIVE:
+            continue
+        about = {key, (lv.pid, None), (None, None)}
+        if tr.was_steady and tr.judged_at is not None:
+            held = t - tr.judged_at
+            if about & shown or (held >= HOLD_ON_S and not about & pending) or held >= JUDGING_MAX_PENDING_S:
+                done.add(key)
+                continue
+        since = tr.seen_at if tr.seen_at is not None else t
+        why = f"a condition must hold {HOLD_ON_S:.0f} s before its hint shows" if tr.was_steady else None
+        out.append(judging_entry(lv.pid, lv.lid, t - since, lv.loader, why))
+    return tuple(out), frozenset(k for k in done if k in tracks)
+
+
+def judging_entry(
+    pid: int, lid: int, seconds: float | None, loader: Mapping[str, Any], why: str | None = None
+) -> dict[str, Any]:
+    """One loader's warm-up as the snapshot's ``judging`` lists it."""
+    need = warmup_batches(loader)
+    have = as_int(loader.get("batches_total")) or 0
+    if why is None:
+        started = "its window still holds the epoch's start-up"
+        why = f"{have} of the {need} batches its rates are judged after" if have < need else started
+    return {
+        "job_pid": pid,
+        "loader_id": lid,
+        "judging_s": None if seconds is None else round(seconds, 1),
+        "reason": why,
+    }
+
+
+def judging(snapshot: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Stateless ``judging`` for one-shot callers: the loaders of live jobs
+    whose own history says they are still warming up (``judging_s``: since
+    the epoch's first batch, when the loader says)."""
+    ctx = build_context(snapshot, stateless_phases(snapshot))
+    return [
+        judging_entry(lv.pid, lv.lid, num(lv.loader.get("epoch_first_batch_age_s")), lv.loader)
+        for lv in ctx.loaders
+        if lv.phase == WARMUP
+    ]
+
+
 def diagnose(
     snapshot: Mapping[str, Any], state: DiagnoseState | None = None
 ) -> tuple[list[dict[str, Any]], DiagnoseState]:
@@ -484,12 +570,34 @@ def diagnose(
     mem = rules_memory.update_mem_series(dict(state.mem), snapshot, t)
     judged, cpu = smoothing.smooth_cpu(snapshot, {} if restart else state.cpu, t)
     ctx = build_context(judged, phases, mem)
+    held_others = others.step(state.others, ctx, t, restart)
+    ctx = replace(ctx, others_decide=held_others.on, others_peak=held_others.peak if held_others.on else None)
     fired, errors = _run_rules(ctx)
     frozen = _frozen_keys(ctx, tracks)
     # A rule that raised says nothing: keep its shown hints as they were.
     frozen.update(k for k in state.hints if k[0] in errors)
+    # A loader's worker-count advice keeps its direction (direction.py): the
+    # hints that would turn it wait, the shown ones stay as they were.
+    dirs, held = direction.step(state.directions, direction.candidates(fired, ctx), t)
+    dirs = {k: v for k, v in dirs.items() if k in tracks}  # bounded: the loaders of this snapshot
+    waiting = direction.held_keys(fired, {k for k, tr in state.hints.items() if tr.shown}, held)
+    fired = {k: h for k, h in fired.items() if k not in waiting}
+    frozen |= waiting
     hints = _step_hysteresis(state.hints, fired, frozen, t, restart, _hold_off(judged))
-    new_state = DiagnoseState(time=t, loaders=tracks, hints=hints, mem=mem, rule_errors=errors, cpu=cpu)
+    hints = direction.without_faded_rivals(hints, fired, dirs)
+    judging_now, judged_loaders = _judging(ctx, tracks, hints, state.judged, t)
+    new_state = DiagnoseState(
+        time=t,
+        loaders=tracks,
+        hints=hints,
+        mem=mem,
+        rule_errors=errors,
+        cpu=cpu,
+        others=held_others,
+        directions=dirs,
+        judging=judging_now,
+        judged=judged_loaders,
+    )
     shown = [_copy_hint(tr.hint) for tr in hints.values() if tr.shown]
     return _sorted(shown), new_state
 
@@ -503,6 +611,11 @@ class Diagnoser:
     def update(self, snapshot: Mapping[str, Any]) -> list[dict[str, Any]]:
         hints, self.state = diagnose(snapshot, self.state)
         return hints
+
+    def judging(self) -> list[dict[str, Any]]:
+        """The loaders the last ``update`` had not judged yet (the snapshot's
+        ``judging``): views say "judging… (N s)", never "nothing to fix"."""
+        return [dict(e) for e in self.state.judging]
 
     def reset(self) -> None:
         self.state = DiagnoseState()

@@ -142,8 +142,12 @@ class LoaderView:
 
     @property
     def title(self) -> str:
-        """How messages name the loader (at the start of a sentence)."""
-        return f"Loader {self.lid} of PID {self.pid}"
+        """How messages name the loader (at the start of a sentence), with
+        its role where the framework says (an evaluation loader's advice is
+        not the training loader's)."""
+        role = self.loader.get("role")
+        said = f" ({role})" if isinstance(role, str) and role else ""
+        return f"Loader {self.lid}{said} of PID {self.pid}"
 
     @property
     def cpu_share_of_busy(self) -> float | None:
@@ -181,6 +185,11 @@ class Context:
     # (job_pid, worker_pid) -> (first_t, samples, growth): rules_memory; only the
     # stateful path fills it, so slope rules are silent in one-shot use.
     mem_series: MemSeries = field(default_factory=dict)
+    # Whether other processes decide the best worker counts (others.py): the
+    # stateful diagnosis's held state; None: judge this snapshot alone.
+    others_decide: bool | None = None
+    # The most cores other processes used while that state holds (others.py).
+    others_peak: float | None = None
 
     @property
     def main_loops(self) -> int:
@@ -247,6 +256,7 @@ def build_context(
     snapshot: Mapping[str, Any],
     phase_of: Mapping[tuple[int, int], str],
     mem_series: MemSeries | None = None,
+    others_decide: bool | None = None,
 ) -> Context:
     host = as_dict(snapshot.get("host"))
     usable = num(host.get("usable_cores"))
@@ -301,6 +311,7 @@ def build_context(
         gpu_ok=snapshot.get("gpu_status") == "ok",
         gpus=[g for g in as_list(snapshot.get("gpus")) if isinstance(g, dict)],
         mem_series=mem_series or {},
+        others_decide=others_decide,
     )
 
 
@@ -327,6 +338,25 @@ def hint(
 def r(v: float | None, nd: int = 3) -> float | None:
     """Round evidence for humans and JSON diffs; keep None as None."""
     return None if v is None else round(v, nd)
+
+
+def setting(loader: Mapping[str, Any], name: str, value: Any) -> str:
+    """A DataLoader setting in the words of the framework that builds the
+    loader (its ``framework``, from the code that iterates it): the HF
+    Trainer's TrainingArguments, a Lightning DataModule's loader, the loader
+    given to Accelerate's prepare(); else ``DataLoader(...)``."""
+    fw = loader.get("framework")
+    if fw == "transformers":
+        return (
+            f"dataloader_{name}={value} in TrainingArguments (the Trainer builds its train and eval "
+            f"loaders with it)"
+        )
+    if fw == "lightning":
+        which = {"eval": "val", "train": "train"}.get(str(loader.get("role")), "train/val")
+        return f"{name}={value} in the DataLoader your LightningDataModule's {which}_dataloader() returns"
+    if fw == "accelerate":
+        return f"{name}={value} in the DataLoader you pass to accelerator.prepare()"
+    return f"{name}={value} in DataLoader(...)"
 
 
 def others_cores(acc: Any) -> list[str]:

@@ -118,6 +118,27 @@ def format_hints(hints: Iterable[Mapping[str, Any]]) -> str:
     return "\n".join(blocks)
 
 
+def judging_label(entry: Mapping[str, Any]) -> str:
+    """ "judging… (N s)" for a loader the diagnosis has not judged yet (an
+    entry of the snapshot's ``judging``)."""
+    secs = entry.get("judging_s")
+    return f"judging… ({secs:.0f} s)" if isinstance(secs, (int, float)) else "judging…"
+
+
+def judging_lines(judging: Any, job_pid: int | None = None) -> list[str]:
+    """One line per loader not judged yet (of ``job_pid``, or all): what the
+    hints are waiting for, so no hints never reads as "nothing to fix"."""
+    out = []
+    for e in records(judging):
+        if job_pid is not None and e.get("job_pid") != job_pid:
+            continue
+        out.append(
+            f"{judging_label(e)} loader {e.get('loader_id')} of PID {e.get('job_pid')}: no hints until "
+            f"its rates settle ({e.get('reason') or 'warming up'})"
+        )
+    return out
+
+
 def tune_command(job: Mapping[str, Any], config: Mapping[str, Any]) -> str | None:
     """The ``dlwatch tune`` command line that measures ``config`` against the
     job's own settings on the job's own command (None without a command).
@@ -152,9 +173,10 @@ def with_tune_command(h: dict[str, Any], snapshot: Mapping[str, Any]) -> dict[st
         return h
     ev = h.get("evidence") or {}
     loader = next((ld for ld in records(job.get("loaders")) if ld.get("id") == h.get("loader_id")), {})
-    cmd = tune_command(
-        job, {"num_workers": ev.get("recommended_num_workers"), "current": as_int(loader.get("num_workers"))}
-    )
+    # A count weighed and found not worth it is still the one to measure.
+    n = ev.get("recommended_num_workers")
+    n = ev.get("considered_num_workers") if n is None else n
+    cmd = tune_command(job, {"num_workers": n, "current": as_int(loader.get("num_workers"))})
     if cmd is None:
         return h
     where = " with the loop saved as train.py" if cmd.startswith("%") else ""

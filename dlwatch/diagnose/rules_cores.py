@@ -14,9 +14,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from . import capacity
+from dlwatch.thresholds import DATA_BOUND_WAIT
+
+from . import capacity, others
 from .facts import Context, LoaderView, cores, hint, median, num, others_cores, pct, r, worker_values
 from .registry import Rule
+from .render import tune_command
 
 # A worker below 10 % of a core is parked (a persistent worker between epochs,
 # or one blocked on a full prefetch queue): it costs memory, not CPU time, so
@@ -98,6 +101,12 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
         return []
     if demand < OVERSUB_DEMAND_FRACTION * ctx.usable_cores:
         return []
+    decided = [lv for lv in steady if lv.workers and others.decide(ctx, lv) is not None]
+    if decided and busy_workers + acc.trainers <= ctx.usable_cores + OVERSUB_SLACK_CORES:
+        # The jobs alone fit the cores: the other processes oversubscribe
+        # them, and cores-shared-with-others says so for each loader they
+        # decide, with one count that does not move with their load.
+        return []
     total_workers = sum(len(lv.workers) for lv in ctx.loaders)
     jobs = sorted(int(j["pid"]) for j in ctx.live_jobs)
     with_workers = [lv for lv in steady if lv.workers and (lv.num_workers or 0) >= 1]
@@ -108,6 +117,9 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
     cut: dict[tuple[int, int], int] = {}
     verdicts = []
     for lv in with_workers:
+        if lv in decided:
+            verdicts.append(f"{lv.title}: its best count depends on the other processes' load")
+            continue
         n, pred = _lower_count(ctx, lv)
         if isinstance(pred, capacity.Prediction) and pred.speedup >= MIN_LOWERING_GAIN:
             cut[(lv.pid, lv.lid)] = n
@@ -121,15 +133,18 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
             verdicts.append(f"{lv.title}: the gain of fewer workers cannot be predicted ({pred.reason})")
     harmful = bool(cut)
     usable = cores(ctx.usable_cores)
+    # CPU alone under the names the tables use (a worker's CPU %, the
+    # trainer's main CPU): the run-queue wait is said apart, as a wait.
+    workers_cpu = sum(lv.cpu_sum + lv.cpu_missing for lv in steady)
     who = [
         f"{'the trainer' if ctx.main_loops == 1 else _plural(ctx.main_loops, 'trainer')} "
-        f"{cores(round(acc.trainers, 1))} cores (all threads, run-queue wait included)",
-        f"{_plural(busy_workers, 'busy DataLoader worker')} {cores(round(acc.workers, 1))}",
+        f"{cores(round(acc.trainers - acc.trainers_runqueue, 1))} cores of CPU (all threads)",
+        f"{_plural(busy_workers, 'busy DataLoader worker')} {cores(round(workers_cpu, 1))}",
     ]
     who += others_cores(acc)
     msg = (
         f"The {usable} usable cores are fully used{window_note(ctx)}: {', '.join(who[:-1])} and "
-        f"{who[-1]}; threads waited {cores(round(rq, 1))} cores' worth for a CPU "
+        f"{who[-1]}; besides, their threads waited {cores(round(rq, 1))} cores' worth for a CPU "
         f"({pct(rq / ctx.usable_cores)} of the cores)."
     )
     if verdicts:
@@ -138,9 +153,9 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
         parts = [f"num_workers={n} for loader {lid} of PID {pid}" for (pid, lid), n in sorted(cut.items())]
         sugg = "lower " + ", ".join(parts)
     else:
-        msg += " Worth knowing, nothing to lower."
+        msg += " Worth knowing; no lower count is predicted faster."
         sugg = (
-            "nothing to change in num_workers; a step whose intra-op threads fill the cores leaves a "
+            "no lower num_workers is predicted faster; a step whose intra-op threads fill the cores leaves a "
             "worker none (torch.set_num_threads trades one for the other): `dlwatch tune` measures it"
         )
     logical = num(ctx.host.get("logical_cpus"))
@@ -223,13 +238,83 @@ def rule_worker_thread_oversubscription(ctx: Context) -> list[dict[str, Any]]:
     return out
 
 
+def rule_cores_shared_with_others(ctx: Context) -> list[dict[str, Any]]:
+    """A data-bound loader whose loading is on a CPU, on cores other
+    processes use (others.py): no count, since the best one moves with their
+    load; the figure, and the command that measures it."""
+    if ctx.usable_cores is None:
+        return []
+    out = []
+    for lv in ctx.loaders:
+        if not lv.steady or lv.num_workers is None or lv.wait is None or lv.wait < DATA_BOUND_WAIT:
+            continue
+        theirs = others.decide(ctx, lv)
+        if theirs is None:
+            continue
+        acc = capacity.account(ctx)
+        if acc is None:  # usable cores known: for the type checker
+            continue
+        starved = others.starved_cores(ctx)
+        nw = lv.num_workers
+        who = (
+            f"its {_plural(nw, 'worker')} {'are' if nw != 1 else 'is'} busy {pct(lv.busy_mean)} "
+            f"of the time, loading on a CPU"
+        )
+        usable = cores(ctx.usable_cores)
+        peak = max(theirs, ctx.others_peak or 0.0)
+        # Held after the others went quiet: their figure then is the most they used.
+        use = f"use {cores(round(theirs, 1))} of the {usable} usable cores"
+        if peak >= theirs + 0.2:
+            use = (
+                f"used up to {cores(round(peak, 1))} of the {usable} usable cores in the last minute "
+                f"({cores(round(theirs, 1))} now)"
+            )
+        msg = (
+            f"{lv.title} waits for data {pct(lv.wait)} of the time{window_note(ctx)}; {who}, and "
+            f"other processes {use}: this job's "
+            f"processes waited {cores(round(starved, 1))} cores' worth for a CPU. More workers take "
+            f"more of the cores from the other processes, fewer load less at once: the best "
+            f"num_workers depends on what they do, and dlwatch does not predict it."
+        )
+        cmd = tune_command(lv.job, {}) or "dlwatch tune"
+        sugg = (
+            f"other processes use up to {cores(round(peak, 1))} of the {usable} cores; the best "
+            f"num_workers depends on them: measure with `{cmd}` while they run, or make "
+            f"each batch cheaper (cache decoded samples)"
+        )
+        ev = {
+            "data_wait_fraction": r(lv.wait),
+            "num_workers": nw,
+            "other_cpu_cores": r(theirs, 2),
+            "other_cpu_cores_peak": r(peak, 2),
+            "usable_cores": ctx.usable_cores,
+            "jobs_runqueue_cores": r(starved, 2),
+            "others_decide": True,
+            "recommended_num_workers": None,
+            "cpu_accounting": acc.evidence(),
+        }
+        out.append(hint("cores-shared-with-others", "warn", lv.pid, lv.lid, msg, sugg, ev))
+    return out
+
+
 # When cores are oversubscribed, per-loader advice about the worker count is
 # measured on starved workers: fix the oversubscription first, one hint at a time.
 SUPERSEDED_BY_OVERSUBSCRIPTION = frozenset(
     {"add-workers", "io-bound", "cpu-bound-preprocessing", "sampled-worker-count"}
 )
 
+# While other processes decide a loader's count, the count rules' figures
+# move with their load: one story instead (others.py).
+DECIDED_BY_OTHERS = frozenset({"add-workers", "cpu-bound-preprocessing"})
+
 RULES = (
+    Rule(
+        "cores-shared-with-others",
+        rule_cores_shared_with_others,
+        "loader",
+        rate=True,
+        supersedes=DECIDED_BY_OTHERS,
+    ),
     Rule(
         "workers-oversubscribe-cores",
         rule_workers_oversubscribe_cores,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .facts import Context, as_list, hint, median, ms, num, pct, r
+from .facts import Context, as_list, hint, median, ms, num, pct, r, setting
 from .registry import Rule
 
 # An epoch-start stall under half a second is not worth a config change even
@@ -57,7 +57,7 @@ def rule_enable_persistent_workers(ctx: Context) -> list[dict[str, Any]]:
         )
         if method in ("spawn", "forkserver"):
             msg += f" The '{method}' start method makes every re-spawn re-import the script."
-        sugg = "set persistent_workers=True in DataLoader(...) so workers survive between epochs"
+        sugg = f"set {setting(lv.loader, 'persistent_workers', True)} so workers survive between epochs"
         ev = {
             "epoch_start_ms_median": r(stall, 1),
             "epoch_ms_median": r(epoch, 1),

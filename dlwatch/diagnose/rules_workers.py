@@ -28,7 +28,7 @@ from dlwatch.thresholds import (  # noqa: F401 (re-exported for the rules' reade
     little_workers,
 )
 
-from . import capacity
+from . import capacity, direction, story
 from .facts import (
     Context,
     LoaderView,
@@ -41,6 +41,7 @@ from .facts import (
     others_cores,
     pct,
     r,
+    setting,
     whole_cores,
     worker_values,
 )
@@ -132,6 +133,26 @@ def _gain(pred: capacity.Prediction | capacity.NoPrediction | None) -> tuple[boo
     return pred.speedup >= MIN_WORTHWHILE_SPEEDUP, text + "."
 
 
+def _nothing_to_gain(h: dict[str, Any], pred: Any, lv: LoaderView) -> dict[str, Any]:
+    """A count hint whose predicted gain is under the bar advises no setting
+    (issue 32: "set num_workers=6" beside ≈ 1.00×): it keeps the count it
+    weighed as ``considered_num_workers`` and says to keep the current one."""
+    if not isinstance(pred, capacity.Prediction) or pred.speedup >= MIN_WORTHWHILE_SPEEDUP:
+        return h
+    nw = lv.num_workers or 0
+    ev = h["evidence"]
+    rec = ev.get("recommended_num_workers")
+    if rec is None or rec == nw:
+        return h
+    ev["considered_num_workers"] = rec
+    ev["recommended_num_workers"] = None
+    h["suggestion"] = (
+        f"keep {setting(lv.loader, 'num_workers', nw)}: {rec} would gain under "
+        f"{pct(MIN_WORTHWHILE_SPEEDUP - 1)}, {pred.phrase()}"
+    )
+    return h
+
+
 def _prediction_evidence(pred: capacity.Prediction | capacity.NoPrediction | None) -> dict[str, Any]:
     if pred is None:
         return {"expected_speedup": None}
@@ -182,7 +203,7 @@ def _no_workers_sampled(ctx: Context, lv: LoaderView) -> dict[str, Any] | None:
     ) + capped(est, cap, rec, f"; the free cores allow {rec}")
     ev = _sampling_evidence(lv) | est | {"num_workers": 0, "core_cap": cap, "usable_cores": ctx.usable_cores}
     ev["recommended_num_workers"] = rec
-    sugg = f"set num_workers={rec} in DataLoader(...) so batches load while the loop computes"
+    sugg = f"set {setting(lv.loader, 'num_workers', rec)} so batches load while the loop computes"
     severity = "warn" if wait[0] >= DATA_BOUND_WAIT else "info"
     return hint("no-workers", severity, lv.pid, lv.lid, msg, sugg, ev)
 
@@ -236,14 +257,12 @@ def rule_no_workers(ctx: Context) -> list[dict[str, Any]]:
         msg += gain_text
         if rec is not None:
             sugg = (
-                f"set num_workers={rec} in DataLoader(...) so batches load in the "
+                f"set {setting(lv.loader, 'num_workers', rec)} so batches load in the "
                 f"background while the loop computes"
             )
-            if isinstance(pred, capacity.Prediction) and not worth:
-                sugg += "; or, since the CPU is the limit, make loading cheaper (cache decoded samples)"
         else:
             sugg = (
-                "set num_workers=2 in DataLoader(...) to load in the background, "
+                f"set {setting(lv.loader, 'num_workers', 2)} to load in the background, "
                 "then re-measure the data wait"
             )
         ev: dict[str, Any] = {
@@ -261,7 +280,7 @@ def rule_no_workers(ctx: Context) -> list[dict[str, Any]]:
         ev |= _prediction_evidence(pred)
         if acc is not None:
             ev["cpu_accounting"] = acc.evidence()
-        out.append(hint("no-workers", severity, lv.pid, lv.lid, msg, sugg, ev))
+        out.append(_nothing_to_gain(hint("no-workers", severity, lv.pid, lv.lid, msg, sugg, ev), pred, lv))
     return out
 
 
@@ -313,7 +332,7 @@ def rule_add_workers(ctx: Context) -> list[dict[str, Any]]:
                 f"per-batch overhead outside the fetch (IPC, collate) is the rest"
             )
         msg += "." + gain_text
-        sugg = f"set num_workers={rec} in DataLoader(...)"
+        sugg = f"set {setting(lv.loader, 'num_workers', rec)}"
         ev = _common_evidence(lv) | {
             "recommended_num_workers": rec,
             "little_law_workers": little,
@@ -326,7 +345,8 @@ def rule_add_workers(ctx: Context) -> list[dict[str, Any]]:
             "cpu_accounting": acc.evidence(),
         }
         ev |= _prediction_evidence(pred)
-        out.append(hint("add-workers", "warn" if worth else "info", lv.pid, lv.lid, msg, sugg, ev))
+        h = hint("add-workers", "warn" if worth else "info", lv.pid, lv.lid, msg, sugg, ev)
+        out.append(_nothing_to_gain(h, pred, lv))
     return out
 
 
@@ -349,7 +369,7 @@ def rule_io_bound(ctx: Context) -> list[dict[str, Any]]:
         worth, gain_text = _gain(pred)
         msg += gain_text
         sugg = (
-            f"set num_workers={rec} in DataLoader(...) (I/O waits overlap, so this may exceed "
+            f"set {setting(lv.loader, 'num_workers', rec)} (I/O waits overlap, so this may exceed "
             f"the core count), or cache the dataset on local SSD / in RAM"
         )
         ev = _common_evidence(lv) | {
@@ -360,7 +380,11 @@ def rule_io_bound(ctx: Context) -> list[dict[str, Any]]:
             "cpu_bound_reason": why,
         }
         ev |= _prediction_evidence(pred)
-        out.append(hint("io-bound", "warn" if worth else "info", lv.pid, lv.lid, msg, sugg, ev))
+        out.append(
+            _nothing_to_gain(
+                hint("io-bound", "warn" if worth else "info", lv.pid, lv.lid, msg, sugg, ev), pred, lv
+            )
+        )
     return out
 
 
@@ -420,11 +444,14 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict[str, Any]]:
                 f" The last worker profile puts {pct(wp['top_share'])} of the workers' time in "
                 f"{wp['top_stage']} ({wp['verdict']})."
             )
-            sugg = str(wp.get("suggestion") or sugg)
+            # Its next step, unless it weighs more workers where one more cannot help.
+            theirs = str(wp.get("suggestion") or "")
+            if theirs and (one_more_helps or direction.RAISE not in story.says(theirs)):
+                sugg = theirs
         else:
             sugg += "; to see which stage costs what: dlwatch profile --workers (W in the live view)"
         if one_more_helps:
-            sugg = f"set num_workers={nw + 1} in DataLoader(...); beyond that, " + sugg
+            sugg = f"set {setting(lv.loader, 'num_workers', nw + 1)}; beyond that, " + sugg
         ev = _common_evidence(lv) | {
             "usable_cores": ctx.usable_cores,
             "usable_cores_source": ctx.usable_cores_source(),

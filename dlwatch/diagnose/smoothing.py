@@ -22,6 +22,10 @@ KEEP_S = 60.0
 # Per-process figures averaged, job level then worker level.
 JOB_KEYS = ("main_cpu_percent", "main_thread_cpu_percent", "main_runqueue_percent")
 WORKER_KEYS = ("cpu_percent", "runqueue_percent")
+# Other processes' cores (host level, kept under a key no process has): the
+# busy cores minus the jobs' in one sample, set against the same window.
+HOST_KEYS = ("other_cpu_cores",)
+HOST_KEY = 0
 
 # One process's sample: (time, {key: value}); a history: pid -> samples, oldest first.
 Sample = tuple[float, dict[str, float | None]]
@@ -59,8 +63,20 @@ def smooth_cpu(
 ) -> tuple[dict[str, Any], dict[int, tuple[Sample, ...]]]:
     """``snapshot`` with each live job's and worker's CPU figures replaced by
     their mean over the samples within its loader's window (the job's:
-    its longest loader window), and the updated history. Pure."""
+    its longest loader window; the host's other processes: the longest of
+    all), and the updated history. Pure."""
     hist = {pid: s for pid, s in history.items() if s and s[-1][0] >= t - KEEP_S}
+    host = as_dict(snapshot.get("host"))
+    _add(hist, HOST_KEY, t, {k: num(host.get(k)) for k in HOST_KEYS})
+    window = max(
+        (
+            _window(snapshot, ld)
+            for job in as_list(snapshot.get("jobs"))
+            for ld in as_list(as_dict(job).get("loaders"))
+        ),
+        default=num(snapshot.get("window_s")) or 0.0,
+    )
+    judged_host = _smoothed(host, hist[HOST_KEY], HOST_KEYS, t - window)
     jobs = []
     for job in as_list(snapshot.get("jobs")):
         if not isinstance(job, dict) or job.get("state", "live") != "live" or as_int(job.get("pid")) is None:
@@ -89,4 +105,7 @@ def smooth_cpu(
             new_loaders.append(dict(ld, workers=workers))
         new_job["loaders"] = new_loaders
         jobs.append(new_job)
-    return dict(snapshot, jobs=jobs), hist
+    out = dict(snapshot, jobs=jobs)
+    if "host" in snapshot:
+        out["host"] = judged_host
+    return out, hist

@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from dlwatch.diagnose.render import judging_lines
 from dlwatch.snapshot import as_dict, as_int, find_job, num, records, severity_rank
 
 NA = "n/a"
@@ -212,7 +213,10 @@ def _gpu_line(snapshot: Mapping) -> str:
     return " · ".join(parts)
 
 
-def _hint_lines(hints: list[dict]) -> list[str]:
+def _hint_lines(hints: list[dict], judging: list[str] | None = None) -> list[str]:
+    if not hints and judging:
+        # Not judged yet: no hint is not "nothing to fix".
+        return [f"<div>{_e(line)}</div>" for line in judging]
     if not hints:
         return ["<div>No hints: nothing in the input pipeline needs attention.</div>"]
     out = ["<ul>"]
@@ -290,7 +294,7 @@ def render(
         parts.append(f"<div>{_gpu_line(snap)}</div>")
         shown = hints if hints is not None else job_hints(snap, pid)
         parts.append("<div><b>Hints</b></div>")
-        parts += _hint_lines(shown)
+        parts += _hint_lines(shown, judging_lines(snap.get("judging"), pid))
     parts.append("</div>")
     return "\n".join(parts)
 

@@ -26,6 +26,7 @@ from time import perf_counter as _clock  # float seconds, as the hot path's
 from typing import Any
 
 from dlwatch.probe import deaths
+from dlwatch.probe import framework as _framework
 from dlwatch.probe import worker as _worker
 
 # Recent epochs remembered per loader (epoch-start stalls, epoch durations).
@@ -36,6 +37,15 @@ MAX_LOADERS = 64
 # sees its final figures), then leaves them: a job that builds a DataLoader
 # every epoch must not grow every frame by one loader per epoch.
 DEAD_LOADER_KEEP_NS = 10 * 10**9
+# Every loader's counters alive in this process (an evaluation pauses the others').
+_LIVE: weakref.WeakSet[LoaderStats] = weakref.WeakSet()
+
+
+def _pause_others(evaluating: LoaderStats, t: float) -> None:
+    """An evaluation loader starts an epoch: the other loaders' steps pause."""
+    for st in list(_LIVE):
+        if st is not evaluating and st.role != "eval":
+            st.pause(t)
 
 
 class LoaderStats:
@@ -72,6 +82,8 @@ class LoaderStats:
         "deaths",
         "error",
         "procs",
+        "framework",
+        "role",
         "__weakref__",
     )
 
@@ -119,6 +131,11 @@ class LoaderStats:
         # status stays readable after torch dropped the iterator (the job
         # crashing on the death).
         self.procs: list = []
+        # The framework iterating it and what for ("train" | "eval"), from
+        # the code that calls iter() (probe/framework.py); None: not known.
+        self.framework: str | None = None
+        self.role: str | None = None
+        _LIVE.add(self)
 
     # --- called from the patched iterator (trainer main thread) -------------
 
@@ -127,6 +144,14 @@ class LoaderStats:
         # ``break`` and kept the iterator, or a persistent iterator's _reset):
         # the replacement ends it.
         self.cut_epoch(t0)
+        try:
+            framework, role = _framework.caller(3)
+            self.framework = framework or self.framework
+            self.role = role or self.role
+            if self.role == "eval":
+                _pause_others(self, t0)
+        except Exception:
+            pass
         self.epoch += 1
         self.epoch_t0 = t0
         self.epoch_b0 = self.batches
@@ -160,6 +185,16 @@ class LoaderStats:
         self.t_last = 0.0
         self.t_enter = 0.0
         self.epoch_t0 = 0.0
+
+    def pause(self, t: float) -> None:
+        """Another loader of the job (an evaluation) starts iterating while
+        this one is between batches: the loop's work up to ``t`` is its step,
+        the evaluation is not. Its next batch is then taken like one after an
+        epoch's end (no start stall)."""
+        if self.t_last and self.t_enter <= self.t_last and t > self.t_last:
+            self.step_s += t - self.t_last
+            self.t_last = 0.0
+            self.t_enter = 0.0
 
     def first_batch(self, t1: float, data: Any = None) -> None:
         # The hot path calls this for any batch returned while t_last is 0:
@@ -244,6 +279,9 @@ class LoaderStats:
                 "step_ns": _ns(step),
                 "teardown_ns": _ns(self.teardown_s),
                 "active": it is not None and loader_alive,
+                # An epoch runs: begun, not yet exhausted or dropped (an
+                # exhausted iterator may stay alive, a finished loader's is).
+                "epoch_open": bool(self.epoch_t0 or t_last or inside),
                 "epoch_start_ms": [round(x, 3) for x in self.epoch_start_ms],
                 "epoch_ms": [round(x, 3) for x in self.epoch_ms],
                 "epoch_batches": list(self.epoch_batches),
@@ -264,6 +302,10 @@ class LoaderStats:
             out["worker_deaths"] = [dict(d) for d in self.deaths]
         if self.error is not None:
             out["last_error"] = self.error
+        if self.framework is not None:
+            out["framework"] = self.framework
+        if self.role is not None:
+            out["role"] = self.role
         return out
 
 

@@ -9,7 +9,7 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.widgets import Static
 
-from dlwatch.diagnose.render import evidence_items, evidence_text
+from dlwatch.diagnose.render import evidence_items, evidence_text, judging_lines
 from dlwatch.tui import fmt
 from dlwatch.tui.keyed import set_static
 from dlwatch.tui.textmodal import TextModal
@@ -72,12 +72,14 @@ class HintsPanel(Static):
         # The collector re-judges once a second and hands the same list over
         # in between: nothing to format again.
         hints_obj = snapshot.get("hints") if isinstance(snapshot, dict) else None
-        key = (hints_obj, job_pid, pal, wide, host)
+        judging_obj = snapshot.get("judging") if isinstance(snapshot, dict) else None
+        key = (hints_obj, job_pid, pal, wide, host, judging_obj)
         if (
             hints_obj is not None
             and self._shown_for is not None
             and self._shown_for[0] is hints_obj
-            and self._shown_for[1:] == key[1:]
+            and self._shown_for[-1] is judging_obj
+            and self._shown_for[1:-1] == key[1:-1]
         ):
             return
         self._shown_for = key
@@ -87,9 +89,15 @@ class HintsPanel(Static):
         hints, others = relevant_hints(snapshot.get("hints"), job_pid, host)
         out = Text()
         broken = fmt.s(snapshot.get("hints_error"))
+        # A loader in its first warm-up is not judged yet: no hints is not "nothing to fix".
+        judging = judging_lines(snapshot.get("judging"), job_pid)
         if broken and not hints:
             # No hints from a diagnosis that did not run is not "nothing to fix".
             out.append(f"✖ no hints: {broken}", pal.bad)
+        elif judging:
+            out.append("\n".join(judging), pal.dim)
+            if hints:
+                out.append("\n")
         elif not hints:
             out.append("✓ no hints" + (" for this job" if others else ""), pal.good)
             out.append(" — nothing to fix in the input pipeline right now" if not others else "", pal.dim)

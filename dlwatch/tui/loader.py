@@ -24,9 +24,28 @@ def _flag(on: Any) -> str:
     return "✓" if on is True else ("✗" if on is False else "?")
 
 
+# How a loader's role reads, by the framework that said it.
+_ROLES = {
+    ("transformers", "eval"): "eval (Trainer)",
+    ("transformers", "train"): "train (Trainer)",
+    ("lightning", "eval"): "validation (Lightning)",
+    ("lightning", "train"): "train (Lightning)",
+}
+
+
+def loader_role(ld: dict) -> str:
+    """ "eval (Trainer)", "validation (Lightning)", … where the framework says; else ""."""
+    role, fw = fmt.s(ld.get("role")), fmt.s(ld.get("framework"))
+    return _ROLES.get((fw, role), role)
+
+
 def loader_title(ld: dict, pal: fmt.Palette) -> Text:
     nw = fmt.intval(ld.get("num_workers"))
     parts: list[Text | str] = [Text(f"loader {fmt.count(ld.get('id'))}", "bold")]
+    role = loader_role(ld)
+    if role:
+        # The framework says which loader is which: an evaluation's pauses are not training's.
+        parts.append(Text(role, f"bold {pal.info}"))
     kind = fmt.s(ld.get("kind"))
     if kind:
         parts.append(kind)
@@ -48,6 +67,8 @@ def loader_title(ld: dict, pal: fmt.Palette) -> Text:
         parts.append(sm)
     if ld.get("active") is False:
         parts.append(Text("idle (no iterator)", pal.dim))
+    elif ld.get("epoch_open") is False:
+        parts.append(Text("idle (its epoch finished)", pal.dim))
     return fmt.join(parts, pal=pal)
 
 
@@ -70,10 +91,41 @@ def loader_stats(ld: dict, pal: fmt.Palette, wide: bool) -> Text:
         # Why the gauge reads n/a: a window without a batch is no figure, not 0 %.
         parts.append(Text(reason, pal.warn))
     if wide:
-        parts.append(f"worker {fmt.ms(ld.get('worker_ms_per_batch'))}/batch")
+        parts.append(worker_time(ld))
     else:
-        parts.append(f"epoch {fmt.count(ld.get('epoch'))} (start {fmt.ms(ld.get('epoch_start_ms_last'))})")
+        parts.append(f"epoch {fmt.count(ld.get('epoch'))} (start {_or_why(ld, 'epoch_start_ms_last')})")
     return fmt.join(parts, pal=pal)
+
+
+def worker_time(ld: dict) -> str:
+    """One batch's fetch time in a worker, or why there is none (never "n/a/batch")."""
+    v = fmt.num(ld.get("worker_ms_per_batch"))
+    if v is not None:
+        return f"worker {fmt.ms(v)}/batch"
+    if fmt.intval(ld.get("num_workers")) == 0:
+        return "worker time n/a (num_workers=0)"
+    return "worker time n/a (no fetch timed in the window)"
+
+
+# Why an epoch figure is missing: the loader has not got that far.
+_EPOCH_NA = {
+    "epoch_start_ms_last": "n/a (no epoch started yet)",
+    "epoch_ms_last": "n/a (no epoch finished yet)",
+}
+
+
+def _no_workers_why(ld: dict, nw: int | None) -> str:
+    """Why a loader with workers lists none."""
+    if nw is None:
+        return "workers: n/a (the job did not report num_workers)"
+    if ld.get("active") is False:
+        return f"workers: none now (num_workers={nw}: they exit with the loader's iterator)"
+    return f"workers: none yet (num_workers={nw}: starting with the first batch)"
+
+
+def _or_why(ld: dict, key: str) -> str:
+    v = fmt.num(ld.get(key))
+    return fmt.ms(v) if v is not None else _EPOCH_NA[key]
 
 
 # What a figure only the hook measures reads for an attached job.
@@ -102,8 +154,8 @@ def epoch_stats(ld: dict, pal: fmt.Palette) -> Text:
     return fmt.join(
         [
             f"epoch {fmt.count(ld.get('epoch'))}",
-            f"epoch start {fmt.ms(ld.get('epoch_start_ms_last'))}",
-            f"last epoch {fmt.ms(ld.get('epoch_ms_last'))}",
+            f"epoch start {_or_why(ld, 'epoch_start_ms_last')}",
+            f"last epoch {_or_why(ld, 'epoch_ms_last')}",
             f"{fmt.count(ld.get('batches_total'))} batches",
         ],
         pal=pal,
@@ -159,8 +211,10 @@ def queue_line(ld: dict, pal: fmt.Palette) -> Text:
             t.append(f"{NOT_SAMPLED}: the prefetch queue is only read by the hook", pal.dim)
         elif fmt.intval(ld.get("num_workers")) == 0:
             t.append("n/a (num_workers=0: the loop loads each batch itself)", pal.dim)
+        elif ld.get("active") is False:
+            t.append("n/a (no iterator: the queue lives while an epoch runs)", pal.dim)
         else:
-            t.append("n/a", pal.dim)
+            t.append("n/a (not reported by the job yet)", pal.dim)
         return t
     t.append_text(fmt.queue_bar(ready, flight, cap, QUEUE_BAR, pal))
     t.append(f" {fmt.count(ready)} ready █ · {fmt.count(flight)} in flight ▒ / {fmt.count(cap)}")
@@ -338,7 +392,7 @@ class LoaderPanel(Vertical):
                 Text(
                     "num_workers=0: the training loop loads every batch itself"
                     if nw == 0
-                    else "workers: n/a",
+                    else _no_workers_why(ld, nw),
                     pal.dim,
                 ),
             )

@@ -99,9 +99,15 @@ class ProfileScreen(ModalScreen[None]):
         return t
 
     def _show_summary(self, doc: dict) -> None:
-        from dlwatch.diagnose import profile, worker_profile
+        from dlwatch.diagnose import profile, story, worker_profile
 
         self.doc = doc
+        # One story: a next step that contradicts the hints on screen about
+        # the worker count defers to them (diagnose/story.py).
+        snap = getattr(self.app, "snapshot", None)
+        step = story.next_step(doc, snap.get("hints") if isinstance(snap, dict) else None, self.pid)
+        if step is not None and step != doc.get("suggestion"):
+            doc = dict(doc, suggestion=step)
         t = Text()
         lines = (worker_profile if self.of_workers else profile).summary_lines(doc)
         t.append(f"{self.what} of PID {self.pid}\n\n", "bold")

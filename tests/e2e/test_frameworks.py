@@ -76,12 +76,18 @@ def _has(mod: str) -> bool:
 def test_lightning_trainer_fit_with_a_datamodule(tmp_path):
     _, ld, hints, own = _run("lightning", tmp_path)
     _check(ld, hints, own, "SleepyVectors")
+    # In Lightning's terms: its fit loop's loader, advice about the DataModule's.
+    assert (ld["framework"], ld["role"]) == ("lightning", "train")
+    assert "LightningDataModule's train_dataloader()" in hints[0]["suggestion"], hints
 
 
 @pytest.mark.skipif(not _has("transformers"), reason="transformers not installed (the test extra has it)")
 def test_transformers_trainer_with_a_tokenizing_collate(tmp_path):
     _, ld, hints, own = _run("hf", tmp_path)
     _check(ld, hints, own, "SleepyText", batch_ms=96)
+    # In the Trainer's terms: its training loop's loader, its TrainingArguments knob.
+    assert (ld["framework"], ld["role"]) == ("transformers", "train")
+    assert "set dataloader_num_workers=" in hints[0]["suggestion"], hints
 
 
 @pytest.mark.skipif(not _has("accelerate"), reason="accelerate not installed (the test extra has it)")
@@ -89,6 +95,8 @@ def test_accelerate_prepared_loader_wait_matches_the_loop(tmp_path):
     info, ld, hints, own = _run("accelerate", tmp_path)
     assert info["loader_type"] == "DataLoaderShard"
     _check(ld, hints, own, "SleepyVectors")
+    assert ld["framework"] == "accelerate"
+    assert "the DataLoader you pass to accelerator.prepare()" in hints[0]["suggestion"], hints
 
 
 @pytest.mark.skipif(not _has("torchdata"), reason="torchdata not installed (the test extra has it)")

@@ -239,6 +239,18 @@ def test_snapshot_text_says_what_a_window_covers_and_why_a_figure_is_missing():
     assert "0.0 %" not in out
 
 
+def test_snapshot_text_says_a_loader_is_not_judged_yet():
+    from dlwatch.cli.text import render_snapshot
+    from tests import tui_fixtures as F
+
+    snap = F.data_bound(hints=False)
+    pid = snap["jobs"][0]["pid"]
+    snap["judging"] = [{"job_pid": pid, "loader_id": 0, "judging_s": None, "reason": "3 of the 20 batches"}]
+    out = render_snapshot(snap)
+    assert f"judging… loader 0 of PID {pid}: no hints until its rates settle (3 of the 20 batches" in out
+    assert "hints: none yet" in out
+
+
 def test_snapshot_follow_usage_errors(capsys):
     from dlwatch.cli.main import main
 

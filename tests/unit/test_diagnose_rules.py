@@ -809,7 +809,7 @@ def test_oversubscribe_evidence_counts_all_jobs():
     assert ev["jobs"] == [1000, 2000] and ev["usable_cores"] == 6.0
     assert ev["usable_cores_source"] == "cgroup cpu.max 6.0"
     assert "2 trainers 1.6 cores" in h["message"] and "8 busy DataLoader workers 4.8" in h["message"]
-    assert "nothing to change in num_workers" in h["suggestion"]
+    assert "no lower num_workers is predicted faster" in h["suggestion"]
     ev = get(
         evaluate(snap([a, b], usable=6.0, cores_reason="cgroup quota 6 CPUs")), "workers-oversubscribe-cores"
     )["evidence"]

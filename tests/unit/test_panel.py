@@ -188,3 +188,13 @@ def test_a_kernels_hints_name_the_magic_not_the_kernel_command():
     }
     out = with_tune_command(h, {"jobs": [job]})["suggestion"]
     assert "ipykernel_launcher" not in out and "%dlwatch tune --workers 2,3 train.py" in out
+
+
+def test_a_loader_not_judged_yet_reads_judging_not_nothing_to_fix():
+    snap = copy.deepcopy(GOLDEN)
+    snap["hints"] = []
+    snap["judging"] = [{"job_pid": PID, "loader_id": 0, "judging_s": 3.0, "reason": "9 of the 20 batches"}]
+    out = _text(html.render(snap, PID, html.LIVE, now=0, hints=[]))
+    assert f"judging… (3 s) loader 0 of PID {PID}" in out and "nothing in the input pipeline" not in out
+    snap["judging"] = []
+    assert "nothing in the input pipeline" in _text(html.render(snap, PID, html.LIVE, now=0, hints=[]))

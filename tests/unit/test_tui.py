@@ -198,6 +198,20 @@ async def test_no_hints_and_waiting_states():
 
 
 @sync
+async def test_a_loader_not_judged_yet_says_judging_never_nothing_to_fix():
+    # The first screen of issue 32: a red wait gauge beside "nothing to fix".
+    snap = F.data_bound(hints=False)
+    pid = snap["jobs"][0]["pid"]
+    snap["judging"] = [{"job_pid": pid, "loader_id": 0, "judging_s": 4.2, "reason": "12 of the 20 batches"}]
+    app = make_app([snap])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        hints = plain(app.screen.query_one(HintsPanel))
+        assert "judging… (4 s) loader 0" in hints and "12 of the 20 batches" in hints
+        assert "nothing to fix" not in hints
+
+
+@sync
 async def test_a_failed_diagnosis_and_collector_faults_are_shown():
     snap = F.data_bound(hints=False)
     snap["hints_error"] = "diagnosis failed: KeyError: 'loaders'"
@@ -1013,6 +1027,33 @@ async def test_profile_key_shows_progress_then_summary_while_the_view_stays_live
 
 
 @sync
+async def test_the_profilers_next_step_defers_to_the_hint_on_screen_about_the_worker_count():
+    from dlwatch.diagnose import profile
+
+    snap = F.data_bound(hints=False)
+    snap["hints"] = [
+        F.hint(
+            "no-workers",
+            "info",
+            "Loader 0 of PID 4242 spends 50 % of the loop waiting for data with num_workers=0",
+            "keep num_workers=0 in DataLoader(...): 1 would gain under 10 %, expected ≈ 1.00× throughput",
+            job_pid=4242,
+            num_workers=0,
+            recommended_num_workers=None,
+        )
+    ]
+    fig = {"steps": 10, "step_ms_mean": 40.0, "data_wait_fraction": 0.5, "loader": {"id": 0}}
+    app = make_app(
+        StaticSource([snap]), interval=FAST, profiler=lambda pid, **_: profile.summary(pid, fig, None)
+    )
+    async with app.run_test(size=(100, 30)) as pilot:
+        text = await open_profile(pilot, app)
+        await wait_until(pilot, lambda: "data-bound" in text())
+        assert "next step: fix the input pipeline first, as the live view's no-workers hint says" in text()
+        assert "more DataLoader workers" not in text()
+
+
+@sync
 async def test_profile_key_reports_a_failure_and_escape_cancels():
 
     seen_cancel = threading.Event()
@@ -1109,3 +1150,24 @@ async def test_job_row_names_the_interpreter_not_its_path():
         assert "python -m dlwatch.demo.train" in row and ".venv" not in row, row
     assert fmt.short_command("python train.py") == "python train.py"
     assert fmt.short_command(None) == fmt.NA
+
+
+def test_every_missing_loader_figure_says_why():
+    # Issue 32: "worker n/a/batch", an exited job's "queue n/a", "workers: n/a",
+    # "last epoch n/a" with no reason.
+    from dlwatch.tui.loader import _no_workers_why, epoch_stats, queue_line, worker_time
+
+    pal = fmt.Palette()
+    gone = {"num_workers": 2, "active": False, "queue": {}, "worker_ms_per_batch": None}
+    assert worker_time(gone) == "worker time n/a (no fetch timed in the window)"
+    assert worker_time({"num_workers": 0}) == "worker time n/a (num_workers=0)"
+    assert worker_time({"worker_ms_per_batch": 42.0}) == "worker 42.0 ms/batch"
+    assert "n/a (no iterator" in queue_line(gone, pal).plain
+    assert _no_workers_why(gone, 2).startswith("workers: none now (num_workers=2")
+    epochs = epoch_stats({"epoch": 1}, pal).plain
+    assert (
+        "epoch start n/a (no epoch started yet)" in epochs
+        and "last epoch n/a (no epoch finished yet)" in epochs
+    )
+    for text in (worker_time(gone), queue_line(gone, pal).plain, epochs, _no_workers_why({}, None)):
+        assert "n/a/" not in text and ("n/a" not in text or "n/a (" in text), text

@@ -1,0 +1,230 @@
+"""Worker-count advice that holds its direction, and "other processes
+decide" said once and held (direction.py, others.py): table tests over
+sequences of snapshots, the snapshot's time the only clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlwatch.diagnose import Diagnoser, evaluate, others
+from dlwatch.diagnose import direction as d
+from dlwatch.diagnose.facts import build_context
+from dlwatch.diagnose.smoothing import smooth_cpu
+from tests.unit.test_diagnose_rules import T0, job, loader, snap, worker
+
+COUNT_HINTS = d.COUNT_HINTS
+
+
+def demo_box(others_cores, *, rq=40.0, wait=0.55, cpu=55.0, t=T0):
+    """The demo's data-bound scenario on a 2-core box: 2 CPU-bound workers
+    (~60 ms of CPU a batch), a 15 ms sleep as the step, a trainer at 5 % of a
+    core; ``others_cores`` of the box used by other processes, the workers
+    waiting ``rq`` % of a core each for a CPU."""
+    ws = [worker(i, cpu=cpu, busy=0.97, fetch_ms=120.0, runqueue_percent=rq) for i in range(2)]
+    ld = loader(nw=2, wait=wait, step_ms=15.0, workers=ws, worker_ms=120.0, batches=5000, window_s=3.0)
+    j = job(loaders=[ld], main_cpu=5.0, main_thread_cpu=5.0, main_runqueue_percent=2.0, cuda=False)
+    return snap([j], t=t, usable=2.0, logical=2, other_cpu_cores=others_cores, gpus=[], gpu_status="n/a")
+
+
+def _count_advice(hints):
+    """The worker-count hints shown, as (id, severity, suggestion's first words)."""
+    return [(h["id"], h["severity"]) for h in hints if h["id"] in COUNT_HINTS]
+
+
+# --- the field case -----------------------------------------------------------
+
+# Other processes' cores second by second over two minutes: load 3.5–7 on 2
+# cores, as in issue 32 (the trace the flip-flop was seen with).
+FIELD_OTHERS = [1.4, 1.1, 1.7, 0.9, 1.5, 1.2, 1.8, 1.0, 1.3, 1.6] * 12
+
+
+def test_a_busy_box_says_others_decide_once_and_holds_it():
+    diag = Diagnoser()
+    seen = []
+    for k, o in enumerate(FIELD_OTHERS):
+        hints = diag.update(demo_box(o, t=T0 + k))
+        seen.append(_count_advice(hints))
+    # Judged within seconds, then one story for the rest of the two minutes.
+    first = next(i for i, s in enumerate(seen) if s)
+    assert first <= 10
+    assert all(s == [("cores-shared-with-others", "warn")] for s in seen[first:]), seen
+    for k in range(120, 124):  # the figure is the mean over the loader's window
+        hints = diag.update(demo_box(1.4, t=T0 + k))
+    (h,) = [h for h in hints if h["id"] == "cores-shared-with-others"]
+    assert "other processes use 1.4 of the 2 usable cores" in h["message"]
+    assert (
+        "the best num_workers depends on them: measure with `dlwatch tune -- python train.py`"
+        in (h["suggestion"])
+    )
+    assert h["evidence"]["recommended_num_workers"] is None and "set num_workers" not in h["suggestion"]
+
+
+def test_without_the_held_state_the_same_trace_flips():
+    # What the held state fixes: a snapshot judged alone reads the others'
+    # load of its second, so the story changes with it.
+    stories = {tuple(_count_advice(evaluate(demo_box(o, rq=rq)))) for o, rq in [(1.4, 40.0), (0.3, 3.0)]}
+    assert len(stories) == 2
+
+
+def test_burners_at_nice_19_do_not_decide():
+    # They use the idle time but yield to the workers: little run-queue wait.
+    hints = evaluate(demo_box(0.4, rq=2.0, wait=0.5, cpu=90.0))
+    assert "cores-shared-with-others" not in {h["id"] for h in hints}
+    assert "cpu-bound-preprocessing" in {h["id"] for h in hints}
+
+
+def test_the_others_state_starts_after_it_held_and_ends_a_minute_after_they_leave():
+    track = others.OthersTrack()
+    states = []
+    trace = [1.5] * 10 + [0.2] * 30 + [1.5] * 5 + [0.1] * 70
+    for k, o in enumerate(trace):
+        rq = 40.0 if o > 1 else 1.0
+        ctx = build_context(demo_box(o, rq=rq), {})
+        track = others.step(track, ctx, T0 + k, restart=k == 0)
+        states.append(track.on)
+    assert states[:3] == [False] * 3 and all(states[3:10])
+    # Light for 30 s, then heavy again: held throughout.
+    assert all(states[10:45])
+    # Light for 70 s: released after 60.
+    assert all(states[45:104]) and not any(states[106:])
+
+
+def test_a_spike_shorter_than_the_enter_time_starts_nothing():
+    track = others.OthersTrack()
+    for k, o in enumerate([0.1, 1.5, 1.5, 0.1, 1.5, 0.1]):
+        ctx = build_context(demo_box(o, rq=40.0 if o > 1 else 1.0), {})
+        track = others.step(track, ctx, T0 + k, restart=k == 0)
+        assert not track.on
+
+
+def test_the_others_cores_are_their_mean_over_the_loader_window():
+    hist: dict = {}
+    for k, o in enumerate([1.0, 2.0, 0.0, 1.0, 2.0]):
+        out, hist = smooth_cpu(demo_box(o, t=T0 + k), hist, T0 + k)
+    # window 3 s: the samples at T0+1..T0+4
+    assert out["host"]["other_cpu_cores"] == pytest.approx(1.25)
+
+
+# --- the direction gate ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("trace", "expected"),
+    [
+        # lower / none / lower within a minute: the first direction holds.
+        (["none"] * 25 + ["lower"] * 25 + ["none"] * 25, ["none"] * 75),
+        # A new direction that holds past the dwell and 20 s of its own replaces it.
+        (["none"] * 10 + ["lower"] * 80, ["none"] * 60 + ["lower"] * 30),
+        # ... but not one that keeps changing.
+        ((["raise"] * 15 + ["lower"] * 15) * 4, ["raise"] * 120),
+        # Other processes decide: taken at once, then held as any other.
+        (["lower"] * 10 + ["others"] * 30 + ["lower"] * 30, ["lower"] * 10 + ["others"] * 60),
+        # No worker-count hint: nothing to hold, the shown direction stays.
+        (["raise"] * 5 + [None] * 10 + ["raise"] * 5, ["raise"] * 20),
+    ],
+)
+def test_direction_table(trace, expected):
+    tracks: dict = {}
+    shown = []
+    for k, cand in enumerate(trace):
+        cands = {} if cand is None else {(1000, 0): cand}
+        tracks, held = d.step(tracks, cands, T0 + k)
+        shown.append(tracks[(1000, 0)].shown)
+        assert ((1000, 0) in held) == (cand is not None and cand != shown[-1])
+    assert shown == expected
+
+
+def test_a_gain_around_the_bar_does_not_turn_the_advice_on_and_off():
+    # no-workers at a wait whose predicted gain crosses 1.10 back and forth:
+    # warn ("set num_workers=1") and info ("nothing to gain") by turns, 10 s each.
+    diag = Diagnoser()
+    severities = []
+    for k in range(90):
+        wait = 0.12 if (k // 10) % 2 == 0 else 0.06
+        ld = loader(nw=0, wait=wait, step_ms=60.0, batches=1000 + 10 * k, window_s=3.0)
+        j = job(loaders=[ld], main_cpu=40.0, main_thread_cpu=40.0)
+        s = snap([j], t=T0 + k, usable=2.0, other_cpu_cores=0.0, gpus=[], gpu_status="n/a")
+        hints = diag.update(s)
+        severities.append(next((h["severity"] for h in hints if h["id"] == "no-workers"), None))
+    first = next(i for i, s in enumerate(severities) if s)
+    assert len(set(severities[first:])) == 1, severities
+
+
+# --- warm-up said -----------------------------------------------------------------
+
+
+def test_a_loader_is_judging_until_its_first_judgement_and_not_after():
+    from dlwatch.diagnose import judging
+
+    diag = Diagnoser()
+    seen: list = []
+    reasons: list = []
+    shown: list = []
+    for k in range(14):
+        # A fresh job: batches from 0, 10 a second; the epoch's first batch at T0.
+        ld = loader(nw=0, wait=0.4, step_ms=60.0, batches=10 * k, window_s=3.0, epoch=1)
+        ld["epoch_first_batch_age_s"] = float(k)
+        j = job(loaders=[ld], main_cpu=40.0, main_thread_cpu=40.0)
+        s = snap([j], t=T0 + k, usable=2.0, other_cpu_cores=0.0, gpus=[], gpu_status="n/a")
+        shown.append(bool(diag.update(s)))
+        seen.append([(e["loader_id"], e["judging_s"]) for e in diag.judging()])
+        reasons.extend(e["reason"] for e in diag.judging())
+        if k == 1:
+            (e,) = judging(s)  # the one-shot path says the same from the loader's history
+            assert e["judging_s"] == 1.0 and e["reason"] == "10 of the 20 batches its rates are judged after"
+    assert seen[0] == [(0, 0.0)] and seen[2] == [(0, 2.0)]
+    # Steady, then the hold a condition needs before its hint shows: still judging.
+    done = next(i for i, v in enumerate(seen) if not v)
+    assert all(not v for v in seen[done:]) and done <= 9
+    assert reasons[-1] == "a condition must hold 3 s before its hint shows"
+    assert shown[done]  # never a snapshot with neither a hint nor "judging…"
+
+
+def test_judging_lasts_while_a_hint_about_the_loader_is_pending():
+    # Other processes busy from the start: the first hint, cores-shared-with-others,
+    # waits for the others' state (3 s) and its own hold (3 s) after the
+    # loader's figures are steady. In between: judging, never nothing.
+    diag = Diagnoser()
+    for k in range(12):
+        hints = diag.update(demo_box(1.4, t=T0 + k))
+        judging = diag.judging()
+        assert hints or judging, k
+        assert not (hints and judging), k
+    assert [h["id"] for h in hints] == ["cores-shared-with-others"]
+
+
+def test_the_held_states_forget_loaders_that_are_gone():
+    diag = Diagnoser()
+    for k in range(8):
+        diag.update(demo_box(1.4, t=T0 + k))
+    assert diag.state.directions and diag.state.judged
+    diag.update(snap([], t=T0 + 9, usable=2.0, other_cpu_cores=0.0, gpus=[], gpu_status="n/a"))
+    assert not diag.state.directions and not diag.state.judged
+
+
+def test_a_held_story_gives_the_most_the_others_used_once_they_went_quiet():
+    diag = Diagnoser()
+    for k in range(10):
+        diag.update(demo_box(1.6, t=T0 + k))
+    for k in range(10, 20):  # the others stop; the workers no longer wait
+        hints = diag.update(demo_box(0.0, rq=1.0, t=T0 + k))
+    (h,) = [h for h in hints if h["id"] == "cores-shared-with-others"]
+    assert "other processes used up to 1.6 of the 2 usable cores in the last minute (0 now)" in h["message"]
+    assert "other processes use up to 1.6 of the 2 cores" in h["suggestion"]
+    assert h["evidence"]["other_cpu_cores_peak"] == 1.6
+
+
+def test_when_the_others_come_the_story_changes_once_without_two_on_screen():
+    diag = Diagnoser()
+    stories = []
+    for k in range(40):
+        # Others under the bar, yet the cores over-full: the oversubscription
+        # hint ("no lower count is predicted faster"); then they take more.
+        s = demo_box(0.45, t=T0 + k) if k < 12 else demo_box(1.4, t=T0 + k)
+        stories.append(tuple(h["id"] for h in diag.update(s) if h["id"] in COUNT_HINTS))
+    shown = [s for s in stories if s]
+    assert shown[0] == ("workers-oversubscribe-cores",) and shown[-1] == ("cores-shared-with-others",)
+    # One change, and never both at once.
+    assert all(len(s) == 1 for s in shown), stories
+    changes = sum(1 for a, b in zip(shown, shown[1:]) if a != b)
+    assert changes == 1, stories
