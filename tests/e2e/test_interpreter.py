@@ -196,8 +196,15 @@ def test_fork_after_iterating_child_gets_its_own_socket():
         parent, child = ids["parent"], ids["child"]
         assert parent == job.pid and child != parent
         assert wait_path(job.sock(child), timeout=15), "the child never got its own socket"
-        c_child = live_frames(child, job.sock(child))
-        assert any(ld["batches"] > 0 for ld in c_child.frames[-1]["loaders"])
+        # The child's socket appears when its publisher starts, at its first
+        # iter(); its first batch follows its workers' start (0.1-0.3 s here).
+        deadline = time.monotonic() + 5.0
+        while True:
+            c_child = live_frames(child, job.sock(child))
+            if any(ld["batches"] > 0 for ld in c_child.frames[-1]["loaders"]) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert any(ld["batches"] > 0 for ld in c_child.frames[-1]["loaders"]), c_child.frames[-1]
         # The child's registry starts empty: only its own loader, numbered afresh.
         assert [ld["id"] for ld in c_child.frames[-1]["loaders"]] == [0]
         assert len(c_child.frames[-1]["loaders"][0]["workers"]) == 2
