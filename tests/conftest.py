@@ -19,21 +19,11 @@ import pytest
 E2E = Path(__file__).resolve().parent / "e2e"
 
 
-# Run first in its tier. The 16-workers worker profile measures two stages'
-# shares within 0.10; run after test_demo_story.py (its data-bound job, then
-# CPU burners at nice 19 and 0) it read the 0.25 stage as 0.14-0.15 in every
-# try (twice in the whole timing tier, once with only those two files), and
-# 0.25 alone or after any other file tried. The burners and the job are
-# stopped and none is left running; what lingers is not found yet.
-FIRST = ("test_sixteen_non_persistent_workers_replaced_during_the_burst_are_followed",)
-
-
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items):
     for item in items:
         if E2E in Path(item.path).resolve().parents:
             item.add_marker(pytest.mark.e2e)
-    items.sort(key=lambda item: item.name not in FIRST)  # stable: the rest keep their order
 
 
 @pytest.fixture(autouse=True)
