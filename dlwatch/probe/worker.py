@@ -149,12 +149,7 @@ def _patch_fetchers(row, frow, base: int) -> None:
         cur = cls.__dict__.get("fetch")
         if cur is None:
             continue
-        # Not dressed as torch's fetch (frames.py), unlike the trainer's
-        # wrappers: with it dressed, the 16-workers worker profile read 0.15
-        # for a stage that takes 0.25, twice alone (once it read 0.25); the
-        # cause is not pinned down, so the worker keeps its plain wrapper. The
-        # worker's copied traceback keeps one frame, named dlwatch/probe/worker.py.
-        timed = _timed(getattr(cur, "_dlwatch_orig", cur), row, frow, base, None)
+        timed = _timed(getattr(cur, "_dlwatch_orig", cur), row, frow, base, fetch)
         if cls is fetch._IterableDatasetFetcher:
             timed = _fingerprint_first(cls, timed, row, base + FIRST_FP, base + SECOND_FP, fetch)
         cls.fetch = timed  # type: ignore[method-assign]

@@ -68,10 +68,9 @@ def test_dataset_exception_surfaces_unchanged(workers):
     assert plain["error"] is not None and plain["error"][0] == "ValueError"
     assert hooked["error"] == plain["error"] and hooked["chained"] == plain["chained"]
     assert "corrupt sample 9" in hooked["error"][1]
-    # No dlwatch file in the trainer's traceback (its wrappers read as torch's
-    # frames); the worker's, copied into the message, keeps one, clearly named
-    # (the worker's fetch wrapper is not dressed: worker.py _patch_fetchers).
-    assert hooked["traceback"]["probe_frames"] == (1 if workers else 0), hooked["traceback"]
+    # No dlwatch file in what the user reads (the trainer's traceback and the
+    # worker's, copied into the message): the wrappers read as torch's frames.
+    assert hooked["traceback"]["probe_frames"] == 0, hooked["traceback"]
     assert hooked["traceback"]["frames"] <= plain["traceback"]["frames"] + (2 if workers else 1)
     assert err1 == err0
     assert left == []

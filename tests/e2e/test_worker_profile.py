@@ -56,19 +56,37 @@ def profile(d: str, pid: int, *args: str) -> subprocess.Popen:
     )
 
 
-def assert_two_stages(doc: dict) -> None:
-    """3/4 and 1/4 of each sample, within 10 points: shares of the samples'
-    time (``__getitem__``'s inclusive share; the rest of a fetch is collate)."""
+def assert_two_stages(doc: dict, truth: tuple[float, float] = (0.75, 0.25)) -> None:
+    """The two stages' shares of ``__getitem__``'s samples within 10 points of
+    ``truth`` (3/4 and 1/4 where each stage's time is its CPU time: the box
+    does not crowd the workers), and ``__getitem__``'s inclusive share of
+    the samples' time (the rest of a fetch is collate)."""
     assert doc["error"] is None and doc["samples"] >= 50, (doc["samples"], doc["workers"])
     fns = {f["function"]: f["share"] for f in doc["worker_functions"]}
     per_sample = fns["TwoStages.__getitem__"]
     assert per_sample >= 0.7, fns
     stages = {s["stage"]: s["share"] / per_sample for s in doc["stages"]}
-    assert abs(stages.get("decode_like_stage", 0) - 0.75) <= 0.10, stages
-    assert abs(stages.get("augment_like_stage", 0) - 0.25) <= 0.10, stages
-    assert abs(fns["decode_like_stage"] / per_sample - 0.75) <= 0.10
-    assert abs(fns["augment_like_stage"] / per_sample - 0.25) <= 0.10
+    decode, augment = truth
+    assert abs(stages.get("decode_like_stage", 0) - decode) <= 0.10, (stages, truth)
+    assert abs(stages.get("augment_like_stage", 0) - augment) <= 0.10, (stages, truth)
+    assert abs(fns["decode_like_stage"] / per_sample - decode) <= 0.10, (fns, truth)
+    assert abs(fns["augment_like_stage"] / per_sample - augment) <= 0.10, (fns, truth)
     assert doc["verdict"] == "code-bound" and "decode_like_stage" in doc["reason"]
+
+
+def wall_split(log_dir: str, window_ns: list[int]) -> tuple[float, float]:
+    """The shares of ``__getitem__``'s wall-clock time that the two stages
+    took inside the profile's window, from the workers' own clocks (the
+    job's ``--stage-log``)."""
+    lo, hi = window_ns
+    total = [0, 0, 0]  # decode, augment, __getitem__
+    for name in os.listdir(log_dir):
+        for line in open(os.path.join(log_dir, name)):
+            t = [int(x) for x in line.split()]
+            for k, (a, b) in enumerate(((t[0], t[1]), (t[1], t[2]), (t[0], t[3]))):
+                total[k] += max(0, min(b, hi) - max(a, lo))
+    assert total[2] > 0, "no sample inside the profile's window"
+    return total[0] / total[2], total[1] / total[2]
 
 
 def test_persistent_fork_workers_two_stages_one_burst_at_a_time_and_every_monitor_hears_of_it():
@@ -129,19 +147,21 @@ def test_spawn_and_forkserver_workers():
         stop_sessions([job for job, _, _ in jobs])
 
 
-# Sixteen workers, new every epoch, share 2 cores with the trainer: the stage
-# shares hold alone (decode 0.79 of 0.75 +- 0.10 in three runs), not beside
-# other tests. In CI's parallel tier __getitem__'s own lines took 14 % of the
-# samples (4-6 % alone) and decode read 0.647.
+# Sixteen workers, new every epoch, share 2 cores with the trainer. The
+# profile samples wall-clock time, and here the wall-clock split is not the
+# CPU split: a worker is preempted inside its first, longer stage and given a
+# fresh slice before the second, so 16 fetches in one wave spent 86 % of
+# __getitem__'s wall time in the 3 ms stage and 14 % in the 1 ms one (the
+# workers' own clocks, five runs alike). The truth is the workers' own clocks
+# over the profile's window. Timing tier: beside the parallel tier
+# __getitem__'s own lines took 14 % of the samples (4-6 % alone).
 @pytest.mark.timing
-@pytest.mark.xfail(
-    strict=False,
-    reason="known regression of round four, cause not found: since the round's merges the second stage reads "
-    "0.14-0.15 against 0.25 in about half the runs (alone, first or last in the timing tier); 0.25 otherwise",
-)
 def test_sixteen_non_persistent_workers_replaced_during_the_burst_are_followed():
     # 16 workers, an epoch of 16 batches of 2: each epoch starts 16 new workers.
-    job, d, _ = start_job("--workers", "16", "--epoch-batches", "16", "--batch-size", "2", "--duration", "60")
+    log = short_tmpdir("stages")
+    job, d, _ = start_job(
+        "--workers", "16", "--epoch-batches", "16", "--batch-size", "2", "--duration", "60", "--stage-log", log
+    )  # fmt: skip
     try:
         r = dlwatch(
             "profile",
@@ -156,7 +176,7 @@ def test_sixteen_non_persistent_workers_replaced_during_the_burst_are_followed()
         )
         assert r.returncode == 0, r.stderr
         doc = json.loads(r.stdout)
-        assert_two_stages(doc)
+        assert_two_stages(doc, truth=wall_split(log, doc["window_mono_ns"]))
         reported = [w for w in doc["workers"] if w["reported"]]
         assert len({w["pid"] for w in reported}) > 16, doc["workers"]  # later epochs' workers too
     finally:

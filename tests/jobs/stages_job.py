@@ -2,7 +2,10 @@
 
 Each sample spends ``--a-ms`` of CPU in ``decode_like_stage`` and ``--b-ms``
 in ``augment_like_stage`` (spinning on the thread's own CPU clock, so the
-3:1 split holds however contended the box is). It writes its first
+3:1 split of CPU holds however contended the box is; with ``--stage-log``
+each worker also writes when each sample's stages began and ended, on the
+monotonic clock the profile's window is given in, since on a crowded box
+the wall-clock split is the scheduler's, not 3:1). It writes its first
 iterator's worker PIDs next to ``--out`` and, when one of its workers is
 killed, trains on with a new iterator, as a job that survives a lost worker
 would.
@@ -10,6 +13,7 @@ would.
 
 import argparse
 import hashlib
+import os
 import time
 
 import torch
@@ -35,16 +39,30 @@ def augment_like_stage(i, ms):
 
 
 class TwoStages(Dataset):
-    def __init__(self, n, a_ms, b_ms):
-        self.n, self.a_ms, self.b_ms = n, a_ms, b_ms
+    def __init__(self, n, a_ms, b_ms, log_dir=None):
+        self.n, self.a_ms, self.b_ms, self.log_dir = n, a_ms, b_ms, log_dir
+        self._log = (0, -1)  # (pid, fd): a forked worker opens its own
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, i):
+        t0 = time.perf_counter_ns()
         decode_like_stage(i, self.a_ms)
+        t1 = time.perf_counter_ns()
         augment_like_stage(i, self.b_ms)
-        return torch.full((4,), float(i))
+        t2 = time.perf_counter_ns()
+        out = torch.full((4,), float(i))
+        if self.log_dir:
+            self._write(f"{t0} {t1} {t2} {time.perf_counter_ns()}\n")
+        return out
+
+    def _write(self, line):
+        pid = os.getpid()
+        if self._log[0] != pid:
+            path = os.path.join(self.log_dir, str(pid))
+            self._log = (pid, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+        os.write(self._log[1], line.encode())
 
 
 def main():
@@ -58,11 +76,12 @@ def main():
     p.add_argument("--epoch-batches", type=int, default=0, help="batches per epoch (0: endless)")
     p.add_argument("--duration", type=float, default=30.0)
     p.add_argument("--digest", help="write a digest of the batches here")
+    p.add_argument("--stage-log", help="a directory: each worker writes its samples' stage times there")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     n = a.epoch_batches * a.batch_size if a.epoch_batches else 10**7
     loader = DataLoader(
-        TwoStages(n, a.a_ms, a.b_ms),
+        TwoStages(n, a.a_ms, a.b_ms, a.stage_log),
         batch_size=a.batch_size,
         num_workers=a.workers,
         multiprocessing_context=a.start_method,
