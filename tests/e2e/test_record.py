@@ -410,10 +410,16 @@ def assert_chart_pixels(png: str) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_a_recording_of_copy_on_read_growth_carries_worker_memory_growth(short_tmpdir):
-    """The rule wants >= 60 s of USS samples after a worker's first 10 s:
-    the recording must carry the hint the live view would show."""
+def test_copy_on_read_growth_is_shown_live_and_carried_by_the_recording(short_tmpdir):
+    """The rule wants >= 60 s of USS samples after a worker's first 10 s: one
+    job under ``dlwatch run --record`` serves the scenario's live check (the
+    live Monitor, as test_scenarios watches every scenario: its hint, no other
+    warning, kept once shown) and the recording's (it carries the hint the
+    live view showed)."""
+    from tests.e2e.test_scenarios import assert_only_its_hint, watch
+
     path = os.path.join(short_tmpdir, "mem.jsonl.gz")
+    rt = short_tmpdir + "/rt"
     p = dlwatch_proc(
         "run",
         "--record",
@@ -430,10 +436,22 @@ def test_a_recording_of_copy_on_read_growth_carries_worker_memory_growth(short_t
         "--device",
         "cpu",
         "--duration",
-        "85",
-        runtime_dir=short_tmpdir + "/rt",
+        "95",
+        runtime_dir=rt,
     )
-    _, err = p.communicate(timeout=200)
+    try:
+        # Live: the hint by 88 s and kept for the 4 s after, while the job
+        # still runs (it ends on its own at 95 s: a recording of a job that
+        # exits normally).
+        story: dict = {}
+        seen, snap = watch(rt, None, "worker-memory-growth", 88.0, story=story)
+        _, err = p.communicate(timeout=200)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert_only_its_hint(seen, snap, "worker-memory-growth")
+    assert story["dropped"] == [], story
     assert p.returncode == 0, err
     s = build(reader.read(path))
     spans = [h for h in s.hints if h.id == "worker-memory-growth"]

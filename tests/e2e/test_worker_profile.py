@@ -159,9 +159,8 @@ def test_spawn_and_forkserver_workers():
 def test_sixteen_non_persistent_workers_replaced_during_the_burst_are_followed():
     # 16 workers, an epoch of 16 batches of 2: each epoch starts 16 new workers.
     log = short_tmpdir("stages")
-    job, d, _ = start_job(
-        "--workers", "16", "--epoch-batches", "16", "--batch-size", "2", "--duration", "60", "--stage-log", log
-    )  # fmt: skip
+    args = ("--workers", "16", "--epoch-batches", "16", "--batch-size", "2", "--duration", "60")
+    job, d, _ = start_job(*args, "--stage-log", log)
     try:
         r = dlwatch(
             "profile",

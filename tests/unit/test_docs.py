@@ -112,8 +112,8 @@ def test_a_stale_hint_page_fails_the_strict_build(tmp_path):
 def _relative_links(text: str) -> list[str]:
     import re
 
-    links = re.findall(r"\]\(([^)\s]+)\)", text)
-    return [t.split("#")[0] for t in links if t.split("#")[0] and "://" not in t and not t.startswith("mailto:")]
+    targets = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", text)]
+    return [t for t in targets if t and "://" not in t and not t.startswith("mailto:")]
 
 
 def test_every_file_the_front_page_and_the_docs_link_is_in_the_repository():
