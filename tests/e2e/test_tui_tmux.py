@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e_util import Job, snapshot_json
+from tests.e2e_util import Job, short_tmpdir, snapshot_json
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
@@ -273,3 +273,40 @@ def _has_hue(params: str) -> bool:
             return True
         i += 1
     return False
+
+
+@pytest.mark.parametrize("how", ["q", "terminal closed"])
+def test_the_demo_job_ends_with_the_monitor_whether_it_quits_or_its_terminal_closes(how):
+    """`dlwatch demo` in a terminal: `q`, or the terminal going away (tmux
+    killed: SIGHUP, as when an SSH window closes), stops the demo job and its
+    workers; none is left spinning on the cores."""
+    import psutil
+
+    d = short_tmpdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("TMUX", "NO_COLOR", "TMUX_PANE")}
+    tmux = Tmux(env)
+    tmux.start(100, 30, [sys.executable, "-m", "dlwatch", "demo"], {"DLWATCH_DIR": d, "PYTHONPATH": ROOT})
+    procs: list = []
+    try:
+        end = time.monotonic() + LIMIT_S
+        while not procs:
+            assert time.monotonic() < end, tmux.capture()
+            time.sleep(0.5)
+            jobs = [j for j in snapshot_json(d)["jobs"] if j.get("state") == "live" and j["loaders"]]
+            if jobs:
+                job = psutil.Process(jobs[0]["pid"])
+                procs = [job, *job.children(recursive=True)]
+        assert len(procs) >= 3, procs  # the trainer and its 2 workers
+        if how == "q":
+            tmux("send-keys", "-t", "main", "q")
+        else:
+            tmux.kill()
+        _gone, alive = psutil.wait_procs(procs, timeout=20)
+        assert alive == [], [(p.pid, p.status()) for p in alive]
+    finally:
+        tmux.kill()
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass

@@ -2,6 +2,10 @@
 
 The job runs under the same bootstrap as ``dlwatch run`` (no code change in
 the demo) in its own session, so quitting the TUI stops it and its workers.
+A monitor that dies without quitting (its terminal closed: SIGHUP; killed)
+takes the demo with it: the job is started with the kernel's parent-death
+signal, and its workers follow their parent as torch's always do. Without
+that, closing the SSH window left the demo spinning on the cores.
 """
 
 from __future__ import annotations
@@ -39,6 +43,24 @@ def demo_command(name: str) -> list[str]:
     return [sys.executable, "-m", "dlwatch.demo.train", "--scenario", name, "--quiet"]
 
 
+def _die_with_parent(parent: int):
+    """A ``preexec_fn``: SIGTERM this child when ``parent`` exits (Linux's
+    PR_SET_PDEATHSIG; kept across exec). Nothing where prctl is missing."""
+
+    def arm() -> None:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # it died before the signal was armed
+            os._exit(1)
+
+    return arm
+
+
 def start_demo(name: str, log_path: str) -> subprocess.Popen:
     log = open(log_path, "ab")
     try:
@@ -49,6 +71,7 @@ def start_demo(name: str, log_path: str) -> subprocess.Popen:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_die_with_parent(os.getpid()),
         )
     finally:
         log.close()
