@@ -10,7 +10,10 @@ Naming follows Prometheus's conventions: counters in base units ending in
 ``_total`` (lifetime figures the collector keeps monotonic, see
 ``collect/totals.py``, so ``rate()`` works across epochs and worker
 restarts), gauges for ratios (0..1) and state. Labels: ``host``, ``pid``,
-``rank``, ``run_id``, ``loader`` (the loader's index in its process) and
+``rank``, ``run_id``, ``master`` (torchrun's MASTER_ADDR:PORT: with the run
+id, the run a rank belongs to, as the live view groups them; the run id alone
+is "none" on every run started without ``--rdzv-id``), ``loader`` (the
+loader's index in its process) and
 ``worker`` (the worker's index, never its PID, which changes every epoch
 with non-persistent workers). There is no label named ``job``: Prometheus
 sets that one itself to the scrape job's name. A missing figure (None in
@@ -54,7 +57,7 @@ from dlwatch.snapshot import (
 )
 
 DEFAULT_GRACE_S = 60.0
-JOB_LABELS = ("host", "pid", "rank", "run_id")
+JOB_LABELS = ("host", "pid", "rank", "run_id", "master")
 LOADER_LABELS = (*JOB_LABELS, "loader")
 WORKER_LABELS = (*LOADER_LABELS, "worker")
 # dcgm-exporter's names, so that GPU series join with its DCGM_FI_DEV_* ones.
@@ -328,7 +331,7 @@ class SnapshotCollector(Collector):
             pid = as_int(h.get("job_pid"))
             if pid is not None and pid not in labels_of:
                 continue  # a job whose series were dropped (or never shown)
-            jl = labels_of.get(pid, []) if pid is not None else [host, "", "", ""]
+            jl = labels_of.get(pid, []) if pid is not None else [host, *[""] * (len(JOB_LABELS) - 1)]
             hl = [*jl, _label(as_int(h.get("loader_id"))), as_str(h.get("id")), as_str(h.get("severity"))]
             _add(fam["hint"], hl, 1)
 
@@ -372,7 +375,7 @@ class SnapshotCollector(Collector):
     def _job_labels(self, job: dict) -> list[str]:
         host = self._hostname or as_str(job.get("hostname")) or self._default_host
         pid, rank = _label(as_int(job.get("pid"))), _label(as_int(job.get("rank")))
-        return [host, pid, rank, _label(job.get("run_id"))]
+        return [host, pid, rank, _label(job.get("run_id")), _label(job.get("master"))]
 
     def _job(self, job: dict, jl: list[str], fam: dict[str, Metric]) -> None:
         _add(fam["job_up"], jl, 1 if is_live(job) else 0)

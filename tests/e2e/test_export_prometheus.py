@@ -334,48 +334,63 @@ def test_prometheus_reads_data_wait_from_the_exporter_and_sees_jobs_come_and_go(
     assert up["value"][1] == "1"
 
 
-def test_prometheus_tells_the_ranks_of_a_torchrun_run_apart(stack):
+def test_prometheus_tells_the_ranks_of_two_torchrun_runs_apart(stack):
+    # Two runs started without --rdzv-id: torchrun names both "none", and
+    # only their rendezvous master tells them apart (the live view groups
+    # ranks by both; so must the labels and the dashboard).
     work = short_tmpdir("dlwtr")
     stop = os.path.join(work, "stop")
     env = dict(os.environ, DLWATCH_DIR=stack.dir, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    p = subprocess.Popen(
-        [sys.executable, "-m", "dlwatch", "run", "--", *cmd, str(RANKED_JOB), stop],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        cwd=work,
-        start_new_session=True,
-    )
+    runs = []
+    for _ in range(2):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2"]
+        cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+        runs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "dlwatch", "run", "--", *cmd, str(RANKED_JOB), stop],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                cwd=work,
+                start_new_session=True,
+            )
+        )
     try:
         ranks = stack.wait_for(
             'dlwatch_batches_total{run_id!=""} > 0',
-            lambda r: len(r) == 2,
+            lambda r: len(r) == 4,
             90,
-            "both ranks reach Prometheus",
+            "the four ranks of the two runs reach Prometheus",
         )
-        # The dashboard's per-rank and max-across-ranks panels, on this run:
-        # one series per rank, one per run.
+        # The dashboard's per-rank and max-across-ranks panels, on these
+        # runs: one series per rank, one per run.
         for title, expr in dashboard_queries(RUNS_ROW):
-            want = 2 if "per rank" in title else 1
+            want = 4 if "per rank" in title else 2
             got = stack.wait_for(
                 expr, lambda r, want=want: len(r) == want, 30, f"the panel {title!r} shows {want} series"
             )
-            assert all(m["metric"].get("run_id") for m in got), (title, got)
-            if want == 2:
-                assert sorted(m["metric"]["rank"] for m in got) == ["0", "1"], (title, got)
+            assert all(m["metric"].get("run_id") == "none" for m in got), (title, got)
+            assert len({m["metric"]["master"] for m in got}) == 2, (title, got)
+            if want == 4:
+                for master in {m["metric"]["master"] for m in got}:
+                    of_run = [m["metric"]["rank"] for m in got if m["metric"]["master"] == master]
+                    assert sorted(of_run) == ["0", "1"], (title, got)
     finally:
         open(stop, "w").close()
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        for p in runs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
         shutil.rmtree(work, ignore_errors=True)
     labels = [r["metric"] for r in ranks]
-    assert sorted(m["rank"] for m in labels) == ["0", "1"]
-    assert len({m["run_id"] for m in labels}) == 1
-    assert len({m["pid"] for m in labels}) == 2
+    assert {m["run_id"] for m in labels} == {"none"}
+    by_master: dict[str, list[str]] = {}
+    for m in labels:
+        by_master.setdefault(m["master"], []).append(m["rank"])
+    assert len(by_master) == 2 and all(sorted(r) == ["0", "1"] for r in by_master.values()), by_master
+    assert len({m["pid"] for m in labels}) == 4
     assert len({m["host"] for m in labels}) == 1 and labels[0]["host"]
     assert all("worker" not in m and m["loader"] == "0" for m in labels)
 

@@ -171,7 +171,7 @@ def test_a_data_bound_job_reads_as_prometheus_names_types_and_units():
     ):
         assert types[gauge] == "gauge", gauge
     assert types["dlwatch_loader_info"] == "gauge"  # an info metric, in the text format
-    base = {"host": "node-7", "pid": "4242", "rank": "", "run_id": "", "loader": "0"}
+    base = {"host": "node-7", "pid": "4242", "rank": "", "run_id": "", "master": "", "loader": "0"}
     (wait,) = got["dlwatch_data_wait_seconds_total"]
     assert wait.labels == base and wait.value == 12.5
     assert got["dlwatch_step_seconds_total"][0].value == 20.25
@@ -310,6 +310,7 @@ def test_gpu_series_carry_dcgm_exporters_labels_and_say_which_job_uses_which_gpu
         "pid": "2929",
         "rank": "",
         "run_id": "",
+        "master": "",
         "gpu": "0",
         "UUID": "GPU-aaaa",
         "Hostname": "node-7",
@@ -462,3 +463,16 @@ def test_the_grafana_dashboard_uses_only_metrics_the_exporter_serves():
     assert used and used <= served, used - served
     core = {"dlwatch_data_wait_seconds_total", "dlwatch_worker_busy_seconds_total", "dlwatch_hint_active"}
     assert core <= used
+
+
+def test_two_runs_that_share_the_run_id_none_are_told_apart_by_their_master():
+    # torchrun names every run "none" unless --rdzv-id is given: the run is
+    # the run id and the rendezvous master together, as the live view has it.
+    snap = F.several_jobs()
+    ranks = [j for j in snap["jobs"] if j.get("run_id")]
+    for job, master in zip(ranks, ("10.0.0.1:29500", "10.0.0.2:29500")):
+        job["run_id"], job["master"] = "none", master
+    got = scrape(collector_of(with_totals(snap))[0])
+    ranked = [s.labels for s in got["dlwatch_batches_total"] if s.labels["rank"]]
+    runs = {(labels["run_id"], labels["master"]) for labels in ranked}
+    assert runs == {("none", "10.0.0.1:29500"), ("none", "10.0.0.2:29500")}
