@@ -9,7 +9,11 @@ seconds; this holds the *direction* of a loader's worker-count advice —
 ``raise``, ``lower``, ``none`` (a hint that says nothing to change) or
 ``others`` (other processes decide, others.py) — for a minute:
 
-- a loader's first direction is taken as it comes;
+- a loader's first direction is taken as it comes, and until a hint that
+  carries it is on screen it follows the rules freely (holding a direction
+  nobody has read would keep the first hint off the screen: a no-workers
+  hint whose gain crossed the bar every second on a busy box showed nothing
+  for the whole minute);
 - another direction replaces it only once it has held ``CONFIRM_S`` and the
   shown one has been shown ``DWELL_S``; meanwhile the hints that carry the
   shown direction stay as they were and the new ones wait;
@@ -101,18 +105,38 @@ def candidates(fired: Mapping[HintKey, Mapping[str, Any]], ctx: Context) -> dict
     return out
 
 
+def displayed(shown: set[HintKey], ctx: Context) -> set[LoaderKey]:
+    """The loaders whose worker-count direction is on screen: a shown hint
+    carries it (the host-wide oversubscription hint: every loader with
+    workers)."""
+    out: set[LoaderKey] = set()
+    for rid, pid, lid in shown:
+        if rid in LOADER_HINTS and pid is not None and lid is not None:
+            out.add((pid, lid))
+    if any(rid == HOST_HINT for rid, _pid, _lid in shown):
+        out |= {(lv.pid, lv.lid) for lv in ctx.loaders if lv.num_workers}
+    return out
+
+
 def step(
-    old: Mapping[LoaderKey, DirectionTrack], cands: Mapping[LoaderKey, str], t: float
+    old: Mapping[LoaderKey, DirectionTrack],
+    cands: Mapping[LoaderKey, str],
+    t: float,
+    on_screen: set[LoaderKey] | None = None,
 ) -> tuple[dict[LoaderKey, DirectionTrack], set[LoaderKey]]:
     """New tracks, and the loaders whose shown direction holds against this
-    snapshot's (their direction-carrying hints stay as shown)."""
+    snapshot's (their direction-carrying hints stay as shown). ``on_screen``:
+    the loaders whose direction a shown hint carries (None: all); the others'
+    directions follow their candidates."""
     new: dict[LoaderKey, DirectionTrack] = {}
     held: set[LoaderKey] = set()
     for key in set(old) | set(cands):
         tr, cand = old.get(key), cands.get(key)
-        if tr is None:
+        if tr is None or (on_screen is not None and key not in on_screen):
             if cand is not None:
-                new[key] = DirectionTrack(cand, t)
+                new[key] = tr if tr is not None and tr.shown == cand else DirectionTrack(cand, t)
+            elif tr is not None:
+                new[key] = DirectionTrack(tr.shown, tr.shown_since)
             continue
         if cand is None or cand == tr.shown:
             new[key] = DirectionTrack(tr.shown, tr.shown_since)

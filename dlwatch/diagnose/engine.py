@@ -578,9 +578,11 @@ def diagnose(
     frozen.update(k for k in state.hints if k[0] in errors)
     # A loader's worker-count advice keeps its direction (direction.py): the
     # hints that would turn it wait, the shown ones stay as they were.
-    dirs, held = direction.step(state.directions, direction.candidates(fired, ctx), t)
+    shown_keys = {k for k, tr in state.hints.items() if tr.shown}
+    on_screen = direction.displayed(shown_keys, ctx)
+    dirs, held = direction.step(state.directions, direction.candidates(fired, ctx), t, on_screen)
     dirs = {k: v for k, v in dirs.items() if k in tracks}  # bounded: the loaders of this snapshot
-    waiting = direction.held_keys(fired, {k for k, tr in state.hints.items() if tr.shown}, held)
+    waiting = direction.held_keys(fired, shown_keys, held)
     fired = {k: h for k, h in fired.items() if k not in waiting}
     frozen |= waiting
     hints = _step_hysteresis(state.hints, fired, frozen, t, restart, _hold_off(judged))

@@ -143,7 +143,12 @@ def _helps(before: tuple[float, float], after: tuple[float, float]) -> bool:
 # Hints judged on CPU shares (a worker's share of a core, a free core, threads
 # waiting for one): their scenarios, and the healthy one that must raise no
 # warning, show what they should only on a box they have to themselves.
+# io-bound too: its workers are I/O-bound while their CPU and run-queue wait
+# stay under half their busy time, and beside the parallel tier's spawn
+# storms the sleeping workers waited for a core most of it (4 cores' worth
+# of run-queue wait once: "other processes decide" was then the right story).
 CPU_SHARE_HINTS = {
+    "io-bound",
     "add-workers",
     "cpu-bound-preprocessing",
     "workers-oversubscribe-cores",

@@ -150,6 +150,36 @@ def test_a_gain_around_the_bar_does_not_turn_the_advice_on_and_off():
     assert len(set(severities[first:])) == 1, severities
 
 
+def test_a_direction_that_flickers_before_any_hint_shows_does_not_keep_the_hint_off_screen():
+    # The same no-workers loader, its gain across the bar every 2 s from its
+    # first judgement (a busy box's free cores coming and going): the hint
+    # shows after its hold-on, as the rules say it then, and keeps that
+    # direction. Holding a direction no hint had shown yet kept the screen
+    # empty for the whole run (seen in the suite on a loaded box).
+    diag = Diagnoser()
+    severities = []
+    for k in range(40):
+        wait = 0.12 if (k // 2) % 2 == 0 else 0.06
+        ld = loader(nw=0, wait=wait, step_ms=60.0, batches=1000 + 10 * k, window_s=3.0)
+        j = job(loaders=[ld], main_cpu=40.0, main_thread_cpu=40.0)
+        s = snap([j], t=T0 + k, usable=2.0, other_cpu_cores=0.0, gpus=[], gpu_status="n/a")
+        hints = diag.update(s)
+        severities.append(next((h["severity"] for h in hints if h["id"] == "no-workers"), None))
+    first = next((i for i, s in enumerate(severities) if s), None)
+    assert first is not None and first <= 5, severities
+    assert len(set(severities[first:])) == 1, severities
+
+
+def test_a_direction_not_on_screen_follows_its_candidates():
+    tracks: dict = {}
+    for k, cand in enumerate(["raise", "none", "raise", "none"]):
+        tracks, held = d.step(tracks, {(1000, 0): cand}, T0 + k, on_screen=set())
+        assert tracks[(1000, 0)].shown == cand and not held
+    # On screen from here: the shown one holds.
+    tracks, held = d.step(tracks, {(1000, 0): "raise"}, T0 + 4, on_screen={(1000, 0)})
+    assert tracks[(1000, 0)].shown == "none" and held == {(1000, 0)}
+
+
 # --- warm-up said -----------------------------------------------------------------
 
 
