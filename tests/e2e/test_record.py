@@ -228,6 +228,35 @@ def test_run_record_of_an_interrupted_command_says_so_and_keeps_the_recording(sh
     assert "status -" not in err and os.path.exists(path)
 
 
+def test_run_record_interrupted_as_the_command_starts_still_passes_it_on(short_tmpdir):
+    # SIGINT the moment the command's process exists: dlwatch may not have
+    # returned from starting it yet. The signal must still reach the command
+    # (a lost one left it sleeping, and dlwatch waiting for it, 60 s).
+    import psutil
+
+    path = os.path.join(short_tmpdir, "early.jsonl")
+    p = subprocess.Popen(
+        [sys.executable, "-m", "dlwatch", "run", "--record", path, "--", "sleep", "60"],
+        env=dict(os.environ, DLWATCH_DIR=os.path.join(short_tmpdir, "rt")),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    parent = psutil.Process(p.pid)
+    end = time.monotonic() + 30
+    while not parent.children():
+        assert p.poll() is None and time.monotonic() < end, p.stderr.read() if p.stderr else ""
+    # Held still where it is (starting the command, as a loaded box holds
+    # it), interrupted there, then let go.
+    p.send_signal(signal.SIGSTOP)
+    p.send_signal(signal.SIGINT)
+    p.send_signal(signal.SIGCONT)
+    _, err = p.communicate(timeout=20)
+    assert p.returncode == 130, err
+    assert "the command was interrupted (Ctrl-C, SIGINT); the recording is kept" in err
+
+
 def dlwatch_run(*args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "dlwatch", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60)

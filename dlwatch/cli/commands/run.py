@@ -93,13 +93,17 @@ def run_recorded(cmd: list[str], args) -> int:
     )
     if isinstance(recorder, int):
         return recorder
+    # The signals are ours before CMD starts: one that comes while it starts
+    # (CMD may already run its first line) waits for it, instead of ending
+    # this process with CMD left running and the recorder's thread alive.
+    deliver = forward_signals()
     try:
         child = subprocess.Popen(cmd, env=bootstrap_env())
     except (FileNotFoundError, PermissionError) as e:
         recorder.discard()
         return cannot_start(cmd, e, PROG)
     ours.child = child
-    forward_signals(child)
+    deliver(child)
     print(f"{PROG}: recording pid {child.pid} and its jobs to {args.record}", file=sys.stderr)
     try:
         stats = recorder.run()
@@ -175,22 +179,40 @@ def exit_reason(returncode: int) -> str:
     return f"the command exited with status {returncode}"
 
 
-def forward_signals(child) -> None:
+def forward_signals():
     """SIGTERM goes on to CMD. So does SIGINT, except from the terminal:
     Ctrl-C reaches every process of the foreground group, CMD included, and
     a second SIGINT would cut its own clean-up short. The recording ends
-    when CMD exits, whatever made it exit."""
+    when CMD exits, whatever made it exit. Installed before CMD starts;
+    returns the call that names CMD once it has, which passes on what came
+    in between."""
+    child: subprocess.Popen[bytes] | None = None
+    pending: list[int] = []
+
+    def send(signum: int) -> None:
+        try:
+            if child is not None:
+                child.send_signal(signum)
+        except ProcessLookupError:
+            pass
 
     def handler(signum, _frame):
         if signum == signal.SIGINT and _terminal_sent_it():
             return
-        try:
-            child.send_signal(signum)
-        except ProcessLookupError:
-            pass
+        if child is None:
+            pending.append(signum)
+        else:
+            send(signum)
+
+    def deliver(started: subprocess.Popen[bytes]) -> None:
+        nonlocal child
+        child = started
+        while pending:
+            send(pending.pop(0))
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
+    return deliver
 
 
 def _terminal_sent_it() -> bool:
