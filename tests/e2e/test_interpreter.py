@@ -247,8 +247,19 @@ def _interrupt(disable: bool) -> tuple[int, str, str, list, list]:
 
 
 def test_ctrl_c_with_two_workers_behaves_as_without_the_hook():
-    rc0, out0, err0, _, alive0 = _interrupt(disable=True)
-    rc1, out1, err1, left1, alive1 = _interrupt(disable=False)
+    # Plain torch's own shutdown after Ctrl-C once did not end in 30 s on a
+    # loaded box (the parallel tier; no dlwatch in that job): an arm that
+    # hangs so says nothing about the hook, and the pair is taken again, up
+    # to three times. A hook that hangs the job every time fails all three.
+    for _attempt in range(3):
+        try:
+            rc0, out0, err0, _, alive0 = _interrupt(disable=True)
+            rc1, out1, err1, left1, alive1 = _interrupt(disable=False)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    else:
+        pytest.fail("a job did not finish in 30 s after Ctrl-C, in each of three pairs")
     assert rc0 == 130 and "interrupted cleanly" in out0, (rc0, out0, err0)
     assert (rc1, out1) == (rc0, out0)
     assert "Traceback" not in err1 and "dlwatch" not in err1, err1
