@@ -134,18 +134,26 @@ def test_direction_table(trace, expected):
     assert shown == expected
 
 
-def test_a_gain_around_the_bar_does_not_turn_the_advice_on_and_off():
-    # no-workers at a wait whose predicted gain crosses 1.10 back and forth:
-    # warn ("set num_workers=1") and info ("nothing to gain") by turns, 10 s each.
+def _no_workers_severities(n, period):
+    """The no-workers hint's severity second by second (None while off
+    screen) for a loader whose wait, and so its predicted gain, crosses the
+    1.10 bar every ``period`` seconds."""
     diag = Diagnoser()
     severities = []
-    for k in range(90):
-        wait = 0.12 if (k // 10) % 2 == 0 else 0.06
+    for k in range(n):
+        wait = 0.12 if (k // period) % 2 == 0 else 0.06
         ld = loader(nw=0, wait=wait, step_ms=60.0, batches=1000 + 10 * k, window_s=3.0)
         j = job(loaders=[ld], main_cpu=40.0, main_thread_cpu=40.0)
         s = snap([j], t=T0 + k, usable=2.0, other_cpu_cores=0.0, gpus=[], gpu_status="n/a")
         hints = diag.update(s)
         severities.append(next((h["severity"] for h in hints if h["id"] == "no-workers"), None))
+    return severities
+
+
+def test_a_gain_around_the_bar_does_not_turn_the_advice_on_and_off():
+    # no-workers at a wait whose predicted gain crosses 1.10 back and forth:
+    # warn ("set num_workers=1") and info ("nothing to gain") by turns, 10 s each.
+    severities = _no_workers_severities(90, 10)
     first = next(i for i, s in enumerate(severities) if s)
     assert len(set(severities[first:])) == 1, severities
 
@@ -156,15 +164,7 @@ def test_a_direction_that_flickers_before_any_hint_shows_does_not_keep_the_hint_
     # shows after its hold-on, as the rules say it then, and keeps that
     # direction. Holding a direction no hint had shown yet kept the screen
     # empty for the whole run (seen in the suite on a loaded box).
-    diag = Diagnoser()
-    severities = []
-    for k in range(40):
-        wait = 0.12 if (k // 2) % 2 == 0 else 0.06
-        ld = loader(nw=0, wait=wait, step_ms=60.0, batches=1000 + 10 * k, window_s=3.0)
-        j = job(loaders=[ld], main_cpu=40.0, main_thread_cpu=40.0)
-        s = snap([j], t=T0 + k, usable=2.0, other_cpu_cores=0.0, gpus=[], gpu_status="n/a")
-        hints = diag.update(s)
-        severities.append(next((h["severity"] for h in hints if h["id"] == "no-workers"), None))
+    severities = _no_workers_severities(40, 2)
     first = next((i for i, s in enumerate(severities) if s), None)
     assert first is not None and first <= 5, severities
     assert len(set(severities[first:])) == 1, severities
