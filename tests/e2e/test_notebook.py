@@ -57,13 +57,18 @@ def test_panel_in_a_kernel_shows_the_loops_wait_and_the_hint(runtime_env):
     assert "<script" not in data["text/html"]
     text = _text(data["text/html"])
     assert "stopped by %dlwatch stop" in text and "Final summary" in text
-    m = re.search(r"(\d+) batches, \d+ epoch\(s\), [\d.]+ batches/s; the loop waited for data (\d+) %", text)
+    summary = r"(\d+) batches, \d+ epoch\(s\), ([\d.]+) batches/s; the loop waited for data (\d+) %"
+    m = re.search(summary, text)
     assert m, text
-    batches, shown = int(m.group(1)), int(m.group(2)) / 100
-    print(f"loop's own wait {own['own_wait']:.3f}, panel {shown:.2f}; batches {own['batches']} vs {batches}")
+    batches, rate, shown = int(m.group(1)), float(m.group(2)), int(m.group(3)) / 100
+    print(
+        f"loop's own wait {own['own_wait']:.3f}, panel {shown:.2f}; batches {own['batches']} vs {batches}; "
+        f"batches/s {own['batches_per_s']:.1f} vs {rate}"
+    )
     # the panel rounds to a whole percent
     assert abs(shown - own["own_wait"]) <= 0.02 + 0.005
     assert abs(batches - own["batches"]) <= 2
+    assert rate == pytest.approx(own["batches_per_s"], rel=0.03)
     # 2 workers each 40 ms a batch, a 12 ms step: loading waits on sleep, one more worker helps
     assert "io-bound" in text or "add-workers" in text, text
     assert "ipykernel_launcher" not in text

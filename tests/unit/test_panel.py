@@ -135,6 +135,42 @@ def test_tracker_waits_goes_live_freezes_and_resumes():
     assert ls.wait_fraction == pytest.approx((1.2 - 0.8) / ((1.2 - 0.8) + (6.0 - 5.0)))
 
 
+def test_a_first_fetch_in_progress_when_the_loader_is_first_seen_is_the_loops_wait():
+    # The first snapshot caught the loader before its first batch, its
+    # workers starting (0.3 s of wait in progress): that wait is the loop's,
+    # as its own clock counts it.
+    t = Tracker(7)
+    assert t.update(_snap(0, 0.3, 0.0), 1.0) == html.WAITING
+    assert t.update(_snap(10, 0.7, 0.6), 2.0) == html.LIVE
+    t.update(_snap(20, 1.0, 1.2), 3.0)
+    assert t.update(_snap(20, 1.0, 5.0), 6.5) == html.FINISHED
+    assert t.summary.loaders[0].wait_fraction == pytest.approx(1.0 / (1.0 + 1.2))
+    # a later loop caught in its first fetch: that wait is the new loop's,
+    # the idle steps before it are not
+    t.update(_snap(20, 1.5, 5.2), 10.0)
+    assert t.update(_snap(30, 1.9, 6.0, epoch=1), 11.0) == html.LIVE
+    assert t.update(_snap(30, 1.9, 9.0, epoch=1), 14.5) == html.FINISHED
+    assert t.summary.loaders[0].wait_fraction == pytest.approx((1.9 - 1.0) / ((1.9 - 1.0) + (6.0 - 5.2)))
+
+
+def test_the_idle_tail_after_the_last_batch_is_not_a_step():
+    # The frame that saw the last 5 batches came 0.9 s after them: its step
+    # total holds the loop standing idle. In a kernel that read 39 % wait
+    # against the loop's own 42 % in 2 runs of 5.
+    t = Tracker(7)
+    t.update(_snap(50, 2.0, 3.0), 1.0)
+    t.update(_snap(100, 4.0, 6.0), 2.0)
+    t.update(_snap(105, 4.2, 6.3 + 0.9), 3.0)
+    t.update(_snap(105, 4.2, 8.2), 4.0)
+    assert t.update(_snap(105, 4.2, 11.2), 7.0) == html.FINISHED
+    ls = t.summary.loaders[0]
+    assert ls.batches == 105
+    assert ls.wait_fraction == pytest.approx(4.2 / (4.2 + 6.3))
+    # the pace on the job's clock: 105 batches in 10.5 s of the loop's time
+    # (the panel first saw it 50 batches in)
+    assert ls.batches_per_s == pytest.approx(10.0)
+
+
 def test_a_slow_step_is_not_the_end_of_the_loop():
     t = Tracker(7)
     slow = _snap(1, 0.1, 0.1)
