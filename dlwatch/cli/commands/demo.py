@@ -45,16 +45,18 @@ def demo_command(name: str) -> list[str]:
 
 def _die_with_parent(parent: int):
     """A ``preexec_fn``: SIGTERM this child when ``parent`` exits (Linux's
-    PR_SET_PDEATHSIG; kept across exec). Nothing where prctl is missing."""
+    PR_SET_PDEATHSIG; kept across exec). None where prctl is missing. libc is
+    looked up here, in the parent: after fork the child only calls it (no
+    import or loading between fork and exec)."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
 
     def arm() -> None:
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            return
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
         if os.getppid() != parent:  # it died before the signal was armed
             os._exit(1)
 
