@@ -121,14 +121,20 @@ def wait_path(path: str, present: bool = True, timeout: float = 10.0) -> bool:
 
 
 def live_frames(pid: int, path: str, n: int = 3, timeout: float = 5.0) -> JobConnection:
+    """A connection that has read at least ``n`` frames, the last of them
+    sent after it connected: the job first replays its last minute, and
+    frames[-1] of a read that stopped inside the replay is an old one (a
+    parent's batches once read 10 after 13 a connection earlier)."""
     c = JobConnection(pid, path)
+    since = time.time()
     assert c.connect(), c.reason
     try:
         end = time.monotonic() + timeout
-        while time.monotonic() < end and len(c.frames) < n:
+        while time.monotonic() < end and (len(c.frames) < n or c.frames[-1]["t"] < since):
             select.select([c.sock], [], [], 0.1)
             c.read()
         assert c.state == "live" and len(c.frames) >= n, (c.state, c.reason, len(c.frames))
+        assert c.frames[-1]["t"] >= since, "no frame sent after connecting"
         assert c.job["pid"] == pid
         return c
     finally:
