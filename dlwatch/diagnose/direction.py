@@ -132,12 +132,14 @@ def step(
     held: set[LoaderKey] = set()
     for key in set(old) | set(cands):
         tr, cand = old.get(key), cands.get(key)
-        if cand is None or (tr is not None and cand == tr.shown):
-            if tr is not None:
+        if tr is None or (on_screen is not None and key not in on_screen):
+            if cand is not None:
+                new[key] = tr if tr is not None and tr.shown == cand else DirectionTrack(cand, t)
+            elif tr is not None:
                 new[key] = DirectionTrack(tr.shown, tr.shown_since)
             continue
-        if tr is None or (on_screen is not None and key not in on_screen):
-            new[key] = DirectionTrack(cand, t)  # no one has read it: as the rules say
+        if cand is None or cand == tr.shown:
+            new[key] = DirectionTrack(tr.shown, tr.shown_since)
             continue
         since = tr.pending_since if tr.pending == cand and tr.pending_since is not None else t
         if cand == OTHERS or (t - since >= CONFIRM_S and t - tr.shown_since >= DWELL_S):
