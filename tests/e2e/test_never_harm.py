@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -16,6 +17,52 @@ def _run(*args, disable):
         return result, job.stdout, job.stderr, sorted(os.listdir(job.dir))
     finally:
         job.cleanup()
+
+
+# CPython's resource tracker can count a semaphore as leaked whose owner had
+# already unlinked it (its unregister message lost in a race: seen once in CI,
+# in the run *without* the hook, spawn workers). It then warns about the leak
+# and, failing to unlink a name that is gone, says ENOENT for it. Only that
+# false alarm is taken out: a semaphore really left behind (no ENOENT) stays
+# in the output and fails the comparison.
+_TRACKER_WARNING = (
+    r"[^\n]*resource_tracker\.py:\d+: UserWarning: resource_tracker: {}\n"  # the warning
+    r"  warnings\.warn\([^\n]*\n"  # and the source line Python prints under it
+)
+_LEAK_ALARM = re.compile(
+    _TRACKER_WARNING.format(r"There appear to be (\d+) leaked semaphore objects to clean up at shutdown")
+)
+_ALREADY_GONE = re.compile(_TRACKER_WARNING.format(r"'/mp-[^']+': \[Errno 2\] No such file or directory"))
+
+
+def _without_tracker_false_alarm(err: str) -> str:
+    alarm = _LEAK_ALARM.search(err)
+    if alarm is None:
+        return err
+    count, rest, gone = int(alarm.group(1)), err[alarm.end() :], 0
+    while gone < count and (m := _ALREADY_GONE.match(rest)) is not None:
+        rest, gone = rest[m.end() :], gone + 1
+    return err if gone < count else err[: alarm.start()] + rest
+
+
+def test_the_tracker_false_alarm_is_dropped_and_a_real_leak_kept():
+    where = "/usr/lib/python3.11/multiprocessing/resource_tracker.py"
+    alarm = (
+        f"{where}:254: UserWarning: resource_tracker: "
+        "There appear to be 2 leaked semaphore objects to clean up at shutdown\n"
+        "  warnings.warn('resource_tracker: There appear to be %d '\n"
+    )
+    gone = [
+        f"{where}:267: UserWarning: resource_tracker: '/mp-{n}': [Errno 2] No such file or directory\n"
+        "  warnings.warn('resource_tracker: %r: %s' % (name, e))\n"
+        for n in ("ab12cd34", "ef56gh78")
+    ]
+    both_gone = "before\n" + alarm + gone[0] + gone[1] + "after\n"
+    assert _without_tracker_false_alarm(both_gone) == "before\nafter\n"
+    # One of the two is still there: a real leak, left for the comparison to see.
+    real = "before\n" + alarm + gone[0] + "after\n"
+    assert _without_tracker_false_alarm(real) == real
+    assert _without_tracker_false_alarm(alarm) == alarm
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
@@ -43,7 +90,7 @@ def test_batches_identical_with_and_without_the_hook(method):
     assert len(plain["digest"]) == 2 * 96 // 4
     assert hooked["digest"] == plain["digest"]
     # Nothing printed by the hook: the job's output is byte-for-byte the same.
-    assert (out1, err1) == (out0, err0)
+    assert (out1, _without_tracker_false_alarm(err1)) == (out0, _without_tracker_false_alarm(err0))
     assert left1 == [] and left0 == [], "no socket file may outlive the job"
 
 
