@@ -214,14 +214,18 @@ class Control:
 
     def busiest_loader(self):
         """The live loader with the most batches over the last second (ties:
-        the one that returned a batch last)."""
-        live = [
-            st for st in patches.registry.snapshot() if st.iter_ref is not None and st.iter_ref() is not None
-        ]
-        if not live:
-            return None
+        the one that returned a batch last). With no live iterator, a loader
+        that returned batches in that second: it is between two epochs (the
+        old iterator's workers joined, the new one's starting; with 16 workers
+        on 2 cores a burst asked there was refused as "nothing to profile")."""
         recent = self.pub.recent_batches()
         old = recent[0] if recent else {}
+        sts = patches.registry.snapshot()
+        live = [st for st in sts if st.iter_ref is not None and st.iter_ref() is not None]
+        if not live:
+            live = [st for st in sts if st.batches > old.get(st.id, 0)]
+        if not live:
+            return None
         return max(live, key=lambda st: (st.batches - old.get(st.id, 0), st.t_last))
 
     def poll(self) -> None:
