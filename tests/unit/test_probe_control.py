@@ -46,4 +46,3 @@ def test_a_live_iterator_comes_before_a_loader_that_finished_its_epoch(probe, tm
     pub.build_frame()
     # The finished loader returned 8 batches in that second, the live one 1.
     assert pub._control.busiest_loader() is next(s for s in probe.snapshot() if s.loader_ref() is stepping)
-    del it
