@@ -388,13 +388,14 @@ def _tree(pids: Iterable[int]) -> set[int]:
     return out
 
 
-def _gpu_sampler():
+def _gpu_sampler(seconds: float):
     """NVML's sampler, or None where it cannot start (no driver): the
-    snapshot then says why in ``gpu_status``."""
+    snapshot then says why in ``gpu_status``. Its one read, at the end,
+    averages NVML's samples over the ``seconds`` recorded."""
     try:
         from dlwatch.collect.gpu import GpuSampler
 
-        return GpuSampler()
+        return GpuSampler(first_window_s=seconds)
     except Exception:
         return None
 
@@ -410,7 +411,7 @@ def measure(pids: list[int], seconds: float) -> tuple[dict, list[tuple[int, str]
     from dlwatch.collect.schedstat import SchedSampler, add_runqueue
     from dlwatch.diagnose import evaluate
 
-    procs, sched, host, gpu = ProcSampler(), SchedSampler(), HostSampler(), _gpu_sampler()
+    procs, sched, host, gpu = ProcSampler(), SchedSampler(), HostSampler(), _gpu_sampler(seconds)
     idents = {p: identity(p) for p in pids}
     before = _tree(pids)
     procs.sample(sorted(before), main_pids=pids)

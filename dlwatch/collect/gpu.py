@@ -12,7 +12,11 @@ and the device keeps its other figures.
 
 Utilization is the mean of NVML's own sample buffer since the previous
 call (``nvmlDeviceGetSamples(NVML_GPU_UTILIZATION_SAMPLES)``: the driver
-records one every 1/6 s or so), with its spread: one
+records one every 1/6 s or so), with its spread. A device's first call
+gets the whole buffer, which reaches back to before the monitor started (an
+idle GPU's 0 % beside a job that started a second ago), so that call keeps
+only the newest ``first_window_s`` of it by NVML's own clock; the buffer is a
+ring, and its samples are filtered by timestamp, not by their order. One
 ``nvmlDeviceGetUtilizationRates`` reading is the busy share of a single
 short period and swung 57 % -> 22 % a second apart on an H100 whose
 15-reading mean (40.6 %) matched nvidia-smi's (40.0 %). Where the buffer is
@@ -41,6 +45,9 @@ NOT_INSTALLED = "n/a: NVML not found (python package nvidia-ml-py not installed)
 NO_GPU = "n/a: no GPU found"
 OK = "ok"
 RETRY_AFTER_S = 30.0
+# What a device's first read keeps of NVML's sample buffer: the monitor
+# samples once a second, so a second unless the caller's window says more.
+FIRST_WINDOW_S = 1.0
 
 
 def _text(value: Any) -> str:
@@ -84,8 +91,10 @@ class GpuSampler:
         nvml: Any = None,
         retry_after_s: float = RETRY_AFTER_S,
         clock: Callable[[], float] = time.monotonic,
+        first_window_s: float = FIRST_WINDOW_S,
     ) -> None:
         self._nvml = nvml
+        self._first_window_us = int(first_window_s * 1e6)
         self._retry_after_s = retry_after_s
         self._clock = clock
         self._initialized = False
@@ -96,8 +105,12 @@ class GpuSampler:
     # -------------------------------------------------------------- NVML plumbing
 
     def _errors(self) -> tuple[type[BaseException], ...]:
-        err = getattr(self._nvml, "NVMLError", None)
-        return (err,) if isinstance(err, type) else ()
+        # pynvml raises NVMLLibraryMismatchError, which is no NVMLError, when
+        # a driver lacks a versioned call it wraps (the process list's _v3
+        # before driver 510): that loses the one field, like any other refusal.
+        names = ("NVMLError", "NVMLLibraryMismatchError")
+        errs = (getattr(self._nvml, name, None) for name in names)
+        return tuple(e for e in errs if isinstance(e, type))
 
     def _init_status(self, exc: BaseException) -> str:
         not_found = getattr(self._nvml, "NVMLError_LibraryNotFound", None)
@@ -207,16 +220,18 @@ class GpuSampler:
         n = self._nvml
         kind = getattr(n, "NVML_GPU_UTILIZATION_SAMPLES", None)
         if kind is not None and hasattr(n, "nvmlDeviceGetSamples"):
+            last = self._last_ts.get(index)
             try:
-                _vtype, samples = n.nvmlDeviceGetSamples(handle, kind, self._last_ts.get(index, 0))
+                _vtype, samples = n.nvmlDeviceGetSamples(handle, kind, last or 0)
             except self._errors():
                 samples = None  # not offered here, or no sample since the last call
-            values = []
-            for smp in samples or []:
-                ts, v = int(getattr(smp, "timeStamp", 0)), _sample_value(smp)
-                if v is not None and ts > self._last_ts.get(index, 0) - 1:
-                    values.append(v)
-                self._last_ts[index] = max(self._last_ts.get(index, 0), ts)
+            got = [(int(getattr(smp, "timeStamp", 0)), _sample_value(smp)) for smp in samples or []]
+            values: list[float] = []
+            if got:
+                newest = max(ts for ts, _ in got)
+                floor = last if last is not None else newest - self._first_window_us
+                values = [v for ts, v in got if ts > floor and v is not None]
+                self._last_ts[index] = max(last or 0, newest)
             if values:
                 return {
                     "util_percent": round(sum(values) / len(values), 1),

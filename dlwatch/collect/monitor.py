@@ -135,7 +135,7 @@ class Monitor:
         # What could not be made, "what: ExcType: message": in every snapshot.
         self.broken: dict[str, str] = {}
         # None: the real sampler; False: none at all (``dlwatch ls`` needs no figures).
-        self._gpu = self._pick("gpu", gpu, _default_gpu)
+        self._gpu = self._pick("gpu", gpu, partial(_default_gpu, window_s))
         self._procs = self._pick("processes", procs, _default_procs)
         # Run-queue wait of workers: CPU-starved vs off-CPU (sleeping on I/O).
         self._sched = SchedSampler() if self._procs is not None else None
@@ -521,10 +521,12 @@ def _sleep(t: float) -> list:
 
 
 # The real samplers, imported when first made: ``dlwatch ls`` needs none of them.
-def _default_gpu() -> GpuSource:
+def _default_gpu(window_s: float) -> GpuSource:
     from dlwatch.collect.gpu import GpuSampler
 
-    return GpuSampler()
+    # The first read's mean covers the window (a one-shot snapshot reads the
+    # GPU once), not NVML's whole buffer from before the monitor started.
+    return GpuSampler(first_window_s=max(window_s, GPU_EVERY_S))
 
 
 def _default_procs() -> ProcSource:

@@ -30,6 +30,7 @@ class FakeNvml:
     ``fail[call]`` is an exception raised by that call (for that device)."""
 
     NVMLError = pynvml.NVMLError
+    NVMLLibraryMismatchError = pynvml.NVMLLibraryMismatchError
     NVMLError_LibraryNotFound = pynvml.NVMLError_LibraryNotFound
     NVML_ERROR_LIBRARY_NOT_FOUND = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
     NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
@@ -202,6 +203,16 @@ def test_one_failing_call_degrades_only_that_field(call, code):
     assert str(nvml_error(code)) in broken["error"]
 
 
+def test_a_driver_without_the_versioned_process_list_loses_only_that_field():
+    # pynvml raises NVMLLibraryMismatchError, which is no NVMLError, where the
+    # driver lacks GetComputeRunningProcesses_v3 (before 510).
+    err = pynvml.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version does not match")
+    status, gpus = GpuSampler(nvml=FakeNvml(two_gpus(), fail={("procs", 0): err})).sample()
+    assert status == "ok"
+    assert gpus[0]["processes"] is None and "does not match" in gpus[0]["error"]
+    assert gpus[0]["util_percent"] == 87.0 and gpus[1]["processes"] == []
+
+
 def test_every_call_failing_leaves_a_device_with_only_its_index():
     fail = {c: nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED) for c in FIELD_OF_CALL}
     status, gpus = GpuSampler(nvml=FakeNvml(two_gpus(), fail)).sample()
@@ -371,13 +382,38 @@ def swinging(start_us: int = 1_000_000) -> list[tuple[int, int]]:
 
 def test_utilization_is_the_mean_of_the_sample_buffer_with_its_spread():
     fake = FakeNvmlBuffer(two_gpus()[:1], [swinging()])
-    s = GpuSampler(nvml=fake)
+    s = GpuSampler(nvml=fake, first_window_s=2.0)  # the 12 samples span 1.83 s
     _, gpus = s.sample()
     g = gpus[0]
     assert g["util_source"] == "samples" and g["util_samples"] == 12
     assert g["util_percent"] == pytest.approx(40.6, abs=0.05)
     assert (g["util_min_percent"], g["util_max_percent"]) == (0.0, 86.0)
     assert "util" not in fake.calls  # no single reading taken
+
+
+def test_a_first_read_keeps_only_its_window_of_the_buffer():
+    # NVML hands a first call its whole buffer: 19 s of an idle GPU before
+    # the monitor started, then the job's first second at 100 %.
+    idle = [(i * 250_000, 0) for i in range(76)]  # up to 18.75 s
+    busy = [(19_250_000 + i * 250_000, 100) for i in range(4)]  # 19.25 to 20 s
+    for window_s, want, count in ((1.0, 100.0, 4), (2.25, 50.0, 8)):
+        fake = FakeNvmlBuffer(two_gpus()[:1], [idle + busy])
+        _, gpus = GpuSampler(nvml=fake, first_window_s=window_s).sample()
+        assert fake.since == [0]
+        assert (gpus[0]["util_percent"], gpus[0]["util_samples"]) == (want, count), window_s
+
+
+def test_samples_are_taken_by_timestamp_whatever_their_order_in_the_ring():
+    first = [(1_000_000 + i * 166_667, 50) for i in range(6)]
+    later = [(3_000_000 + i * 166_667, 5 * i) for i in range(12)]
+    fake = FakeNvmlBuffer(two_gpus()[:1], [first])
+    s = GpuSampler(nvml=fake)
+    s.sample()
+    fake.samples[0] = first + later[8:] + later[:8]  # a ring read from its write position
+    _, gpus = s.sample()
+    assert gpus[0]["util_samples"] == 12 and gpus[0]["util_percent"] == 27.5
+    _, gpus = s.sample()  # the newest timestamp is remembered, not the last one returned
+    assert fake.since[-1] == later[-1][0] and gpus[0]["util_source"] == "reading"
 
 
 def test_each_call_reads_only_the_samples_since_the_last():
