@@ -16,16 +16,26 @@ end                 ``end_ns()``                start + ``duration_ns()`` / ``du
 thread              ``start_thread_id()``       (none: required)
 ==================  ==========================  ===================================
 
-Three shapes are known (torch's own stub ``torch/_C/_autograd.pyi`` in
-public copies, and the classes themselves where we could run them): the
-2.0/2.1 kind, ``start_us``/``duration_us`` with ``start_ns``/``duration_ns``
-beside them and no ``end_ns`` or ``is_user_annotation``; the kind that
-2.11 has (``start_ns``/``end_ns``, ``is_user_annotation``, no
-``activity_type``; field report from a 2.11.0+cu130 box); and 2.13/2.14.1's
-(``activity_type`` as well; run here on real bursts). Which release first
-added each method matters less than that each is looked up:
-``tests/unit/test_profile_events.py`` reads an event of each shape, and a
-bare one without even ``device_type`` or ``scope``.
+Three shapes are known, each read off the real class (``dir()`` of torch
+2.1.2+cu121, 2.11.0+cu130 and 2.13.0): 2.1's, ``start_us``/``duration_us``,
+``scope`` and ``device_type``, no ``end_ns`` or ``is_user_annotation``
+(which came with 2.5); 2.11's (``start_ns``/``end_ns``,
+``is_user_annotation``, no ``activity_type``); and 2.13/2.14's
+(``activity_type`` as well). Which release first added each method matters
+less than that each is looked up: ``tests/unit/test_profile_events.py``
+reads an event of each shape, and a bare one without even ``device_type``
+or ``scope``.
+
+Without ``activity_type`` two kinds of event need more than the methods:
+
+- a ``record_function`` span on the GPU timeline (``gpu_user_annotation``)
+  has ``scope() == 0`` like every event Kineto adds, so before
+  ``is_user_annotation`` only its name tells it from a kernel: it bears
+  the name of its span on the CPU. Counted as a kernel, such a span covers
+  the gaps between its kernels and a launch-bound step reads GPU-busy.
+- CUPTI's own bookkeeping ("Activity Buffer Request", "Lazy Function
+  Loading", ...) is a CPU event that is no operator of the job's; its
+  names are Kineto's fixed list for the ``overhead`` type.
 
 Stdlib only: the burst (``profiler.py``) hands us torch's objects.
 """
@@ -42,6 +52,22 @@ STEP_PREFIX = "ProfilerStep#"
 # Host-side CUDA runtime/driver calls are CPU events named cudaXxx / cuXxx;
 # no aten operator is named so.
 _RUNTIME_NAME = re.compile(r"^cu(da)?[A-Z]")
+# Kineto's names for CUPTI overhead events (libkineto's ActivityType OVERHEAD;
+# the strings are in 2.11's libkineto), which activity_type() calls "overhead".
+OVERHEAD_NAMES = frozenset(
+    {
+        "Unknown",
+        "Driver Compiler",
+        "Buffer Flush",
+        "Instrumentation",
+        "Resource",
+        "Runtime Triggered Module Loading",
+        "Lazy Function Loading",
+        "Command Buffer Full",
+        "Activity Buffer Request",
+        "UVM Activity Init",
+    }
+)
 
 REQUIRED = ("name", "start_thread_id")
 
@@ -87,7 +113,10 @@ def rows(events: Iterable[Any], torch_version: str = "?") -> list[Row]:
         if read is None:
             read = reader(e, torch_version)
         out.append(read(e))
-    return out
+    # A device event named as a CPU annotation is that annotation's GPU span
+    # (needed where neither activity_type nor is_user_annotation says so).
+    marks = {r[0] for r in out if r[1] == "user_annotation"}
+    return [(r[0], "gpu_user_annotation", *r[2:]) if r[1] == "kernel" and r[0] in marks else r for r in out]
 
 
 def _start(have: set[str]) -> Callable[[Any], int]:
@@ -105,9 +134,20 @@ def _end(have: set[str], start: Callable[[Any], int]) -> Callable[[Any, int], in
 
 
 def _category(have: set[str]) -> Callable[[Any], str]:
+    fallback = _category_from_methods(have)
     if "activity_type" in have:
-        # Kineto's own names: "cpu_op", "user_annotation", "kernel", ...
-        return lambda e: str(e.activity_type())
+
+        def best(e: Any) -> str:
+            # Kineto's own names: "cpu_op", "user_annotation", "kernel", ...;
+            # should a release give its enum's number instead, the fallback.
+            kind = e.activity_type()
+            return kind if isinstance(kind, str) else fallback(e)
+
+        return best
+    return fallback
+
+
+def _category_from_methods(have: set[str]) -> Callable[[Any], str]:
     if "is_user_annotation" in have:
 
         def annotation(e: Any) -> bool:
@@ -135,6 +175,8 @@ def _category(have: set[str]) -> Callable[[Any], str]:
             return "kernel"
         if annotation(e) or name.startswith(STEP_PREFIX):
             return "user_annotation"
+        if name in OVERHEAD_NAMES:
+            return "overhead"
         if _RUNTIME_NAME.match(name):
             return "cuda_runtime"
         return "cpu_op"

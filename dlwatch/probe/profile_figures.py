@@ -22,7 +22,9 @@ RUNTIME = ("cuda_runtime", "cuda_driver")
 DEVICE = ("kernel", "gpu_memcpy", "gpu_memset")
 KERNEL = "kernel"
 # The host calls that enqueue a kernel: what a launch-bound loop spends its CPU on.
-LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+# Prefixes: Kineto also names cudaLaunchKernelExC, cudaLaunchKernel_ptsz (per-
+# thread default stream builds), cudaLaunchCooperativeKernel and cuLaunchKernelEx.
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchCooperativeKernel", "cuLaunchKernel")
 # Annotations that mark our steps; not operators, so never in top_ops.
 STEP_PREFIX = "ProfilerStep#"
 TOP_OPS = 10
@@ -119,7 +121,7 @@ def _self_times(rows: list[Row], train_tid: int | None):
 def _cuda(rows: list[Row], steps: int, total_ns: int, window: tuple[int, int] | None) -> dict:
     kernels = [r[3] - r[2] for r in rows if r[1] == KERNEL]
     device = sorted((r[2], r[3]) for r in rows if r[1] in DEVICE)
-    launches = [r[3] - r[2] for r in rows if r[1] in RUNTIME and r[0] in LAUNCH_CALLS]
+    launches = [r[3] - r[2] for r in rows if r[1] in RUNTIME and r[0].startswith(LAUNCH_CALLS)]
     device_ns = sum(e - s for s, e in device)
     idle = None
     if window is not None and window[1] > window[0]:
