@@ -16,7 +16,7 @@ from typing import Any
 
 from dlwatch.thresholds import DATA_BOUND_WAIT
 
-from . import capacity, others
+from . import capacity, others, rules_workers
 from .facts import Context, LoaderView, cores, hint, median, num, others_cores, pct, r, worker_values
 from .registry import Rule
 from .render import tune_command
@@ -77,15 +77,17 @@ def _lower_count(ctx: Context, lv: LoaderView) -> Lowering:
     return max(known, key=lambda x: (round(x[1].speedup, 2), x[0]))
 
 
+def _busy_workers(lv: LoaderView) -> int:
+    """Workers at work, each a core: starved, one shows less CPU than it wants."""
+    return sum(1 for v in worker_values(lv.workers, "cpu_percent") if v >= IDLE_WORKER_CPU_PERCENT)
+
+
 def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
     if ctx.usable_cores is None:
         return []
     steady = [lv for lv in ctx.loaders if lv.steady]
-    busy_workers = 0
-    for lv in steady:
-        busy_workers += sum(
-            1 for v in worker_values(lv.workers, "cpu_percent") if v >= IDLE_WORKER_CPU_PERCENT
-        )
+    busy = {id(lv): _busy_workers(lv) for lv in steady}
+    busy_workers = sum(busy.values())
     demand, acc = _demand(ctx, steady)
     if acc is None:
         return []
@@ -102,14 +104,24 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
     if demand < OVERSUB_DEMAND_FRACTION * ctx.usable_cores:
         return []
     decided = [lv for lv in steady if lv.workers and others.decide(ctx, lv) is not None]
+    with_workers = [lv for lv in steady if lv.workers and (lv.num_workers or 0) >= 1]
     if decided and busy_workers + acc.trainers <= ctx.usable_cores + OVERSUB_SLACK_CORES:
         # The jobs alone fit the cores: the other processes oversubscribe
         # them, and cores-shared-with-others says so for each loader they
         # decide, with one count that does not move with their load.
         return []
+    io = {id(lv) for lv in with_workers if rules_workers.waits_on_io(lv)}
+    if io and len(io) == len(with_workers):
+        # Workers that wait on I/O want what they use and wait for, not a core
+        # each; if the jobs alone fit the cores then, the other processes
+        # oversubscribe them, the I/O waits lose nothing to them, and hiding
+        # io-bound while the others' load peaks would make its advice come
+        # and go with that load.
+        want = acc.trainers + sum(lv.cpu_sum + lv.rq_sum if id(lv) in io else busy[id(lv)] for lv in steady)
+        if want <= ctx.usable_cores + OVERSUB_SLACK_CORES:
+            return []
     total_workers = sum(len(lv.workers) for lv in ctx.loaders)
     jobs = sorted(int(j["pid"]) for j in ctx.live_jobs)
-    with_workers = [lv for lv in steady if lv.workers and (lv.num_workers or 0) >= 1]
     rq = _runqueue_cores(ctx, steady)
     # Advice that can be followed: a lower count only where the cycle model
     # (capacity.py, the one the worker-count hints use) prices it >= 10 %

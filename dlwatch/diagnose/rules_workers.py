@@ -101,6 +101,16 @@ def _data_bound_workers(lv: LoaderView) -> bool:
     )
 
 
+def waits_on_io(lv: LoaderView) -> bool:
+    """io-bound's premise: data-bound workers off a CPU most of their busy
+    time. Run-queue wait counts as CPU, so workers starved of cores are not
+    such workers: other processes filling the cores cost these nothing."""
+    if not _data_bound_workers(lv):
+        return False
+    kind = _bound_kind(lv)
+    return kind is not None and not kind[0]
+
+
 def _common_evidence(lv: LoaderView) -> dict[str, Any]:
     share = lv.cpu_share_of_busy
     ev = {
