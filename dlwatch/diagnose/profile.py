@@ -61,6 +61,13 @@ def verdict(fig: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
     op_ms = num(fig.get("op_ms_per_step"))
     top = records(fig.get("top_ops"))
     cuda = fig.get("cuda") if isinstance(fig.get("cuda"), dict) else None
+    blind = ""
+    if cuda is not None and num(cuda.get("kernels")) == 0 and not num(cuda.get("launches_per_step")):
+        # Not one kernel and not one launch: either the loop ran no CUDA work
+        # in these steps or CUPTI saw none (unavailable, or taken by another
+        # profiler). "The GPU idles 100 %" would be a guess: judge the host.
+        cuda = None
+        blind = "; the profiler recorded no CUDA kernel or launch, so the GPU's side is not judged"
     per_step = f"over {steps} steps of {step_ms:.1f} ms"
     wait, main_cpu, plain = _loop_figures(fig)
     where = plain or per_step
@@ -145,14 +152,15 @@ def verdict(fig: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
         return (
             "dispatch-bound",
             f"{ops:.0f} torch operators per step at {mean_op:.1f} µs each{inside}{name} ({per_step}): "
-            "the fixed per-operator overhead, not the arithmetic, is the step",
+            f"the fixed per-operator overhead, not the arithmetic, is the step{blind}",
             "batch the work: replace loops of small ops with whole-tensor ops, use larger batches, or "
             "torch.compile the step to fuse them",
         )
     return (
         "cpu-bound",
         f"the loop waits for data only {percent(wait)} ({where}); {_top_share(top, step_ms, steps)}"
-        + (f" ({per_step})" if plain else ""),
+        + (f" ({per_step})" if plain else "")
+        + blind,
         "the model's own CPU compute is the step: give it the cores (torch.set_num_threads to the "
         "usable cores, fewer DataLoader workers competing), move it to a GPU, or optimise the top operator",
     )

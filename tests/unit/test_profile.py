@@ -176,6 +176,17 @@ def test_verdict_table(figures, expected, words):
     assert "20.0 ms" in reason  # the numbers behind it
 
 
+def test_a_burst_that_recorded_no_cuda_work_does_not_judge_the_gpu():
+    # Not one kernel and not one launch (CUPTI unavailable, or no CUDA work in
+    # these steps): "the GPU idles 100 %" would be a guess.
+    blind = {"kernels": 0, "kernels_per_step": 0.0, "launches_per_step": 0.0, "gpu_idle_fraction": 1.0}
+    v, reason, _ = verdict({**BASE, "ops_per_step": 30.0, "mean_op_us": 600.0, "cuda": blind})
+    assert v == "cpu-bound" and "idles" not in reason
+    assert "recorded no CUDA kernel or launch" in reason
+    seen = {**blind, "kernels": 3, "kernels_per_step": 1.0}
+    assert "idles" in verdict({**BASE, "cuda": seen})[1]
+
+
 def test_suggestions_name_the_remedies():
     assert "reduce-overhead" in verdict({**BASE, "cuda": CUDA_IDLE_SHORT})[2]
     assert "DataLoader workers" in verdict({**BASE, "data_wait_fraction": 0.9})[0:3][2]
