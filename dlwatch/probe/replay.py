@@ -150,10 +150,15 @@ def nbytes(obj, _depth: int = 0) -> int:
 
 def fresh(obj, _depth: int = 0):
     """``obj`` with new containers around the same leaves (falls back to the
-    object itself for containers it cannot rebuild)."""
+    object itself for containers it cannot rebuild). A leaf already on the
+    GPU is copied there: ``.to('cuda')`` makes no copy of it, so a loop that
+    changes its batch in place (``x.sub_(mean)``) would change the cached
+    batch too, and every replay would drift further."""
     if _depth > 16:
         return obj
     try:
+        if getattr(obj, "is_cuda", False) is True:
+            return obj.clone()  # on the device, asynchronous: nothing waits
         if type(obj) is dict:
             return {k: fresh(v, _depth + 1) for k, v in obj.items()}
         if type(obj) is list:

@@ -178,6 +178,18 @@ def test_fresh_copies_containers_not_tensors():
     assert out["x"][0] is t and type(out["x"][1]) is Pair
 
 
+def test_fresh_copies_a_tensor_on_the_gpu_so_in_place_ops_leave_the_cache_alone():
+    class OnGpu:  # what fresh reads of a CUDA tensor (this machine has none)
+        is_cuda = True
+
+        def clone(self):
+            return ("clone of", self)
+
+    t = OnGpu()
+    out = fresh({"x": t, "y": [t]})
+    assert out == {"x": ("clone of", t), "y": [("clone of", t)]}
+
+
 def test_replay_is_never_active_in_a_normal_run():
     # Without the variable: tests/unit/test_tune.py's subprocess check (DataLoader's
     # __init__ and __iter__ are torch's own). Other overrides without "replay":
