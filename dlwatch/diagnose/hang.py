@@ -147,12 +147,22 @@ def main_thread(proc: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return threads[0] if threads else None
 
 
+def is_pin_thread(t: Mapping[str, Any]) -> bool:
+    """The DataLoader's pin-memory thread (CUDA jobs with pin_memory=True).
+    "pt_data_pin" is only its OS name; Python knows it as "Thread-N
+    (_pin_memory_loop)", and its frames say so whatever its name."""
+    name = str(t.get("name") or t.get("thread") or "")
+    if name == "pt_data_pin" or "_pin_memory_loop" in name:
+        return True
+    return any(f[0] == "_pin_memory_loop" for f in _frames(t))
+
+
 def _notable(t: Any) -> bool:
     """A trainer thread worth a line: the pin-memory thread, and threads
     running code of the user's (not multiprocessing's queue feeders)."""
     if not isinstance(t, dict):
         return False
-    return t.get("name") == "pt_data_pin" or any(_where(f[1]) == "user" for f in _frames(t))
+    return is_pin_thread(t) or any(_where(f[1]) == "user" for f in _frames(t))
 
 
 def process_name(proc: Mapping[str, Any]) -> str:

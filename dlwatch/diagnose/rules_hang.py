@@ -73,7 +73,10 @@ def _user_threads(others: list[dict[str, Any]]) -> list[str]:
     return [
         str(e.get("thread"))
         for e in others
-        if e.get("thread") and not str(e.get("thread")).startswith(_MACHINERY) and _has_user_frame(e)
+        if e.get("thread")
+        and not str(e.get("thread")).startswith(_MACHINERY)
+        and not hang.is_pin_thread(e)
+        and _has_user_frame(e)
     ]
 
 

@@ -265,10 +265,11 @@ def test_the_summary_names_each_process_and_the_users_frame_under_the_stdlib():
                         main=False,
                         name="QueueFeederThread",
                     ),
+                    # Python's name for torch's pin thread ("pt_data_pin" is its OS name)
                     _thread(
                         [("_pin_memory_loop", f"{TORCH}/_utils/pin_memory.py", 50)],
                         main=False,
-                        name="pt_data_pin",
+                        name="Thread-1 (_pin_memory_loop)",
                     ),
                 ],
             },
@@ -286,7 +287,7 @@ def test_the_summary_names_each_process_and_the_users_frame_under_the_stdlib():
     assert lines == [
         "main thread (pid 100): waiting for a batch in _try_get_data, dataloader.py:1291 "
         "(from <module>, t.py:35)",
-        "trainer (pid 100) thread pt_data_pin: in _pin_memory_loop, pin_memory.py:50",
+        "trainer (pid 100) thread Thread-1 (_pin_memory_loop): in _pin_memory_loop, pin_memory.py:50",
         "worker 3 (pid 4711): blocked in I/O in read_remote_shard, shards.py:88",
         "worker 4 (pid 4712): no answer",
     ]
