@@ -105,10 +105,18 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
         return []
     decided = [lv for lv in steady if lv.workers and others.decide(ctx, lv) is not None]
     with_workers = [lv for lv in steady if lv.workers and (lv.num_workers or 0) >= 1]
-    if decided and busy_workers + acc.trainers <= ctx.usable_cores + OVERSUB_SLACK_CORES:
+    rq = _runqueue_cores(ctx, steady)
+    jobs_fit = busy_workers + acc.trainers <= ctx.usable_cores + OVERSUB_SLACK_CORES
+    if jobs_fit and decided:
         # The jobs alone fit the cores: the other processes oversubscribe
         # them, and cores-shared-with-others says so for each loader they
         # decide, with one count that does not move with their load.
+        return []
+    if jobs_fit and rq < others.STARVED_MIN_CORES:
+        # ... and the jobs' threads hardly wait for a CPU: the others run on
+        # the time the jobs leave idle (processes at nice 19 yield the cores),
+        # so nothing is oversubscribed for the jobs, and the loaders' own
+        # hints keep the story they told before the others came.
         return []
     io = {id(lv) for lv in with_workers if rules_workers.waits_on_io(lv)}
     if io and len(io) == len(with_workers):
@@ -122,7 +130,6 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
             return []
     total_workers = sum(len(lv.workers) for lv in ctx.loaders)
     jobs = sorted(int(j["pid"]) for j in ctx.live_jobs)
-    rq = _runqueue_cores(ctx, steady)
     # Advice that can be followed: a lower count only where the cycle model
     # (capacity.py, the one the worker-count hints use) prices it >= 10 %
     # faster; never the current count or more.

@@ -73,6 +73,21 @@ def test_burners_at_nice_19_do_not_decide():
     assert "cpu-bound-preprocessing" in {h["id"] for h in hints}
 
 
+def test_burners_at_nice_19_on_the_idle_time_do_not_turn_the_story_into_oversubscription():
+    # test_demo_story's CI trace: cpu-bound-preprocessing for 40 s, then, with
+    # nice-19 burners on the 15-20 % of the cores the workers leave idle, the
+    # host hint beside it. The jobs fit the cores and hardly wait for one.
+    diag = Diagnoser()
+    seen = []
+    for k in range(60):
+        o, cpu = (0.05, 90.0) if k < 30 else (0.6, 80.0)
+        seen.append(_count_advice(diag.update(demo_box(o, rq=3.0, wait=0.6, cpu=cpu, t=T0 + k))))
+    first = next(i for i, s in enumerate(seen) if s)
+    assert all(s == [("cpu-bound-preprocessing", "warn")] for s in seen[first:]), seen
+    # The same others at nice 0 make the workers wait: their story, not this one.
+    assert "cpu-bound-preprocessing" not in {h["id"] for h in evaluate(demo_box(0.6, rq=12.0, cpu=80.0))}
+
+
 def test_the_others_state_starts_after_it_held_and_ends_a_minute_after_they_leave():
     track = others.OthersTrack()
     states = []
