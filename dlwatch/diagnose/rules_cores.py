@@ -112,11 +112,12 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
         # them, and cores-shared-with-others says so for each loader they
         # decide, with one count that does not move with their load.
         return []
-    if jobs_fit and rq < others.STARVED_MIN_CORES:
-        # ... and the jobs' threads hardly wait for a CPU: the others run on
-        # the time the jobs leave idle (processes at nice 19 yield the cores),
-        # so nothing is oversubscribed for the jobs, and the loaders' own
-        # hints keep the story they told before the others came.
+    if jobs_fit and not others.heavy(ctx):
+        # ... and the others are light, or the jobs hardly wait for them:
+        # what tips the sum over the cores is then a monitor, a shell, or
+        # processes at nice 19 on the time the workers leave idle (a test
+        # beside the demo: 0.2 cores of them, 0.4 cores of run-queue wait).
+        # The loaders' own hints keep the story they told before.
         return []
     io = {id(lv) for lv in with_workers if rules_workers.waits_on_io(lv)}
     if io and len(io) == len(with_workers):

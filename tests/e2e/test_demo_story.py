@@ -30,10 +30,12 @@ pytestmark = pytest.mark.timing
 # judgement (warm-up and hold: ~12 s on the reference box) and holds it.
 PHASES = (("quiet", None, 24.0), ("nice 19", 19, 16.0), ("nice 0", 0, 26.0))
 # The cause on each: the cores are taken by the job's CPU-bound workers (and,
-# at nice 19, by processes that give them back): cpu-bound-preprocessing, or
-# where the trainer and the monitor tip the count over the cores, the
-# oversubscription hint saying no lower count is faster; or by other
-# processes that do not give them back.
+# at nice 19, by processes that give them back): cpu-bound-preprocessing, or,
+# should a busy trainer make the job alone overfill the cores, the
+# oversubscription hint saying no lower count is faster (a trainer, the
+# monitor and nice-19 burners tipping the sum over by a hair do not: the
+# job alone fits and the others are light); or by other processes that do
+# not give them back.
 CORES_FULL = ("cpu-bound-preprocessing", "workers-oversubscribe-cores")
 EXPECTED = {
     "quiet": CORES_FULL,
@@ -92,7 +94,12 @@ def story():
 
 
 def _trace(seen) -> str:
-    return "\n".join(f"{ph} {t:5.1f}s wait={w} judging={j} {sorted(c)}" for ph, t, c, w, j, _ in seen)
+    lines = [f"{ph} {t:5.1f}s wait={w} judging={j} {sorted(c)}" for ph, t, c, w, j, _ in seen]
+    # Should a host-wide hint join in, what it counted (first time only).
+    host = next((h for *_, hints in seen for h in hints if h.get("job_pid") is None), None)
+    if host is not None:
+        lines.append(f"first host-wide hint: {host['id']}: {host['message']} {host['evidence']}")
+    return "\n".join(lines)
 
 
 @pytest.mark.parametrize("phase", [p[0] for p in PHASES])
