@@ -48,6 +48,11 @@ class Job:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=self.workdir,
+            # Its own process group, so kill() reaches its DataLoader workers:
+            # a spawn worker whose job dies before the worker reads its parent's
+            # pid never sees it die (torch's watchdog compares against pid 1
+            # then), and stayed idle for the rest of the suite.
+            start_new_session=True,
         )
 
     @property
@@ -93,6 +98,10 @@ class Job:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def cleanup(self) -> None:
         self.kill()
