@@ -24,6 +24,16 @@ def short_tmpdir(prefix: str = "dlw") -> str:
     return d
 
 
+# A job's own process group, so Job.kill() reaches its DataLoader workers: a
+# spawn worker whose job dies before the worker reads its parent's pid never
+# sees it die (torch's watchdog then watches pid 1), and stayed idle for the
+# rest of the suite. Not a new session: with the kernel's autogroup
+# scheduling, a session is its own CPU share, and jobs in sessions of their
+# own took cores from the parallel tier's other tests (test_record's 95 s job
+# no longer reached its hint in time).
+OWN_PROCESS_GROUP: dict = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+
+
 class Job:
     """A timed_job.py subprocess with its own runtime dir."""
 
@@ -48,11 +58,7 @@ class Job:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=self.workdir,
-            # Its own process group, so kill() reaches its DataLoader workers:
-            # a spawn worker whose job dies before the worker reads its parent's
-            # pid never sees it die (torch's watchdog compares against pid 1
-            # then), and stayed idle for the rest of the suite.
-            start_new_session=True,
+            **OWN_PROCESS_GROUP,
         )
 
     @property
