@@ -28,9 +28,9 @@ def short_tmpdir(prefix: str = "dlw") -> str:
 # spawn worker whose job dies before the worker reads its parent's pid never
 # sees it die (torch's watchdog then watches pid 1), and stayed idle for the
 # rest of the suite. Not a new session: with the kernel's autogroup
-# scheduling, a session is its own CPU share, and jobs in sessions of their
-# own took cores from the parallel tier's other tests (test_record's 95 s job
-# no longer reached its hint in time).
+# scheduling a session is its own CPU share, so a job in one of its own
+# weighs as much as a whole test process tree beside it (the one fresh-clone
+# run that did so, test_record's 95 s job missed its hint in the recording).
 OWN_PROCESS_GROUP: dict = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
 
 

@@ -77,17 +77,15 @@ def _lower_count(ctx: Context, lv: LoaderView) -> Lowering:
     return max(known, key=lambda x: (round(x[1].speedup, 2), x[0]))
 
 
-def _busy_workers(lv: LoaderView) -> int:
-    """Workers at work, each a core: starved, one shows less CPU than it wants."""
-    return sum(1 for v in worker_values(lv.workers, "cpu_percent") if v >= IDLE_WORKER_CPU_PERCENT)
-
-
 def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
     if ctx.usable_cores is None:
         return []
     steady = [lv for lv in ctx.loaders if lv.steady]
-    busy = {id(lv): _busy_workers(lv) for lv in steady}
-    busy_workers = sum(busy.values())
+    busy_workers = 0
+    for lv in steady:
+        busy_workers += sum(
+            1 for v in worker_values(lv.workers, "cpu_percent") if v >= IDLE_WORKER_CPU_PERCENT
+        )
     demand, acc = _demand(ctx, steady)
     if acc is None:
         return []
@@ -105,7 +103,6 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
         return []
     decided = [lv for lv in steady if lv.workers and others.decide(ctx, lv) is not None]
     with_workers = [lv for lv in steady if lv.workers and (lv.num_workers or 0) >= 1]
-    rq = _runqueue_cores(ctx, steady)
     jobs_fit = busy_workers + acc.trainers <= ctx.usable_cores + OVERSUB_SLACK_CORES
     if jobs_fit and decided:
         # The jobs alone fit the cores: the other processes oversubscribe
@@ -119,18 +116,17 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
         # beside the demo: 0.2 cores of them, 0.4 cores of run-queue wait).
         # The loaders' own hints keep the story they told before.
         return []
-    io = {id(lv) for lv in with_workers if rules_workers.waits_on_io(lv)}
-    if io and len(io) == len(with_workers):
-        # Workers that wait on I/O want what they use and wait for, not a core
-        # each; if the jobs alone fit the cores then, the other processes
-        # oversubscribe them, the I/O waits lose nothing to them, and hiding
-        # io-bound while the others' load peaks would make its advice come
-        # and go with that load.
-        want = acc.trainers + sum(lv.cpu_sum + lv.rq_sum if id(lv) in io else busy[id(lv)] for lv in steady)
-        if want <= ctx.usable_cores + OVERSUB_SLACK_CORES:
+    if with_workers and all(rules_workers.waits_on_io(lv) for lv in with_workers):
+        # Workers that wait on I/O want what they use and wait for
+        # (acc.workers), not a core each; if the jobs alone fit the cores
+        # then, the other processes oversubscribe them, the I/O waits lose
+        # nothing to them, and hiding io-bound while the others' load peaks
+        # would make its advice come and go with that load.
+        if acc.trainers + acc.workers <= ctx.usable_cores + OVERSUB_SLACK_CORES:
             return []
     total_workers = sum(len(lv.workers) for lv in ctx.loaders)
     jobs = sorted(int(j["pid"]) for j in ctx.live_jobs)
+    rq = _runqueue_cores(ctx, steady)
     # Advice that can be followed: a lower count only where the cycle model
     # (capacity.py, the one the worker-count hints use) prices it >= 10 %
     # faster; never the current count or more.
