@@ -351,6 +351,12 @@ class LoaderPanel(Vertical):
     def show_headline(self, ld: Any, pal: fmt.Palette, wide: bool) -> None:
         """Only what moves with every snapshot: data wait, rates, queue."""
         ld = fmt.d(ld)
+        if self._pending is not None:
+            # A full draw still to come (this panel or its gauge is mounting,
+            # a retry is queued) must draw this figure, not the older one it
+            # was given: the app counts this snapshot as drawn. The full
+            # draw's own keys (job_stacks) stay.
+            self._pending = ({**self._pending[0], **ld}, pal, wide)
         if not self._composed or not self._gauge.ready:
             return
         self._headline(ld, pal, wide, history=False)

@@ -552,6 +552,32 @@ async def test_unchanged_figures_do_not_touch_the_widgets():
 
 
 @sync
+async def test_a_headline_given_while_the_panel_mounts_is_the_figure_it_shows():
+    """The app counts a snapshot drawn once a panel has its headline; a panel
+    still mounting then draws its full draw later, and that must carry the
+    newer headline (a live run once showed 55 % for a snapshot of 54 %)."""
+    from textual.app import App, ComposeResult
+
+    panel = LoaderPanel(classes="loader")
+    pal = fmt.Palette()
+    panel.show(F.loader(0, wait=0.30, bps=5.0), pal, False)  # the full draw, before mounting
+    panel.show_headline(F.loader(0, wait=0.54, bps=7.5), pal, False)  # a newer snapshot's headline
+
+    class One(App):
+        def compose(self) -> ComposeResult:
+            yield panel
+
+    async with One().run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, lambda: panel.query_one("#wait-label", TextLine).content.plain.strip() != "")
+        await settle(pilot)
+        label = plain(panel.query_one("#wait-label", TextLine))
+        assert "54 %" in label, label
+        assert "7.5" in plain(panel.query_one("#loader-stats", TextLine))
+        # The full draw's other parts are still drawn (its workers table).
+        assert panel.query_one(WorkersTable).row_count == len(F.loader(0)["workers"])
+
+
+@sync
 async def test_loader_panels_follow_the_number_of_loaders():
     source = StaticSource([F.data_bound()])
     app = make_app(source, interval=FAST)
