@@ -265,6 +265,12 @@ class LoaderTuner:
             self.history[-1]["batches_per_s"] = round(rate, 3)
 
     def _decide(self, loader, st) -> None:
+        if getattr(st, "batch_on_device", False):
+            # Another worker count would put CUDA in a forked worker, which
+            # fails inside the training loop ("CUDA error: initialization error").
+            self.state = "left alone"
+            self.reason = "its batches come out already on the GPU: worker processes cannot make them"
+            return
         measured = [t for t in self.trials if t["status"] == "ok"]
         if not measured:
             return  # a short first epoch: measure the next one too

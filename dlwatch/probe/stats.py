@@ -79,6 +79,7 @@ class LoaderStats:
         "hol_samples",
         "autotune",
         "batch_bytes",
+        "batch_on_device",
         "deaths",
         "error",
         "procs",
@@ -125,6 +126,10 @@ class LoaderStats:
         # Bytes of host (CPU) tensors in the batch, read at each epoch's first
         # batch (never on the per-batch path): what a .to('cuda') copies.
         self.batch_bytes: int | None = None
+        # Whether the batch holds tensors already on an accelerator (a dataset
+        # or collate_fn that moves them): no worker process can make those,
+        # and there is no host copy to pin.
+        self.batch_on_device = False
         self.deaths: list[dict] = []  # workers that died (deaths.py), the last MAX_DEATHS
         self.error: str | None = None  # the last exception __next__ raised (not StopIteration)
         # The current iterator's worker Process objects: a worker's exit
@@ -204,7 +209,7 @@ class LoaderStats:
             self.first_pending = False
             self.epoch_start_ms.append((t1 - self.epoch_t0) * 1e3)
             if data is not None:
-                self.batch_bytes = host_bytes(data)
+                self.batch_bytes, self.batch_on_device = batch_footprint(data)
             th = threading.current_thread()
             self.thread_name = th.name
             self.thread_main = th is threading.main_thread()
@@ -317,8 +322,16 @@ MAX_BATCH_DEPTH = 6
 
 def host_bytes(data: Any) -> int | None:
     """Bytes of the CPU tensors in a batch (tensors, and lists, tuples, dicts
-    and dataclass-like objects of them), None when it holds none or cannot
-    be read. Never raises."""
+    and dataclass-like objects of them): 0 when every tensor is already on a
+    device (nothing to copy), None when it holds none or cannot be read.
+    Never raises."""
+    return batch_footprint(data)[0]
+
+
+def batch_footprint(data: Any) -> tuple[int | None, bool]:
+    """(``host_bytes``, whether a tensor in the batch is on a device). Reads
+    metadata only: nothing touches a device or waits for one."""
+    on_device = False
     try:
         total, seen = 0, 0
         stack = [(data, 0)]
@@ -329,9 +342,11 @@ def host_bytes(data: Any) -> int | None:
             nbytes = getattr(obj, "nbytes", None)
             device = getattr(obj, "device", None)
             if isinstance(nbytes, int) and device is not None:
+                found = True
                 if getattr(device, "type", None) == "cpu":
                     total += nbytes
-                    found = True
+                else:
+                    on_device = True
                 continue
             if depth >= MAX_BATCH_DEPTH or isinstance(obj, (str, bytes)):
                 continue
@@ -339,9 +354,9 @@ def host_bytes(data: Any) -> int | None:
                 stack.extend((v, depth + 1) for v in obj.values())
             elif isinstance(obj, (list, tuple)):
                 stack.extend((v, depth + 1) for v in obj)
-        return total if found else None
+        return (total if found else None), on_device
     except Exception:
-        return None
+        return None, on_device
 
 
 def _ns(seconds: float) -> int:

@@ -130,3 +130,36 @@ def test_a_slow_first_step_is_left_out_of_the_first_epochs_pace(probe, monkeypat
         assert first["step_ms_mean"] < 200, first
     finally:
         autotune.uninstall()
+
+
+def test_a_loader_whose_batches_come_out_on_a_device_is_left_alone(probe, monkeypatch):
+    # Batches made on the GPU by the dataset (num_workers=0): more workers
+    # would put CUDA in forked workers, which fails inside the training loop.
+    # The meta device stands in for CUDA on this machine.
+    import time
+
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    from dlwatch.probe import patches
+
+    class OnDevice(Dataset):
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, i):
+            time.sleep(0.01)  # a loop that waits for its data: the search would add workers
+            return torch.zeros(2, device="meta")
+
+    monkeypatch.setattr(patches, "after_new_iterator", autotune.after_new_iterator)
+    autotune.install()
+    try:
+        dl = DataLoader(OnDevice(), batch_size=2)
+        for _epoch in range(3):
+            for _batch in dl:
+                pass
+        t = autotune.tuner_of(dl)
+        assert t is not None and t.state == "left alone", (t.state, t.reason)
+        assert "already on the GPU" in t.reason and dl.num_workers == 0
+    finally:
+        autotune.uninstall()

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from dlwatch.probe.stats import MAX_BATCH_ITEMS, host_bytes
+from dlwatch.probe.stats import MAX_BATCH_ITEMS, batch_footprint, host_bytes
 
 
 def test_tensors_in_lists_tuples_and_dicts_are_counted():
@@ -22,8 +22,11 @@ def test_tensors_in_lists_tuples_and_dicts_are_counted():
 
 def test_tensors_already_on_a_device_are_not_host_bytes():
     on_gpu = SimpleNamespace(nbytes=1 << 20, device=SimpleNamespace(type="cuda"))
-    assert host_bytes([on_gpu]) is None
+    # all on the GPU: nothing to copy, so no pin-memory hint (it would ask to
+    # pin CUDA tensors, which torch refuses)
+    assert host_bytes([on_gpu]) == 0 and batch_footprint([on_gpu]) == (0, True)
     assert host_bytes([on_gpu, torch.zeros(4, dtype=torch.uint8)]) == 4
+    assert batch_footprint([torch.zeros(4, dtype=torch.uint8)]) == (4, False)
 
 
 def test_no_tensor_or_odd_objects_give_none_and_never_raise():
