@@ -195,6 +195,7 @@ class Job(_JobRequired, total=False):
     run_id: str | None  # torchrun's run id: ranks of one run share it
     master: str | None  # MASTER_ADDR:MASTER_PORT: with run_id, the ranks of one run (None: not set)
     hostname: str | None  # the job's own socket.gethostname()
+    cuda_visible_devices: str | None  # the job's CUDA_VISIBLE_DEVICES: which GPU is its own
     # `dlwatch --host` (collect/merge.py): the node the job runs on, as the
     # user named it to ssh (this machine's jobs: its hostname)
     host: str

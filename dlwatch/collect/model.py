@@ -165,6 +165,7 @@ def job_dict(
         "run_id": job.get("run_id"),
         "master": job.get("master"),
         "hostname": job.get("hostname"),
+        "cuda_visible_devices": job.get("cuda_visible_devices"),
         "torch_version": job.get("torch_version", "unknown"),
         "start_method": job.get("start_method", "unknown"),
         "state": job_state(c),

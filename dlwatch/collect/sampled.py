@@ -374,6 +374,7 @@ def job_dict(
         "run_id": identity.get("run_id"),
         "master": identity.get("master"),
         "hostname": identity.get("hostname"),
+        "cuda_visible_devices": identity.get("cuda_visible_devices"),
         "torch_version": identity.get("torch_version") or "unknown",
         "start_method": "unknown",
         "state": state,

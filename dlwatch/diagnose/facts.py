@@ -10,7 +10,7 @@ returns ``None`` when a number is missing or malformed, and the rules treat
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -216,19 +216,13 @@ class Context:
     def gpu_util_for(self, job: Mapping[str, Any]) -> tuple[float | None, str]:
         """GPU utilisation (percent, averaged over the snapshot window) for a job.
 
-        Only when the mapping is unambiguous: a single GPU, or a ``local_rank``
-        that names a listed GPU index. Several GPUs and no rank: None, since
-        averaging an idle GPU of another job into this one's would be a guess.
+        Only when the mapping is unambiguous (``job_gpu``). Several GPUs and
+        no way to tell: None, since averaging an idle GPU of another job into
+        this one's would be a guess.
         """
         if not self.gpu_ok or not self.gpus:
             return None, ""
-        gpu = None
-        if len(self.gpus) == 1:
-            gpu = self.gpus[0]
-        else:
-            rank = as_int(job.get("local_rank"))
-            if rank is not None:
-                gpu = next((g for g in self.gpus if as_int(g.get("index")) == rank), None)
+        gpu = job_gpu(job, self.gpus)
         if gpu is None:
             return None, ""
         util = num(gpu.get("util_window_percent"))
@@ -237,6 +231,38 @@ class Context:
         if util is None:
             util = num(gpu.get("util_percent"))
         return util, f"GPU {gpu.get('index', '?')}"
+
+
+def job_gpu(job: Mapping[str, Any], gpus: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The GPU a job computes on, where that can be told: the one GPU on the
+    box; the GPU whose NVML process list holds the job's PID (absent where
+    the job runs in another PID namespace); else the job's ``local_rank``
+    taken through its ``CUDA_VISIBLE_DEVICES`` (indices or UUIDs, in CUDA's
+    order: rank 0 of ``CUDA_VISIBLE_DEVICES=4,5`` computes on GPU 4), or as
+    the GPU's index when that variable is not set."""
+    if len(gpus) == 1:
+        return gpus[0]
+    pid = as_int(job.get("pid"))
+    owning = [g for g in gpus if pid is not None and pid in (g.get("processes") or [])]
+    if len(owning) == 1:
+        return owning[0]
+    rank = as_int(job.get("local_rank"))
+    visible = job.get("cuda_visible_devices")
+    if isinstance(visible, str):
+        entries = [e.strip() for e in visible.split(",") if e.strip()]
+        if rank is None and len(entries) != 1:
+            return None  # several GPUs visible and no rank: no telling which
+        if (rank or 0) >= len(entries):
+            return None
+        entry = entries[rank or 0]
+        if entry.isdigit():
+            return next((g for g in gpus if as_int(g.get("index")) == int(entry)), None)
+        # a UUID (GPU-…, MIG-…), which CUDA also takes by a unique prefix
+        named = [g for g in gpus if str(g.get("uuid") or "").startswith(entry)]
+        return named[0] if len(named) == 1 else None
+    if rank is not None:
+        return next((g for g in gpus if as_int(g.get("index")) == rank), None)
+    return None
 
 
 def window_util(history: Any, window_s: float | None) -> tuple[float | None, float | None, float | None]:

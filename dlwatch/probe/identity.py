@@ -64,6 +64,9 @@ def job_identity() -> dict:
         "world_size": _env_int("WORLD_SIZE"),
         "run_id": _run_id(),
         "master": _master(),
+        # Which GPUs this process sees, in CUDA's order (indices or UUIDs):
+        # local_rank alone names the wrong GPU when a scheduler sets it.
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "torch_version": str(getattr(torch, "__version__", "unknown")),
         "start_method": start_method or "unknown",
         "started": time.time(),

@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from dlwatch.diagnose import Diagnoser, diagnose, evaluate, format_hints, rules_memory, rules_workers
+from dlwatch.diagnose import Diagnoser, diagnose, evaluate, facts, format_hints, rules_memory, rules_workers
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -1082,3 +1082,37 @@ def test_run_queue_wait_counts_as_cpu_demand_not_io():
     found = ids(evaluate(snap))
     assert "workers-oversubscribe-cores" in found
     assert not found & {"io-bound", "add-workers", "cpu-bound-preprocessing"}
+
+
+def _gpus(*uuids):
+    return [{"index": i, "uuid": u, "processes": []} for i, u in enumerate(uuids)]
+
+
+@pytest.mark.parametrize(
+    "job, want",
+    [
+        ({"pid": 7, "local_rank": 1}, 1),  # no CUDA_VISIBLE_DEVICES: the rank is CUDA's index
+        ({"pid": 7}, None),  # several GPUs, no rank: no telling
+        ({"pid": 7, "local_rank": 0, "cuda_visible_devices": "2,3"}, 2),  # a scheduler's slice
+        ({"pid": 7, "local_rank": 1, "cuda_visible_devices": "2, 3"}, 3),
+        ({"pid": 7, "cuda_visible_devices": "3"}, 3),  # one visible GPU: no rank needed
+        ({"pid": 7, "cuda_visible_devices": "2,3"}, None),
+        ({"pid": 7, "local_rank": 2, "cuda_visible_devices": "2,3"}, None),  # out of range
+        ({"pid": 7, "local_rank": 0, "cuda_visible_devices": "GPU-cccc"}, 2),  # by UUID
+        ({"pid": 7, "local_rank": 0, "cuda_visible_devices": "GPU-c"}, 2),  # a unique prefix
+        ({"pid": 7, "local_rank": 0, "cuda_visible_devices": "GPU-"}, None),  # not unique
+        ({"pid": 7, "local_rank": 0, "cuda_visible_devices": ""}, None),  # CUDA sees no GPU
+    ],
+)
+def test_the_gpu_a_job_computes_on(job, want):
+    gpus = _gpus("GPU-aaaa", "GPU-bbbb", "GPU-cccc", "GPU-dddd")
+    got = facts.job_gpu(job, gpus)
+    assert (got or {}).get("index") == want
+
+
+def test_the_gpu_that_lists_the_job_s_pid_wins():
+    gpus = _gpus("GPU-aaaa", "GPU-bbbb")
+    gpus[1]["processes"] = [7]
+    assert facts.job_gpu({"pid": 7, "local_rank": 0}, gpus)["index"] == 1
+    assert facts.job_gpu({"pid": 8, "local_rank": 0}, gpus)["index"] == 0
+    assert facts.job_gpu({"pid": 8}, gpus[:1])["index"] == 0  # the one GPU on the box
