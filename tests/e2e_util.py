@@ -96,7 +96,8 @@ class Job:
         result["traces"] = {}
         for name in os.listdir(self.trace_dir):
             with open(os.path.join(self.trace_dir, name)) as f:
-                spans = [tuple(map(int, line.split())) for line in f if line.strip()]
+                # "t0 t1": a sample's span; "c t": the end of a batch's collate
+                spans = [tuple(int(v) for v in line.split() if v != "c") for line in f if line.strip()]
             result["traces"][int(name.split(".")[0])] = spans
         return result
 
@@ -176,13 +177,25 @@ def truth_in_window(batches: list, start: int, end: int) -> dict:
 
 
 def worker_truth(spans: list, start: int, end: int, batch_size: int) -> dict:
-    """A worker's own measure over the window: its samples' spans grouped into
-    batches (a worker fetches a batch's samples one after another), the busy
+    """A worker's own measure over the window: its batches (a worker fetches
+    a batch's samples one after another, then collates them), the busy
     fraction as the batches' overlap with the window, and the mean batch time
-    of the batches that ended inside it."""
-    batches = [
-        (spans[i][0], spans[i + batch_size - 1][1]) for i in range(0, len(spans) - batch_size + 1, batch_size)
-    ]
+    of the batches that ended inside it. A batch runs from its first sample's
+    start to the end of its collate where the trace logs that (1-tuples),
+    else to its last sample's end (``batch_size`` samples a batch)."""
+    if any(len(s) == 1 for s in spans):
+        batches, first = [], None
+        for s in spans:
+            if len(s) == 2:
+                first = s[0] if first is None else first
+            elif first is not None:
+                batches.append((first, s[0]))
+                first = None
+    else:
+        batches = [
+            (spans[i][0], spans[i + batch_size - 1][1])
+            for i in range(0, len(spans) - batch_size + 1, batch_size)
+        ]
     busy = sum(overlap(a, b, start, end) for a, b in batches) / (end - start)
     inside = [b - a for a, b in batches if start < b <= end]
     return {"busy_fraction": busy, "fetch_ms": sum(inside) / len(inside) / 1e6 if inside else None}

@@ -14,23 +14,43 @@ import time
 import traceback
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate, get_worker_info
 
 import dlwatch.hook  # noqa: F401  (a no-op under DLWATCH_DISABLE=1)
 
 _trace = None
 
 
+def _log(trace_dir, line):
+    global _trace
+    if _trace is None:
+        _trace = open(os.path.join(trace_dir, f"{os.getpid()}.txt"), "a", buffering=1)
+    _trace.write(line + "\n")
+
+
 def _cost(sample_ms, trace_dir):
     """Spend the sample's cost; with a trace dir, log its span (worker truth)."""
-    global _trace
     t0 = time.perf_counter_ns()
     if sample_ms:
         time.sleep(sample_ms / 1000)
     if trace_dir:
-        if _trace is None:
-            _trace = open(os.path.join(trace_dir, f"{os.getpid()}.txt"), "a", buffering=1)
-        _trace.write(f"{t0} {time.perf_counter_ns()}\n")
+        _log(trace_dir, f"{t0} {time.perf_counter_ns()}")
+
+
+class TracedCollate:
+    """torch's default_collate, then the batch's end in the worker's trace.
+    A worker's fetch is its samples and their collate, which in a worker
+    allocates the batch in shared memory: on a loaded box that alone took
+    over a millisecond a batch, and a truth of the samples' spans only read
+    busy 0.91-0.93 where the worker never idled (the probe: 0.99)."""
+
+    def __init__(self, trace_dir):
+        self.trace_dir = trace_dir
+
+    def __call__(self, samples):
+        batch = default_collate(samples)
+        _log(self.trace_dir, f"c {time.perf_counter_ns()}")
+        return batch
 
 
 class SleepyMap(Dataset):
@@ -75,6 +95,8 @@ def make_loader(a, sample_ms, batch_size, n, trace_dir=None):
         )
     if a.pin_memory:
         kw["pin_memory"] = True
+    if trace_dir and a.workers:
+        kw["collate_fn"] = TracedCollate(trace_dir)
     if a.shuffle:
         kw["generator"] = torch.Generator().manual_seed(a.seed)
     if a.stateful:
