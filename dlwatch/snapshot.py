@@ -162,7 +162,8 @@ class Loader(_LoaderRequired, total=False):
     workers_busy: dict[str, Any] | None  # every worker's samples pooled: fraction, pm, samples, ci95
     # Only in a `dlwatch tune` ceiling trial (DLWATCH_OVERRIDES' replay):
     # {"state": "warm-up"|"caching"|"replaying", "batches_cached", "bytes_cached",
-    #  "batches_wanted", "max_bytes", "limited_by": "max_bytes"|None}
+    #  "batches_wanted", "max_bytes", "limited_by": "max_bytes"|None,
+    #  "in_place": the loop changed a cached batch in place, so replays are copies}
     replay: dict[str, Any]
     # Only under `dlwatch run --autotune` (docs/autotune.md): state, reason,
     # current/original setting, changes (epoch, from, to, why, batches_per_s).

@@ -360,7 +360,15 @@ def num_or_none(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-REPLAY_KEYS = ("state", "batches_cached", "bytes_cached", "batches_wanted", "max_bytes", "limited_by")
+REPLAY_KEYS = (
+    "state",
+    "batches_cached",
+    "bytes_cached",
+    "batches_wanted",
+    "max_bytes",
+    "limited_by",
+    "in_place",
+)
 
 
 def _replay(rep: dict[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,13 @@ device copy is skipped: what the loop does with a batch stays in the loop.
 Each batch handed out is a fresh copy of its containers (dicts, lists,
 tuples, named tuples) around the same tensors, so a loop that replaces an
 entry (``batch["x"] = batch["x"].cuda()``) does not change what the next
-replay of that batch holds.
+replay of that batch holds. A loop that changes a CPU batch in place
+(``x.sub_(mean)``) would change the cache itself, and every replay would
+drift further (to denormals, which slow CPU arithmetic, and so the pace):
+each tensor's version counter, which every in-place op bumps, tells. Once a
+cached tensor's version moves, the entries it touched are dropped, the rest
+of the cache is made of copies the loop never sees, and each replay hands
+out a copy of its entry (pinned where the entry is).
 
 ``status`` is a dict with a fixed set of keys, updated in place (the
 publisher encodes it from another thread: its size never changes).
@@ -41,6 +47,10 @@ class Replay:
         self.max_bytes = int(spec.get("max_bytes", DEFAULT_MAX_BYTES))
         self.after_s = float(spec.get("after_s", DEFAULT_AFTER_S))
         self.cache: list[Any] = []
+        # Per cache entry: its CPU tensors and their versions when cached.
+        self.versions: list[list[tuple[Any, int]]] = []
+        # The loop changes batches in place: cache and hand out copies.
+        self.copies = False
         self.pos = 0
         self.t_first: float | None = None
         self.it: Any = None  # the iterator that replays, once replaying
@@ -52,6 +62,7 @@ class Replay:
             "batches_wanted": self.batches,
             "max_bytes": self.max_bytes,
             "limited_by": None,
+            "in_place": False,
         }
 
     @property
@@ -87,11 +98,15 @@ class Replay:
             return
         st = self.status
         size = nbytes(data)
+        self._drop_changed(range(len(self.cache)), keep_one=False)
         if self.cache and st["bytes_cached"] + size > self.max_bytes:
             st["limited_by"] = "max_bytes"
             self._start(it)
             return
-        self.cache.append(fresh(data))  # the loop may replace entries of the one it gets
+        # The loop may replace entries of the batch it gets, or change it in place.
+        entry = fresh(data, copy_cpu=self.copies)
+        self.cache.append(entry)
+        self.versions.append([] if self.copies else versions(entry))
         st["bytes_cached"] += size
         st["batches_cached"] = len(self.cache)
         st["state"] = "caching"
@@ -109,9 +124,42 @@ class Replay:
         # Inside the job's next(): only StopIteration (the epoch's end) may leave here.
         if self.epoch_len is not None and getattr(it, "_num_yielded", 0) >= self.epoch_len:
             raise StopIteration
+        if not self.copies:
+            # The batch about to go out, and the last few that went (a loop
+            # may hold one or two while it asks for the next).
+            n = len(self.cache)
+            self._drop_changed({(self.pos - k) % n for k in range(4)}, keep_one=True)
         data = self.cache[self.pos % len(self.cache)]
         self.pos = (self.pos + 1) % len(self.cache)
-        return fresh(data)
+        return fresh(data, copy_cpu=self.copies)
+
+    def _drop_changed(self, which, keep_one: bool) -> None:
+        """Drop the cache entries the loop changed in place and switch to
+        copies. While replaying one entry is kept, changed or not: the loop
+        must get a batch."""
+        try:
+            vs = self.versions
+
+            def moved(i: int) -> bool:
+                return any(t._version != v for t, v in vs[i])
+
+            if not any(moved(i) for i in which):
+                return
+            changed = [i for i in range(len(vs)) if moved(i)]
+        except Exception:
+            return  # a tensor without a version counter (inference mode): leave it
+        self.copies = True
+        self.status["in_place"] = True
+        keep = [i for i in range(len(self.cache)) if i not in changed]
+        if not keep and keep_one:
+            keep = [changed[-1]]
+        self.cache = [self.cache[i] for i in keep]
+        self.cache = [fresh(e, copy_cpu=True) for e in self.cache]  # unchanged so far: copy them now
+        self.versions = [[] for _ in self.cache]
+        st = self.status
+        st["batches_cached"] = len(self.cache)
+        st["bytes_cached"] = sum(nbytes(e) for e in self.cache)
+        self.pos = self.pos % len(self.cache) if self.cache else 0
 
     def new_epoch(self) -> object:
         """The replaying iterator, ready for another epoch (what ``iter(loader)`` returns)."""
@@ -148,30 +196,74 @@ def nbytes(obj, _depth: int = 0) -> int:
     return n if isinstance(n, int) else 0
 
 
-def fresh(obj, _depth: int = 0):
+def fresh(obj, _depth: int = 0, copy_cpu: bool = False):
     """``obj`` with new containers around the same leaves (falls back to the
     object itself for containers it cannot rebuild). A leaf already on the
     GPU is copied there: ``.to('cuda')`` makes no copy of it, so a loop that
     changes its batch in place (``x.sub_(mean)``) would change the cached
-    batch too, and every replay would drift further."""
+    batch too, and every replay would drift further. With ``copy_cpu``, CPU
+    tensors are copied too, pinned where the original is (the loop's
+    ``.cuda(non_blocking=True)`` then costs what it cost on the original)."""
     if _depth > 16:
         return obj
     try:
         if getattr(obj, "is_cuda", False) is True:
             return obj.clone()  # on the device, asynchronous: nothing waits
+        if copy_cpu and _is_cpu_tensor(obj):
+            return _copy_cpu(obj)
+        d = _depth + 1
         if type(obj) is dict:
-            return {k: fresh(v, _depth + 1) for k, v in obj.items()}
+            return {k: fresh(v, d, copy_cpu) for k, v in obj.items()}
         if type(obj) is list:
-            return [fresh(v, _depth + 1) for v in obj]
+            return [fresh(v, d, copy_cpu) for v in obj]
         if type(obj) is tuple:
-            return tuple(fresh(v, _depth + 1) for v in obj)
+            return tuple(fresh(v, d, copy_cpu) for v in obj)
         if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-            return type(obj)(*(fresh(v, _depth + 1) for v in obj))
+            return type(obj)(*(fresh(v, d, copy_cpu) for v in obj))
         if isinstance(obj, dict):
             out = obj.copy()
             for k, v in obj.items():
-                out[k] = fresh(v, _depth + 1)
+                out[k] = fresh(v, d, copy_cpu)
             return out
     except Exception:
         return obj
     return obj
+
+
+def _is_cpu_tensor(obj) -> bool:
+    return getattr(getattr(obj, "device", None), "type", None) == "cpu" and hasattr(obj, "_version")
+
+
+def _copy_cpu(t):
+    try:
+        pinned = bool(t.is_pinned())
+    except Exception:
+        pinned = False
+    if not pinned:
+        return t.clone()
+    import torch
+
+    out = torch.empty_like(t, pin_memory=True)
+    out.copy_(t)
+    return out
+
+
+def versions(obj, _depth: int = 0) -> list[tuple[Any, int]]:
+    """The CPU tensors in a batch with their version counters (every
+    in-place op bumps a tensor's), to tell later whether the loop changed
+    them. Empty where a tensor has none (inference mode)."""
+    out: list[tuple[Any, int]] = []
+    if _depth > 16:
+        return out
+    try:
+        if _is_cpu_tensor(obj):
+            return [(obj, int(obj._version))]
+        if isinstance(obj, dict):
+            for v in obj.values():
+                out.extend(versions(v, _depth + 1))
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                out.extend(versions(v, _depth + 1))
+    except Exception:
+        return []
+    return out

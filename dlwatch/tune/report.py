@@ -143,6 +143,8 @@ def _replay_note(c: dict) -> str:
     note = f"{n} cached batches replayed"
     if c.get("limited_by") == "max_bytes":
         note += f" (of {want}: the byte budget, {_mib(c.get('bytes_cached'))} cached, was reached)"
+    if c.get("in_place"):
+        note += "; the loop changes its batches in place: each replay was a copy"
     return note
 
 

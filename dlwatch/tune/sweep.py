@@ -301,6 +301,7 @@ class Sweep:
             "batches_wanted": rep.get("batches_wanted"),
             "bytes_cached": rep.get("bytes_cached"),
             "limited_by": rep.get("limited_by"),
+            "in_place": rep.get("in_place"),
             "best_share": round(chosen.mean / rate, 3) if rate and chosen is not None else None,
             "hints": self._bounded_hints(rate / base_rate if rate and base_rate else None),
             "status": c.get("status"),

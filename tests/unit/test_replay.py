@@ -13,7 +13,7 @@ import pytest
 
 from dlwatch import overrides as fmt
 from dlwatch.probe import overrides
-from dlwatch.probe.replay import fresh, nbytes
+from dlwatch.probe.replay import fresh, nbytes, versions
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, Dataset, IterableDataset  # noqa: E402
@@ -116,6 +116,7 @@ def test_the_loop_receives_the_cached_batches_in_turn_with_their_structure(repla
     seen, iters = run_epochs(loader, 3)
     rep = loader._dlw_replay
     assert rep.status["state"] == "replaying" and rep.status["batches_cached"] == 3
+    assert rep.status["in_place"] is False  # replacing an entry is no change in place: no copies
     # Epoch 1: the first 3 batches as the loader made them, then the cache in turn.
     first = seen[0]
     assert first[:3] == twin[:3]
@@ -125,6 +126,51 @@ def test_the_loop_receives_the_cached_batches_in_turn_with_their_structure(repla
     assert iters[1] is iters[0] and iters[2] is iters[0]  # no new iterator, no worker spawned
     if kwargs.get("num_workers"):
         assert all(w.is_alive() for w in iters[0]._workers)  # idle, not killed
+
+
+@pytest.mark.parametrize("when", ["caching", "replaying"])
+def test_a_loop_that_changes_its_batch_in_place_sees_the_loaders_values_in_every_replay(replay_env, when):
+    """A CPU loop normalising in place (x.sub_(mean)) would change the cache
+    itself and drift further with every replay: it must see each replayed
+    batch as the loader made it."""
+    twin = [digest(b) for b in DataLoader(Tuples(), batch_size=4)]
+    replay_env(batches=3)
+    loader = DataLoader(Tuples(), batch_size=4, num_workers=1)
+    seen = []
+    for _ in range(3):
+        for b in loader:
+            seen.append(digest(b))
+            if when == "caching" or len(seen) > 6:
+                b.image.mul_(-3.0).add_(1.0)  # in place, as a CPU loop's normalisation
+    rep = loader._dlw_replay
+    assert rep.status["in_place"] is True and rep.status["state"] == "replaying"
+    # Caught while caching, the changed batch is cached no more and the next
+    # one takes its place; caught while replaying, the batch the loop changed
+    # first is gone (no copy of it was kept) and the rest replay.
+    kept = 3 if when == "caching" else 2
+    assert rep.status["batches_cached"] == kept == len(rep.cache)
+    assert rep.status["bytes_cached"] == sum(nbytes(e) for e in rep.cache)
+    assert seen[:3] == twin[:3]
+    # Every batch the loop got is one the loader made, unchanged: no drift.
+    assert set(seen) <= set(twin), [i for i, d in enumerate(seen) if d not in twin]
+    # Replays keep their turn: the same batches over and over.
+    replayed = seen[9:]
+    assert len(set(replayed)) == kept
+    assert all(replayed[i] == replayed[i % kept] for i in range(len(replayed))), replayed
+
+
+def test_versions_and_copies_of_cpu_tensors():
+    t, u = torch.zeros(2), torch.ones(3)
+    batch = {"x": [t, Pair(u, 7)]}
+    vs = versions(batch)
+    assert [(a is t or a is u) for a, _ in vs] == [True, True] and len(vs) == 2
+    t.add_(1)
+    assert any(a._version != v for a, v in vs)
+    out = fresh(batch, copy_cpu=True)
+    assert type(out["x"][1]) is Pair and out["x"][1].label == 7
+    assert out["x"][0] is not t and torch.equal(out["x"][0], t)
+    assert out["x"][1].image is not u and torch.equal(out["x"][1].image, u)
+    assert fresh(batch)["x"][0] is t  # without copy_cpu: the same tensors
 
 
 def test_an_iterable_dataset_without_length_replays_past_its_end(replay_env):

@@ -404,6 +404,11 @@ def test_a_data_bound_baseline_gets_a_ceiling_trial_and_the_report_shows_it():
     text = report.summary(doc)
     assert "data is free: ceiling" in text and "4.00x" in text and "20 cached batches replayed" in text
     assert "of the ceiling 4.00x" in text
+    assert "in place" not in text and c["in_place"] is None
+    # A loop that changed its batches in place got copies: the row says so.
+    assert "the loop changes its batches in place: each replay was a copy" in report.summary(
+        {**doc, "ceiling": {**c, "in_place": True}}
+    )
     # The hints' promises, bounded by the measured ceiling.
     assert sorted(c["hints"], key=lambda h: h["id"]) == [
         {"id": "enable-persistent-workers", "promised": 1.2, "expected_speedup": 1.2},
