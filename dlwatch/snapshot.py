@@ -197,6 +197,7 @@ class Job(_JobRequired, total=False):
     master: str | None  # MASTER_ADDR:MASTER_PORT: with run_id, the ranks of one run (None: not set)
     hostname: str | None  # the job's own socket.gethostname()
     cuda_visible_devices: str | None  # the job's CUDA_VISIBLE_DEVICES: which GPU is its own
+    cuda_device_order: str | None  # the job's CUDA_DEVICE_ORDER: what CUDA's indices count in
     # `dlwatch --host` (collect/merge.py): the node the job runs on, as the
     # user named it to ssh (this machine's jobs: its hostname)
     host: str

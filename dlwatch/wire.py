@@ -215,7 +215,7 @@ JOB = {"pid": _INT, "cmdline": _STR}
 JOB_OPTIONAL = (
     _of(_INT, "rank", "local_rank", "world_size")
     | _of(_STR, "torch_version", "start_method", "run_id", "python", "hostname", "dlwatch_version", "master")
-    | _of(_STR, "cuda_visible_devices")
+    | _of(_STR, "cuda_visible_devices", "cuda_device_order")
     | _of(_NUM, "started")
 )
 WINDOW = {"seq": _INT, "t": _NUM, "mono_ns": _INT, "loaders": _LIST}

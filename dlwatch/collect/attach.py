@@ -63,6 +63,7 @@ def identity(pid: int) -> dict:
             out[key] = None
     out["run_id"] = env.get("TORCHELASTIC_RUN_ID")
     out["cuda_visible_devices"] = env.get("CUDA_VISIBLE_DEVICES")
+    out["cuda_device_order"] = env.get("CUDA_DEVICE_ORDER")
     addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
     out["master"] = f"{addr}:{port}" if addr and port else None
     torch_dir = _torch_dir(pid)

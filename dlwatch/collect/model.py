@@ -166,6 +166,7 @@ def job_dict(
         "master": job.get("master"),
         "hostname": job.get("hostname"),
         "cuda_visible_devices": job.get("cuda_visible_devices"),
+        "cuda_device_order": job.get("cuda_device_order"),
         "torch_version": job.get("torch_version", "unknown"),
         "start_method": job.get("start_method", "unknown"),
         "state": job_state(c),

@@ -375,6 +375,7 @@ def job_dict(
         "master": identity.get("master"),
         "hostname": identity.get("hostname"),
         "cuda_visible_devices": identity.get("cuda_visible_devices"),
+        "cuda_device_order": identity.get("cuda_device_order"),
         "torch_version": identity.get("torch_version") or "unknown",
         "start_method": "unknown",
         "state": state,

@@ -239,7 +239,8 @@ def job_gpu(job: Mapping[str, Any], gpus: Sequence[Mapping[str, Any]]) -> Mappin
     the job runs in another PID namespace); else the job's ``local_rank``
     taken through its ``CUDA_VISIBLE_DEVICES`` (indices or UUIDs, in CUDA's
     order: rank 0 of ``CUDA_VISIBLE_DEVICES=4,5`` computes on GPU 4), or as
-    the GPU's index when that variable is not set."""
+    the GPU's index when that variable is not set. A CUDA index is taken as
+    NVML's only where the two count alike (``cuda_order_is_nvml``)."""
     if len(gpus) == 1:
         return gpus[0]
     pid = as_int(job.get("pid"))
@@ -256,13 +257,27 @@ def job_gpu(job: Mapping[str, Any], gpus: Sequence[Mapping[str, Any]]) -> Mappin
             return None
         entry = entries[rank or 0]
         if entry.isdigit():
+            if not cuda_order_is_nvml(job, gpus):
+                return None
             return next((g for g in gpus if as_int(g.get("index")) == int(entry)), None)
         # a UUID (GPU-…, MIG-…), which CUDA also takes by a unique prefix
         named = [g for g in gpus if str(g.get("uuid") or "").startswith(entry)]
         return named[0] if len(named) == 1 else None
-    if rank is not None:
+    if rank is not None and cuda_order_is_nvml(job, gpus):
         return next((g for g in gpus if as_int(g.get("index")) == rank), None)
     return None
+
+
+def cuda_order_is_nvml(job: Mapping[str, Any], gpus: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the job's CUDA device indices count as NVML's do (PCI bus
+    order). CUDA's default order is fastest first: the same as PCI order on a
+    box of one GPU model (equals enumerate in PCI order), not on a mixed box
+    unless the job sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID``. Unknown names:
+    no telling."""
+    if str(job.get("cuda_device_order") or "").strip().upper() == "PCI_BUS_ID":
+        return True
+    names = {g.get("name") for g in gpus}
+    return len(names) == 1 and None not in names
 
 
 def window_util(history: Any, window_s: float | None) -> tuple[float | None, float | None, float | None]:

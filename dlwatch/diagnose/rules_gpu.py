@@ -7,7 +7,8 @@ large share of the loop's time per batch (docs/gpu.md).
 Both stay silent without ``gpu_status == "ok"`` and a GPU that can be tied to
 the job (``facts.job_gpu``: one GPU on the box, NVML's process list, or the
 job's ``local_rank`` through its ``CUDA_VISIBLE_DEVICES`` naming a listed
-index): "the GPU is idle" must be measured, not assumed.
+index, counted in NVML's order): "the GPU is idle" must be measured, not
+assumed.
 """
 
 from __future__ import annotations

@@ -67,6 +67,8 @@ def job_identity() -> dict:
         # Which GPUs this process sees, in CUDA's order (indices or UUIDs):
         # local_rank alone names the wrong GPU when a scheduler sets it.
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        # The order those indices count in (CUDA's default: fastest first).
+        "cuda_device_order": os.environ.get("CUDA_DEVICE_ORDER"),
         "torch_version": str(getattr(torch, "__version__", "unknown")),
         "start_method": start_method or "unknown",
         "started": time.time(),

@@ -1084,8 +1084,9 @@ def test_run_queue_wait_counts_as_cpu_demand_not_io():
     assert not found & {"io-bound", "add-workers", "cpu-bound-preprocessing"}
 
 
-def _gpus(*uuids):
-    return [{"index": i, "uuid": u, "processes": []} for i, u in enumerate(uuids)]
+def _gpus(*uuids, names=None):
+    names = names or ["NVIDIA H100 80GB HBM3"] * len(uuids)
+    return [{"index": i, "uuid": u, "name": n, "processes": []} for i, (u, n) in enumerate(zip(uuids, names))]
 
 
 @pytest.mark.parametrize(
@@ -1108,6 +1109,25 @@ def test_the_gpu_a_job_computes_on(job, want):
     gpus = _gpus("GPU-aaaa", "GPU-bbbb", "GPU-cccc", "GPU-dddd")
     got = facts.job_gpu(job, gpus)
     assert (got or {}).get("index") == want
+
+
+@pytest.mark.parametrize(
+    "job, want",
+    [
+        ({"pid": 7, "local_rank": 1}, None),  # CUDA counts fastest first: its 1 need not be NVML's 1
+        ({"pid": 7, "local_rank": 0, "cuda_visible_devices": "1,0"}, None),
+        ({"pid": 7, "local_rank": 1, "cuda_device_order": "PCI_BUS_ID"}, 1),  # counted alike
+        ({"pid": 7, "local_rank": 0, "cuda_visible_devices": "1,0", "cuda_device_order": "PCI_BUS_ID"}, 1),
+        ({"pid": 7, "local_rank": 0, "cuda_visible_devices": "GPU-bbbb"}, 1),  # a UUID needs no order
+    ],
+)
+def test_a_box_of_mixed_gpus_maps_a_cuda_index_only_in_pci_order(job, want):
+    gpus = _gpus("GPU-aaaa", "GPU-bbbb", names=["NVIDIA A100-SXM4-40GB", "NVIDIA H100 80GB HBM3"])
+    got = facts.job_gpu(job, gpus)
+    assert (got or {}).get("index") == want
+    # Names NVML could not read: no telling either.
+    unnamed = [{**g, "name": None} for g in _gpus("GPU-aaaa", "GPU-bbbb")]
+    assert facts.job_gpu({"pid": 7, "local_rank": 1}, unnamed) is None
 
 
 def test_the_gpu_that_lists_the_job_s_pid_wins():
