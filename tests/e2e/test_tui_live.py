@@ -182,9 +182,12 @@ async def test_real_job_workers_and_data_wait_reach_the_screen(job):
                 "the next refresh",
             )
         assert checked == 3
-        # Sanity: the loop really is data-bound (~50 %), so the figure is not a
-        # constant 0 % or 100 % that would match by accident.
-        assert 0.05 < ld["data_wait_fraction"] < 0.95, ld["data_wait_fraction"]
+        # Sanity: the loop really is data-bound (~50 % on a quiet box), so the
+        # figure is not a constant 0 % or 100 % that would match by accident.
+        # Under the parallel tier its workers can fall far behind (97 % once):
+        # a figure short of 100 % on screen still tells the two apart.
+        frac = ld["data_wait_fraction"]
+        assert frac > 0.05 and fmt.pct(frac) != fmt.pct(1.0), frac
         # And the header names the real process.
         assert str(pid) in plain(app.screen.query_one("#job-header", TextLine))
 
