@@ -198,8 +198,10 @@ def assert_only_its_hint(seen: dict[str, dict], snap: dict | None, expected: str
     if expected is None:
         assert warns == set(), {i: seen[i]["message"] for i in warns}
         return
+    why = {k: (snap or {}).get(k) for k in ("hints_error", "judging", "errors", "host")}
     assert expected in seen, (
-        f"{expected} never shown; seen {sorted(seen)}; last jobs: {snap and snap['jobs']}"
+        f"{expected} never shown; seen {sorted(seen)}; last snapshot's {why};"
+        f" last jobs: {snap and snap['jobs']}"
     )
     assert warns - {expected} == set(), {i: seen[i]["message"] for i in warns - {expected}}
     h = seen[expected]
