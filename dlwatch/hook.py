@@ -1,4 +1,6 @@
-"""``import dlwatch.hook``: instrument every PyTorch DataLoader in this process.
+"""``import dlwatch.hook``: instrument every PyTorch DataLoader in this process,
+and the pipelines of torchdata.nodes, Grain, MONAI and WebDataset
+(probe/adapters), each where the training loop takes its batches.
 
 Importing only installs class-level patches (or, if torch is not imported
 yet, an import hook that patches it when it is). No thread, socket or file
@@ -18,6 +20,17 @@ if _os.environ.get("DLWATCH_DISABLE", "").strip() in ("", "0", "false", "no"):
         _patches.on_first_iterator = _publisher.ensure_started
         _patches.install()
     except Exception:  # the job must train on whatever happens here
+        pass
+    try:
+        from dlwatch.probe import adapters as _adapters
+        from dlwatch.probe import trainthread as _trainthread
+
+        # A process that steps an optimizer trains: listed even before (or
+        # without) a loader dlwatch recognises.
+        _trainthread.on_first_step = _publisher.ensure_started
+        _trainthread.install()
+        _adapters.install()
+    except Exception:
         pass
     if _os.environ.get("DLWATCH_AUTOTUNE"):
         try:

@@ -220,7 +220,7 @@ JOB_OPTIONAL = (
 )
 WINDOW = {"seq": _INT, "t": _NUM, "mono_ns": _INT, "loaders": _LIST}
 WINDOW_OPTIONAL = {"main": _DICT}
-MAIN_OPTIONAL = {"cuda_initialized": _BOOL, "py_threads": _INT}
+MAIN_OPTIONAL = {"cuda_initialized": _BOOL, "py_threads": _INT, "train_threads": _LIST}
 LOADER = (
     _of(_INT, "id", "epoch", "batches", "wait_ns", "step_ns", "num_workers")
     | _of(_LIST, "workers")
@@ -242,6 +242,14 @@ LOADER_OPTIONAL = (
     | _of(_STR, "last_error")
     | _of(_BOOL, "epoch_open")
     | _of(_STR, "framework", "role")
+    # Pipelines other than a plain DataLoader (probe/adapters, docs/pipelines.md):
+    # the library, its knobs under its own names, thread or process workers; a
+    # loader fed to the loop through a queue (feeder: its own thread's figures,
+    # consumer: the loop's thread); one nested in another's next().
+    | _of(_STR, "library", "loader_class", "worker_kind")
+    | _of(_DICT, "knobs", "feeder", "consumer")
+    | _of(_LIST, "pipeline_workers")
+    | _of(_INT, "nested_in")
 )
 QUEUE_OPTIONAL = {"ready": _INT, "in_flight": _INT, "capacity": _INT}
 WORKER = {"id": _INT, "pid": _INT, "batches": _INT, "fetch_ns": _INT, "busy_ns": _INT}

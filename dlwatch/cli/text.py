@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dlwatch.collect.loop_role import no_loader_yet
 from dlwatch.snapshot import num, percent
 
 # What a figure only the hook measures reads for an attached job.
@@ -126,7 +127,7 @@ def render_snapshot(snap: dict, title: str = "dlwatch snapshot") -> str:
         if j.get("state_reason"):
             lines.append(f"  {j['state_reason']}")
         if not j.get("loaders"):
-            lines.append("  no DataLoader iterated yet")
+            lines.append(f"  {no_loader_yet(j)}")
         for ld in j.get("loaders", []):
             lines.extend(_sampled_loader_lines(ld, j) if ld.get("sampled") is True else _loader_lines(ld))
         st = j.get("stacks")
@@ -195,12 +196,7 @@ def _loader_lines(ld: dict) -> list[str]:
         lines[-1] += f"   (over {span:.0f} s, {n} batch{'es' if n != 1 else ''})"
     if num(ld.get("data_wait_fraction")) is None and ld.get("no_batch_reason"):
         lines.append(f"    data wait n/a: {ld['no_batch_reason']}")
-    on = ld.get("iterated_on")
-    if isinstance(on, dict) and on.get("main") is False:
-        lines.append(
-            f"    iterated on thread '{on.get('thread')}', not the main thread: the waits are that "
-            "producer's; the training loop's own wait is not visible"
-        )
+    lines.extend(_pipeline_lines(ld))
     q = ld.get("queue", {})
     if q.get("capacity") is not None:
         lines.append(
@@ -272,3 +268,35 @@ def _worker_line(w: dict) -> str:
         f"{_num(w.get('threads'), '{}'):<3}  {w.get('state', '')}"
         + (f"  ({w['error']})" if w.get("error") else "")
     )
+
+
+def _pipeline_lines(ld: dict) -> list[str]:
+    """What feeds the loop, when it is not a DataLoader on the training
+    thread: the library's knobs, a feeder thread's own figures, its workers
+    (threads or processes) with their CPU."""
+    out = []
+    knobs = ld.get("knobs")
+    if isinstance(knobs, dict) and knobs:
+        said = ", ".join(f"{k}={v}" for k, v in knobs.items())
+        out.append(f"    {ld.get('library') or 'pipeline'}: {said}")
+    cons, fd = ld.get("consumer"), ld.get("feeder")
+    if isinstance(fd, dict):
+        fw = num(fd.get("wait_fraction"))
+        own = f"waits {_pct(fw)} of its time" if fw is not None else "no figure yet"
+        if isinstance(cons, dict):
+            out.append(
+                f"    fed by thread '{fd.get('thread')}' through a {cons.get('via') or 'queue'}: the wait "
+                f"above is the loop's (thread '{cons.get('thread')}'); the feeder {own}"
+            )
+        else:
+            out.append(f"    feeder thread '{fd.get('thread')}' {own} (its figure, not the loop's)")
+    pw = ld.get("pipeline_workers")
+    if isinstance(pw, list) and pw:
+        cells = []
+        for w in pw[:16]:
+            who = f"tid {w.get('tid')}" if w.get("kind") == "thread" else f"pid {w.get('pid')}"
+            cpu = num(w.get("cpu_percent"))
+            cells.append(f"{who} {cpu:.0f} %" if cpu is not None else f"{who} n/a")
+        kind = ld.get("worker_kind") or "worker"
+        out.append(f"    {len(pw)} {kind} worker{'s' if len(pw) != 1 else ''} (CPU): " + ", ".join(cells))
+    return out

@@ -14,6 +14,7 @@ from typing import Any, cast
 
 from dlwatch.collect import window as win
 from dlwatch.collect.jobs import JobConnection
+from dlwatch.collect.loop_role import LOOP, loop_role
 from dlwatch.collect.totals import Totals
 from dlwatch.diagnose import hang
 from dlwatch.snapshot import SCHEMA_VERSION, Host, Job, Snapshot
@@ -191,6 +192,11 @@ def job_dict(
         "loaders": [],
     }
     out["stacks"] = c.stacks
+    lm = (last or {}).get("main") or {}
+    train_threads = [t for t in lm.get("train_threads") or [] if isinstance(t, dict)]
+    # Threads that step an optimizer (probe/trainthread.py): a job listed
+    # before, or without, a loader dlwatch recognises says so.
+    out["train_threads"] = train_threads
     if last is None:
         return cast(Job, out)  # checked: snapshot.problems, in the tests
     for ld in last["loaders"]:
@@ -201,6 +207,8 @@ def job_dict(
             procs if c.live else {},
             _history(c, frames, ld["id"], history),
             c.totals,
+            train_threads,
+            main.get("thread_cpu") if c.live else None,
         )
         if c.live:
             for wk in loader["workers"]:
@@ -270,8 +278,11 @@ def loader_dict(
     procs: dict[int, dict[str, Any]],
     history: dict[str, Any],
     totals: Totals | None = None,
+    train_threads: list[dict[str, Any]] | None = None,
+    thread_cpu: dict[int, float | None] | None = None,
 ) -> dict[str, Any]:
     w = win.loader_window(frames, ld["id"], window_s) or {}
+    train_threads = train_threads or []
     lifetime = (totals.loader(ld["id"]) if totals is not None else None) or {}
     esm = ld.get("epoch_start_ms") or []
     em = ld.get("epoch_ms") or []
@@ -297,6 +308,21 @@ def loader_dict(
             }
         )
     q = ld.get("queue") or {}
+    role, role_reason = loop_role(ld, train_threads)
+    feeder = w.get("feeder")
+    if role != LOOP:
+        # Its own figures are a feeder's (or a stage's): shown as such, never
+        # as the loop's wait, which no rule then reads.
+        feeder = {
+            "thread": str((ld.get("iterated_on") or {}).get("thread") or "?")[:80],
+            "wait_fraction": w.get("data_wait_fraction"),
+            "wait_ms_mean": w.get("wait_ms_mean"),
+            "handover_ms_mean": w.get("step_ms_mean"),
+            "batches_per_s": w.get("batches_per_s", 0.0),
+        }
+        w = dict(
+            w, data_wait_fraction=None, wait_ms_mean=None, step_ms_mean=None, no_batch_reason=role_reason
+        )
     out = {
         "id": ld["id"],
         "num_workers": ld.get("num_workers", 0),
@@ -351,9 +377,59 @@ def loader_dict(
         "last_error": ld.get("last_error") if isinstance(ld.get("last_error"), str) else None,
         # Only with `dlwatch run --autotune`: its state and decisions (docs/autotune.md).
         "autotune": ld.get("autotune") if isinstance(ld.get("autotune"), dict) else None,
+        # What feeds the loop (docs/pipelines.md): the library, its knobs under
+        # its own names, thread or process workers; whose wait the figures are.
+        "library": str(ld.get("library") or "torch")[:40],
+        "loader_class": ld.get("loader_class") if isinstance(ld.get("loader_class"), str) else None,
+        "knobs": dict(ld["knobs"]) if isinstance(ld.get("knobs"), dict) else None,
+        "worker_kind": ld.get("worker_kind") if ld.get("worker_kind") in ("thread", "process") else None,
+        "pipeline_workers": pipeline_workers(ld.get("pipeline_workers"), procs, thread_cpu),
+        "loop_role": role,
+        "feeder": feeder,
+        "consumer": _consumer(ld.get("consumer")),
+        "nested_in": ld.get("nested_in") if isinstance(ld.get("nested_in"), int) else None,
     }
+
     if isinstance(ld.get("replay"), dict):
         out["replay"] = _replay(ld["replay"])
+    return out
+
+
+def _consumer(v: Any) -> dict[str, Any] | None:
+    if not isinstance(v, dict):
+        return None
+    return {
+        "thread": str(v.get("thread") or "?")[:80],
+        "main": bool(v.get("main")),
+        "via": str(v.get("via") or ""),
+    }
+
+
+def pipeline_workers(
+    v: Any, procs: dict[int, dict[str, Any]], thread_cpu: dict[int, float | None] | None
+) -> list[dict[str, Any]]:
+    """A pipeline's thread or process workers (nodes, Grain), with the CPU
+    the monitor measured for each: a thread's from /proc/PID/task/TID, a
+    process's as any worker's."""
+    out: list[dict[str, Any]] = []
+    for w in v if isinstance(v, list) else []:
+        if not isinstance(w, dict):
+            continue
+        if w.get("kind") == "thread" and isinstance(w.get("tid"), int):
+            out.append(
+                {
+                    "id": w.get("id"),
+                    "kind": "thread",
+                    "tid": w["tid"],
+                    "name": str(w.get("name") or "")[:80],
+                    "cpu_percent": (thread_cpu or {}).get(w["tid"]),
+                }
+            )
+        elif w.get("kind") == "process" and isinstance(w.get("pid"), int):
+            p = procs.get(w["pid"], {})
+            out.append(
+                {"id": w.get("id"), "kind": "process", "pid": w["pid"], "cpu_percent": p.get("cpu_percent")}
+            )
     return out
 
 

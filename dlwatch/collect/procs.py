@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
 import psutil
@@ -38,6 +38,8 @@ MIN_LIFETIME_S = 0.5
 # With ``uss_max_interval_s``: a USS that moved less than this since the
 # previous read counts as steady and the next read waits twice as long.
 USS_STEADY_BYTES = 512 << 10
+# Threads of a trainer whose CPU is read one by one (/proc/PID/task/TID/stat).
+MAX_THREADS = 64
 
 
 @dataclass
@@ -47,6 +49,8 @@ class _Tracked:
     start_ticks: int | None = None  # /proc/PID/stat starttime: the process's identity
     cpu_s: float | None = None  # user+system seconds at the previous sample
     main_cpu_s: float | None = None
+    # tid -> user+system seconds of each thread at the previous sample
+    thread_cpu_s: dict[int, float] = field(default_factory=dict)
     at: float = 0.0  # monotonic time of the previous sample
     calls: int = 0
     uss: int | None = None
@@ -315,11 +319,42 @@ class ProcSampler:
             res["cpu_interval_s"] = interval
         if main_s is not None:
             res["main_thread_cpu_percent"] = rate_percent(prev_main, main_s, interval)
+        if want_main:
+            res["thread_cpu"] = self._threads(st, pid, interval, first=st.calls == 0)
         st.cpu_s, st.main_cpu_s = cpu_s, main_s
         st.at = now
         st.calls += 1
         res["error"] = "; ".join(errors) if errors else None
         return res
+
+    def _threads(self, st: _Tracked, pid: int, interval: float, first: bool) -> dict[int, float | None]:
+        """Each thread's CPU % since the last sample (a pipeline's worker
+        threads: nodes' ParallelMapper, Grain's prefetch pool); None on a
+        thread's first sight. At most MAX_THREADS threads, unreadable ones
+        left out."""
+        out: dict[int, float | None] = {}
+        seen: dict[int, float] = {}
+        try:
+            tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))[:MAX_THREADS]
+        except (OSError, ValueError):
+            return out
+        uptime = _uptime_s()
+        for tid in tids:
+            try:
+                ts = read_stat(pid, tid)
+            except OSError:
+                continue
+            seen[tid] = ts.cpu_s
+            prev = st.thread_cpu_s.get(tid)
+            if not first and prev is not None:
+                out[tid] = rate_percent(prev, ts.cpu_s, interval)
+                continue
+            # First sight (pools restart their threads each epoch): the
+            # average over the thread's own life, as for a new process.
+            age = uptime - ts.start_ticks / _CLK_TCK if uptime is not None else 0.0
+            out[tid] = rate_percent(0.0, ts.cpu_s, age) if age >= MIN_LIFETIME_S else None
+        st.thread_cpu_s = seen
+        return out
 
     def _uss_due(self, st: _Tracked, pid: int, now: float) -> bool:
         if self.uss_policy.interval_s is None:
@@ -442,6 +477,14 @@ def read_stat(pid: int, tid: int | None = None, proc_path: str = "/proc") -> Pro
         )
     except (IndexError, ValueError):
         raise OSError(f"unexpected contents of {path}") from None
+
+
+def _uptime_s(uptime_path: str = "/proc/uptime") -> float | None:
+    try:
+        with open(uptime_path) as f:
+            return float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def process_age_s(create_time: float, uptime_path: str = "/proc/uptime") -> float:

@@ -156,11 +156,15 @@ def loader_window(
     i = window_base(frames, loader_id, window_s, min_batches)
     old = None
     # A loader created inside the window starts at its first frame.
+    fed = "consumer" in new
     for j in range(i, len(frames) - 1):
         old = _loader_in(frames[j], loader_id)
-        if old is not None:
+        # The loop's side of a queue, once found, replaces the feeder's
+        # counters in the main fields: a window starts on one side only.
+        if old is not None and ("consumer" in old) == fed:
             i = j
             break
+        old = None
     t_new = frames[-1]["mono_ns"]
     t_old = frames[i]["mono_ns"] if old is not None else t_new
     dt = (t_new - t_old) / NS
@@ -194,7 +198,28 @@ def loader_window(
     out["worker_ms_per_batch"] = round(sum(m * b for m, b in fetch) / n, 3) if n else None
     out["queue_mean"] = queue_means(frames[i:], loader_id)
     out.update(_sample_fractions(old, new))
+    out["feeder"] = feeder_window(old.get("feeder"), new.get("feeder"), dt)
     return out
+
+
+def feeder_window(old: Any, new: Any, dt: float) -> dict[str, Any] | None:
+    """The feeder thread's own figures over the window (a loader whose
+    batches reach the loop through a queue): how much of its time it waits
+    in the loader's ``next()``, and how long it takes to hand a batch on."""
+    if not isinstance(new, dict):
+        return None
+    if not isinstance(old, dict):
+        old = {"wait_ns": 0, "step_ns": 0, "batches": 0}
+    d_b = max(0, int(new.get("batches", 0)) - int(old.get("batches", 0)))
+    d_wait = max(0, int(new.get("wait_ns", 0)) - int(old.get("wait_ns", 0)))
+    d_step = max(0, int(new.get("step_ns", 0)) - int(old.get("step_ns", 0)))
+    return {
+        "thread": str(new.get("thread") or "?")[:80],
+        "wait_fraction": _round(_ratio(d_wait, d_wait + d_step), 4) if d_b else None,
+        "wait_ms_mean": _round(_ratio(d_wait / 1e6, d_b), 3),
+        "handover_ms_mean": _round(_ratio(d_step / 1e6, d_b), 3),
+        "batches_per_s": round(d_b / dt, 3) if dt > 0 else 0.0,
+    }
 
 
 def _sample_fractions(old: dict[str, Any], new: dict[str, Any]) -> dict[str, float | None]:

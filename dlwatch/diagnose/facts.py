@@ -94,25 +94,38 @@ def worker_ms_per_batch(loader: Mapping[str, Any], workers: list[dict[str, Any]]
     return m
 
 
-# The main thread's CPU (percent of a core) below which it is taken to be
-# idle: not a training loop but a launcher's or an actor's thread waiting
-# (Ray Train, for one, runs the train function on a thread of its own).
-MAIN_THREAD_IDLE_PERCENT = 5.0
+WORKER_KNOB_ENDS = (".num_workers", ".num_threads")
+PREFETCH_KNOB_ENDS = (".prefetch_factor", ".prefetch_buffer_size", ".buffer_size")
+_KNOB_ENDS = {"num_workers": WORKER_KNOB_ENDS, "prefetch_factor": PREFETCH_KNOB_ENDS}
 
 
-def fed_by_thread(loader: Mapping[str, Any], job: Mapping[str, Any] | None = None) -> bool:
-    """A loader iterated on a thread other than the main one while the main
-    thread works (``job``'s ``main_thread_cpu_percent``; unknown counts as
-    working): a producer feeding the training loop through a queue. Its wait
-    is the producer's, not the loop's, and the rules that judge the loop's
-    data wait must not read it (the view's ``wait`` is None;
-    rules_threads.py says what the producer waits). With an idle main
-    thread, the iterating thread is the training loop itself."""
-    on = loader.get("iterated_on")
-    if not (isinstance(on, Mapping) and on.get("main") is False):
-        return False
-    main_cpu = num(job.get("main_thread_cpu_percent")) if job is not None else None
-    return main_cpu is None or main_cpu >= MAIN_THREAD_IDLE_PERCENT
+def knob(loader: Mapping[str, Any], name: str) -> str | None:
+    """The library's own knob for a DataLoader setting (``num_workers``,
+    ``prefetch_factor``) as ``Class.arg``, from the knobs its adapter read
+    (probe/adapters); None for a plain DataLoader or a setting it lacks."""
+    knobs = loader.get("knobs")
+    if not isinstance(knobs, Mapping):
+        return None
+    ends = _KNOB_ENDS.get(name, (f".{name}",))
+    for key in knobs:
+        if isinstance(key, str) and key.endswith(ends):
+            return key
+    return None
+
+
+def has_worker_knob(loader: Mapping[str, Any]) -> bool:
+    """Whether advice may name a worker count: a torch DataLoader (or a
+    subclass such as MONAI's ThreadDataLoader), or a pipeline whose adapter
+    found its worker knob (nodes' ParallelMapper, Grain's ReadOptions). A
+    watched iterable has none dlwatch can see."""
+    lib = loader.get("library")
+    return bool(lib in (None, "torch", "monai") or knob(loader, "num_workers") is not None)
+
+
+def is_loop_wait(loader: Mapping[str, Any]) -> bool:
+    """Whether the loader's wait figures are the training loop's (its
+    ``loop_role``, collect/loop_role.py): not a feeder's or a stage's."""
+    return bool(loader.get("loop_role", "loop") == "loop")
 
 
 @dataclass
@@ -126,7 +139,7 @@ class LoaderView:
     phase: str
     workers: list[dict[str, Any]]
     num_workers: int | None
-    wait: float | None  # data_wait_fraction 0..1; None for a thread-fed loader (fed_by_thread)
+    wait: float | None  # data_wait_fraction 0..1: the loop's; None for a feeder or a stage (is_loop_wait)
     busy_mean: float | None  # mean worker busy fraction 0..1
     cpu_mean: float | None  # mean worker CPU in cores (1.0 = one core)
     cpu_missing: int  # live workers without a CPU figure
@@ -330,8 +343,8 @@ def build_context(
                     lid=lid,
                     phase=phase_of.get((pid, lid), WARMUP),
                     workers=workers,
-                    num_workers=as_int(ld.get("num_workers")),
-                    wait=None if fed_by_thread(ld, job) else num(ld.get("data_wait_fraction")),
+                    num_workers=as_int(ld.get("num_workers")) if has_worker_knob(ld) else None,
+                    wait=num(ld.get("data_wait_fraction")) if is_loop_wait(ld) else None,
                     busy_mean=busy,
                     cpu_mean=cpu_mean / PERCENT_PER_CORE if cpu_mean is not None else None,
                     cpu_missing=len(workers) - len(cpu_vals),
@@ -386,6 +399,10 @@ def setting(loader: Mapping[str, Any], name: str, value: Any) -> str:
     loader (its ``framework``, from the code that iterates it): the HF
     Trainer's TrainingArguments, a Lightning DataModule's loader, the loader
     given to Accelerate's prepare(); else ``DataLoader(...)``."""
+    own = knob(loader, name)
+    if own is not None:
+        cls, arg = own.split(".", 1)
+        return f"{arg}={value} in {cls}(...)"
     fw = loader.get("framework")
     if fw == "transformers":
         return (

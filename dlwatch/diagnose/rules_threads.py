@@ -1,63 +1,58 @@
-"""A DataLoader iterated on a producer thread: thread-fed-loader.
+"""A loader fed to the loop by another thread: thread-fed-loader.
 
-Some jobs iterate the DataLoader on a background thread that feeds a queue,
-and train on the main thread from the queue. The probe sees the producer:
-its time inside ``next()`` (``data_wait_fraction``) and between batches (the
-hand-over, e.g. blocked on a full queue). It cannot see the thread that takes
-from the queue, so the loader's wait is not the training loop's: the rules
-that judge the loop's wait ignore it (facts.fed_by_thread), and this info
-hint says what is and is not known. A main thread that is idle (a launcher
-or an actor waiting, not training) makes the iterating thread the training
-loop, judged like any other.
+The wait that matters is the training thread's ``next()``. When a loader is
+iterated on a feeder thread and its batches reach the loop through a
+``queue.Queue``, the probe times the loop's side of the queue and the
+loader's figures are the loop's (collect/loop_role.py: ``loop``); the feeder's
+own are kept apart and no rule reads them. When the hand-over is not seen
+(``feeder``: a deque, a future, a custom buffer), the loop's wait is n/a: this
+info hint says so, with the feeder's figures for what they are, and the one
+line that fixes it (``dlwatch.watch``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from dlwatch.thresholds import DATA_BOUND_WAIT
-
-from .facts import Context, fed_by_thread, hint, ms, num, pct, r
+from .facts import Context, as_dict, hint, ms, num, pct, r
 from .registry import Rule
 
 
-def rule_thread_fed_loader(ctx: Context) -> list[dict[str, Any]]:
+def rule_feeder_not_the_loop(ctx: Context) -> list[dict[str, Any]]:
     out = []
     for lv in ctx.loaders:
-        if not lv.steady or not fed_by_thread(lv.loader, lv.job):
+        if lv.loader.get("loop_role") != "feeder":
             continue
-        wait = num(lv.loader.get("data_wait_fraction"))
-        if wait is None or wait < DATA_BOUND_WAIT:
-            continue
-        thread = str(lv.loader["iterated_on"].get("thread") or "?")
-        wait_ms, step_ms = num(lv.loader.get("wait_ms_mean")), num(lv.loader.get("step_ms_mean"))
-        per_batch = ""
-        if wait_ms is not None and step_ms is not None:
-            per_batch = f" ({ms(wait_ms)} waiting and {ms(step_ms)} handing on per batch)"
+        fd = as_dict(lv.loader.get("feeder"))
+        thread = str(fd.get("thread") or "?")
+        wait = num(fd.get("wait_fraction"))
+        wait_ms, hand_ms = num(fd.get("wait_ms_mean")), num(fd.get("handover_ms_mean"))
+        figures = ""
+        if wait is not None:
+            figures = f" That thread waits for data {pct(wait)} of its time"
+            if wait_ms is not None and hand_ms is not None:
+                figures += f" ({ms(wait_ms)} per batch, then {ms(hand_ms)} handing it on)"
+            figures += ": the feeder's figure, not the loop's."
         msg = (
-            f"{lv.title} is iterated on thread '{thread}', not the main thread: its figures are that "
-            f"producer's. The producer waits for data {pct(wait)} of its time and spends "
-            f"{pct(1 - wait)} between batches{per_batch}. Whether the training loop waits depends on "
-            f"the queue between them, which dlwatch cannot see: a producer that spends long between "
-            f"batches is held up by a full queue (the loop is not waiting); one that waits almost "
-            f"always and hands on at once leaves the loop waiting too."
+            f"{lv.title} is iterated on thread '{thread}', not the training thread, and its batches "
+            f"reach the loop some way dlwatch does not see, so the loop's own wait is not known.{figures}"
         )
         sugg = (
-            "time the training loop's get() from the queue to see its own wait; or iterate the "
-            "DataLoader in the training loop (with num_workers > 0 for background loading) so "
-            "dlwatch measures the loop's wait itself"
+            "wrap what the training loop iterates with dlwatch.watch(...) (one line) so the loop's wait "
+            "is measured where it takes each batch; a queue.Queue between the threads is found without it"
         )
         ev = {
-            "iterated_on_thread": thread,
-            "producer_wait_fraction": r(wait),
-            "producer_wait_ms_mean": r(wait_ms, 1),
-            "producer_between_batches_ms_mean": r(step_ms, 1),
-            "num_workers": lv.num_workers,
-            "training_loop_wait": "unknown: the consuming thread is not visible to the probe",
-            "main_thread_cpu_percent": r(num(lv.job.get("main_thread_cpu_percent")), 1),
+            "feeder_thread": thread,
+            "feeder_wait_fraction": r(wait),
+            "feeder_wait_ms_mean": r(wait_ms, 1),
+            "feeder_handover_ms_mean": r(hand_ms, 1),
+            "loop_wait": "n/a: the consumer's next() is not visible to the probe",
+            "train_threads": [
+                t.get("thread") for t in lv.job.get("train_threads") or [] if isinstance(t, dict)
+            ],
         }
         out.append(hint("thread-fed-loader", "info", lv.pid, lv.lid, msg, sugg, ev))
     return out
 
 
-RULES = (Rule("thread-fed-loader", rule_thread_fed_loader, "loader", rate=True),)
+RULES = (Rule("thread-fed-loader", rule_feeder_not_the_loop, "loader"),)

@@ -24,7 +24,7 @@ from typing import Any
 from dlwatch.probe import postimport, worker_burst
 from dlwatch.probe import worker as _worker
 from dlwatch.probe.frames import as_frame_of
-from dlwatch.probe.stats import Registry
+from dlwatch.probe.stats import METER_CODES, Registry
 
 TARGET_MODULE = "torch.utils.data.dataloader"
 
@@ -180,8 +180,20 @@ def _wrap_next(orig_next, mod=None):
 
     if mod is not None:
         __next__ = as_frame_of(__next__, orig_next, mod)
+    METER_CODES.add(__next__.__code__)
     __next__._dlwatch_orig = orig_next  # type: ignore[attr-defined]  # what uninstall restores
     return __next__
+
+
+def announce(st) -> None:
+    """A pipeline other than a DataLoader began an epoch (consumer.py): the
+    publisher starts, as for a DataLoader's first iterator."""
+    cb = on_first_iterator
+    if cb is not None:
+        try:
+            cb()
+        except Exception:
+            pass
 
 
 def _in_worker_process() -> bool:

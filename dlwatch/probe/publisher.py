@@ -19,9 +19,10 @@ import sys
 import threading
 import time
 from collections import deque
+from typing import Any
 
 from dlwatch import rundir, wire
-from dlwatch.probe import control, patches, stall
+from dlwatch.probe import control, handover, patches, stall, trainthread
 from dlwatch.probe.identity import job_identity
 
 INTERVAL_S = 0.1
@@ -94,6 +95,8 @@ def _after_fork_in_child() -> None:
     _disabled_reason = None
     _lock = threading.Lock()
     patches.registry.clear()
+    handover.forget()
+    trainthread.forget()
     if pub is not None:
         pub.abandon()
 
@@ -333,7 +336,10 @@ class Publisher:
                 cuda_init = bool(torch.cuda.is_initialized())
         except Exception:
             cuda_init = None
-        main = {"cuda_initialized": cuda_init, "py_threads": threading.active_count()}
+        main: dict[str, Any] = {"cuda_initialized": cuda_init, "py_threads": threading.active_count()}
+        steppers = trainthread.summary()
+        if steppers:
+            main["train_threads"] = steppers
         return wire.window(self._seq, time.time(), now, loaders, main)
 
     def _note_stalls(self, loaders: list[dict]) -> None:

@@ -19,6 +19,7 @@ year after boot is exact to 4 ns, and the sums are of differences.
 from __future__ import annotations
 
 import multiprocessing
+import sys
 import threading
 import weakref
 from collections import deque
@@ -27,6 +28,8 @@ from typing import Any
 
 from dlwatch.probe import deaths
 from dlwatch.probe import framework as _framework
+from dlwatch.probe import handover as _handover
+from dlwatch.probe import trainthread as _trainthread
 from dlwatch.probe import worker as _worker
 
 # Recent epochs remembered per loader (epoch-start stalls, epoch durations).
@@ -85,6 +88,10 @@ class LoaderStats:
         "procs",
         "framework",
         "role",
+        "thread_ident",
+        "consumer",
+        "nested_in",
+        "describe",
         "__weakref__",
     )
 
@@ -140,6 +147,18 @@ class LoaderStats:
         # the code that calls iter() (probe/framework.py); None: not known.
         self.framework: str | None = None
         self.role: str | None = None
+        # The thread that took the epoch's first batch (threading.get_ident()).
+        self.thread_ident: int | None = None
+        # The training loop's side of a hand-over: a thread that takes this
+        # loader's batches from a queue (probe/handover.py). Its counters are
+        # the loop's wait; this loader's own are its feeder thread's.
+        self.consumer: LoaderStats | None = None
+        # The loader whose __next__ this one's ran inside, on the same thread
+        # (a DataLoader under WebDataset's WebLoader): a stage of that one.
+        self.nested_in: int | None = None
+        # An adapter's reader of the pipeline's knobs, workers and buffer
+        # (probe/adapters): called from the publisher thread, never raises.
+        self.describe: Any = None
         _LIVE.add(self)
 
     # --- called from the patched iterator (trainer main thread) -------------
@@ -213,6 +232,12 @@ class LoaderStats:
             th = threading.current_thread()
             self.thread_name = th.name
             self.thread_main = th is threading.main_thread()
+            self.thread_ident = th.ident
+            self.nested_in = _outer_meter(self)
+            if not self.thread_main and self.nested_in is None:
+                # Iterated off the main thread: perhaps a feeder handing its
+                # batches to the training loop through a queue.
+                _handover.note_feeder(self)
 
     def end_epoch(self, t0: float, t1: float) -> None:
         # The __next__ that raises StopIteration joins non-persistent workers:
@@ -245,18 +270,36 @@ class LoaderStats:
         if self.procs and not getattr(it, "_shutdown", False):
             deaths.scan(self.procs, self.deaths)
 
-    def frame(self, now_ns: int) -> dict:
-        now = now_ns / 1e9  # the hot path's clock, in seconds
+    def counters(self, now: float) -> tuple[float, float, bool]:
+        """(wait, step, inside ``__next__``) up to ``now``: the completed
+        sums plus the call or the step in progress."""
         wait = self.wait_s
         step = self.step_s
         t_enter = self.t_enter
         t_last = self.t_last
-        inside = False
         if t_enter > t_last and t_enter <= now:  # inside __next__
-            wait += now - t_enter
-            inside = True
-        elif t_last and t_last <= now:  # between batches: the loop's work
+            return wait + now - t_enter, step, True
+        if t_last and t_last <= now:  # between batches: the loop's work
             step += now - t_last
+        return wait, step, False
+
+    def frame(self, now_ns: int) -> dict:
+        now = now_ns / 1e9  # the hot path's clock, in seconds
+        wait, step, inside = self.counters(now)
+        t_last = self.t_last
+        consumer = self.consumer
+        if consumer is not None:
+            # The loop takes this loader's batches from a queue: its wait is
+            # the loop's; this loader's own figures are its feeder's.
+            feeder = {
+                "thread": self.thread_name or "?",
+                "main": bool(self.thread_main),
+                "wait_ns": _ns(wait),
+                "step_ns": _ns(step),
+                "batches": self.batches,
+            }
+            wait, step, inside = consumer.counters(now)
+            t_last = consumer.t_last
         it = self.iter_ref() if self.iter_ref is not None else None
         queue, buffered = _queue_state(it, self.num_workers)
         if it is not None and (inside or t_last):
@@ -279,7 +322,7 @@ class LoaderStats:
             {
                 "id": self.id,
                 "epoch": self.epoch,
-                "batches": self.batches,
+                "batches": self.batches if consumer is None else consumer.batches,
                 "wait_ns": _ns(wait),
                 "step_ns": _ns(step),
                 "teardown_ns": _ns(self.teardown_s),
@@ -298,7 +341,25 @@ class LoaderStats:
             }
         )
         if self.thread_name is not None:
-            out["iterated_on"] = {"thread": self.thread_name, "main": bool(self.thread_main)}
+            on: dict[str, Any] = {"thread": self.thread_name, "main": bool(self.thread_main)}
+            trains = _trainthread.trains(self.thread_ident)
+            if trains is not None:
+                on["trains"] = trains
+            out["iterated_on"] = on
+        if consumer is not None:
+            out["feeder"] = feeder
+            out["consumer"] = {
+                "thread": consumer.thread_name or "?",
+                "main": bool(consumer.thread_main),
+                "via": "queue.Queue",
+            }
+        if self.nested_in is not None:
+            out["nested_in"] = self.nested_in
+        if self.describe is not None:
+            try:
+                out.update(self.describe())
+            except Exception:
+                pass
         if self.autotune is not None:
             out["autotune"] = self.autotune
         if self.batch_bytes is not None:
@@ -312,6 +373,33 @@ class LoaderStats:
         if self.role is not None:
             out["role"] = self.role
         return out
+
+
+# The code objects of every measured ``__next__`` (patches.py, consumer.py):
+# a first batch taken while one of them is on the same thread's stack is a
+# stage of that outer loader, not the loop's own.
+METER_CODES: set = set()
+# How far up the stack a first batch looks for an outer meter.
+MAX_NEST_DEPTH = 60
+
+
+def _outer_meter(st: LoaderStats) -> int | None:
+    """The id of the loader whose measured ``__next__`` is running further up
+    this thread's stack, if any. Off the hot path: an epoch's first batch."""
+    try:
+        f: Any = sys._getframe(1)
+        for _ in range(MAX_NEST_DEPTH):
+            if f is None:
+                return None
+            if f.f_code in METER_CODES:
+                outer = f.f_locals.get("self")
+                ost = getattr(outer, "_dlw_stats", None) if outer is not None else None
+                if isinstance(ost, LoaderStats) and ost is not st:
+                    return ost.id
+            f = f.f_back
+    except Exception:
+        pass
+    return None
 
 
 # The walk over a batch stops here: a batch of thousands of tensors (a list
@@ -414,6 +502,12 @@ def _queue_state(it, num_workers: int) -> tuple[dict[str, int | None], int]:
     return q, buffered
 
 
+# DataLoader subclasses of other libraries whose knobs have their own names
+# (adapters register them: MONAI's ThreadDataLoader): class name ->
+# (library, reader of the knobs).
+LOADER_KNOBS: dict[str, tuple[str, Any]] = {}
+
+
 def loader_config(loader, it) -> dict:
     cfg: dict = {}
     try:
@@ -440,6 +534,11 @@ def loader_config(loader, it) -> dict:
         if wrappers:
             cfg["dataset_wrappers"] = wrappers
         cfg["iterator"] = type(it).__name__
+        special = LOADER_KNOBS.get(type(loader).__name__)
+        if special is not None:
+            cfg["library"] = special[0]
+            cfg["loader_class"] = type(loader).__name__
+            cfg["knobs"] = special[1](loader)
         rep = getattr(loader, "_dlw_replay", None)  # only with DLWATCH_OVERRIDES' replay
         if rep is not None:
             cfg["replay"] = rep.status
@@ -508,6 +607,29 @@ class Registry:
             st = LoaderStats(self._next_id, loader, loader_config(loader, it))
             self._next_id += 1
             self._by_loader[key] = st
+            self._trim()
+        return st
+
+    def for_source(self, source, config: dict, key: Any = None) -> LoaderStats:
+        """The counters of a pipeline that is not a torch DataLoader (an
+        adapter's or ``dlwatch.watch()``'s): one per source object, or one
+        per ``key`` (a pipeline rebuilt every epoch: its shape), whose
+        newest source then stands for it."""
+        k = id(source) if key is None else key
+        st = self._by_loader.get(k)
+        if st is not None and key is not None:
+            ref = _weak(source)
+            st.loader_ref = ref if ref is not None else (lambda: source)
+            return st
+        if st is not None and st.loader_ref is not None and st.loader_ref() is source:
+            return st
+        with self._lock:
+            st = LoaderStats(self._next_id, source, config)
+            if st.loader_ref is None:
+                # Not weakly referable (a list): held for the stats' life.
+                st.loader_ref = lambda: source
+            self._next_id += 1
+            self._by_loader[k] = st
             self._trim()
         return st
 

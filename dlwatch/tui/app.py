@@ -22,6 +22,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from dlwatch import __version__
+from dlwatch.collect.loop_role import no_loader_yet
 from dlwatch.snapshot import SnapshotSource
 from dlwatch.tui import fmt
 from dlwatch.tui.gpu import GpuPanel
@@ -390,7 +391,7 @@ class DlwatchApp(App):
         ]
         message.display = not loaders
         if not loaders:
-            why = "this job has no DataLoader iterator yet: figures appear at the first iter(loader)"
+            why = no_loader_yet(job)
             if job.get("sampled") is True and fmt.s(job.get("state_reason")):
                 why = f"{job['state_reason']} (sampled from outside)"  # what the samples saw
             set_static(message, Text(why, pal.dim))

@@ -52,10 +52,15 @@ def loader_title(ld: dict, pal: fmt.Palette) -> Text:
     ds = fmt.s(ld.get("dataset"))
     if ds:
         parts.append(ds)
-    on = ld.get("iterated_on")
-    if isinstance(on, dict) and on.get("main") is False:
-        # Its waits are a producer thread's, not the training loop's.
-        parts.append(Text(f"on thread {fmt.s(on.get('thread')) or '?'}", pal.dim))
+    lib = fmt.s(ld.get("library"))
+    if lib and lib != "torch":
+        parts.append(Text(fmt.s(ld.get("loader_class")) or lib, pal.info))
+    fd = ld.get("feeder")
+    if isinstance(fd, dict):
+        # The loop takes from a feeder thread: the gauge is the loop's wait
+        # where the hand-over was found, else n/a (the feeder's is its own).
+        how = "fed by" if isinstance(ld.get("consumer"), dict) else "feeder"
+        parts.append(Text(f"{how} thread {fmt.s(fd.get('thread')) or '?'}", pal.dim))
     parts.append(f"{fmt.count(nw)} workers" if nw != 1 else "1 worker")
     parts.append(f"batch {fmt.count(ld.get('batch_size'))}")
     parts.append(f"pin {_flag(ld.get('pin_memory'))}")

@@ -56,15 +56,17 @@ def test_thread_fed_and_iterable_loaders(tmp_path):
             j.cleanup()
 
     # A producer thread waits on a num_workers=0 loader most of its time; the
-    # training loop, fed from the queue, hardly ever waits.
+    # training loop, fed from the queue, hardly ever waits: dlwatch times the
+    # loop's get() from the queue (probe/handover.py) and shows that.
     ld, hints = _the_loader(snaps["thread"], jobs["thread"].pid)
-    assert ld["iterated_on"] == {"thread": "producer", "main": False}
-    assert ld["num_workers"] == 0 and ld["data_wait_fraction"] > 0.3
+    assert ld["iterated_on"]["thread"] == "producer" and ld["iterated_on"]["main"] is False
+    assert ld["loop_role"] == "loop" and ld["consumer"]["thread"] == "MainThread"
+    assert ld["num_workers"] == 0 and ld["feeder"]["wait_fraction"] > 0.3
     loop = truth_in_window(own["thread"]["spans"], *ld["window_mono_ns"])
     assert loop["data_wait_fraction"] < 0.1, loop
-    assert [h["id"] for h in hints] == ["thread-fed-loader"], hints
-    assert hints[0]["severity"] == "info"
-    assert "producer" in hints[0]["message"] and "cannot see" in hints[0]["message"]
+    assert abs(ld["data_wait_fraction"] - loop["data_wait_fraction"]) <= 0.03, (ld, loop)
+    # The producer's wait is no advice: the loop does not wait.
+    assert not {h["id"] for h in hints} & {"no-workers", "add-workers", "thread-fed-loader"}, hints
 
     # One "file" shared out by worker id among 3 workers: workers 1 and 2
     # get nothing (they exit at once), worker 0 loads everything.

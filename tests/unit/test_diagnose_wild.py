@@ -55,8 +55,27 @@ def slow_tail(*, hol=0.23, wait=0.27, busy=0.26, in_order=True, p99=340.0, bps=3
     return ld
 
 
-def producer(wait=0.75, main=False, nw=0):
-    return loader(nw=nw, wait=wait, step_ms=6.0, iterated_on={"thread": "producer", "main": main})
+def producer(wait=0.75, main=False, nw=0, consumer=False):
+    """A DataLoader iterated on thread 'producer', as the collector gives it
+    (collect/loop_role.py): with the queue hand-over found (``consumer``) its
+    figures are the loop's; without it, a feeder's, the loop's wait n/a."""
+    if main:
+        return loader(nw=nw, wait=wait, step_ms=6.0, iterated_on={"thread": "MainThread", "main": True})
+    fd = {"thread": "producer", "wait_fraction": wait, "wait_ms_mean": 18.0, "handover_ms_mean": 6.0}
+    if consumer:
+        return loader(
+            nw=nw,
+            wait=0.02,
+            step_ms=6.0,
+            iterated_on={"thread": "producer", "main": False},
+            loop_role="loop",
+            feeder=fd,
+            consumer={"thread": "MainThread", "main": True, "via": "queue.Queue"},
+        )
+    ld = loader(nw=nw, wait=wait, step_ms=6.0, iterated_on={"thread": "producer", "main": False})
+    ld.update(loop_role="feeder", feeder=fd, data_wait_fraction=None, wait_ms_mean=None, step_ms_mean=None)
+    ld["no_batch_reason"] = "loader 0 is iterated on thread 'producer', not the training thread"
+    return ld
 
 
 D = (11, 22)  # two batches' digests
@@ -90,8 +109,9 @@ D = (11, 22)  # two batches' digests
         (slow_tail(wait=0.05, hol=0.05), "head-of-line-blocking", False),  # not data-bound
         # thread-fed-loader
         (producer(), "thread-fed-loader", True),
-        (producer(wait=0.05), "thread-fed-loader", False),
+        (producer(wait=0.05), "thread-fed-loader", True),  # the loop's wait is unknown either way
         (producer(main=True), "thread-fed-loader", False),
+        (producer(consumer=True), "thread-fed-loader", False),  # the loop's side of the queue is timed
     ],
 )
 def test_rule_table(ld, hid, fires):
@@ -151,18 +171,26 @@ def test_head_of_line_gain_is_capped_by_the_workers():
     assert predicted_speedup(0.2, 50.0, None, 4) == pytest.approx(1.25)
 
 
-def test_a_thread_fed_loader_gets_no_data_bound_hint():
+def test_a_feeder_gets_no_data_bound_hint():
     # The producer waits 75 % with num_workers=0: on the main thread this is no-workers.
     assert "no-workers" in ids(evaluate(one(producer(main=True))))
     hints = evaluate(one(producer()))
     assert ids(hints) == {"thread-fed-loader"}
     h = hints[0]
     assert h["severity"] == "info"
-    assert "'producer'" in h["message"] and "cannot see" in h["message"]
-    assert h["evidence"]["producer_wait_fraction"] == 0.75
-    # Nor add-workers / io-bound for a producer with saturated workers.
+    assert "'producer'" in h["message"] and "does not see" in h["message"]
+    assert "feeder's figure, not the loop's" in h["message"]
+    assert "dlwatch.watch(" in h["suggestion"]
+    assert h["evidence"]["feeder_wait_fraction"] == 0.75
+    # Nor add-workers / io-bound for a feeder with saturated workers.
     ld = io_bound_loader(iterated_on={"thread": "feeder", "main": False})
+    ld.update(loop_role="feeder", data_wait_fraction=None, feeder={"thread": "feeder", "wait_fraction": 0.6})
     assert ids(evaluate(one(ld))) == {"thread-fed-loader"}
+
+
+def test_a_loop_fed_through_a_queue_is_judged_by_its_own_wait():
+    # The producer waits 75 %, the loop 2 %: no hint at all.
+    assert ids(evaluate(one(producer(consumer=True)))) == set()
 
 
 @pytest.mark.parametrize(
@@ -186,13 +214,36 @@ def test_head_of_line_and_worker_count_rules_exclude_each_other():
         assert not ({"head-of-line-blocking"} <= got and got & {"add-workers", "io-bound"}), (busy, got)
 
 
-def test_with_an_idle_main_thread_the_iterating_thread_is_the_training_loop():
-    # A launcher or an actor waits on the main thread (Ray Train runs the
-    # train function on a thread): the loader's wait is the loop's.
-    got = ids(evaluate(one(producer(), job_kw={"main_thread_cpu": 1.0})))
-    assert "no-workers" in got and "thread-fed-loader" not in got
-    # Unknown main-thread CPU: taken as working (a producer).
-    assert ids(evaluate(one(producer(), job_kw={"main_thread_cpu": None}))) == {"thread-fed-loader"}
+FED = {"thread": "MainThread", "main": True, "via": "queue.Queue"}
+STEPPER = [{"thread": "MainThread", "steps": 40, "main": True}]
+
+
+@pytest.mark.parametrize(
+    ("ld", "steppers", "role"),
+    [
+        ({"id": 0}, [], "loop"),  # no batch yet
+        ({"id": 0, "iterated_on": {"thread": "MainThread", "main": True}}, [], "loop"),
+        # a thread that trains itself (Ray Train runs the loop on a thread)
+        ({"id": 0, "iterated_on": {"thread": "train", "main": False, "trains": True}}, STEPPER, "loop"),
+        # another thread steps the optimizer, the hand-over is not seen
+        ({"id": 0, "iterated_on": {"thread": "producer", "main": False, "trains": False}}, STEPPER, "feeder"),
+        # no optimizer step yet: which thread trains is not known
+        ({"id": 0, "iterated_on": {"thread": "producer", "main": False}}, [], "feeder"),
+        # the loop's side of a queue.Queue was found: the figures are the loop's
+        ({"id": 0, "iterated_on": {"thread": "producer", "main": False}, "consumer": FED}, [], "loop"),
+        # inside another measured next() on the same thread
+        ({"id": 1, "nested_in": 0, "iterated_on": {"thread": "MainThread", "main": True}}, [], "stage"),
+    ],
+)
+def test_whose_wait_a_loaders_figures_are(ld, steppers, role):
+    from dlwatch.collect.loop_role import loop_role
+
+    got, why = loop_role(ld, steppers)
+    assert got == role
+    assert (why is None) is (role == "loop")
+    if role == "feeder":
+        assert "dlwatch.watch(" in why
+        assert ("steps the optimizer" in why) is bool(steppers)
 
 
 def test_views_name_the_dataset_and_a_producer_thread():
@@ -203,9 +254,13 @@ def test_views_name_the_dataset_and_a_producer_thread():
     ld = producer()
     ld["dataset"] = "SleepyText"
     title = loader_title(ld, DEFAULT_PALETTE).plain
-    assert "SleepyText" in title and "on thread producer" in title
+    assert "SleepyText" in title and "feeder thread producer" in title
     text = "\n".join(_loader_lines(ld))
-    assert "SleepyText" in text and "iterated on thread 'producer', not the main thread" in text
+    assert "SleepyText" in text and "feeder thread 'producer' waits 75.0 %" in text
+    assert "data wait n/a: loader 0 is iterated on thread 'producer'" in text
+    fed = producer(consumer=True)
+    assert "fed by thread producer" in loader_title(fed, DEFAULT_PALETTE).plain
+    assert "the wait above is the loop's (thread 'MainThread')" in "\n".join(_loader_lines(fed))
     main = producer(main=True)
-    assert "on thread" not in loader_title(main, DEFAULT_PALETTE).plain
-    assert "iterated on thread" not in "\n".join(_loader_lines(main))
+    assert "thread" not in loader_title(main, DEFAULT_PALETTE).plain
+    assert "feeder" not in "\n".join(_loader_lines(main))

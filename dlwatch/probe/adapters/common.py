@@ -1,0 +1,131 @@
+"""What the adapters share: patching one method of a library's class once,
+walking a pipeline's graph, and describing thread and process workers."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from dlwatch.probe import consumer, patches, postimport
+
+# How many objects a walk over a pipeline's graph visits at most.
+MAX_NODES = 64
+
+
+class MethodPatch:
+    """``cls.<name>`` wrapped by ``make(orig)`` once ``module`` is imported;
+    ``uninstall`` puts the original back."""
+
+    def __init__(self, module: str, cls_name: str, name: str, make: Callable[[Any], Any]) -> None:
+        self.module, self.cls_name, self.name, self.make = module, cls_name, name, make
+        self.finder: postimport.PostImportFinder | None = None
+        self.cls: Any = None
+        self.orig: Any = None
+
+    def install(self) -> None:
+        self.finder = postimport.now_or_on_import(self.module, self.cls_name, self._patch, self.finder)
+
+    def _patch(self, mod) -> None:
+        if self.cls is not None:
+            return
+        cls = getattr(mod, self.cls_name)
+        orig = cls.__dict__.get(self.name)
+        if orig is None:
+            return
+        wrapper = self.make(orig)
+        wrapper._dlwatch_orig = orig
+        wrapper.__doc__ = getattr(orig, "__doc__", None)
+        setattr(cls, self.name, wrapper)
+        self.cls, self.orig = cls, orig
+
+    def uninstall(self) -> None:
+        postimport.disarm(self.finder)
+        self.finder = None
+        if self.cls is not None:
+            setattr(self.cls, self.name, self.orig)
+            self.cls = self.orig = None
+
+
+def start_epoch(
+    source: Any, it: Any, config: dict, describe: Callable[[Any], dict], fresh: bool = False, key: Any = None
+) -> None:
+    """The loop got ``it`` from ``source``: measure it as a new epoch of
+    ``source``'s loader, with ``describe(source)`` read at each frame
+    (``fresh``: this epoch's reader replaces the last one's)."""
+    if patches._in_worker_process():
+        return
+    st = patches.registry.for_source(source, config, key)
+    if fresh or st.describe is None:
+        ref = _ref(source)
+        st.describe = lambda: _describe_ref(ref, describe)
+    consumer.measure(it, st)
+
+
+def _ref(obj: Any) -> Callable[[], Any]:
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
+
+
+def _describe_ref(ref: Callable[[], Any], describe: Callable[[Any], dict]) -> dict:
+    obj = ref()
+    if obj is None:
+        return {}
+    try:
+        return describe(obj)
+    except Exception:
+        return {}
+
+
+def walk(root: Any, attrs: tuple[str, ...]) -> Iterator[Any]:
+    """``root`` and the objects reachable through ``attrs`` (each an object
+    or a list/tuple of them), breadth first, each once."""
+    seen: set[int] = set()
+    todo = [root]
+    while todo and len(seen) < MAX_NODES:
+        obj = todo.pop(0)
+        if obj is None or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        yield obj
+        for a in attrs:
+            try:
+                v = obj.__dict__.get(a) if hasattr(obj, "__dict__") else getattr(obj, a, None)
+            except Exception:
+                continue
+            if isinstance(v, (list, tuple)):
+                todo.extend(v)
+            elif v is not None:
+                todo.append(v)
+
+
+def workers_of(objs: list[Any]) -> list[dict[str, Any]]:
+    """Thread or process workers as the wire carries them: a thread by its
+    native id (its CPU is read from /proc/PID/task/TID), a process by pid."""
+    out: list[dict[str, Any]] = []
+    for i, w in enumerate(objs):
+        tid = getattr(w, "native_id", None)
+        pid = getattr(w, "pid", None) if tid is None else None
+        if isinstance(tid, int):
+            alive = bool(getattr(w, "is_alive", lambda: False)())
+            out.append(
+                {
+                    "id": i,
+                    "kind": "thread",
+                    "tid": tid,
+                    "name": str(getattr(w, "name", ""))[:80],
+                    "alive": alive,
+                }
+            )
+        elif isinstance(pid, int):
+            out.append({"id": i, "kind": "process", "pid": pid})
+    return out
+
+
+def qsize(q: Any) -> int | None:
+    try:
+        return int(q.qsize())
+    except Exception:
+        return None

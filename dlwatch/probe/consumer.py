@@ -1,0 +1,166 @@
+"""Measure the training loop's ``next()`` on iterators that are not torch's.
+
+Two ways, the same hot path as the DataLoader patch (patches._wrap_next):
+
+- ``measure(it, st)``: an adapter hands over the iterator its library gave
+  the loop (torchdata.nodes' ``LoaderIterator``, Grain's outermost
+  ``DatasetIterator``). Its class is swapped for a subclass whose only change
+  is a timed ``__next__`` (cached per class), so ``isinstance``, attributes
+  and the library's own checks see what they saw; where a class cannot be
+  swapped (``__slots__`` of another layout, a C type), nothing is measured.
+- ``watch(iterable, name=...)``: the public one-liner for anything else (a
+  generator, a custom prefetcher, Ray's or DALI's iterators): a thin proxy
+  whose ``__next__`` is timed and whose other attributes are the original's.
+
+Every measured iterator belongs to a ``LoaderStats`` made by
+``registry.for_source`` and is published like a DataLoader.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from time import perf_counter as _clock
+from typing import Any
+
+from dlwatch.probe import patches
+from dlwatch.probe.stats import METER_CODES, LoaderStats
+
+_measured: dict[type, type] = {}
+_lock = threading.Lock()
+
+
+def _timed_class(cls: type) -> type | None:
+    sub = _measured.get(cls)
+    if sub is not None:
+        return sub
+    with _lock:
+        sub = _measured.get(cls)
+        if sub is None:
+            nxt = patches._wrap_next(cls.__next__)  # type: ignore[attr-defined]
+            METER_CODES.add(nxt.__code__)
+            ns = {
+                "__next__": nxt,
+                "__slots__": (),
+                "_dlw_measured": cls,
+                "_dlw_stats": None,
+                "__module__": cls.__module__,
+            }
+            sub = type(cls.__name__, (cls,), ns)
+            sub.__qualname__ = cls.__qualname__
+            _measured[cls] = sub
+    return sub
+
+
+def measure(it: Any, st: LoaderStats) -> bool:
+    """Time ``it.__next__`` into ``st`` from now on (a new epoch begins).
+    False, and ``it`` untouched, where its class cannot be swapped."""
+    try:
+        cls = type(it)
+        if getattr(cls, "_dlw_measured", None) is None:
+            sub = _timed_class(cls)
+            if sub is None:
+                return False
+            it.__class__ = sub
+        it._dlw_stats = st
+        st.begin_epoch(it, _clock())
+        patches.announce(st)
+        return True
+    except Exception:
+        return False
+
+
+class _Watched:
+    """What ``watch()`` returns for an iterable: each ``iter()`` an epoch."""
+
+    def __init__(self, src: Any, st: LoaderStats) -> None:
+        self._dlw_src = src
+        self._dlw_st = st
+
+    def __iter__(self) -> _WatchedIterator:
+        it = _WatchedIterator(iter(self._dlw_src), self._dlw_st)
+        self._dlw_st.begin_epoch(it, _clock())
+        patches.announce(self._dlw_st)
+        return it
+
+    def __len__(self) -> int:
+        return len(self._dlw_src)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_dlw_"):
+            raise AttributeError(name)
+        return getattr(self._dlw_src, name)
+
+    def __repr__(self) -> str:
+        return f"dlwatch.watch({self._dlw_src!r})"
+
+
+class _WatchedIterator:
+    """A timed iterator around ``src`` (``__next__`` is made below)."""
+
+    def __init__(self, src: Any, st: LoaderStats) -> None:
+        self._dlw_next = src.__next__
+        self._dlw_src = src
+        self._dlw_stats = st
+
+    def __iter__(self) -> _WatchedIterator:
+        return self
+
+    def _dlw_call(self) -> Any:
+        return self._dlw_next()
+
+    def __len__(self) -> int:
+        return len(self._dlw_src)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_dlw_"):
+            raise AttributeError(name)
+        return getattr(self._dlw_src, name)
+
+
+_WatchedIterator.__next__ = patches._wrap_next(_WatchedIterator._dlw_call)  # type: ignore[attr-defined]
+METER_CODES.add(_WatchedIterator.__next__.__code__)  # type: ignore[attr-defined]
+
+
+def watch_epoch(source: Any, it: Any, config: dict) -> Any:
+    """An adapter's proxy for ``it``, one epoch of ``source``'s loader (for
+    iterators whose class cannot be swapped: generators)."""
+    st = patches.registry.for_source(source, config)
+    w = _WatchedIterator(it, st)
+    st.begin_epoch(w, _clock())
+    patches.announce(st)
+    return w
+
+
+def watch(iterable: Any, name: str | None = None) -> Any:
+    """``iterable``, measured where the training loop takes from it.
+
+    Returns an object that iterates as ``iterable`` does; each ``iter()`` of
+    it is an epoch. Given an iterator (a generator), the one epoch is its
+    life. With ``DLWATCH_DISABLE=1``, or in a DataLoader worker, returns
+    ``iterable`` itself. Never raises: on any failure the original comes back.
+    """
+    if os.environ.get("DLWATCH_DISABLE", "").strip() not in ("", "0", "false", "no"):
+        return iterable
+    if isinstance(iterable, (_Watched, _WatchedIterator)) or patches._in_worker_process():
+        return iterable
+    try:
+        label = name or type(iterable).__name__
+        config = {
+            "num_workers": 0,
+            "library": "watch",
+            "kind": "watched",
+            "dataset": str(label)[:80],
+            "iterator": type(iterable).__name__,
+        }
+        st = patches.registry.for_source(iterable, config)
+        st.num_workers = 0
+        if iter(iterable) is iterable:
+            it = _WatchedIterator(iterable, st)
+            st.begin_epoch(it, _clock())
+            patches.announce(st)
+            # The iterator must outlive this call: the stats hold it weakly.
+            return it
+        return _Watched(iterable, st)
+    except Exception:
+        return iterable
