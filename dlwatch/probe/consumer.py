@@ -70,7 +70,21 @@ def measure(it: Any, st: LoaderStats) -> bool:
         return False
 
 
-class _Watched:
+class _Forwarding:
+    """Everything but iteration is the wrapped object's (``_dlw_src``)."""
+
+    _dlw_src: Any
+
+    def __len__(self) -> int:
+        return len(self._dlw_src)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_dlw_"):
+            raise AttributeError(name)
+        return getattr(self._dlw_src, name)
+
+
+class _Watched(_Forwarding):
     """What ``watch()`` returns for an iterable: each ``iter()`` an epoch."""
 
     def __init__(self, src: Any, st: LoaderStats) -> None:
@@ -83,19 +97,11 @@ class _Watched:
         patches.announce(self._dlw_st)
         return it
 
-    def __len__(self) -> int:
-        return len(self._dlw_src)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_dlw_"):
-            raise AttributeError(name)
-        return getattr(self._dlw_src, name)
-
     def __repr__(self) -> str:
         return f"dlwatch.watch({self._dlw_src!r})"
 
 
-class _WatchedIterator:
+class _WatchedIterator(_Forwarding):
     """A timed iterator around ``src`` (``__next__`` is made below)."""
 
     def __init__(self, src: Any, st: LoaderStats) -> None:
@@ -108,14 +114,6 @@ class _WatchedIterator:
 
     def _dlw_call(self) -> Any:
         return self._dlw_next()
-
-    def __len__(self) -> int:
-        return len(self._dlw_src)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_dlw_"):
-            raise AttributeError(name)
-        return getattr(self._dlw_src, name)
 
 
 _WatchedIterator.__next__ = patches._wrap_next(_WatchedIterator._dlw_call)  # type: ignore[attr-defined]

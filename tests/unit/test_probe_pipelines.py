@@ -1,0 +1,105 @@
+"""The probe's side of "whatever feeds the loop" (issue 41), in process:
+dlwatch.watch() on any iterable, a DataLoader fed to the loop through a
+queue.Queue (the loop's get() timed), and the optimizer-step hook that says
+which thread trains."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import dlwatch
+from dlwatch.probe import handover, patches, trainthread
+
+
+def _frames():
+    now = time.perf_counter_ns()
+    return [st.frame(now) for st in patches.registry.snapshot()]
+
+
+def test_watch_times_the_loops_next_and_keeps_the_iterable(monkeypatch):
+    patches.registry.clear()
+
+    def gen():
+        for i in range(30):
+            time.sleep(0.004)
+            yield i
+
+    seen, waited, t0 = [], 0.0, None
+    it = iter(dlwatch.watch(gen(), name="tokens"))
+    while True:
+        a = time.perf_counter()
+        t0 = a if t0 is None else t0
+        try:
+            x = next(it)
+        except StopIteration:
+            total = a - t0  # the loop's time up to the next() that ends it
+            break
+        waited += time.perf_counter() - a
+        seen.append(x)
+        time.sleep(0.004)
+    assert seen == list(range(30))
+    (f,) = _frames()
+    assert f["dataset"] == "tokens" and f["library"] == "watch" and f["batches"] == 30
+    frac = f["wait_ns"] / (f["wait_ns"] + f["step_ns"])
+    assert abs(frac - waited / total) < 0.05, (frac, waited / total)
+    # An iterable keeps its length and attributes; disabled, nothing is wrapped.
+    data = [1, 2, 3]
+    assert len(dlwatch.watch(data)) == 3 and list(dlwatch.watch(data)) == data
+    monkeypatch.setenv("DLWATCH_DISABLE", "1")
+    assert dlwatch.watch(data) is data
+
+
+class _Slow(Dataset):
+    def __len__(self):
+        return 10_000
+
+    def __getitem__(self, i):
+        time.sleep(0.006)
+        return torch.tensor([float(i)])
+
+
+def test_a_queue_fed_loop_is_timed_on_its_own_get():
+    import dlwatch.hook  # noqa: F401  (the patches and the optimizer hook)
+
+    patches.registry.clear()
+    loader = DataLoader(_Slow(), batch_size=2, num_workers=0)
+    q: queue.Queue = queue.Queue(maxsize=2)
+    stop = threading.Event()
+
+    def produce():
+        for b in loader:
+            if stop.is_set():
+                break
+            q.put(b)
+
+    th = threading.Thread(target=produce, name="producer", daemon=True)
+    th.start()
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    waited, t0 = 0.0, time.perf_counter()
+    for _ in range(40):
+        a = time.perf_counter()
+        b = q.get()
+        waited += time.perf_counter() - a
+        opt.zero_grad()
+        model(b).sum().backward()
+        opt.step()
+        time.sleep(0.004)
+    own = waited / (time.perf_counter() - t0)
+    stop.set()
+    (f,) = _frames()
+    th.join(timeout=5)
+    assert f["consumer"]["thread"] == "MainThread" and f["consumer"]["main"] is True
+    assert f["feeder"]["thread"] == "producer"
+    assert f["iterated_on"] == {"thread": "producer", "main": False, "trains": False}
+    frac = f["wait_ns"] / (f["wait_ns"] + f["step_ns"])
+    assert abs(frac - own) < 0.05, (frac, own)
+    assert f["feeder"]["batches"] >= 40
+    assert any(t["thread"] == "MainThread" and t["steps"] >= 40 for t in trainthread.summary())
+    handover.uninstall()
+    assert queue.Queue.get.__name__ == "get" and not hasattr(queue.Queue, "_dlw_fed")
