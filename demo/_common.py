@@ -52,7 +52,7 @@ def make_parser(doc: str | None, workers_help: str | None = None) -> argparse.Ar
     )
     p.add_argument("--step-ms", type=float, default=20.0, help="how long one training step takes")
     p.add_argument("--workers", type=int, default=2, help=workers_help or "input pipeline workers")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=8, help="samples per batch")
     p.add_argument("--spans", metavar="PATH", help="write the meter's spans here (JSON) at the end")
     p.add_argument("--stop-file", metavar="PATH", help="stop early once this file exists (checked per batch)")
     return p
@@ -129,16 +129,6 @@ class JpegDataset:
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
         return load_sample(i)
-
-
-class Reiterable:
-    """An iterable whose every iter() calls make_iter(): one fresh iterator per epoch."""
-
-    def __init__(self, make_iter) -> None:
-        self.make_iter = make_iter
-
-    def __iter__(self):
-        return iter(self.make_iter())
 
 
 # -- the training step ------------------------------------------------------

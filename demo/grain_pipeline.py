@@ -31,7 +31,7 @@ def main() -> None:
         ds = grain.MapDataset.source(range(_common.EPOCH_SAMPLES))
         if args.mp:
             # mp_prefetch starts its processes (spawn: seconds each) per iterator, so
-            # with --mp the loop runs one endless epoch, as grain's own examples do.
+            # with --mp the loop runs one endless epoch (a repeated dataset) instead.
             ds = ds.repeat()
         ds = ds.map(_common.load_sample)
         ds = ds.to_iter_dataset(

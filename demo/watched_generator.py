@@ -1,9 +1,10 @@
 """A plain Python generator of batches, decoded in the loop's own thread, wrapped in dlwatch.watch().
 
 No DataLoader: the generator loads and collates each batch when the loop asks
-for it, so all of its time is the loop's wait. When dlwatch is importable (and
-has watch()), each epoch's generator is wrapped as
-dlwatch.watch(gen, name="generator"); otherwise the loop iterates it bare.
+for it, so all of its time is the loop's wait. It is endless (it cycles over the
+512 samples), as such generators usually are, so the whole run is one epoch.
+When dlwatch is importable (and has watch()), the loop iterates
+dlwatch.watch(gen, name="generator"); otherwise the bare generator.
 There are no workers (--workers is unused).
 
     python demo/watched_generator.py --seconds 10
@@ -19,9 +20,12 @@ import _common
 
 
 def batches(batch_size: int):
-    for start in range(0, _common.EPOCH_SAMPLES, batch_size):
-        stop = min(start + batch_size, _common.EPOCH_SAMPLES)
-        yield _common.collate([_common.load_sample(i) for i in range(start, stop)])
+    # One generator for the whole run: dlwatch.watch() counts an iterator's life as
+    # one epoch, so a fresh generator per epoch would show up as a new loader each time.
+    while True:
+        for start in range(0, _common.EPOCH_SAMPLES, batch_size):
+            stop = min(start + batch_size, _common.EPOCH_SAMPLES)
+            yield _common.collate([_common.load_sample(i) for i in range(start, stop)])
 
 
 def main() -> None:
@@ -39,11 +43,11 @@ def main() -> None:
         watch = None
         print("dlwatch.watch() not available: iterating the bare generator", file=sys.stderr)
 
-    def epoch():
+    def generator():
         gen = batches(args.batch_size)
         return watch(gen, name="generator") if watch is not None else gen
 
-    _common.train(lambda: _common.Reiterable(epoch), args)
+    _common.train(generator, args)
 
 
 if __name__ == "__main__":
