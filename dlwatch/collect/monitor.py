@@ -358,7 +358,18 @@ class Monitor:
                 if c.frames:
                     for ld in c.frames[-1]["loaders"]:
                         workers.update(w["pid"] for w in ld["workers"] if w.get("pid"))
+                        workers.update(pipeline_pids(ld, "process"))
         return mains, workers
+
+    @staticmethod
+    def _thread_pids(conns) -> set[int]:
+        """Live jobs whose pipeline runs worker threads (nodes, Grain): their
+        threads' CPU is read one by one (/proc/PID/task/TID)."""
+        return {
+            c.pid
+            for c in conns
+            if c.live and c.frames and any(pipeline_pids(ld, "thread") for ld in c.frames[-1]["loaders"])
+        }
 
     def sample_now(self, window_s: float | None = None, settle_s: float = 0.6) -> Snapshot:
         """One settled measurement, about ``settle_s`` and a little after the call.
@@ -402,7 +413,11 @@ class Monitor:
         procs: dict[int, dict[str, Any]] = self._safe(
             "processes",
             lambda: sampler.sample(
-                sorted(pids), main_pids=mains, uss_pids=workers if self.uss else (), force_uss=force_uss
+                sorted(pids),
+                main_pids=mains,
+                uss_pids=workers if self.uss else (),
+                force_uss=force_uss,
+                thread_pids=self._thread_pids(self.conns.values()),
             ),
             {},
         )
@@ -618,3 +633,14 @@ def take_snapshot(
     finally:
         if monitor is None:
             m.stop()
+
+
+def pipeline_pids(ld: dict, kind: str) -> list[int]:
+    """A loader frame's pipeline workers of ``kind`` ("thread": the ids of
+    threads, "process": the pids of processes)."""
+    key = "tid" if kind == "thread" else "pid"
+    return [
+        int(w[key])
+        for w in ld.get("pipeline_workers") or ()
+        if isinstance(w, dict) and w.get("kind") == kind and isinstance(w.get(key), int)
+    ]

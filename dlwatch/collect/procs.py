@@ -191,21 +191,30 @@ class ProcSampler:
         main_pids: Iterable[int] | None = None,
         uss_pids: Iterable[int] | None = None,
         force_uss: bool = False,
+        thread_pids: Iterable[int] = (),
     ) -> dict[int, dict[str, Any]]:
         """Figures for ``pids``.
 
         ``main_pids``: the processes whose main-thread CPU is wanted (reading
         the thread list costs a directory walk); None: all of them.
         ``uss_pids``: the processes whose USS is wanted; None: all of them.
+        ``thread_pids``: the processes whose every thread's CPU is wanted
+        (``thread_cpu``: a pipeline's worker threads); none by default.
         Others get ``None`` for those figures.
         """
+        threaded = {int(p) for p in thread_pids}
         wanted = list(dict.fromkeys(int(p) for p in pids))
         mains = None if main_pids is None else {int(p) for p in main_pids}
         ussing = None if uss_pids is None else {int(p) for p in uss_pids}
         granted = self._uss_grant(wanted, ussing)
         out = {
             pid: self._sample_one(
-                pid, mains is None or pid in mains, ussing is None or pid in ussing, force_uss, pid == granted
+                pid,
+                mains is None or pid in mains,
+                ussing is None or pid in ussing,
+                force_uss,
+                pid == granted,
+                pid in threaded,
             )
             for pid in wanted
         }
@@ -257,6 +266,7 @@ class ProcSampler:
         want_uss: bool = True,
         force_uss: bool = False,
         uss_granted: bool = False,
+        want_threads: bool = False,
     ) -> dict[str, Any]:
         if pid <= 0:
             return _empty(pid, "gone", f"invalid pid {pid}")
@@ -319,7 +329,7 @@ class ProcSampler:
             res["cpu_interval_s"] = interval
         if main_s is not None:
             res["main_thread_cpu_percent"] = rate_percent(prev_main, main_s, interval)
-        if want_main:
+        if want_threads:
             res["thread_cpu"] = self._threads(st, pid, interval, first=st.calls == 0)
         st.cpu_s, st.main_cpu_s = cpu_s, main_s
         st.at = now
@@ -342,7 +352,7 @@ class ProcSampler:
         for tid in tids:
             try:
                 ts = read_stat(pid, tid)
-            except OSError:
+            except _PSUTIL_ERRORS:
                 continue
             seen[tid] = ts.cpu_s
             prev = st.thread_cpu_s.get(tid)

@@ -28,11 +28,17 @@ Pids = Collection[int]
 
 class ProcSource(Protocol):
     def sample(
-        self, pids: Pids, main_pids: Pids | None = None, uss_pids: Pids | None = None, force_uss: bool = False
+        self,
+        pids: Pids,
+        main_pids: Pids | None = None,
+        uss_pids: Pids | None = None,
+        force_uss: bool = False,
+        thread_pids: Pids = (),
     ) -> dict[int, dict[str, Any]]:
         """Figures per PID. ``main_pids``: whose main-thread CPU is wanted,
         ``uss_pids``: whose USS (None: all); ``force_uss``: read USS now
-        rather than on the sampler's own schedule. Others get None there."""
+        rather than on the sampler's own schedule; ``thread_pids``: whose
+        every thread's CPU is wanted (``thread_cpu``). Others get None there."""
         ...
 
 

@@ -24,6 +24,7 @@ from time import perf_counter as _clock
 from typing import Any
 
 from dlwatch.probe import patches
+from dlwatch.probe.handover import EXACT
 from dlwatch.probe.stats import METER_CODES, LoaderStats
 
 _measured: dict[type, type] = {}
@@ -127,6 +128,25 @@ def watch_epoch(source: Any, it: Any, config: dict) -> Any:
     w = _WatchedIterator(it, st)
     st.begin_epoch(w, _clock())
     patches.announce(st)
+    return w
+
+
+def consumer_iter(loader: Any, it: Any, via: str) -> Any:
+    """``it``, the loop's iterator over a DataLoader that a thread of the
+    library iterates (MONAI's ThreadDataLoader): timed into the consumer
+    counters of that DataLoader's stats, which its iterator picks up
+    (patches._on_new_iterator: ``loader._dlw_consumer``)."""
+    if patches._in_worker_process():
+        return it
+    c = getattr(loader, "_dlw_consumer", None)
+    if c is None:
+        c = LoaderStats(-1, None, {"via": via})
+        c.handover_q = EXACT
+        loader._dlw_consumer = c
+    w = _WatchedIterator(it, c)
+    c.begin_epoch(w, _clock())
+    th = threading.current_thread()
+    c.thread_name, c.thread_main, c.thread_ident = th.name, th is threading.main_thread(), th.ident
     return w
 
 

@@ -19,6 +19,7 @@ returns the next one.
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 from time import perf_counter as _clock
@@ -28,6 +29,9 @@ from typing import Any
 _feeders: dict[int, Any] = {}
 _originals: dict[str, Any] = {}
 _lock = threading.Lock()
+# A consumer's handover_q when an adapter times the loop's own iterator
+# (monai.py): the queue beneath it is not timed again.
+EXACT = -1
 
 
 def note_feeder(st: Any) -> None:
@@ -47,12 +51,15 @@ def install() -> None:
         orig_put, orig_get = cls.put, cls.get
         _originals["put"], _originals["get"] = orig_put, orig_get
         cls._dlw_fed = None  # class default: an unmarked queue reads None at once
-        get_ident, feeders, clock = threading.get_ident, _feeders, _clock
+        get_ident, feeders, clock, serials = threading.get_ident, _feeders, _clock, itertools.count(1)
 
         def put(self, item, block=True, timeout=None):
             if self._dlw_fed is None:
                 st = feeders.get(get_ident())
                 if st is not None:
+                    # A serial, not id(): a queue made each epoch often takes
+                    # the address of the one freed before it.
+                    self._dlw_serial = next(serials)
                     self._dlw_fed = st
             return orig_put(self, item, block, timeout)
 
@@ -61,12 +68,14 @@ def install() -> None:
             if st is None:
                 return orig_get(self, block, timeout)
             c = st.consumer
-            if c is None or c.thread_ident != get_ident():
+            if c is None or c.thread_ident != get_ident() or c.handover_q == EXACT:
                 c = _consumer_for(st)
                 if c is None:
                     return orig_get(self, block, timeout)
             t0 = clock()
-            if c.t_enter <= c.t_last:
+            if c.handover_q != self._dlw_serial:
+                _new_handover(c, st, self, t0)
+            elif c.t_enter <= c.t_last or not c.t_enter:
                 c.t_enter = t0  # the loop's wait for this batch starts now
             item = orig_get(self, block, timeout)  # queue.Empty keeps the wait open
             t1 = clock()
@@ -83,6 +92,23 @@ def install() -> None:
         cls.put, cls.get = put, get
 
 
+def _new_handover(c: Any, st: Any, q: Any, t0: float) -> None:
+    """The loop takes from another queue than before: MONAI's ThreadBuffer
+    makes a queue and a thread every epoch. A wait left open on the old one
+    (polls while its thread shut down) is no part of this epoch's; the loop
+    has waited since the feeder's epoch began (the new queue's first gets
+    came before any batch marked it, so none was timed)."""
+    first = c.handover_q is None
+    c.handover_q = q._dlw_serial
+    if first:
+        if c.t_enter <= c.t_last or not c.t_enter:
+            c.t_enter = t0
+        return
+    e0 = st.epoch_t0
+    c.t_last = 0.0  # the epoch boundary is neither wait nor step
+    c.t_enter = e0 if 0 < e0 <= t0 else t0
+
+
 def _consumer_for(st: Any) -> Any:
     """The consumer counters of ``st`` for the calling thread, made on its
     first ``get``; None for the feeder's own thread or a second consumer."""
@@ -91,7 +117,7 @@ def _consumer_for(st: Any) -> Any:
         return None
     c = st.consumer
     if c is not None:
-        return c if c.thread_ident == ident else None
+        return c if c.thread_ident == ident and c.handover_q != EXACT else None
     from dlwatch.probe.stats import LoaderStats
 
     c = LoaderStats(-1, None, {})

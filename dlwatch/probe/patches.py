@@ -219,6 +219,9 @@ def _on_new_iterator(it, loader, t0: float) -> None:
     else:
         st.slots = st.slots_view = st.slots_fview = None
         st.num_workers = 0
+    c = getattr(loader, "_dlw_consumer", None)
+    if c is not None:
+        st.consumer = c  # an adapter times the loop's side (adapters/monai.py)
     st.begin_epoch(it, t0)
     it._dlw_stats = st
     at = after_new_iterator

@@ -92,6 +92,7 @@ class LoaderStats:
         "consumer",
         "nested_in",
         "describe",
+        "handover_q",
         "__weakref__",
     )
 
@@ -159,6 +160,8 @@ class LoaderStats:
         # An adapter's reader of the pipeline's knobs, workers and buffer
         # (probe/adapters): called from the publisher thread, never raises.
         self.describe: Any = None
+        # A consumer's: the serial of the queue its open wait is on (handover.py).
+        self.handover_q: int | None = None
         _LIVE.add(self)
 
     # --- called from the patched iterator (trainer main thread) -------------
@@ -176,6 +179,16 @@ class LoaderStats:
                 _pause_others(self, t0)
         except Exception:
             pass
+        c = self.consumer
+        if c is not None and c.thread_ident == threading.get_ident():
+            # The loop's own thread starts the epoch (MONAI's ThreadDataLoader
+            # does, inside the loop's first next()): the loop waits for the
+            # epoch's first batch from now, before its first get() of a queue
+            # that no batch has marked yet. What came before (the last
+            # epoch's feeder shutting down, the loop's own work between
+            # epochs) is neither, as for a DataLoader's epoch end.
+            c.t_last = 0.0
+            c.t_enter = t0
         self.epoch += 1
         self.epoch_t0 = t0
         self.epoch_b0 = self.batches
@@ -234,7 +247,7 @@ class LoaderStats:
             self.thread_main = th is threading.main_thread()
             self.thread_ident = th.ident
             self.nested_in = _outer_meter(self)
-            if not self.thread_main and self.nested_in is None:
+            if not self.thread_main and self.nested_in is None and self.id >= 0:
                 # Iterated off the main thread: perhaps a feeder handing its
                 # batches to the training loop through a queue.
                 _handover.note_feeder(self)
@@ -351,7 +364,7 @@ class LoaderStats:
             out["consumer"] = {
                 "thread": consumer.thread_name or "?",
                 "main": bool(consumer.thread_main),
-                "via": "queue.Queue",
+                "via": str(consumer.config.get("via") or "queue.Queue"),
             }
         if self.nested_in is not None:
             out["nested_in"] = self.nested_in

@@ -2,8 +2,12 @@
 ``ThreadBuffer`` thread iterates and hands to the loop through a
 ``queue.Queue``.
 
-- the loop's ``next()``: the buffer's ``get`` on the training thread
-  (probe/handover.py finds it for any DataLoader fed through a queue);
+- the loop's ``next()``: the generator ``ThreadDataLoader.__iter__``
+  returns, timed where the loop steps it (the DataLoader inside is iterated
+  by the buffer's thread: its figures are the feeder's). probe/handover.py
+  would find the buffer's queue too, but a queue made every epoch starts
+  its first wait before any batch marks it: timing the loop's own iterator
+  is exact;
 - workers: the DataLoader's own (``num_workers``), as for any DataLoader;
 - buffer: ``buffer_size``; knobs: ``ThreadDataLoader(num_workers=…,
   buffer_size=…)``, read here so that advice names them.
@@ -13,9 +17,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlwatch.probe import stats
+from dlwatch.probe import consumer, stats
+from dlwatch.probe.adapters.common import MethodPatch
 
 LIBRARY = "monai"
+
+
+def _make_iter(orig_iter):
+    def __iter__(self):
+        it = orig_iter(self)
+        try:
+            return consumer.consumer_iter(self, it, "ThreadDataLoader")
+        except Exception:
+            return it
+
+    return __iter__
+
+
+_patch = MethodPatch("monai.data.thread_buffer", "ThreadDataLoader", "__iter__", _make_iter)
 
 
 def knobs(loader: Any) -> dict[str, Any]:
@@ -31,7 +50,9 @@ def knobs(loader: Any) -> dict[str, Any]:
 
 def install() -> None:
     stats.LOADER_KNOBS["ThreadDataLoader"] = (LIBRARY, knobs)
+    _patch.install()
 
 
 def uninstall() -> None:
     stats.LOADER_KNOBS.pop("ThreadDataLoader", None)
+    _patch.uninstall()
