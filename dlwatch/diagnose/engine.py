@@ -47,6 +47,7 @@ from . import (
     rules_hang,
     rules_memory,
     rules_order,
+    rules_pipelines,
     rules_ranks,
     rules_sampled,
     rules_sharding,
@@ -105,6 +106,7 @@ REGISTRY: dict[str, Rule] = registry(
     rules_sharding.RULES,
     rules_order.RULES,
     rules_threads.RULES,
+    rules_pipelines.RULES,
     rules_hang.RULES,
 )
 

@@ -1,0 +1,134 @@
+"""Pipelines other than a DataLoader's worker processes (DESIGN.md §9):
+gil-bound-threads, no-worker-knob.
+
+- **gil-bound-threads**: the loop waits for data while the pipeline's
+  worker *threads* (torchdata.nodes' ``ParallelMapper(method="thread")``,
+  Grain's ``ReadOptions(num_threads=…)``) together use about one core with
+  cores to spare: Python threads share one GIL, so more threads add nothing;
+  worker processes are the fix, named in the library's own terms.
+- **no-worker-knob**: the loop waits for data from a pipeline that has no
+  worker setting dlwatch can see (a ``dlwatch.watch()``ed iterable, WebDataset
+  iterated directly): it says what is known (the wait, the most that hiding
+  it could give) and how such a pipeline gets background workers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dlwatch.thresholds import DATA_BOUND_WAIT
+
+from .facts import PERCENT_PER_CORE, Context, LoaderView, as_list, cores, has_worker_knob, hint, num, pct, r
+from .registry import Rule
+
+# Threads whose CPU sums to at most this many cores while the loop waits run
+# one at a time: one core is the GIL's ceiling, the margin is tick noise and
+# the interpreter's own GIL hand-offs.
+GIL_CORES_MAX = 1.25
+# ...and at least this much: threads far below one core wait on I/O, where the
+# GIL is not what holds them (io-bound's case, more threads help).
+GIL_CORES_MIN = 0.7
+# A wait with a ceiling this high is worth a warning without a knob to measure.
+NO_KNOB_WARN_WAIT = 0.2
+
+_PROCESS_FIX = {
+    "torchdata.nodes": 'method="process" in ParallelMapper(...) (same num_workers)',
+    "grain": (
+        ".mp_prefetch(grain.MultiprocessingOptions(num_workers=N)) at the end of the pipeline, so "
+        "whole batches are made in worker processes"
+    ),
+}
+
+
+def _cores(v: float) -> str:
+    """"1.0 core", "8 cores": one decimal where it is not whole."""
+    text = cores(round(v, 1))
+    return f"{text} core" if text in ("1", "1.0") else f"{text} cores"
+
+
+def _thread_cpu(lv: LoaderView) -> tuple[float | None, int]:
+    """Cores the pipeline's worker threads use together, and how many threads."""
+    threads = [w for w in as_list(lv.loader.get("pipeline_workers")) if isinstance(w, dict)]
+    threads = [w for w in threads if w.get("kind") == "thread"]
+    vals = [v for v in (num(w.get("cpu_percent")) for w in threads) if v is not None]
+    if not threads or len(vals) < len(threads):
+        return None, len(threads)
+    return sum(vals) / PERCENT_PER_CORE, len(threads)
+
+
+def rule_gil_bound_threads(ctx: Context) -> list[dict[str, Any]]:
+    out = []
+    for lv in ctx.loaders:
+        if not lv.steady or lv.wait is None or lv.wait < DATA_BOUND_WAIT:
+            continue
+        if lv.loader.get("worker_kind") != "thread":
+            continue
+        used, n = _thread_cpu(lv)
+        usable = ctx.usable_cores
+        if used is None or n < 2 or usable is None or usable < 2:
+            continue
+        if not GIL_CORES_MIN <= used <= GIL_CORES_MAX:
+            continue
+        lib = str(lv.loader.get("library") or "")
+        fix = _PROCESS_FIX.get(lib, "worker processes instead of threads")
+        msg = (
+            f"{lv.title} waits for data {pct(lv.wait)} of the loop, while its {n} worker threads use "
+            f"{_cores(used)} together on a box with {_cores(usable)} usable: Python threads run one at a "
+            f"time under the GIL, so the pool is capped at about one core and more threads add nothing."
+        )
+        sugg = f"run the work in processes: {fix}; then dlwatch measures the processes' CPU the same way"
+        ev = {
+            "data_wait_fraction": r(lv.wait),
+            "worker_threads": n,
+            "threads_cpu_cores": r(used, 2),
+            "usable_cores": r(usable, 1),
+            "library": lib,
+            "knobs": lv.loader.get("knobs"),
+        }
+        out.append(hint("gil-bound-threads", "warn", lv.pid, lv.lid, msg, sugg, ev))
+    return out
+
+
+_NO_KNOB_FIX = {
+    "webdataset": (
+        "iterate it through torch's DataLoader(dataset, batch_size=None, num_workers=N) (webdataset's "
+        "WebLoader does the same), so shards decode in worker processes; dlwatch then advises N"
+    ),
+}
+
+
+def rule_no_worker_knob(ctx: Context) -> list[dict[str, Any]]:
+    out = []
+    for lv in ctx.loaders:
+        if not lv.steady or lv.wait is None or lv.wait < DATA_BOUND_WAIT or has_worker_knob(lv.loader):
+            continue
+        lib = str(lv.loader.get("library") or "")
+        name = str(lv.loader.get("dataset") or lib or "the pipeline")
+        ceiling = 1 / (1 - lv.wait) if lv.wait < 1 else None
+        up_to = f" Hiding the whole wait would give up to ≈ {ceiling:.2f}× throughput." if ceiling else ""
+        msg = (
+            f"{lv.title} ('{name}', {lib or 'an iterable'}) waits for data {pct(lv.wait)} of the loop, "
+            f"and dlwatch sees no worker setting for this pipeline, so it cannot say which count would "
+            f"help.{up_to}"
+        )
+        sugg = _NO_KNOB_FIX.get(
+            lib,
+            "load ahead of the loop in background workers (a DataLoader with num_workers over the same "
+            "data, or the library's own prefetch or parallel option); dlwatch.watch() measures the loop's "
+            "wait on whatever it iterates",
+        )
+        ev = {
+            "data_wait_fraction": r(lv.wait),
+            "library": lib,
+            "dataset": name,
+            "ceiling_speedup": r(ceiling, 2),
+        }
+        severity = "warn" if lv.wait >= NO_KNOB_WARN_WAIT else "info"
+        out.append(hint("no-worker-knob", severity, lv.pid, lv.lid, msg, sugg, ev))
+    return out
+
+
+RULES = (
+    Rule("gil-bound-threads", rule_gil_bound_threads, "loader", rate=True),
+    Rule("no-worker-knob", rule_no_worker_knob, "loader", rate=True),
+)

@@ -1,0 +1,103 @@
+"""The rules for pipelines other than a DataLoader's processes (issue 41),
+table-tested on snapshots as the collector makes them: gil-bound-threads,
+no-worker-knob, and advice in each library's own knobs."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlwatch.diagnose import evaluate
+from tests.unit.test_diagnose_rules import get, ids, loader, one
+
+NODES_KNOBS = {
+    "ParallelMapper.num_workers": 4,
+    "ParallelMapper.method": "thread",
+    "Prefetcher.prefetch_factor": 2,
+}
+
+
+def threads(cpus):
+    return [
+        {"id": i, "kind": "thread", "tid": 900 + i, "name": "", "cpu_percent": c} for i, c in enumerate(cpus)
+    ]
+
+
+def nodes(*, wait=0.46, cpus=(26.0, 25.0, 24.0, 25.0), kind="thread", **kw):
+    ld = loader(nw=4, wait=wait, step_ms=10.0, workers=[], **kw)
+    ld.update(
+        library="torchdata.nodes",
+        knobs=dict(NODES_KNOBS, **{"ParallelMapper.method": kind}),
+        worker_kind=kind,
+        pipeline_workers=threads(cpus) if kind == "thread" else [],
+    )
+    return ld
+
+
+def watched(*, wait=0.36, library="watch", dataset="generator"):
+    ld = loader(nw=0, wait=wait, step_ms=10.0, workers=[])
+    ld.update(library=library, dataset=dataset, knobs=None)
+    return ld
+
+
+@pytest.mark.parametrize(
+    ("ld", "hid", "fires"),
+    [
+        (nodes(), "gil-bound-threads", True),
+        (nodes(cpus=(50.0, 50.0, 50.0, 50.0)), "gil-bound-threads", False),  # 2 cores: in parallel
+        (nodes(cpus=(10.0, 10.0, 10.0, 10.0)), "gil-bound-threads", False),  # 0.4 cores: waiting on I/O
+        (nodes(cpus=(26.0, 25.0, 24.0, None)), "gil-bound-threads", False),  # a thread without a figure
+        (nodes(wait=0.05), "gil-bound-threads", False),  # not data-bound
+        (nodes(kind="process"), "gil-bound-threads", False),
+        (watched(), "no-worker-knob", True),
+        (watched(library="webdataset", dataset="WebDataset"), "no-worker-knob", True),
+        (watched(wait=0.05), "no-worker-knob", False),
+        (nodes(), "no-worker-knob", False),  # nodes has its knob
+        (loader(nw=0, wait=0.5, step_ms=10.0), "no-worker-knob", False),  # a DataLoader: no-workers says it
+    ],
+)
+def test_rule_table(ld, hid, fires):
+    assert (hid in ids(evaluate(one(ld, usable=8.0)))) is fires
+
+
+def test_gil_bound_threads_names_the_librarys_process_option():
+    h = get(evaluate(one(nodes(), usable=8.0)), "gil-bound-threads")
+    assert h["severity"] == "warn"
+    assert "4 worker threads use 1 core together on a box with 8 cores usable" in h["message"]
+    assert 'method="process" in ParallelMapper(...)' in h["suggestion"]
+    assert h["evidence"]["threads_cpu_cores"] == 1.0
+    # On a box of one usable core, processes could not run in parallel either.
+    assert "gil-bound-threads" not in ids(evaluate(one(nodes(), usable=1.0)))
+
+
+def test_no_knob_never_advises_num_workers_and_says_the_ceiling():
+    hints = evaluate(one(watched(), usable=8.0))
+    assert ids(hints) == {"no-worker-knob"}
+    h = hints[0]
+    assert h["severity"] == "warn" and "up to ≈ 1.56× throughput" in h["message"]
+    assert "num_workers=" not in h["suggestion"].split("(")[0]
+    wds = get(evaluate(one(watched(library="webdataset"))), "no-worker-knob")
+    assert "DataLoader(dataset, batch_size=None, num_workers=N)" in wds["suggestion"]
+    assert get(evaluate(one(watched(wait=0.15))), "no-worker-knob")["severity"] == "info"
+
+
+def test_worker_advice_names_the_pipelines_own_knob():
+    from dlwatch.diagnose.facts import setting
+
+    assert setting(nodes(), "num_workers", 6) == "num_workers=6 in ParallelMapper(...)"
+    grain = {
+        "library": "grain",
+        "knobs": {"ReadOptions.num_threads": 2, "ReadOptions.prefetch_buffer_size": 8},
+    }
+    assert setting(grain, "num_workers", 4) == "num_threads=4 in ReadOptions(...)"
+    assert setting(grain, "prefetch_factor", 16) == "prefetch_buffer_size=16 in ReadOptions(...)"
+    monai = {
+        "library": "monai",
+        "knobs": {"ThreadDataLoader.num_workers": 0, "ThreadDataLoader.buffer_size": 1},
+    }
+    assert setting(monai, "num_workers", 2) == "num_workers=2 in ThreadDataLoader(...)"
+    assert setting({}, "num_workers", 2) == "num_workers=2 in DataLoader(...)"
+    # MONAI's ThreadDataLoader with no workers: no-workers, in MONAI's words.
+    ld = loader(nw=0, wait=0.5, step_ms=10.0)
+    ld.update(library="monai", knobs=monai["knobs"], loader_class="ThreadDataLoader")
+    h = get(evaluate(one(ld)), "no-workers")
+    assert "in ThreadDataLoader(...)" in h["suggestion"]
