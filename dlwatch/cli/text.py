@@ -283,7 +283,11 @@ def _pipeline_lines(ld: dict) -> list[str]:
     if isinstance(fd, dict):
         fw = num(fd.get("wait_fraction"))
         own = f"waits {_pct(fw)} of its time" if fw is not None else "no figure yet"
-        if isinstance(cons, dict):
+        if ld.get("loop_role") == "stage":
+            out.append(
+                f"    its own next() {own.replace('waits', 'waited')} (inside loader {ld.get('nested_in')}'s)"
+            )
+        elif isinstance(cons, dict):
             out.append(
                 f"    fed by thread '{fd.get('thread')}' through a {cons.get('via') or 'queue'}: the wait "
                 f"above is the loop's (thread '{cons.get('thread')}'); the feeder {own}"

@@ -221,6 +221,7 @@ def job_dict(
             loader["active"] = False
             loader["epoch_open"] = False
         out["loaders"].append(loader)
+    lend_stage_workers(out["loaders"])
     return cast(Job, out)  # checked: snapshot.problems, in the tests
 
 
@@ -393,6 +394,41 @@ def loader_dict(
     if isinstance(ld.get("replay"), dict):
         out["replay"] = _replay(ld["replay"])
     return out
+
+
+# What a thin wrapper (WebDataset's WebLoader, a dlwatch.watch() around a
+# DataLoader) takes from the DataLoader it steps: its workers and settings.
+_LENT = (
+    "num_workers",
+    "workers",
+    "queue",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory",
+    "start_method",
+)
+
+
+def lend_stage_workers(loaders: list[dict[str, Any]]) -> None:
+    """A wrapper with no workers of its own whose stage is a DataLoader with
+    workers (``WebLoader(dataset, num_workers=4)``): the wrapper's wait is
+    the loop's, the stage's workers are what make its batches, so the
+    wrapper shows them and the advice names the DataLoader's knob."""
+    by_id = {ld["id"]: ld for ld in loaders}
+    for inner in loaders:
+        outer = by_id.get(inner.get("nested_in"))
+        if outer is None or inner.get("loop_role") != "stage" or inner.get("library") != "torch":
+            continue
+        if outer.get("knobs") or outer.get("num_workers") or outer.get("workers"):
+            continue
+        for k in _LENT:
+            outer[k] = inner.get(k)
+        nw = inner.get("num_workers") or 0
+        outer["knobs"] = {"DataLoader.num_workers": nw}
+        if inner.get("prefetch_factor") is not None:
+            outer["knobs"]["DataLoader.prefetch_factor"] = inner["prefetch_factor"]
+        outer["worker_ms_per_batch"] = inner.get("worker_ms_per_batch")
+        outer["workers_from"] = inner["id"]
 
 
 def _consumer(v: Any) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ from typing import Any
 from dlwatch.thresholds import DATA_BOUND_WAIT
 
 from . import capacity, others, rules_workers
-from .facts import Context, LoaderView, cores, hint, median, num, others_cores, pct, r, worker_values
+from .facts import Context, LoaderView, cores, hint, median, num, others_cores, pct, r, setting, worker_values
 from .registry import Rule
 from .render import tune_command
 
@@ -166,7 +166,11 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
     if verdicts:
         msg += " " + "; ".join(verdicts) + "."
     if harmful:
-        parts = [f"num_workers={n} for loader {lid} of PID {pid}" for (pid, lid), n in sorted(cut.items())]
+        by_key = {(lv.pid, lv.lid): lv.loader for lv in ctx.loaders}
+        parts = [
+            f"{setting(by_key.get((pid, lid), {}), 'num_workers', n)} for loader {lid} of PID {pid}"
+            for (pid, lid), n in sorted(cut.items())
+        ]
         sugg = "lower " + ", ".join(parts)
     else:
         msg += " Worth knowing; no lower count is predicted faster."

@@ -41,7 +41,7 @@ _PROCESS_FIX = {
 
 
 def _cores(v: float) -> str:
-    """"1.0 core", "8 cores": one decimal where it is not whole."""
+    """ "1.0 core", "8 cores": one decimal where it is not whole."""
     text = cores(round(v, 1))
     return f"{text} core" if text in ("1", "1.0") else f"{text} cores"
 

@@ -93,6 +93,7 @@ class LoaderStats:
         "nested_in",
         "describe",
         "handover_q",
+        "internal",
         "__weakref__",
     )
 
@@ -162,6 +163,9 @@ class LoaderStats:
         self.describe: Any = None
         # A consumer's: the serial of the queue its open wait is on (handover.py).
         self.handover_q: int | None = None
+        # A library's own plumbing: measured inside another loader of the same
+        # library (Grain's mp_prefetch builds pipelines of its own): not shown.
+        self.internal = False
         _LIVE.add(self)
 
     # --- called from the patched iterator (trainer main thread) -------------
@@ -246,7 +250,10 @@ class LoaderStats:
             self.thread_name = th.name
             self.thread_main = th is threading.main_thread()
             self.thread_ident = th.ident
-            self.nested_in = _outer_meter(self)
+            outer = _outer_meter(self)
+            self.nested_in = outer.id if outer is not None else None
+            lib = self.config.get("library")
+            self.internal = bool(outer is not None and lib and outer.config.get("library") == lib)
             if not self.thread_main and self.nested_in is None and self.id >= 0:
                 # Iterated off the main thread: perhaps a feeder handing its
                 # batches to the training loop through a queue.
@@ -396,9 +403,9 @@ METER_CODES: set = set()
 MAX_NEST_DEPTH = 60
 
 
-def _outer_meter(st: LoaderStats) -> int | None:
-    """The id of the loader whose measured ``__next__`` is running further up
-    this thread's stack, if any. Off the hot path: an epoch's first batch."""
+def _outer_meter(st: LoaderStats) -> LoaderStats | None:
+    """The loader whose measured ``__next__`` is running further up this
+    thread's stack, if any. Off the hot path: an epoch's first batch."""
     try:
         f: Any = sys._getframe(1)
         for _ in range(MAX_NEST_DEPTH):
@@ -408,7 +415,7 @@ def _outer_meter(st: LoaderStats) -> int | None:
                 outer = f.f_locals.get("self")
                 ost = getattr(outer, "_dlw_stats", None) if outer is not None else None
                 if isinstance(ost, LoaderStats) and ost is not st:
-                    return ost.id
+                    return ost
             f = f.f_back
     except Exception:
         pass
@@ -607,7 +614,7 @@ class Registry:
     """The loaders of this process, in the order they were first iterated."""
 
     def __init__(self) -> None:
-        self._by_loader: dict[int, LoaderStats] = {}
+        self._by_loader: dict[Any, LoaderStats] = {}
         self._next_id = 0
         self._lock = threading.Lock()
 
@@ -628,7 +635,9 @@ class Registry:
         adapter's or ``dlwatch.watch()``'s): one per source object, or one
         per ``key`` (a pipeline rebuilt every epoch: its shape), whose
         newest source then stands for it."""
-        k = id(source) if key is None else key
+        # Never a DataLoader's key (id(loader)): a watched DataLoader is two
+        # loaders, the watch and the DataLoader inside it (a stage of it).
+        k = ("source", id(source)) if key is None else ("key", key)
         st = self._by_loader.get(k)
         if st is not None and key is not None:
             ref = _weak(source)
@@ -667,7 +676,7 @@ class Registry:
                 ]
                 for k in gone:
                     del self._by_loader[k]
-            return sorted(self._by_loader.values(), key=lambda s: s.id)
+            return sorted((s for s in self._by_loader.values() if not s.internal), key=lambda s: s.id)
 
     def clear(self) -> None:
         self._by_loader = {}

@@ -56,7 +56,9 @@ def loader_title(ld: dict, pal: fmt.Palette) -> Text:
     if lib and lib != "torch":
         parts.append(Text(fmt.s(ld.get("loader_class")) or lib, pal.info))
     fd = ld.get("feeder")
-    if isinstance(fd, dict):
+    if ld.get("loop_role") == "stage":
+        parts.append(Text(f"stage of loader {fmt.count(ld.get('nested_in'))}", pal.dim))
+    elif isinstance(fd, dict):
         # The loop takes from a feeder thread: the gauge is the loop's wait
         # where the hand-over was found, else n/a (the feeder's is its own).
         how = "fed by" if isinstance(ld.get("consumer"), dict) else "feeder"

@@ -321,6 +321,9 @@ class TrialMeter:
                 "dataset": ld.get("dataset"),
                 "batch_size": bs,
                 **loader_settings(ld),
+                # What feeds the loop: tune sets a torch DataLoader's settings only.
+                "library": ld.get("library") or "torch",
+                "knobs": as_dict(ld.get("knobs")) or None,
             }
             if ld
             else None,

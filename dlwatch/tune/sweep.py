@@ -36,6 +36,10 @@ DEFAULT_MAX_TRIALS = 8
 CEILING_BATCHES = 20
 DEFAULT_CEILING_BYTES = 1 << 30
 
+# Pipelines whose settings DLWATCH_OVERRIDES reaches (a torch DataLoader, or a
+# subclass that passes them on: MONAI's ThreadDataLoader).
+SETTABLE_LIBRARIES = ("torch", "monai")
+
 
 @dataclass
 class TuneOptions:
@@ -90,6 +94,10 @@ class Sweep:
     def _loop(self) -> None:
         sopts = search.Options(cuda=self._cuda(), workers=self.opts.workers)
         while True:
+            unsettable = self._unsettable()
+            if unsettable is not None:
+                self.stopped_because = unsettable
+                return
             if self._wants_ceiling():
                 self._run_ceiling()
             reached = search.ceiling_reached(self.trials, self.ceiling_rate())
@@ -111,6 +119,24 @@ class Sweep:
                     return
             self._trial(config, why)
             sopts.cuda = self._cuda()
+
+    def _unsettable(self) -> str | None:
+        """Why no trial after the baseline can change anything: the loop's
+        pipeline is not a torch DataLoader (torchdata.nodes, Grain, a watched
+        iterable), and DLWATCH_OVERRIDES reaches DataLoaders only."""
+        if len(self.trials) != 1 or self.trials[0].get("status") != "ok":
+            return None
+        loader = self.trials[0].get("pipeline") or {}
+        lib = loader.get("library") or "torch"
+        if lib in SETTABLE_LIBRARIES:
+            return None
+        knobs = ", ".join(f"{k}={v}" for k, v in (loader.get("knobs") or {}).items())
+        own = f" ({knobs})" if knobs else ""
+        return (
+            f"the loop's pipeline is {lib}{own}, not a torch DataLoader: tune sets a DataLoader's "
+            f"settings only, so it measured the script's own and stops; change the pipeline's knobs in "
+            f"the script and compare runs with `dlwatch record` and `dlwatch compare`"
+        )
 
     def _wants_ceiling(self) -> bool:
         if not self.opts.ceiling or self.ceiling_trial is not None or len(self.trials) != 1:
@@ -192,7 +218,11 @@ class Sweep:
         fig = dict(out.figures)
         loader = fig.pop("loader", None) or {}
         settings = {k: loader.get(k) for k in search.KNOBS} if loader else {}
+        pipeline = (
+            {"library": loader.get("library") or "torch", "knobs": loader.get("knobs")} if loader else {}
+        )
         return {
+            "pipeline": pipeline,
             "index": index,
             "config": dict(config),
             "settings": settings,

@@ -103,3 +103,63 @@ def test_a_queue_fed_loop_is_timed_on_its_own_get():
     assert any(t["thread"] == "MainThread" and t["steps"] >= 40 for t in trainthread.summary())
     handover.uninstall()
     assert queue.Queue.get.__name__ == "get" and not hasattr(queue.Queue, "_dlw_fed")
+
+
+def _drain(it, n=None):
+    out = []
+    for x in it:
+        out.append(x)
+        if n is not None and len(out) >= n:
+            break
+    return out
+
+
+def test_torchdata_nodes_loader_is_measured_every_epoch_with_its_knobs(monkeypatch):
+    import dlwatch.hook  # noqa: F401
+
+    import torchdata.nodes as tn
+
+    monkeypatch.setenv("DLWATCH_AUTOTUNE", "1")
+    patches.registry.clear()
+    node = tn.ParallelMapper(tn.IterableWrapper(range(40)), map_fn=lambda x: x * 2, num_workers=2)
+    loader = tn.Loader(tn.Prefetcher(tn.Batcher(node, batch_size=4), prefetch_factor=3))
+    for _ in range(2):
+        assert sum(len(b) for b in _drain(iter(loader))) == 40  # every item, in both epochs
+    (f,) = _frames()
+    assert f["library"] == "torchdata.nodes" and f["epoch"] == 2 and f["batches"] == 20
+    assert f["knobs"] == {
+        "Prefetcher.prefetch_factor": 3,
+        "ParallelMapper.num_workers": 2,
+        "ParallelMapper.method": "thread",
+    }
+    assert f["num_workers"] == 2 and f["batch_size"] == 4 and f["worker_kind"] == "thread"
+    # autotune says why it leaves this pipeline alone
+    assert f["autotune"]["state"] == "left alone" and "torchdata.nodes" in f["autotune"]["reason"]
+    # the iterator is still the library's own type
+    assert isinstance(iter(loader), tn.BaseNode)
+
+
+def test_grain_is_measured_on_every_epoch_not_only_the_first():
+    import dlwatch.hook  # noqa: F401
+
+    import grain
+
+    patches.registry.clear()
+    ds = grain.MapDataset.source(range(32)).to_iter_dataset(grain.ReadOptions(num_threads=2)).batch(8)
+    for _ in range(3):
+        assert len(_drain(iter(ds))) == 4
+    (f,) = _frames()
+    assert f["library"] == "grain" and f["epoch"] == 3 and f["batches"] == 12
+    assert isinstance(iter(ds), grain.DatasetIterator)
+
+
+def test_a_dataloader_inside_a_measured_next_is_a_stage_of_it():
+    import dlwatch.hook  # noqa: F401
+
+    patches.registry.clear()
+    loader = DataLoader(torch.arange(12.0), batch_size=3, num_workers=0)
+    outer = dlwatch.watch(loader, name="outer")
+    assert len(_drain(iter(outer))) == 4
+    by_lib = {f.get("library") or "torch": f for f in _frames()}
+    assert by_lib["watch"].get("nested_in") is None
+    assert by_lib["torch"]["nested_in"] == by_lib["watch"]["id"]

@@ -362,7 +362,7 @@ def test_a_replay_that_never_starts_is_reported_not_waited_on():
     assert m.stuck and "did not start replaying" in m.stuck_reason
 
 
-def fake_runner(rates: dict, wait: float = 0.5):
+def fake_runner(rates: dict, wait: float = 0.5, library: str | None = None, knobs: dict | None = None):
     """A runner that 'measures' each setting at the given batches/s (the
     ceiling trial at rates["replay"]); records the overrides it was given."""
     calls = []
@@ -376,6 +376,8 @@ def fake_runner(rates: dict, wait: float = 0.5):
         rate = rates["replay" if replay else nw]
         loader = {"dataset": "DS", "batch_size": 8, "num_workers": nw, "prefetch_factor": 2,
                   "pin_memory": False, "persistent_workers": False}  # fmt: skip
+        if library is not None:
+            loader.update(library=library, knobs=knobs)
         fig = {
             "loader_id": 0, "loader": loader, "batches_per_s": rate, "samples_per_s": rate * 8,
             "data_wait_fraction": 0.01 if replay else wait, "worker_cpu_share_of_busy": 0.05,
@@ -483,3 +485,21 @@ def test_group_cpu_counts_workers_that_exited_inside_the_window():
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_pipeline_tune_cannot_set_is_measured_once_and_said_so():
+    from dlwatch.tune import report
+    from dlwatch.tune.sweep import Sweep, TuneOptions
+
+    knobs = {"ParallelMapper.num_workers": 2, "ParallelMapper.method": "thread"}
+    run, calls = fake_runner({1: 25.0, 4: 80.0, "replay": 100.0}, library="torchdata.nodes", knobs=knobs)
+    doc = Sweep(["job"], {}, TuneOptions(max_trials=4), runner=run).run()
+    assert calls == [None]  # the baseline only: no override, no replay trial
+    why = doc["stopped_because"]
+    assert "torchdata.nodes (ParallelMapper.num_workers=2, ParallelMapper.method=thread)" in why
+    assert "not a torch DataLoader" in why and "dlwatch compare" in why
+    assert "Stopped: the loop's pipeline is torchdata.nodes" in report.summary(doc)
+    # MONAI's ThreadDataLoader is a DataLoader: its settings are set as any.
+    run, calls = fake_runner({1: 25.0, 4: 80.0, 8: 82.0, "replay": 100.0}, library="monai", knobs={})
+    doc = Sweep(["job"], {}, TuneOptions(max_trials=3), runner=run).run()
+    assert len(calls) > 1 and any("replay" in (c or {}) for c in calls)

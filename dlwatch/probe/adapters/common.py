@@ -3,6 +3,7 @@ walking a pipeline's graph, and describing thread and process workers."""
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -56,10 +57,22 @@ def start_epoch(
     if patches._in_worker_process():
         return
     st = patches.registry.for_source(source, config, key)
+    if st.autotune is None and autotune_on():
+        lib = config.get("library") or "this pipeline"
+        st.autotune = {
+            "state": "left alone",
+            "reason": f"autotune sets a torch DataLoader's num_workers; {lib} has no setting it can change",
+            "changes": [],
+        }
     if fresh or st.describe is None:
         ref = _ref(source)
         st.describe = lambda: _describe_ref(ref, describe)
     consumer.measure(it, st)
+
+
+def autotune_on() -> bool:
+    """``dlwatch run --autotune`` (probe/autotune.py reads the same variable)."""
+    return os.environ.get("DLWATCH_AUTOTUNE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _ref(obj: Any) -> Callable[[], Any]:

@@ -18,14 +18,13 @@ from typing import Any
 from dlwatch.probe.adapters.common import MethodPatch, start_epoch, walk, workers_of
 
 LIBRARY = "grain"
-_GRAPH = (
-    "_parents",
-    "_iter_parent",
-    "_maybe_nonnative_parent",
-    "_prefetch_ds_iter",
-    "_iterator",
-    "_iterators",
-)
+# Parents, and mp_prefetch's per-worker iterators (``_iterators_in_use`` of
+# its interleave). Not the interleave's own ``_prefetch_ds_iter``: a thread
+# pool that makes those iterators, not the user's ReadOptions.
+_GRAPH = ("_parents", "_iter_parent", "_maybe_nonnative_parent", "_iterator", "_iterators_in_use")
+# Grain's own per-worker parts of an mp_prefetch pipeline: iterated inside
+# the loop's pipeline, never by the loop.
+_INTERNAL = ("ProcessPrefetchIterDataset",)
 _WORKER_FLAG = "grain._src.python.dataset.transformations.process_prefetch"
 
 
@@ -38,8 +37,8 @@ def _make_iter(orig_iter):
     def __iter__(self, *args, **kwargs):
         it = orig_iter(self, *args, **kwargs)
         try:
-            if not _in_grain_worker():
-                src = getattr(self, "_parent", None) or self
+            src = getattr(self, "_parent", None) or self
+            if not _in_grain_worker() and type(src).__name__ not in _INTERNAL:
                 _measure_later_epochs(src)
                 # Pipelines are often rebuilt every epoch: one loader per shape.
                 # The epoch's iterator stands for the loader (the dataset may be
@@ -123,6 +122,11 @@ def describe_graph(it: Any) -> dict:
             procs.append(p)
     out: dict[str, Any] = {"knobs": knobs, "queue": queue}
     if procs:
+        # The ReadOptions threads run inside the worker processes: not this
+        # process's to count; the processes are the pipeline's workers.
+        for k in ("ReadOptions.num_threads", "ReadOptions.prefetch_buffer_size"):
+            knobs.pop(k, None)
+        queue["capacity"] = queue["ready"] = None
         knobs["MultiprocessingOptions.num_workers"] = len(procs)
         out["num_workers"] = len(procs)
         out["worker_kind"] = "process"
@@ -152,7 +156,8 @@ def _measure_later_epochs(src: Any) -> None:
         def __iter__(self, *args, **kwargs):
             it = orig(self, *args, **kwargs)
             try:
-                if getattr(it, "_dlw_stats", None) is None and not _in_grain_worker():
+                internal = type(self).__name__ in _INTERNAL
+                if getattr(it, "_dlw_stats", None) is None and not _in_grain_worker() and not internal:
                     start_epoch(it, it, _config(self), describe_iterator(it), fresh=True, key=_shape(self))
             except Exception:
                 pass
