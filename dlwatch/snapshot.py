@@ -120,10 +120,33 @@ class Loader(_LoaderRequired, total=False):
     dataset: str | None  # the user's dataset class, beneath frameworks' wrappers
     dataset_wrappers: list[str]  # the wrappers' classes, outermost first (Subset, IterableDatasetShard)
     in_order: bool | None  # DataLoader(in_order=) with workers, torch >= 2.6; None otherwise
-    # The thread that takes the loader's batches: {"thread": name, "main": bool}
-    # (None: no batch yet). main False: a producer thread feeding a queue; the
-    # wait figures are then the producer's, not the training loop's.
+    # The thread that takes the loader's batches: {"thread": name, "main": bool,
+    # "trains": whether that thread steps a torch optimizer (absent: none has yet)}
+    # (None: no batch yet). Whose wait the figures are: loop_role.
     iterated_on: dict[str, Any] | None
+    # "loop" | "feeder" | "stage" (collect/loop_role.py, docs/pipelines.md): for a
+    # feeder or a stage data_wait_fraction is None (no_batch_reason says why).
+    loop_role: str
+    # A feeder thread's own figures: {"thread", "wait_fraction", "wait_ms_mean",
+    # "handover_ms_mean", "batches_per_s"}; None when the loop iterates it itself.
+    feeder: dict[str, Any] | None
+    # The loop's side of a hand-over, when found: {"thread", "main", "via"}
+    # ("queue.Queue", "ThreadDataLoader"); the main figures are then its.
+    consumer: dict[str, Any] | None
+    nested_in: int | None  # a stage's outer loader id
+    workers_from: int  # a wrapper's: the stage whose workers and settings it shows
+    # What feeds the loop: "torch" | "torchdata.nodes" | "grain" | "monai" |
+    # "webdataset" | "watch"; the library's class (ThreadDataLoader); its knobs
+    # under its own names ({"ParallelMapper.num_workers": 2, ...}; None: a plain
+    # DataLoader's are the fields above); its workers' kind and, for thread or
+    # process workers the probe's worker table does not time, each one's CPU:
+    # [{"id", "kind": "thread", "tid", "name", "cpu_percent"}
+    #  | {"id", "kind": "process", "pid", "cpu_percent"}].
+    library: str
+    loader_class: str | None
+    knobs: dict[str, Any] | None
+    worker_kind: str | None
+    pipeline_workers: list[dict[str, Any]]
     # Share of the loop's time inside next() while later batches sat ready in
     # the reorder buffer (head-of-line blocking), sampled ~10 times a second.
     head_of_line_fraction: float | None
@@ -216,6 +239,9 @@ class Job(_JobRequired, total=False):
     # The job's last stacks (a stall's or `dlwatch stacks`'): reason, t,
     # processes (threads, frames), summary (one line each), error. docs/hangs.md.
     stacks: dict[str, Any] | None
+    # Threads that step a torch optimizer (the training threads), most steps
+    # first: [{"thread", "steps", "main"}]; a job listed without a loader says so.
+    train_threads: list[dict[str, Any]]
     sampled: bool  # attached without the hook, sampled from outside
     sampling: dict[str, Any]  # tool, span_s, samples, rate_hz, training thread
 
