@@ -455,6 +455,78 @@ def check_wait(args) -> list[dict]:
     return out
 
 
+# --------------------------------------------------------------------- pipelines fed by threads
+
+# demo/ scripts whose loop is fed by threads (issue 41), with a CUDA step:
+# the host thread idles in CUDA synchronisation there, which is where a
+# feeder's figures used to pass for the loop's wait.
+PIPELINE_CASES = (
+    ("torchdata.nodes, 2 thread workers", ["nodes_pipeline.py"]),
+    ("grain, ReadOptions(num_threads=2)", ["grain_pipeline.py"]),
+    ("MONAI ThreadDataLoader, 2 workers", ["monai_thread.py"]),
+    ("DataLoader behind a producer thread", ["dataloader_thread.py"]),
+)
+
+
+def check_pipelines(args) -> list[dict]:
+    """Each thread-fed pipeline's data wait against the loop's own meter over
+    the same window (bar: 3 points), one job at a time."""
+    from tests.e2e_util import short_tmpdir, snapshot_json, truth_in_window
+
+    demo = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "demo")
+    out = []
+    for name, script in PIPELINE_CASES:
+        rt = short_tmpdir()
+        spans, stop_file = os.path.join(rt, "spans.json"), os.path.join(rt, "stop")
+        cmd = [sys.executable, "-m", "dlwatch", "run", "--", sys.executable, os.path.join(demo, *script)]
+        cmd += ["--step", "cuda" if DEVICE == "cuda" else "idle", "--seconds", "60"]
+        cmd += ["--spans", spans, "--stop-file", stop_file]
+        proc = subprocess.Popen(
+            cmd,
+            env=env_with(rt),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            line = ""
+            deadline = time.monotonic() + 60
+            while not line.startswith("ready ") and time.monotonic() < deadline and proc.poll() is None:
+                line = proc.stdout.readline() if proc.stdout else ""
+            time.sleep(args.settle)
+            snap = snapshot_json(rt, "--window", "3")
+            open(stop_file, "w").close()
+            proc.communicate(timeout=60)
+            with open(spans) as f:
+                own = json.load(f)["spans"]
+        except Exception as e:  # noqa: BLE001 - one case's failure must not lose the others
+            stop(proc)
+            out.append(result(f"pipeline: {name}", False, f"the run failed: {type(e).__name__}: {e}"))
+            continue
+        loops = [
+            ld for j in snap["jobs"] for ld in j["loaders"] if ld.get("loop_role") == "loop" and ld["active"]
+        ]
+        if len(loops) != 1:
+            out.append(result(f"pipeline: {name}", False, f"{len(loops)} loop loaders in the snapshot"))
+            continue
+        ld = loops[0]
+        truth = truth_in_window(own, *ld["window_mono_ns"])["data_wait_fraction"]
+        got = ld["data_wait_fraction"]
+        out.append(
+            result(
+                f"pipeline: {name}",
+                got is not None and truth is not None and abs(got - truth) <= 0.03,
+                f"dlwatch {got} vs the loop's {truth:.4f} (bar: within 0.03); hints "
+                f"{sorted(h['id'] for h in snap['hints'])}",
+                library=ld.get("library"),
+                knobs=ld.get("knobs"),
+                feeder=ld.get("feeder"),
+            )
+        )
+    return out
+
+
 # --------------------------------------------------------------------- tune vs plain runs
 
 
@@ -679,6 +751,8 @@ def estimate_s(check: str, args) -> float:
         return args.tune_budget + 15 + (4 if args.sweep_top else 3) * (args.sweep_seconds + start)
     if check == "overhead":
         return 15 + start + 2 * args.pairs * (args.overhead_seconds + start)
+    if check == "pipelines":
+        return len(PIPELINE_CASES) * (start + 4 + args.settle + 3)
     return 0.0
 
 
@@ -688,7 +762,7 @@ def estimate_s(check: str, args) -> float:
 def main() -> int:
     global DEVICE
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    checks = ["nvml", "verdicts", "wait", "pin", "tune", "overhead"]
+    checks = ["nvml", "verdicts", "wait", "pin", "tune", "overhead", "pipelines"]
     ap.add_argument("check", nargs="?", default="nvml", choices=[*checks, "all", "job"])
     ap.add_argument("case", nargs="?", help="with `job`: the verdict case to run (internal)")
     ap.add_argument("--seconds", type=float, default=6.0, help="nvml: seconds of load; job: its duration")
@@ -733,7 +807,7 @@ def main() -> int:
             ap.error(f"--only: unknown checks {unknown} (choose from {checks})")
     else:
         # The order a lent session wants them in: what only a GPU can show first.
-        wanted = ["verdicts", "nvml", "pin", "tune", "overhead", "wait"]
+        wanted = ["verdicts", "nvml", "pin", "tune", "overhead", "pipelines", "wait"]
     if DEVICE == "cpu" and "nvml" in wanted:
         wanted.remove("nvml")
         print("nvml: skipped in a rehearsal (no GPU)", flush=True)
@@ -791,6 +865,8 @@ def run_check(check: str, args) -> list[dict]:
         return check_pin(args)
     if check == "tune":
         return check_tune(args)
+    if check == "pipelines":
+        return check_pipelines(args)
     return check_overhead(args)
 
 

@@ -7,7 +7,8 @@
 # Pillow; nothing here needs textual or py-spy.
 #
 #   bench/gpu_session.sh 1 [SECONDS]   # ~7.5 min: the five verdicts, NVML, the pin hint, tune vs plain runs
-#   bench/gpu_session.sh 2 [SECONDS]   # ~5 min: the hook's overhead (paired runs), then pytest -m gpu
+#   bench/gpu_session.sh 2 [SECONDS]   # ~5 min: the hook's overhead (paired runs), thread-fed pipelines
+#                                     # with a CUDA step (when the budget allows), then pytest -m gpu
 #
 # SECONDS: the phase's budget (default 460 and 290); a check that no longer
 # fits is skipped with a line saying so. With the machine's start (1-2 min)
@@ -33,7 +34,7 @@ if [ "$phase" = 1 ]; then
   echo "rc=$?" >> "$OUT/gpu_check_1.txt"
 else
   budget=${2:-290}
-  python3 bench/gpu_check.py all ${GPU_CHECK_ARGS:-} --only overhead --budget "$((budget - 75))" --json "$OUT/gpu_check_2.json" \
+  python3 bench/gpu_check.py all ${GPU_CHECK_ARGS:-} --only overhead,pipelines --budget "$((budget - 75))" --json "$OUT/gpu_check_2.json" \
     > "$OUT/gpu_check_2.txt" 2>&1
   echo "rc=$?" >> "$OUT/gpu_check_2.txt"
   # The GPU-marked tests (about a minute): NVML figures, memory as nvidia-smi

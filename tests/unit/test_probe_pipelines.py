@@ -101,6 +101,7 @@ def test_a_queue_fed_loop_is_timed_on_its_own_get():
     assert abs(frac - own) < 0.05, (frac, own)
     assert f["feeder"]["batches"] >= 40
     assert any(t["thread"] == "MainThread" and t["steps"] >= 40 for t in trainthread.summary())
+    trainthread.forget()  # the next test in this process has stepped no optimizer
     handover.uninstall()
     assert queue.Queue.get.__name__ == "get" and not hasattr(queue.Queue, "_dlw_fed")
 
@@ -115,9 +116,9 @@ def _drain(it, n=None):
 
 
 def test_torchdata_nodes_loader_is_measured_every_epoch_with_its_knobs(monkeypatch):
-    import dlwatch.hook  # noqa: F401
-
     import torchdata.nodes as tn
+
+    import dlwatch.hook  # noqa: F401
 
     monkeypatch.setenv("DLWATCH_AUTOTUNE", "1")
     patches.registry.clear()
@@ -140,9 +141,9 @@ def test_torchdata_nodes_loader_is_measured_every_epoch_with_its_knobs(monkeypat
 
 
 def test_grain_is_measured_on_every_epoch_not_only_the_first():
-    import dlwatch.hook  # noqa: F401
-
     import grain
+
+    import dlwatch.hook  # noqa: F401
 
     patches.registry.clear()
     ds = grain.MapDataset.source(range(32)).to_iter_dataset(grain.ReadOptions(num_threads=2)).batch(8)
