@@ -45,9 +45,10 @@ def make_parser(doc: str | None, workers_help: str | None = None) -> argparse.Ar
     p.add_argument("--seconds", type=float, default=60.0, help="train this long")
     p.add_argument(
         "--step",
-        choices=["cpu", "idle"],
+        choices=["cpu", "idle", "cuda"],
         default="cpu",
-        help="cpu: a small CNN on the CPU, padded with busy torch ops to --step-ms; "
+        help="cpu: a small CNN on the CPU, padded with busy torch ops to --step-ms; cuda: the same CNN on "
+        "the GPU, padded with GPU matmuls the host thread waits on; "
         "idle: a tiny model, then sleep to --step-ms (a stand-in for a GPU step)",
     )
     p.add_argument("--step-ms", type=float, default=20.0, help="how long one training step takes")
@@ -145,7 +146,8 @@ def make_step(args: argparse.Namespace):
     torch.set_num_threads(1)
     torch.manual_seed(0)
     cpu = args.step == "cpu"
-    if cpu:
+    cuda = args.step == "cuda"
+    if cpu or cuda:
         model: nn.Module = nn.Sequential(
             nn.Conv2d(3, 8, kernel_size=4, stride=4),
             nn.ReLU(),
@@ -155,20 +157,32 @@ def make_step(args: argparse.Namespace):
         )
     else:
         model = nn.Linear(3, 10)
+    device = "cuda" if cuda else "cpu"
+    model = model.to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     budget_ns = int(args.step_ms * 1e6)
-    spin = torch.randn(64, 64)
+    n = 4096 if cuda else 64
+    spin = torch.randn(n, n, device=device)
 
     def step(batch) -> None:
         start = time.perf_counter_ns()
         x, y = batch
-        if not cpu:
+        if cuda:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        elif not cpu:
             x = x.mean(dim=(2, 3))
         loss = F.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        if cpu:
+        if cuda:
+            # GPU work until the budget is spent, waiting on each: the host
+            # thread idles in CUDA synchronisation, as a GPU step's does.
+            torch.cuda.synchronize()
+            while time.perf_counter_ns() - start < budget_ns:
+                torch.mm(spin, spin)
+                torch.cuda.synchronize()
+        elif cpu:
             # Busy torch ops, not a sleep: the step holds a core like real compute
             # (and, like real compute, releases the GIL inside each op).
             while time.perf_counter_ns() - start < budget_ns:

@@ -380,6 +380,13 @@ class LoaderStats:
                 out.update(self.describe())
             except Exception:
                 pass
+        elif it is not None and self.num_workers > 0:
+            threads = thread_workers(it)
+            if threads:
+                # A DataLoader whose workers are threads (proposed for torch as
+                # worker_method="thread"): listed by thread id for their CPU.
+                out["pipeline_workers"] = threads
+                out["worker_kind"] = "thread"
         if self.autotune is not None:
             out["autotune"] = self.autotune
         if self.batch_bytes is not None:
@@ -476,6 +483,28 @@ def _weak(obj, callback=None):
         return weakref.ref(obj, callback)
     except TypeError:
         return None
+
+
+def thread_workers(it) -> list[dict]:
+    """An iterator's ``_workers`` when they are threads, as the wire lists
+    thread workers; [] for processes (or anything unreadable)."""
+    try:
+        ws = list(getattr(it, "_workers", ()) or ())
+        if not ws or not all(isinstance(w, threading.Thread) for w in ws):
+            return []
+        return [
+            {
+                "id": i,
+                "kind": "thread",
+                "tid": int(w.native_id),
+                "name": str(w.name)[:80],
+                "alive": w.is_alive(),
+            }
+            for i, w in enumerate(ws)
+            if isinstance(w.native_id, int)
+        ]
+    except Exception:
+        return []
 
 
 def _worker_pids(it) -> list[int]:

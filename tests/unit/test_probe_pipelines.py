@@ -164,3 +164,28 @@ def test_a_dataloader_inside_a_measured_next_is_a_stage_of_it():
     by_lib = {f.get("library") or "torch": f for f in _frames()}
     assert by_lib["watch"].get("nested_in") is None
     assert by_lib["torch"]["nested_in"] == by_lib["watch"]["id"]
+
+
+def test_a_dataloader_whose_workers_are_threads_lists_them_by_thread_id():
+    # torch has proposed thread workers (worker_method="thread"): an iterator
+    # whose _workers are threads is listed by thread id, never by a pid.
+    from dlwatch.probe.stats import LoaderStats
+
+    ev = threading.Event()
+    ths = [threading.Thread(target=ev.wait, name=f"pt_thread_data_{i}", daemon=True) for i in range(2)]
+    for t in ths:
+        t.start()
+
+    class ThreadWorkersIter:
+        _workers = ths
+
+    it = ThreadWorkersIter()
+    st = LoaderStats(0, None, {"num_workers": 2})
+    st.begin_epoch(it, time.perf_counter())
+    f = st.frame(time.perf_counter_ns())
+    ev.set()
+    assert f["worker_kind"] == "thread"
+    assert [(w["kind"], w["tid"], w["name"]) for w in f["pipeline_workers"]] == [
+        ("thread", t.native_id, t.name) for t in ths
+    ]
+    assert f["workers"] == []
