@@ -36,9 +36,20 @@ _STD = np.array([0.229, 0.224, 0.225], dtype=np.float32).reshape(3, 1, 1)
 # -- arguments --------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """Sets EPOCH_SAMPLES from --epoch-samples as it parses (the scripts read
+    the module's constant)."""
+
+    def parse_args(self, *a, **kw):  # type: ignore[override]
+        global EPOCH_SAMPLES
+        args = super().parse_args(*a, **kw)
+        EPOCH_SAMPLES = args.epoch_samples
+        return args
+
+
 def make_parser(doc: str | None, workers_help: str | None = None) -> argparse.ArgumentParser:
     """The arguments every demo takes; a script adds its own before parsing."""
-    p = argparse.ArgumentParser(
+    p = _Parser(
         description=doc.strip().splitlines()[0] if doc else None,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -56,6 +67,7 @@ def make_parser(doc: str | None, workers_help: str | None = None) -> argparse.Ar
     p.add_argument("--batch-size", type=int, default=8, help="samples per batch")
     p.add_argument("--spans", metavar="PATH", help="write the meter's spans here (JSON) at the end")
     p.add_argument("--stop-file", metavar="PATH", help="stop early once this file exists (checked per batch)")
+    p.add_argument("--epoch-samples", type=int, default=EPOCH_SAMPLES, help="samples in an epoch")
     return p
 
 

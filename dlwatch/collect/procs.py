@@ -40,6 +40,11 @@ MIN_LIFETIME_S = 0.5
 USS_STEADY_BYTES = 512 << 10
 # Threads of a trainer whose CPU is read one by one (/proc/PID/task/TID/stat).
 MAX_THREADS = 64
+# A thread seen for the first time this young has no CPU figure: its
+# tick-granular lifetime average is noise. Shorter than a process's bar:
+# pools restart their threads every epoch (torchdata.nodes), and an epoch of
+# a second must still give its threads a figure.
+MIN_THREAD_LIFETIME_S = 0.2
 
 
 @dataclass
@@ -362,7 +367,7 @@ class ProcSampler:
             # First sight (pools restart their threads each epoch): the
             # average over the thread's own life, as for a new process.
             age = uptime - ts.start_ticks / _CLK_TCK if uptime is not None else 0.0
-            out[tid] = rate_percent(0.0, ts.cpu_s, age) if age >= MIN_LIFETIME_S else None
+            out[tid] = rate_percent(0.0, ts.cpu_s, age) if age >= MIN_THREAD_LIFETIME_S else None
         st.thread_cpu_s = seen
         return out
 

@@ -1,5 +1,12 @@
 """Pipelines other than a DataLoader's worker processes (DESIGN.md §9):
-gil-bound-threads, no-worker-knob.
+add-pipeline-workers, gil-bound-threads, no-worker-knob.
+
+- **add-pipeline-workers**: the loop waits for data from a pipeline whose
+  worker count is a knob of its library (``ParallelMapper(num_workers=…)``,
+  ``ReadOptions(num_threads=…)``, ``MultiprocessingOptions(num_workers=…)``).
+  Its workers' per-batch times are not timed (only a DataLoader's are), so
+  the count comes from the wait: the pool must deliver ``1 / (1 − wait)``
+  times as fast; capped by the cores free when the workers are CPU-bound.
 
 - **gil-bound-threads**: the loop waits for data while the pipeline's
   worker *threads* (torchdata.nodes' ``ParallelMapper(method="thread")``,
@@ -14,11 +21,24 @@ gil-bound-threads, no-worker-knob.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from dlwatch.thresholds import DATA_BOUND_WAIT
 
-from .facts import PERCENT_PER_CORE, Context, LoaderView, as_list, cores, has_worker_knob, hint, num, pct, r
+from .facts import (
+    PERCENT_PER_CORE,
+    Context,
+    LoaderView,
+    as_list,
+    cores,
+    has_worker_knob,
+    hint,
+    num,
+    pct,
+    r,
+    setting,
+)
 from .registry import Rule
 
 # Threads whose CPU sums to at most this many cores while the loop waits run
@@ -128,7 +148,99 @@ def rule_no_worker_knob(ctx: Context) -> list[dict[str, Any]]:
     return out
 
 
+# Workers using this share of a core each while the loop waits are the
+# limit, busy on a CPU (their batches are not timed one by one, as a
+# DataLoader's are: their CPU stands for their busy time). Below it they wait
+# for something else (a stage in the loop's process, the transfer from worker
+# processes, storage), and more of them would not help: nothing is said.
+PIPELINE_SATURATED = 0.8
+
+
+def _pool_cores(lv: LoaderView) -> tuple[float | None, str]:
+    """Cores the pipeline's workers use together, and where the figure comes
+    from: their own (each thread's or process's), else, for threads, the
+    trainer's CPU beyond its main thread (the pool restarts its threads each
+    epoch, faster than a figure per thread settles)."""
+    used, n = _thread_cpu(lv)
+    if used is not None:
+        return used, "each worker thread's CPU"
+    procs = [w for w in as_list(lv.loader.get("pipeline_workers")) if isinstance(w, dict)]
+    procs = [w for w in procs if w.get("kind") == "process"]
+    vals = [v for v in (num(w.get("cpu_percent")) for w in procs) if v is not None]
+    if procs and len(vals) == len(procs):
+        return sum(vals) / PERCENT_PER_CORE, "each worker process's CPU"
+    if lv.loader.get("worker_kind") == "thread":
+        whole, main = num(lv.job.get("main_cpu_percent")), num(lv.job.get("main_thread_cpu_percent"))
+        if whole is not None and main is not None:
+            return max(0.0, whole - main) / PERCENT_PER_CORE, "the trainer's CPU beyond its main thread"
+    return None, ""
+
+
+def rule_add_pipeline_workers(ctx: Context) -> list[dict[str, Any]]:
+    out = []
+    for lv in ctx.loaders:
+        lib = str(lv.loader.get("library") or "")
+        if lib in ("", "torch", "monai") or not lv.steady or lv.wait is None or lv.wait < DATA_BOUND_WAIT:
+            continue
+        n = lv.num_workers
+        if not n or n < 1:
+            continue
+        pool, source = _pool_cores(lv)
+        if pool is None or ctx.usable_cores is None:
+            continue
+        per_worker = pool / n
+        threads = lv.loader.get("worker_kind") == "thread"
+        if threads and n >= 2 and GIL_CORES_MIN <= pool <= GIL_CORES_MAX:
+            continue  # gil-bound-threads: more threads add nothing
+        if per_worker < PIPELINE_SATURATED:
+            continue
+        want = math.ceil(n / (1 - lv.wait) - 1e-9) if lv.wait < 1 else n * 4
+        busy = num(ctx.host.get("busy_cores"))
+        free = max(0.0, ctx.usable_cores - (busy if busy is not None else pool))
+        rec = min(want, n + int(free / per_worker + 0.25))
+        if rec <= n:
+            continue
+        gain = min(rec / n, 1 / (1 - lv.wait)) if lv.wait < 1 else rec / n
+        knob = setting(lv.loader, "num_workers", rec)
+        workers = f"{n} worker{' thread' if threads else ''}{'s use' if n != 1 else ' uses'}"
+        expect = f"expected ≈ {gain:.2f}× throughput"
+        if threads:
+            # Threads run in parallel only where the work releases the GIL.
+            expect = (
+                f"up to ≈ {gain:.2f}× throughput, where the work releases the GIL: PIL decoding, numpy "
+                f"and torch ops do, Python code does not"
+            )
+        msg = (
+            f"{lv.title} waits for data {pct(lv.wait)} of the loop; its {workers} {_cores(pool)} "
+            f"({source}), busy on a CPU, with {_cores(ctx.usable_cores)} usable and {_cores(free)} free. "
+            f"To keep up, the pool must deliver {1 / (1 - lv.wait):.1f}× as fast: {rec} "
+            f"worker{'s' if rec != 1 else ''} ({expect})."
+        )
+        sugg = (
+            f"set {knob}; dlwatch times the loop's wait the same way after the change (tune cannot set "
+            f"{lib}'s knobs: compare runs with `dlwatch record` and `dlwatch compare`)"
+        )
+        if threads:
+            sugg += "; their CPU then says whether they ran in parallel (about one core together: GIL-bound)"
+        ev = {
+            "recommended_num_workers": rec,
+            "num_workers": n,
+            "data_wait_fraction": r(lv.wait),
+            "pool_cpu_cores": r(pool, 2),
+            "cpu_source": source,
+            "free_cores": r(free, 2),
+            "expected_speedup": r(gain, 2),
+            "speedup_bound": "upper: threads share the GIL" if threads else "expected",
+            "library": lib,
+            "knob": knob,
+        }
+        severity = "warn" if gain >= 1.10 else "info"
+        out.append(hint("add-pipeline-workers", severity, lv.pid, lv.lid, msg, sugg, ev))
+    return out
+
+
 RULES = (
+    Rule("add-pipeline-workers", rule_add_pipeline_workers, "loader", rate=True),
     Rule("gil-bound-threads", rule_gil_bound_threads, "loader", rate=True),
     Rule("no-worker-knob", rule_no_worker_knob, "loader", rate=True),
 )

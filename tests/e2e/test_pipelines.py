@@ -137,3 +137,31 @@ def test_monai_webdataset_and_a_watched_generator_report_the_loops_own_wait(tmp_
         assert ld["data_wait_fraction"] > 0.2, (name, ld)
         assert [h["id"] for h in hints] == ["no-worker-knob"], (name, hints)
     assert got["a watched generator"][0]["dataset"] == "generator"
+
+
+def test_a_data_bound_nodes_pipeline_is_advised_in_its_own_knob(tmp_path):
+    """Alone on the box (a second worker needs a free core): one ParallelMapper
+    thread, a short step, a long epoch. The loop waits most of its time on one
+    saturated thread, and the advice is a second thread, in ParallelMapper's
+    words, as an upper bound (threads share the GIL)."""
+    args = [
+        "--step",
+        "idle",
+        "--workers",
+        "1",
+        "--step-ms",
+        "3",
+        "--batch-size",
+        "16",
+        "--epoch-samples",
+        "100000",
+    ]
+    ld, hints, _ = _run({"nodes, one thread worker": ("nodes_pipeline.py", *args)}, tmp_path)[
+        "nodes, one thread worker"
+    ]
+    assert ld["knobs"]["ParallelMapper.num_workers"] == 1 and len(ld["pipeline_workers"]) == 1
+    assert ld["data_wait_fraction"] > 0.4, ld
+    (h,) = [h for h in hints if h["id"] == "add-pipeline-workers"]
+    assert "num_workers=2 in ParallelMapper(...)" in h["suggestion"], h
+    assert h["evidence"]["speedup_bound"].startswith("upper")
+    assert not {x["id"] for x in hints} & {"no-workers", "add-workers", "no-worker-knob"}, hints

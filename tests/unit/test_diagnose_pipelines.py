@@ -22,13 +22,17 @@ def threads(cpus):
     ]
 
 
+def procs(cpus):
+    return [{"id": i, "kind": "process", "pid": 700 + i, "cpu_percent": c} for i, c in enumerate(cpus)]
+
+
 def nodes(*, wait=0.46, cpus=(26.0, 25.0, 24.0, 25.0), kind="thread", **kw):
-    ld = loader(nw=4, wait=wait, step_ms=10.0, workers=[], **kw)
+    ld = loader(nw=len(cpus), wait=wait, step_ms=10.0, workers=[], **kw)
     ld.update(
         library="torchdata.nodes",
-        knobs=dict(NODES_KNOBS, **{"ParallelMapper.method": kind}),
+        knobs=dict(NODES_KNOBS, **{"ParallelMapper.method": kind, "ParallelMapper.num_workers": len(cpus)}),
         worker_kind=kind,
-        pipeline_workers=threads(cpus) if kind == "thread" else [],
+        pipeline_workers=threads(cpus) if kind == "thread" else procs(cpus),
     )
     return ld
 
@@ -48,6 +52,12 @@ def watched(*, wait=0.36, library="watch", dataset="generator"):
         (nodes(cpus=(26.0, 25.0, 24.0, None)), "gil-bound-threads", False),  # a thread without a figure
         (nodes(wait=0.05), "gil-bound-threads", False),  # not data-bound
         (nodes(kind="process"), "gil-bound-threads", False),
+        # add-pipeline-workers: the workers are the limit, and cores are free
+        (nodes(wait=0.78, cpus=(96.0,)), "add-pipeline-workers", True),
+        (nodes(wait=0.78, cpus=(96.0, 95.0), kind="process"), "add-pipeline-workers", True),
+        (nodes(wait=0.78, cpus=(54.0, 53.0), kind="process"), "add-pipeline-workers", False),  # not saturated
+        (nodes(wait=0.05, cpus=(96.0,)), "add-pipeline-workers", False),  # not data-bound
+        (nodes(), "add-pipeline-workers", False),  # GIL-bound: the GIL rule speaks
         (watched(), "no-worker-knob", True),
         (watched(library="webdataset", dataset="WebDataset"), "no-worker-knob", True),
         (watched(wait=0.05), "no-worker-knob", False),
@@ -101,3 +111,23 @@ def test_worker_advice_names_the_pipelines_own_knob():
     ld.update(library="monai", knobs=monai["knobs"], loader_class="ThreadDataLoader")
     h = get(evaluate(one(ld)), "no-workers")
     assert "in ThreadDataLoader(...)" in h["suggestion"]
+
+
+def test_add_pipeline_workers_names_the_count_the_knob_and_its_bound():
+    s = one(nodes(wait=0.78, cpus=(96.0,)), usable=2.0, busy_cores=1.1)
+    h = get(evaluate(s), "add-pipeline-workers")
+    assert h["severity"] == "warn"
+    assert h["evidence"]["recommended_num_workers"] == 2 and h["evidence"]["free_cores"] == 0.9
+    assert "num_workers=2 in ParallelMapper(...)" in h["suggestion"]
+    assert "its 1 worker thread uses 1 core" in h["message"] and "up to ≈ 2.00×" in h["message"]
+    assert h["evidence"]["speedup_bound"].startswith("upper")
+    # No free core: nothing to add.
+    assert "add-pipeline-workers" not in ids(
+        evaluate(one(nodes(wait=0.78, cpus=(96.0,)), usable=2.0, busy_cores=2.0))
+    )
+    # Processes: an expected gain, not a bound; Grain's knob.
+    g = nodes(wait=0.6, cpus=(95.0,), kind="process")
+    g.update(library="grain", knobs={"MultiprocessingOptions.num_workers": 1})
+    h = get(evaluate(one(g, usable=8.0, busy_cores=1.5)), "add-pipeline-workers")
+    assert "num_workers=3 in MultiprocessingOptions(...)" in h["suggestion"]
+    assert "expected ≈ 2.50× throughput" in h["message"] and h["evidence"]["speedup_bound"] == "expected"
