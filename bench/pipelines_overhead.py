@@ -69,6 +69,8 @@ from time import perf_counter_ns
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common import text_table, write_json  # noqa: E402
+from overhead import ab as _overhead_ab  # noqa: E402
+from overhead import cpu_model  # noqa: E402
 
 # rounds: A/B pairs; blocks x block: timed blocks of calls per arm and round.
 FULL = dict(
@@ -118,29 +120,7 @@ QUICK = dict(
 # --- environment -----------------------------------------------------------------
 
 
-def cpu_model() -> str:
-    """/proc/cpuinfo's "model name", else platform's guess (as bench/overhead.py)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
-# --- statistics (bench/overhead.py's, plus an interval for the median) ------------
-
-
-def _quantile(xs, q):
-    s = sorted(xs)
-    if not s:
-        return float("nan")
-    pos = (len(s) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+# --- statistics: bench/overhead.py's, plus an interval for the median -------------
 
 
 def median_ci(xs, conf: float = 0.95) -> list[float]:
@@ -164,39 +144,11 @@ def median_ci(xs, conf: float = 0.95) -> list[float]:
 
 
 def ab(fn_without, fn_with, rounds: int, warmup: int = 1) -> dict:
-    """Alternate A (without) and B (with) ``rounds`` times, ABBA order; each fn returns
-    ``{metric: ns per unit}``, and every metric is summarised on its own."""
-    gc.collect()
-    for _ in range(warmup):
-        fn_without()
-        fn_with()
-    a, b = [], []
-    for r in range(rounds):
-        if r % 2 == 0:
-            x = fn_without()
-            y = fn_with()
-        else:
-            y = fn_with()
-            x = fn_without()
-        a.append(x)
-        b.append(y)
-    out = {}
-    for k in a[0]:
-        xa = [m[k] for m in a]
-        xb = [m[k] for m in b]
-        diffs = [y - x for x, y in zip(xa, xb)]
-        ratios = [y / x for x, y in zip(xa, xb) if x > 0]
-        out[k] = {
-            "rounds": rounds,
-            "without_ns": statistics.median(xa),
-            "with_ns": statistics.median(xb),
-            "added_ns": statistics.median(diffs),
-            "added_iqr_ns": [_quantile(diffs, 0.25), _quantile(diffs, 0.75)],
-            "added_ci95_ns": median_ci(diffs),
-            "ratio": statistics.median(ratios) if ratios else float("nan"),
-            "raw_without_ns": xa,
-            "raw_with_ns": xb,
-        }
+    """bench/overhead.py's ABBA alternation and summary, with a 95 % interval
+    for each metric's median paired difference."""
+    out = _overhead_ab(fn_without, fn_with, rounds, warmup)
+    for m in out.values():
+        m["added_ci95_ns"] = median_ci([y - x for x, y in zip(m["raw_without_ns"], m["raw_with_ns"])])
     return out
 
 

@@ -64,7 +64,9 @@ def trains(ident: int | None) -> bool | None:
 
 def summary() -> list[dict[str, Any]]:
     """The threads that step an optimizer, most steps first (at most 4)."""
-    rows = sorted(_steps.values(), key=lambda r: -r[1])[:4]
+    # list() first: a C-level copy, never "changed size during iteration"
+    # when a new thread steps an optimizer meanwhile.
+    rows = sorted(list(_steps.values()), key=lambda r: -r[1])[:4]
     return [{"thread": str(n)[:80], "steps": int(k), "main": bool(m)} for n, k, m in rows]
 
 

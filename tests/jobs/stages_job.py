@@ -88,29 +88,37 @@ def main():
         persistent_workers=a.persistent,
     )
     h = hashlib.sha256()
-    t_ready = None
     lost = 0
+    state = {"t_ready": None}
+
+    def one_pass() -> bool:
+        """One iterator's batches; True once the duration is up."""
+        t_ready = state["t_ready"]
+        if t_ready is not None and time.monotonic() - t_ready >= a.duration:
+            return True
+        it = iter(loader)
+        for batch in it:
+            h.update(batch.numpy().tobytes())
+            if state["t_ready"] is None:
+                state["t_ready"] = time.monotonic()
+                with open(a.out + ".pids", "w") as f:
+                    f.write(" ".join(str(w.pid) for w in getattr(it, "_workers", [])))
+                open(a.out + ".ready", "w").close()
+            if time.monotonic() - state["t_ready"] >= a.duration:
+                return True
+        return False
+
     while True:
-        # All of it inside the try: torch reports a killed worker from its
-        # SIGCHLD handler too, so the error can surface at any line of the
-        # main thread, iter() and the loop's own test included.
-        it = None
+        # Everything inside the try, the iterator a local of one_pass (gone
+        # with its frame): torch reports a killed worker from its SIGCHLD
+        # handler too, so the error can surface at any line of the main
+        # thread, iter(), the loop's own test and the iterator's release
+        # included.
         try:
-            if t_ready is not None and time.monotonic() - t_ready >= a.duration:
+            if one_pass():
                 break
-            it = iter(loader)
-            for batch in it:
-                h.update(batch.numpy().tobytes())
-                if t_ready is None:
-                    t_ready = time.monotonic()
-                    with open(a.out + ".pids", "w") as f:
-                        f.write(" ".join(str(w.pid) for w in getattr(it, "_workers", [])))
-                    open(a.out + ".ready", "w").close()
-                if time.monotonic() - t_ready >= a.duration:
-                    break
         except RuntimeError:
             lost += 1  # the killed worker: train on with a fresh iterator
-        del it
     if a.digest:
         with open(a.digest, "w") as f:
             f.write(h.hexdigest())
