@@ -117,9 +117,6 @@ QUICK = dict(
 )
 
 
-# --- environment -----------------------------------------------------------------
-
-
 # --- statistics: bench/overhead.py's, plus an interval for the median -------------
 
 

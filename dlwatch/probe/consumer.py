@@ -25,13 +25,13 @@ from typing import Any
 
 from dlwatch.probe import patches
 from dlwatch.probe.handover import EXACT
-from dlwatch.probe.stats import METER_CODES, LoaderStats
+from dlwatch.probe.stats import LoaderStats
 
 _measured: dict[type, type] = {}
 _lock = threading.Lock()
 
 
-def _timed_class(cls: type) -> type | None:
+def _timed_class(cls: type) -> type:
     sub = _measured.get(cls)
     if sub is not None:
         return sub
@@ -39,7 +39,6 @@ def _timed_class(cls: type) -> type | None:
         sub = _measured.get(cls)
         if sub is None:
             nxt = patches._wrap_next(cls.__next__)  # type: ignore[attr-defined]
-            METER_CODES.add(nxt.__code__)
             ns = {
                 "__next__": nxt,
                 "__slots__": (),
@@ -59,10 +58,7 @@ def measure(it: Any, st: LoaderStats) -> bool:
     try:
         cls = type(it)
         if getattr(cls, "_dlw_measured", None) is None:
-            sub = _timed_class(cls)
-            if sub is None:
-                return False
-            it.__class__ = sub
+            it.__class__ = _timed_class(cls)
         it._dlw_stats = st
         st.begin_epoch(it, _clock())
         patches.announce(st)
@@ -117,8 +113,8 @@ class _WatchedIterator(_Forwarding):
         return self._dlw_next()
 
 
+# patches._wrap_next registers its code in stats.METER_CODES (nesting).
 _WatchedIterator.__next__ = patches._wrap_next(_WatchedIterator._dlw_call)  # type: ignore[attr-defined]
-METER_CODES.add(_WatchedIterator.__next__.__code__)  # type: ignore[attr-defined]
 
 
 def watch_epoch(source: Any, it: Any, config: dict) -> Any:

@@ -30,7 +30,8 @@ _feeders: dict[int, Any] = {}
 _originals: dict[str, Any] = {}
 _lock = threading.Lock()
 # A consumer's handover_q when an adapter times the loop's own iterator
-# (monai.py): the queue beneath it is not timed again.
+# (monai.py): its feeder marks no queue (stats.first_batch), so the queue
+# beneath it is not timed again.
 EXACT = -1
 
 
@@ -68,14 +69,14 @@ def install() -> None:
             if st is None:
                 return orig_get(self, block, timeout)
             c = st.consumer
-            if c is None or c.thread_ident != get_ident() or c.handover_q == EXACT:
+            if c is None or c.thread_ident != get_ident():
                 c = _consumer_for(st)
                 if c is None:
                     return orig_get(self, block, timeout)
             t0 = clock()
             if c.handover_q != self._dlw_serial:
-                _new_handover(c, st, self, t0)
-            elif c.t_enter <= c.t_last or not c.t_enter:
+                _new_handover(c, st, self._dlw_serial, t0)
+            if c.t_enter <= c.t_last or not c.t_enter:
                 c.t_enter = t0  # the loop's wait for this batch starts now
             item = orig_get(self, block, timeout)  # queue.Empty keeps the wait open
             t1 = clock()
@@ -92,21 +93,17 @@ def install() -> None:
         cls.put, cls.get = put, get
 
 
-def _new_handover(c: Any, st: Any, q: Any, t0: float) -> None:
-    """The loop takes from another queue than before: MONAI's ThreadBuffer
-    makes a queue and a thread every epoch. A wait left open on the old one
-    (polls while its thread shut down) is no part of this epoch's; the loop
-    has waited since the feeder's epoch began (the new queue's first gets
-    came before any batch marked it, so none was timed)."""
-    first = c.handover_q is None
-    c.handover_q = q._dlw_serial
-    if first:
-        if c.t_enter <= c.t_last or not c.t_enter:
-            c.t_enter = t0
-        return
-    e0 = st.epoch_t0
-    c.t_last = 0.0  # the epoch boundary is neither wait nor step
-    c.t_enter = e0 if 0 < e0 <= t0 else t0
+def _new_handover(c: Any, st: Any, serial: int, t0: float) -> None:
+    """The loop takes from another queue than before (a feeder that makes a
+    queue every epoch). A wait left open on the old one (polls while its
+    thread shut down) is no part of this epoch's; the loop has waited since
+    the feeder's epoch began (the new queue's first gets came before any
+    batch marked it, so none was timed)."""
+    if c.handover_q is not None:
+        e0 = st.epoch_t0
+        c.t_last = 0.0  # the epoch boundary is neither wait nor step
+        c.t_enter = e0 if 0 < e0 <= t0 else t0
+    c.handover_q = serial
 
 
 def _consumer_for(st: Any) -> Any:
@@ -117,7 +114,7 @@ def _consumer_for(st: Any) -> Any:
         return None
     c = st.consumer
     if c is not None:
-        return c if c.thread_ident == ident and c.handover_q != EXACT else None
+        return c if c.thread_ident == ident else None
     from dlwatch.probe.stats import LoaderStats
 
     c = LoaderStats(-1, None, {})

@@ -183,16 +183,6 @@ class LoaderStats:
                 _pause_others(self, t0)
         except Exception:
             pass
-        c = self.consumer
-        if c is not None and c.thread_ident == threading.get_ident():
-            # The loop's own thread starts the epoch (MONAI's ThreadDataLoader
-            # does, inside the loop's first next()): the loop waits for the
-            # epoch's first batch from now, before its first get() of a queue
-            # that no batch has marked yet. What came before (the last
-            # epoch's feeder shutting down, the loop's own work between
-            # epochs) is neither, as for a DataLoader's epoch end.
-            c.t_last = 0.0
-            c.t_enter = t0
         self.epoch += 1
         self.epoch_t0 = t0
         self.epoch_b0 = self.batches
@@ -254,9 +244,11 @@ class LoaderStats:
             self.nested_in = outer.id if outer is not None else None
             lib = self.config.get("library")
             self.internal = bool(outer is not None and lib and outer.config.get("library") == lib)
-            if not self.thread_main and self.nested_in is None and self.id >= 0:
+            exact = self.consumer is not None and self.consumer.handover_q == _handover.EXACT
+            if not self.thread_main and self.nested_in is None and self.id >= 0 and not exact:
                 # Iterated off the main thread: perhaps a feeder handing its
-                # batches to the training loop through a queue.
+                # batches to the training loop through a queue (not when an
+                # adapter already times the loop's own iterator: MONAI's).
                 _handover.note_feeder(self)
 
     def end_epoch(self, t0: float, t1: float) -> None:
@@ -485,24 +477,29 @@ def _weak(obj, callback=None):
         return None
 
 
-def thread_workers(it) -> list[dict]:
-    """An iterator's ``_workers`` when they are threads, as the wire lists
-    thread workers; [] for processes (or anything unreadable)."""
+def workers_of(objs: list[Any]) -> list[dict[str, Any]]:
+    """Thread or process workers as the wire carries them (``pipeline_workers``):
+    a thread by its native id (its CPU is read from /proc/PID/task/TID), a
+    process by pid."""
+    out: list[dict[str, Any]] = []
+    for i, w in enumerate(objs):
+        tid = getattr(w, "native_id", None)
+        pid = getattr(w, "pid", None) if tid is None else None
+        if isinstance(tid, int):
+            out.append({"id": i, "kind": "thread", "tid": tid, "name": str(getattr(w, "name", ""))[:80]})
+        elif isinstance(pid, int):
+            out.append({"id": i, "kind": "process", "pid": pid})
+    return out
+
+
+def thread_workers(it) -> list[dict[str, Any]]:
+    """An iterator's ``_workers`` when they are threads; [] for processes (or
+    anything unreadable)."""
     try:
         ws = list(getattr(it, "_workers", ()) or ())
         if not ws or not all(isinstance(w, threading.Thread) for w in ws):
             return []
-        return [
-            {
-                "id": i,
-                "kind": "thread",
-                "tid": int(w.native_id),
-                "name": str(w.name)[:80],
-                "alive": w.is_alive(),
-            }
-            for i, w in enumerate(ws)
-            if isinstance(w.native_id, int)
-        ]
+        return workers_of(ws)
     except Exception:
         return []
 

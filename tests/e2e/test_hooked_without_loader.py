@@ -49,5 +49,4 @@ def test_a_job_that_trains_on_an_unrecognised_iterable_is_listed_with_the_fix(tm
     # The job's CPU is the job's: it trains a CPU-heavy step on one thread.
     assert job["main_cpu_percent"] is not None and job["main_cpu_percent"] > 40, job
     host = snap["host"]
-    if host.get("jobs_cpu_cores") is not None:
-        assert host["jobs_cpu_cores"] >= 0.4, host
+    assert host["jobs_cpu_cores"] is not None and host["jobs_cpu_cores"] >= 0.4, host

@@ -69,7 +69,15 @@ class DemoJob:
 GROUPS = {
     "queue, nodes, grain": {
         "dataloader behind a producer thread": ("dataloader_thread.py", "--step", "idle"),
-        "torchdata.nodes, thread workers": ("nodes_pipeline.py", "--step", "idle"),
+        # One long epoch: ParallelMapper restarts its threads at every epoch, and a
+        # snapshot taken across that restart lists none.
+        "torchdata.nodes, thread workers": (
+            "nodes_pipeline.py",
+            "--step",
+            "idle",
+            "--epoch-samples",
+            "100000",
+        ),
         "grain, thread prefetch": ("grain_pipeline.py", "--step", "idle"),
     },
     "monai, webdataset, watch": {

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from dlwatch.probe import consumer, patches, postimport
+from dlwatch.probe.stats import workers_of as workers_of
 
 # How many objects a walk over a pipeline's graph visits at most.
 MAX_NODES = 64
@@ -48,6 +49,26 @@ class MethodPatch:
             self.cls = self.orig = None
 
 
+def iter_wrapper(orig_iter: Any, on_iter: Callable[[Any, Any], Any]) -> Any:
+    """``__iter__`` as the library wrote it, then ``on_iter(obj, it)``: the
+    iterator the loop gets (``it`` itself, or a proxy that times it). Never
+    raises into the job: on any failure the library's own iterator."""
+
+    def __iter__(self, *args, **kwargs):
+        it = orig_iter(self, *args, **kwargs)
+        try:
+            return on_iter(self, it)
+        except Exception:
+            return it
+
+    return __iter__
+
+
+def iter_patch(module: str, cls_name: str, on_iter: Callable[[Any, Any], Any]) -> MethodPatch:
+    """``cls.__iter__`` wrapped by ``iter_wrapper`` once ``module`` is imported."""
+    return MethodPatch(module, cls_name, "__iter__", lambda orig: iter_wrapper(orig, on_iter))
+
+
 def start_epoch(
     source: Any, it: Any, config: dict, describe: Callable[[Any], dict], fresh: bool = False, key: Any = None
 ) -> None:
@@ -57,7 +78,7 @@ def start_epoch(
     if patches._in_worker_process():
         return
     st = patches.registry.for_source(source, config, key)
-    if st.autotune is None and autotune_on():
+    if st.autotune is None and _autotune_on():
         lib = config.get("library") or "this pipeline"
         st.autotune = {
             "state": "left alone",
@@ -70,9 +91,14 @@ def start_epoch(
     consumer.measure(it, st)
 
 
-def autotune_on() -> bool:
-    """``dlwatch run --autotune`` (probe/autotune.py reads the same variable)."""
-    return os.environ.get("DLWATCH_AUTOTUNE", "").strip().lower() in ("1", "true", "yes", "on")
+def _autotune_on() -> bool:
+    """``dlwatch run --autotune``, as probe/autotune.py decides it (imported
+    only where its variable is set, as dlwatch.hook does)."""
+    if not os.environ.get("DLWATCH_AUTOTUNE"):
+        return False
+    from dlwatch.probe import autotune
+
+    return autotune.enabled()
 
 
 def _ref(obj: Any) -> Callable[[], Any]:
@@ -112,29 +138,6 @@ def walk(root: Any, attrs: tuple[str, ...]) -> Iterator[Any]:
                 todo.extend(v)
             elif v is not None:
                 todo.append(v)
-
-
-def workers_of(objs: list[Any]) -> list[dict[str, Any]]:
-    """Thread or process workers as the wire carries them: a thread by its
-    native id (its CPU is read from /proc/PID/task/TID), a process by pid."""
-    out: list[dict[str, Any]] = []
-    for i, w in enumerate(objs):
-        tid = getattr(w, "native_id", None)
-        pid = getattr(w, "pid", None) if tid is None else None
-        if isinstance(tid, int):
-            alive = bool(getattr(w, "is_alive", lambda: False)())
-            out.append(
-                {
-                    "id": i,
-                    "kind": "thread",
-                    "tid": tid,
-                    "name": str(getattr(w, "name", ""))[:80],
-                    "alive": alive,
-                }
-            )
-        elif isinstance(pid, int):
-            out.append({"id": i, "kind": "process", "pid": pid})
-    return out
 
 
 def qsize(q: Any) -> int | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from dlwatch.probe.adapters.common import MethodPatch, start_epoch, walk, workers_of
+from dlwatch.probe.adapters.common import iter_patch, iter_wrapper, start_epoch, walk, workers_of
 
 LIBRARY = "grain"
 # Parents, and mp_prefetch's per-worker iterators (``_iterators_in_use`` of
@@ -33,25 +33,24 @@ def _in_grain_worker() -> bool:
     return bool(getattr(mod, "_is_in_worker_process", False))
 
 
-def _make_iter(orig_iter):
-    def __iter__(self, *args, **kwargs):
-        it = orig_iter(self, *args, **kwargs)
-        try:
-            src = getattr(self, "_parent", None) or self
-            if not _in_grain_worker() and type(src).__name__ not in _INTERNAL:
-                _measure_later_epochs(src)
-                # Pipelines are often rebuilt every epoch: one loader per shape.
-                # The epoch's iterator stands for the loader (the dataset may be
-                # dropped once iterated): it is what is alive while the loop runs.
-                start_epoch(it, it, _config(src), describe_iterator(it), fresh=True, key=_shape(src))
-        except Exception:
-            pass
-        return it
-
-    return __iter__
+def _on_output_iter(output: Any, it: Any) -> Any:
+    """The pipeline's output stage made the epoch's iterator (a dataset's
+    first ``iter()``)."""
+    src = getattr(output, "_parent", None) or output
+    if not _in_grain_worker() and type(src).__name__ not in _INTERNAL:
+        _measure_later_epochs(src)
+        _start(src, it)
+    return it
 
 
-_patch = MethodPatch("grain._src.python.dataset.dataset", "_OutputIterDataset", "__iter__", _make_iter)
+def _start(src: Any, it: Any) -> None:
+    # Pipelines are often rebuilt every epoch: one loader per shape. The
+    # epoch's iterator stands for the loader (the dataset may be dropped once
+    # iterated): it is what is alive while the loop runs, and what is read.
+    start_epoch(it, it, _config(src), describe_graph, fresh=True, key=_shape(src))
+
+
+_patch = iter_patch("grain._src.python.dataset.dataset", "_OutputIterDataset", _on_output_iter)
 install, uninstall = _patch.install, _patch.uninstall
 
 
@@ -70,24 +69,6 @@ def _config(src: Any) -> dict:
     if name == "_DataLoaderPipelineMarkerIterDataset":
         name = "grain.DataLoader"
     return {"num_workers": 0, "library": LIBRARY, "kind": "grain", "dataset": name[:80]}
-
-
-def describe_iterator(it: Any):
-    """A reader of the epoch's iterator graph (the source dataset does not
-    hold the live iterators; the iterator does). Held weakly by the caller's
-    closure through the iterator: a dropped epoch reads nothing."""
-    import weakref
-
-    try:
-        ref = weakref.ref(it)
-    except TypeError:
-        return lambda _src: {}
-
-    def describe(_src: Any) -> dict:
-        cur = ref()
-        return describe_graph(cur) if cur is not None else {}
-
-    return describe
 
 
 def describe_graph(it: Any) -> dict:
@@ -141,6 +122,16 @@ def describe_graph(it: Any) -> dict:
 _iter_classes: dict[type, type] = {}
 
 
+def _on_later_iter(src: Any, it: Any) -> Any:
+    if (
+        getattr(it, "_dlw_stats", None) is None
+        and not _in_grain_worker()
+        and type(src).__name__ not in _INTERNAL
+    ):
+        _start(src, it)
+    return it
+
+
 def _measure_later_epochs(src: Any) -> None:
     """Grain injects its output stage only at a dataset's first ``iter()``
     (the dataset then ``has_child``): later epochs' iterators come straight
@@ -151,18 +142,7 @@ def _measure_later_epochs(src: Any) -> None:
         return
     sub = _iter_classes.get(cls)
     if sub is None:
-        orig = cls.__iter__
-
-        def __iter__(self, *args, **kwargs):
-            it = orig(self, *args, **kwargs)
-            try:
-                internal = type(self).__name__ in _INTERNAL
-                if getattr(it, "_dlw_stats", None) is None and not _in_grain_worker() and not internal:
-                    start_epoch(it, it, _config(self), describe_iterator(it), fresh=True, key=_shape(self))
-            except Exception:
-                pass
-            return it
-
+        __iter__ = iter_wrapper(cls.__iter__, _on_later_iter)
         ns = {"__iter__": __iter__, "__slots__": (), "_dlw_iter_measured": True, "__module__": cls.__module__}
         sub = type(cls.__name__, (cls,), ns)
         sub.__qualname__ = cls.__qualname__

@@ -18,23 +18,16 @@ from __future__ import annotations
 from typing import Any
 
 from dlwatch.probe import consumer, stats
-from dlwatch.probe.adapters.common import MethodPatch
+from dlwatch.probe.adapters.common import iter_patch
 
 LIBRARY = "monai"
 
 
-def _make_iter(orig_iter):
-    def __iter__(self):
-        it = orig_iter(self)
-        try:
-            return consumer.consumer_iter(self, it, "ThreadDataLoader")
-        except Exception:
-            return it
-
-    return __iter__
-
-
-_patch = MethodPatch("monai.data.thread_buffer", "ThreadDataLoader", "__iter__", _make_iter)
+_patch = iter_patch(
+    "monai.data.thread_buffer",
+    "ThreadDataLoader",
+    lambda loader, it: consumer.consumer_iter(loader, it, "ThreadDataLoader"),
+)
 
 
 def knobs(loader: Any) -> dict[str, Any]:

@@ -13,25 +13,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlwatch.probe.adapters.common import MethodPatch, qsize, start_epoch, walk, workers_of
+from dlwatch.probe.adapters.common import iter_patch, qsize, start_epoch, walk, workers_of
 
 LIBRARY = "torchdata.nodes"
 _GRAPH = ("root", "source", "_it", "_source", "sources")
 
 
-def _make_iter(orig_iter):
-    def __iter__(self):
-        it = orig_iter(self)
-        try:
-            start_epoch(self, it, _config(self), describe)
-        except Exception:
-            pass
-        return it
-
-    return __iter__
+def _on_iter(loader: Any, it: Any) -> Any:
+    start_epoch(loader, it, _config(loader), describe)
+    return it
 
 
-_patch = MethodPatch("torchdata.nodes.loader", "Loader", "__iter__", _make_iter)
+_patch = iter_patch("torchdata.nodes.loader", "Loader", _on_iter)
 install, uninstall = _patch.install, _patch.uninstall
 
 

@@ -12,25 +12,18 @@ from __future__ import annotations
 from typing import Any
 
 from dlwatch.probe import consumer, patches
-from dlwatch.probe.adapters.common import MethodPatch
+from dlwatch.probe.adapters.common import iter_patch
 
 LIBRARY = "webdataset"
 
 
-def _make_iter(orig_iter):
-    def __iter__(self):
-        it = orig_iter(self)
-        try:
-            if not patches._in_worker_process():
-                return consumer.watch_epoch(self, it, _config(self))
-        except Exception:
-            pass
+def _on_iter(pipe: Any, it: Any) -> Any:
+    if patches._in_worker_process():
         return it
+    return consumer.watch_epoch(pipe, it, _config(pipe))
 
-    return __iter__
 
-
-_patch = MethodPatch("webdataset.pipeline", "DataPipeline", "__iter__", _make_iter)
+_patch = iter_patch("webdataset.pipeline", "DataPipeline", _on_iter)
 install, uninstall = _patch.install, _patch.uninstall
 
 
