@@ -220,7 +220,9 @@ JOB_OPTIONAL = (
 )
 WINDOW = {"seq": _INT, "t": _NUM, "mono_ns": _INT, "loaders": _LIST}
 WINDOW_OPTIONAL = {"main": _DICT}
-MAIN_OPTIONAL = {"cuda_initialized": _BOOL, "py_threads": _INT, "train_threads": _LIST}
+# own_tids: the native ids of dlwatch's own threads in the process (the
+# monitor leaves them out of its thread count, CPU and run-queue wait).
+MAIN_OPTIONAL = {"cuda_initialized": _BOOL, "py_threads": _INT, "train_threads": _LIST, "own_tids": _LIST}
 LOADER = (
     _of(_INT, "id", "epoch", "batches", "wait_ns", "step_ns", "num_workers")
     | _of(_LIST, "workers")
@@ -254,7 +256,7 @@ LOADER_OPTIONAL = (
 QUEUE_OPTIONAL = {"ready": _INT, "in_flight": _INT, "capacity": _INT}
 WORKER = {"id": _INT, "pid": _INT, "batches": _INT, "fetch_ns": _INT, "busy_ns": _INT}
 WORKER_OPTIONAL = _of(_INT, "started_ns", "first_batch_digest", "second_batch_digest") | _of(
-    _LIST, "fetch_hist"
+    _LIST, "fetch_hist", "own_tids"
 )
 ERROR = {"message": _STR}
 PROFILE = {"steps": _INT}

@@ -371,6 +371,22 @@ class Monitor:
             if c.live and c.frames and any(pipeline_pids(ld, "thread") for ld in c.frames[-1]["loaders"])
         }
 
+    @staticmethod
+    def _own_tids(conns) -> dict[int, list[int]]:
+        """dlwatch's own threads in each live job's processes, as their last
+        frames list them (``own_tids``): left out of the processes' figures."""
+        out: dict[int, list[int]] = {}
+        for c in conns:
+            if not (c.live and c.frames):
+                continue
+            fr = c.frames[-1]
+            pairs = [(c.pid, (fr.get("main") or {}).get("own_tids"))]
+            pairs += [(w.get("pid"), w.get("own_tids")) for ld in fr["loaders"] for w in ld["workers"]]
+            for pid, tids in pairs:
+                if isinstance(pid, int) and tids:
+                    out.setdefault(pid, []).extend(t for t in tids if type(t) is int and t > 0)
+        return out
+
     def sample_now(self, window_s: float | None = None, settle_s: float = 0.6) -> Snapshot:
         """One settled measurement, about ``settle_s`` and a little after the call.
 
@@ -410,6 +426,7 @@ class Monitor:
         sampler, sched = self._procs, self._sched
         if sampler is None:
             return {}
+        own = self._own_tids(self.conns.values())
         procs: dict[int, dict[str, Any]] = self._safe(
             "processes",
             lambda: sampler.sample(
@@ -418,6 +435,7 @@ class Monitor:
                 uss_pids=workers if self.uss else (),
                 force_uss=force_uss,
                 thread_pids=self._thread_pids(self.conns.values()),
+                own_tids=own,
             ),
             {},
         )
@@ -428,7 +446,7 @@ class Monitor:
                 or t - self._sched_at >= SCHED_EVERY_S
                 or not pids.issubset(self._sched_cache)
             ):
-                self._sched_cache = self._safe("run-queue", lambda: sched.sample(sorted(pids)), {})
+                self._sched_cache = self._safe("run-queue", lambda: sched.sample(sorted(pids), own), {})
                 self._sched_at = t
             procs = add_runqueue(procs, {p: v for p, v in self._sched_cache.items() if p in pids})
         self._proc_cache, self._proc_cache_at = procs, t

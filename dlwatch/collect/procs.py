@@ -17,6 +17,14 @@ address space (milliseconds of kernel time for a torch process), is read per
 process at most every ``uss_interval_s``, each process at its own phase so
 that the reads spread out instead of bunching, and within a CPU budget.
 
+dlwatch's own threads inside a process (``own_tids``: the ids the job's
+frames list, its publisher, a worker's stack watcher, a burst's sampler) are
+left out of its thread count and CPU: the monitor must not measure its own
+probe as the job's work (pressing W once made a 1-worker job's worker run
+"5 threads" and raised worker-thread-oversubscription). A thread's memory
+cannot be told from its process's; its stack is small and a burst's
+sampler keeps at most a few thousand stacks.
+
 Every psutil/OS failure becomes a ``state`` and a readable ``error``; a
 vanished or unreadable process must never take the monitor down.
 """
@@ -25,7 +33,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
@@ -56,7 +64,10 @@ class _Tracked:
     main_cpu_s: float | None = None
     # tid -> user+system seconds of each thread at the previous sample
     thread_cpu_s: dict[int, float] = field(default_factory=dict)
+    # tid -> user+system seconds of each of dlwatch's own threads at the previous sample
+    own_cpu_s: dict[int, float] = field(default_factory=dict)
     at: float = 0.0  # monotonic time of the previous sample
+    uptime_at: float | None = None  # /proc/uptime at the previous sample
     calls: int = 0
     uss: int | None = None
     uss_failure: _Failed | None = None
@@ -135,6 +146,7 @@ def _empty(pid: int, state: str, error: str | None) -> dict[str, Any]:
         "rss_bytes": None,
         "uss_bytes": None,
         "threads": None,
+        "own_threads": None,
         "state": state,
         "main_thread_cpu_percent": None,
         "create_time": None,
@@ -197,6 +209,7 @@ class ProcSampler:
         uss_pids: Iterable[int] | None = None,
         force_uss: bool = False,
         thread_pids: Iterable[int] = (),
+        own_tids: Mapping[int, Iterable[int]] | None = None,
     ) -> dict[int, dict[str, Any]]:
         """Figures for ``pids``.
 
@@ -206,8 +219,13 @@ class ProcSampler:
         ``thread_pids``: the processes whose every thread's CPU is wanted
         (``thread_cpu``: a pipeline's worker threads); none by default.
         Others get ``None`` for those figures.
+        ``own_tids``: per pid, the native ids of dlwatch's threads there,
+        left out of ``threads``, ``cpu_percent`` and ``thread_cpu``
+        (``own_threads``: how many were).
         """
         threaded = {int(p) for p in thread_pids}
+        own = {int(p): frozenset(int(t) for t in ts) for p, ts in (own_tids or {}).items()}
+        uptime = _uptime_s()
         wanted = list(dict.fromkeys(int(p) for p in pids))
         mains = None if main_pids is None else {int(p) for p in main_pids}
         ussing = None if uss_pids is None else {int(p) for p in uss_pids}
@@ -220,6 +238,8 @@ class ProcSampler:
                 force_uss,
                 pid == granted,
                 pid in threaded,
+                own.get(pid, frozenset()),
+                uptime,
             )
             for pid in wanted
         }
@@ -272,6 +292,8 @@ class ProcSampler:
         force_uss: bool = False,
         uss_granted: bool = False,
         want_threads: bool = False,
+        own: frozenset[int] = frozenset(),
+        uptime: float | None = None,
     ) -> dict[str, Any]:
         if pid <= 0:
             return _empty(pid, "gone", f"invalid pid {pid}")
@@ -314,7 +336,9 @@ class ProcSampler:
         if res["state"] == "zombie" and not any("zombie" in e for e in errors):
             errors.insert(0, f"process {pid} is a zombie (exited, not yet reaped by its parent)")
 
-        res["threads"] = stat.threads
+        own_n, own_cpu = self._own(st, pid, own, uptime) if own or st.own_cpu_s else (0, 0.0)
+        res["threads"] = max(stat.threads - own_n, 1)
+        res["own_threads"] = own_n
         res["rss_bytes"] = stat.rss_bytes
         res["uss_bytes"] = uss
         cpu_s = stat.cpu_s
@@ -329,18 +353,51 @@ class ProcSampler:
         else:
             interval, prev_cpu, prev_main = now - st.at, st.cpu_s, st.main_cpu_s
         if cpu_s is not None:
-            res["cpu_percent"] = rate_percent(prev_cpu, cpu_s, interval)
+            # Our own threads' CPU since the previous sample, out of the delta.
+            res["cpu_percent"] = rate_percent(prev_cpu, cpu_s - own_cpu, interval)
         if res["cpu_percent"] is not None:
             res["cpu_interval_s"] = interval
         if main_s is not None:
             res["main_thread_cpu_percent"] = rate_percent(prev_main, main_s, interval)
         if want_threads:
-            res["thread_cpu"] = self._threads(st, pid, interval, first=st.calls == 0)
+            tc = self._threads(st, pid, interval, first=st.calls == 0)
+            res["thread_cpu"] = {t: v for t, v in tc.items() if t not in own}
         st.cpu_s, st.main_cpu_s = cpu_s, main_s
-        st.at = now
+        st.at, st.uptime_at = now, uptime
         st.calls += 1
         res["error"] = "; ".join(errors) if errors else None
         return res
+
+    def _own(self, st: _Tracked, pid: int, own: frozenset[int], uptime: float | None) -> tuple[int, float]:
+        """dlwatch's threads in ``pid`` (``own``): how many are alive, and the
+        CPU seconds they used since the previous sample. A thread seen for
+        the first time counts all of its CPU if it started since then (or
+        on the process's first sample, whose figure is its lifetime's);
+        one that is older (its id came late) starts a baseline only. A
+        thread that has ended leaves its last seconds in the process's
+        figure: at most one interval of a thread that was ours."""
+        n, used = 0, 0.0
+        seen: dict[int, float] = {}
+        for tid in own:
+            if tid == pid:
+                continue  # the main thread is never ours
+            try:
+                ts = read_stat(pid, tid)
+            except _PSUTIL_ERRORS:
+                continue  # ended, or not this process's
+            n += 1
+            seen[tid] = ts.cpu_s
+            prev = st.own_cpu_s.get(tid)
+            if prev is not None:
+                used += max(ts.cpu_s - prev, 0.0)
+            elif st.calls == 0 or (
+                uptime is not None
+                and st.uptime_at is not None
+                and ts.start_ticks / _CLK_TCK >= st.uptime_at - 1.0 / _CLK_TCK
+            ):
+                used += ts.cpu_s
+        st.own_cpu_s = seen
+        return n, used
 
     def _threads(self, st: _Tracked, pid: int, interval: float, first: bool) -> dict[int, float | None]:
         """Each thread's CPU % since the last sample (a pipeline's worker

@@ -7,7 +7,7 @@ methods will do: the monitor never asks which class it has.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Protocol
 
 
@@ -34,11 +34,13 @@ class ProcSource(Protocol):
         uss_pids: Pids | None = None,
         force_uss: bool = False,
         thread_pids: Pids = (),
+        own_tids: Mapping[int, Iterable[int]] | None = None,
     ) -> dict[int, dict[str, Any]]:
         """Figures per PID. ``main_pids``: whose main-thread CPU is wanted,
         ``uss_pids``: whose USS (None: all); ``force_uss``: read USS now
         rather than on the sampler's own schedule; ``thread_pids``: whose
-        every thread's CPU is wanted (``thread_cpu``). Others get None there."""
+        every thread's CPU is wanted (``thread_cpu``). Others get None there.
+        ``own_tids``: dlwatch's own threads per PID, left out of its figures."""
         ...
 
 

@@ -4,14 +4,17 @@ CPU % alone cannot tell a worker sleeping on storage from a worker starved
 of a core: both are "busy" in the fetch but off-CPU. The scheduler knows:
 schedstat's second field is the time a thread spent runnable, waiting on a
 run queue. Summed over a process's threads and divided by the interval, it
-says how many cores' worth of work was waiting for a CPU.
+says how many cores' worth of work was waiting for a CPU. dlwatch's own
+threads in the process (the ids its frames list: a worker's stack watcher,
+a burst's sampler) are left out of the sum: the monitor must not count its
+own probe's waits as the job's.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 
 def parse_schedstat(text: str) -> tuple[int, int] | None:
@@ -63,25 +66,37 @@ class SchedSampler:
         self._proc = proc
         self._last: dict[int, tuple[float, int]] = {}
         self._tids: dict[int, tuple[float, list[str]]] = {}
+        self._summed: dict[int, list[str]] = {}  # the thread ids each pid's last sum covered
 
-    def _threads(self, pid: int, now: float) -> tuple[list[str] | None, bool]:
-        """The thread ids to sum, and whether they changed since the last list."""
+    def _threads(self, pid: int, now: float) -> list[str] | None:
+        """The process's thread ids, listed again every TIDS_EVERY_S."""
         cached = self._tids.get(pid)
         if cached is not None and now - cached[0] < TIDS_EVERY_S:
-            return cached[1], False
+            return cached[1]
         try:
             tids = sorted(os.listdir(f"{self._proc}/{pid}/task"))
         except OSError:
-            return None, True
+            return None
         self._tids[pid] = (now, tids)
-        return tids, cached is not None and cached[1] != tids
+        return tids
 
-    def sample(self, pids: Iterable[int]) -> dict[int, float | None]:
+    def sample(
+        self, pids: Iterable[int], own_tids: Mapping[int, Iterable[int]] | None = None
+    ) -> dict[int, float | None]:
+        """``own_tids``: per pid, the threads dlwatch runs there, left out."""
         now = self._clock()
         out: dict[int, float | None] = {}
         last: dict[int, tuple[float, int]] = {}
+        summed: dict[int, list[str]] = {}
         for pid in pids:
-            tids, changed = self._threads(pid, now)
+            tids = self._threads(pid, now)
+            if tids is not None and own_tids and own_tids.get(pid):
+                own = {str(t) for t in own_tids[pid]}
+                tids = [t for t in tids if t not in own]
+            old = self._summed.get(pid)
+            changed = old is not None and old != tids
+            if tids is not None:
+                summed[pid] = tids
             v = read_process(pid, self._proc, tids) if tids is not None else None
             if v is None:
                 self._tids.pop(pid, None)
@@ -99,6 +114,7 @@ class SchedSampler:
                 continue
             out[pid] = round((v[1] - prev[1]) / 1e9 / (now - prev[0]) * 100.0, 1)
         self._last = last  # forget pids no longer asked about
+        self._summed = summed
         self._tids = {p: t for p, t in self._tids.items() if p in last}
         return out
 

@@ -31,6 +31,12 @@ HISTORY_FRAMES = 600  # one minute at 10 Hz
 # buffer without bound (history on attach is ~2 MB at most).
 MAX_CLIENT_BACKLOG = 8 << 20
 HELLO_TIMEOUT_S = 5.0
+# Every thread dlwatch starts in a job is named so (this publisher, the
+# profiler's processing thread, a notebook's reader; in workers the stack
+# watcher and a burst's sampler, listed in their rows instead): the frame
+# lists their native ids (``own_tids``) and the monitor leaves them out of
+# the job's threads, CPU and run-queue wait.
+OWN_THREAD_PREFIX = "dlwatch-"
 # A client whose backlog has not shrunk for this long is stopped or gone
 # (SIGSTOP, a frozen terminal): drop it long before it reaches the backlog cap.
 STALL_TIMEOUT_S = 30.0
@@ -42,6 +48,13 @@ REBIND_CHECK_S = 2.0
 _lock = threading.Lock()
 _publisher: Publisher | None = None
 _disabled_reason: str | None = None
+
+
+def own_tids() -> list[int]:
+    """The native ids of dlwatch's threads in this process (named ``OWN_THREAD_PREFIX``)."""
+    return [
+        t.native_id for t in threading.enumerate() if t.native_id and t.name.startswith(OWN_THREAD_PREFIX)
+    ]
 
 
 def ensure_started() -> None:
@@ -336,7 +349,11 @@ class Publisher:
                 cuda_init = bool(torch.cuda.is_initialized())
         except Exception:
             cuda_init = None
-        main: dict[str, Any] = {"cuda_initialized": cuda_init, "py_threads": threading.active_count()}
+        main: dict[str, Any] = {
+            "cuda_initialized": cuda_init,
+            "py_threads": threading.active_count(),
+            "own_tids": own_tids(),
+        }
         steppers = trainthread.summary()
         if steppers:
             main["train_threads"] = steppers

@@ -53,11 +53,14 @@ from dlwatch.probe.worker_row import (  # noqa: E402,F401
     HIST_LO_S,
     HIST_PER_OCTAVE,
     NFIELDS,
+    OWN_TID0,
+    OWN_TIDS,
     PID,
     SECOND_FP,
     STACK_ACK,
     STACK_REQ,
     STARTED_NS,
+    read_own_tids,
 )
 
 # This process's row (int64 view), set when the hook runs in a worker; None
@@ -137,7 +140,7 @@ def _start_watch(row, base: int) -> None:
     try:
         from dlwatch.probe import worker_watch
 
-        worker_watch.start(row, base + STACK_REQ, base + STACK_ACK)
+        worker_watch.start(row, base)
     except Exception:
         pass  # no stacks from this worker on a stall, never a broken worker
 
@@ -304,6 +307,11 @@ def read_workers(
             # Sparse [bucket, count] pairs: a worker's fetch times fall in few.
             "fetch_hist": [[k, c] for k in range(HIST_BUCKETS) if (c := int(view[b + HIST0 + k]))],
         }
+        own = read_own_tids(view, b)
+        if own:
+            # dlwatch's own threads in the worker (worker_row.OWN_TID0): the
+            # monitor does not count them as the worker's.
+            w["own_tids"] = own
         first, second = int(view[b + FIRST_FP]), int(view[b + SECOND_FP])
         if first:
             w["first_batch_digest"] = first

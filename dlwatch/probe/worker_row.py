@@ -7,6 +7,8 @@ import another for its field numbers."""
 
 from __future__ import annotations
 
+import threading
+
 from dlwatch import wire
 
 # Row layout, one row per worker: PID, BATCHES, STARTED_NS int64; FETCH_S
@@ -33,4 +35,38 @@ BURST_GEN, BURST_HZ, BURST_END_S, BURST_ACK = range(HIST0 + HIST_BUCKETS, HIST0 
 # A stack request (worker_watch.py): the trainer writes STACK_REQ (its id);
 # the worker's stack watcher writes its stacks to a file, then STACK_ACK.
 STACK_REQ, STACK_ACK = HIST0 + HIST_BUCKETS + 4, HIST0 + HIST_BUCKETS + 5
-NFIELDS = HIST0 + HIST_BUCKETS + 6
+# The native thread ids of the threads dlwatch runs in this worker (the stack
+# watcher, a burst's sampler), 0 where free. The trainer publishes them with
+# the worker (``own_tids``) and the monitor leaves those threads out of the
+# worker's thread count, CPU and run-queue wait: pressing W once added a
+# fifth thread to a 1-worker job's worker and raised
+# worker-thread-oversubscription about dlwatch's own sampler (issue 43).
+OWN_TID0, OWN_TIDS = HIST0 + HIST_BUCKETS + 6, 4
+NFIELDS = OWN_TID0 + OWN_TIDS
+
+_own_lock = threading.Lock()
+
+
+def claim_tid(row, base: int) -> int:
+    """From a dlwatch thread inside a worker: write its native id into a free
+    slot of row ``base``; the slot's index, -1 when none is free (the thread
+    is then counted as the job's, never an error)."""
+    tid = threading.get_native_id()
+    with _own_lock:
+        for i in range(base + OWN_TID0, base + OWN_TID0 + OWN_TIDS):
+            if row[i] == 0 or row[i] == tid:
+                row[i] = tid
+                return i
+    return -1
+
+
+def release_tid(row, index: int) -> None:
+    """The thread of slot ``index`` (``claim_tid``'s) ends: free the slot."""
+    if index >= 0:
+        with _own_lock:
+            row[index] = 0
+
+
+def read_own_tids(view, base: int) -> list[int]:
+    """Trainer side: the native ids of the dlwatch threads in row ``base``'s worker."""
+    return [t for i in range(base + OWN_TID0, base + OWN_TID0 + OWN_TIDS) if (t := int(view[i]))]

@@ -30,7 +30,7 @@ from time import perf_counter as _clock
 from types import CodeType
 
 from dlwatch import rundir, wire
-from dlwatch.probe.worker_row import BURST_ACK, BURST_END_S, BURST_GEN, BURST_HZ
+from dlwatch.probe.worker_row import BURST_ACK, BURST_END_S, BURST_GEN, BURST_HZ, claim_tid, release_tid
 
 # Distinct stacks kept per worker; later new ones are counted as "other".
 MAX_STACKS = 4000
@@ -80,6 +80,9 @@ class _Sampler:
 
     def run(self) -> None:
         fin = None
+        # Listed in the worker's row while it runs: the monitor leaves this
+        # thread out of the worker's thread count, CPU and run-queue wait.
+        slot = claim_tid(self.row, self.base)
         try:
             from multiprocessing import util
 
@@ -109,6 +112,7 @@ class _Sampler:
                 fin.cancel()
             with _lock:
                 _running.discard(self.gen)
+            release_tid(self.row, slot)
 
     def _loop(self) -> None:
         row, frow, base, gen = self.row, self.frow, self.base, self.gen

@@ -24,6 +24,7 @@ import time
 
 from dlwatch import rundir
 from dlwatch.probe import thread_stacks
+from dlwatch.probe.worker_row import STACK_ACK, STACK_REQ, claim_tid
 
 # A stall is declared after seconds (stall.py's floor), and the trainer
 # waits STACK_GRACE_S for the answers: 0.25 s answers well within it at
@@ -38,18 +39,22 @@ def result_path(directory: str, gen: int, pid: int) -> str:
     return os.path.join(directory, f"wstacks-{gen:x}-{pid}.json")
 
 
-def start(row, i_req: int, i_ack: int) -> None:
-    """Watch ``row[i_req]`` from a daemon thread; answer into ``row[i_ack]``."""
+def start(row, base: int) -> None:
+    """Watch row ``base``'s STACK_REQ from a daemon thread; answer into its STACK_ACK."""
     pid = os.getpid()
     with _lock:
         if pid in _started:
             return
         _started.add(pid)
-    t = threading.Thread(target=_watch, args=(row, i_req, i_ack), name="dlwatch-stack-watch", daemon=True)
+    t = threading.Thread(target=_watch, args=(row, base), name="dlwatch-stack-watch", daemon=True)
     t.start()
 
 
-def _watch(row, i_req: int, i_ack: int) -> None:
+def _watch(row, base: int) -> None:
+    # Our own thread, listed in the row: the monitor leaves it out of the
+    # worker's threads and CPU. It lives as long as the worker: never released.
+    claim_tid(row, base)
+    i_req, i_ack = base + STACK_REQ, base + STACK_ACK
     seen = row[i_ack]
     while True:
         time.sleep(POLL_S)

@@ -1,0 +1,162 @@
+"""dlwatch's own threads inside a job are left out of what the rules read
+(issue 43): the probe lists their native ids (a worker's in its shared row,
+the trainer's by name), the monitor subtracts them from thread counts, CPU
+and run-queue wait. Real threads of this process, real /proc."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from types import SimpleNamespace
+
+from dlwatch import wire
+from dlwatch.collect.monitor import Monitor
+from dlwatch.collect.procs import ProcSampler
+from dlwatch.collect.schedstat import SchedSampler
+from dlwatch.probe import publisher, worker
+from dlwatch.probe.worker_row import OWN_TIDS, claim_tid, read_own_tids, release_tid
+
+
+class Spinner:
+    """A thread that burns CPU until stopped; its native id and CPU seconds."""
+
+    def __init__(self, name: str = "spinner") -> None:
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+        self.cpu_s = 0.0
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+        self.ready.wait()
+        self.tid = self.thread.native_id
+
+    def _run(self) -> None:
+        self.ready.set()
+        while not self.stop.is_set():
+            sum(range(2000))
+            self.cpu_s = time.thread_time()
+
+    def join(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def test_own_threads_are_left_out_of_the_thread_count_and_cpu():
+    pid = os.getpid()
+    plain, aware = ProcSampler(), ProcSampler()
+    plain.sample([pid])
+    aware.sample([pid], own_tids={pid: []})
+    # Born after the first sample: all of its CPU is in the next interval.
+    spin = Spinner("dlwatch-test-spinner")
+    try:
+        time.sleep(0.6)
+        a = plain.sample([pid])[pid]
+        b = aware.sample([pid], own_tids={pid: [spin.tid]})[pid]
+    finally:
+        spin.join()
+    assert b["own_threads"] == 1 and a["own_threads"] == 0
+    assert b["threads"] == a["threads"] - 1
+    # The spinner's CPU (most of the process's: the test thread sleeps) is gone
+    # from the figure; the two samples are a few microseconds apart.
+    spun = spin.cpu_s / 0.6 * 100
+    assert spun > 20, spun
+    assert a["cpu_percent"] - b["cpu_percent"] > 0.6 * spun, (a, b, spun)
+
+
+def test_an_own_thread_seen_late_starts_a_baseline_not_a_dip():
+    # Its id arrives with a frame after it has run for a while: its past CPU
+    # is not subtracted from one interval (the figure would drop to 0).
+    pid = os.getpid()
+    spin = Spinner("dlwatch-test-late")
+    s = ProcSampler()
+    try:
+        s.sample([pid])
+        time.sleep(0.3)
+        s.sample([pid])
+        time.sleep(0.3)
+        late = s.sample([pid], own_tids={pid: [spin.tid]})[pid]
+        time.sleep(0.3)
+        after = s.sample([pid], own_tids={pid: [spin.tid]})[pid]
+    finally:
+        spin.join()
+    assert late["cpu_percent"] > 20, late  # the interval still holds the spinner's CPU
+    assert after["cpu_percent"] < late["cpu_percent"] - 15, (late, after)
+
+
+def test_ids_that_are_not_threads_of_the_process_change_nothing():
+    pid = os.getpid()
+    s = ProcSampler()
+    got = s.sample([pid], own_tids={pid: [pid, 2**22 + 17]})[pid]
+    assert got["own_threads"] == 0 and got["threads"] == len(os.listdir(f"/proc/{pid}/task"))
+
+
+def test_run_queue_wait_of_own_threads_is_left_out(tmp_path):
+    clock = [100.0]
+    task = tmp_path / "7" / "task"
+
+    def thread(tid: str, wait: int) -> None:
+        (task / tid).mkdir(parents=True, exist_ok=True)
+        (task / tid / "schedstat").write_text(f"10 {wait} 5\n")
+
+    thread("7", 1_000_000_000)
+    thread("9", 1_000_000_000)  # ours: a burst's sampler waiting for a core
+    s = SchedSampler(clock=lambda: clock[0], proc=str(tmp_path))
+    own = {7: [9]}
+    assert s.sample([7], own) == {7: None}
+    clock[0] += 1.0
+    thread("7", 1_250_000_000)
+    thread("9", 1_900_000_000)
+    assert s.sample([7], own) == {7: 25.0}
+    # The sampler ends (no longer listed): the sum changes, a new baseline.
+    clock[0] += 1.0
+    assert s.sample([7], {}) == {7: None}
+
+
+def test_a_worker_lists_its_own_threads_in_its_row():
+    slots = worker.make_slots(2)
+    row = worker.as_int64_view(slots)
+    base = worker.NFIELDS  # worker 1's row
+    got: list[int] = []
+
+    def ours() -> None:
+        i = claim_tid(row, base)
+        got.append(i)
+        got.append(threading.get_native_id())
+
+    t = threading.Thread(target=ours)
+    t.start()
+    t.join()
+    tid = got[1]
+    assert read_own_tids(row, base) == [tid] and read_own_tids(row, 0) == []
+    workers = worker.read_workers(row, worker.as_float64_view(slots), 2, time.perf_counter_ns())
+    assert workers[1]["own_tids"] == [tid] and "own_tids" not in workers[0]
+    wire.validate(wire.window(1, 1.0, 1, [], {"own_tids": [tid]}))
+    release_tid(row, got[0])
+    assert read_own_tids(row, base) == []
+    # A full row: the thread stays uncounted-as-ours, never an error.
+    for _ in range(OWN_TIDS):
+        row[claim_tid(row, base)] = 1
+    assert claim_tid(row, base) == -1
+
+
+def test_the_trainer_lists_its_dlwatch_named_threads():
+    spin = Spinner("dlwatch-test-trainer")
+    other = Spinner("user-thread")
+    try:
+        tids = publisher.own_tids()
+    finally:
+        spin.join()
+        other.join()
+    assert spin.tid in tids and other.tid not in tids
+
+
+def test_the_monitor_reads_own_ids_from_the_last_frame_and_drops_junk():
+    frame = {
+        "main": {"own_tids": [11, "x", True, -3]},
+        "loaders": [
+            {"workers": [{"pid": 20, "own_tids": [21, 22]}, {"pid": 30}, {"pid": None, "own_tids": [5]}]}
+        ],
+    }
+    live = SimpleNamespace(live=True, frames=[{"main": {"own_tids": [1]}, "loaders": []}, frame], pid=10)
+    gone = SimpleNamespace(live=False, frames=[frame], pid=40)
+    assert Monitor._own_tids([live, gone]) == {10: [11], 20: [21, 22]}
