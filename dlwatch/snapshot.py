@@ -332,6 +332,11 @@ class Snapshot(_SnapshotRequired, total=False):
     # when not known), "reason"}. No hints for such a loader is "not judged
     # yet", never "nothing to fix".
     judging: list[dict[str, Any]]
+    # Only in a one-shot (`dlwatch snapshot`, take_snapshot): the seconds it
+    # watched the jobs to judge the hints as the live view does (a condition
+    # shows once it held HOLD_ON_S). A loader still judging after them is in
+    # ``judging``: its hints were not printed, as the live view shows none yet.
+    judged_s: float
 
 
 # ------------------------------------------------------------- the source

@@ -150,6 +150,13 @@ def render_snapshot(snap: dict, title: str = "dlwatch snapshot") -> str:
     except ImportError:
         pass
     lines.extend(judging)
+    judged = num(snap.get("judged_s"))
+    if judging and judged is not None:
+        lines.append(
+            f"judged on {judged:.1f} s of watching: the live view shows no hint for these loaders yet "
+            f"either (it waits for steady rates, then {_hold_s()} s of a condition): "
+            f"`dlwatch snapshot --judge S` watches longer"
+        )
     if snap.get("hints_error") and not hints:
         lines.append(f"hints: n/a: {snap['hints_error']}")
     elif hints:
@@ -163,6 +170,14 @@ def render_snapshot(snap: dict, title: str = "dlwatch snapshot") -> str:
     else:
         lines.append("hints: none yet" if judging else "hints: none")
     return "\n".join(lines)
+
+
+def _hold_s() -> str:
+    try:
+        from dlwatch.diagnose import HOLD_ON_S
+    except ImportError:
+        return "a few"
+    return f"{HOLD_ON_S:g}"
 
 
 def _role(ld: dict) -> str:

@@ -8,8 +8,10 @@ prebuilt snapshot. Its public API:
 
 - ``start()`` / ``stop()`` / ``subscribe(callback)`` / ``latest()``: the
   background collector a live consumer (the TUI, ``record``, ``export``) runs;
-- ``sample_now(window_s)``: one settled measurement (``dlwatch snapshot``,
-  ``ls``), also what ``take_snapshot`` does;
+- ``sample_now(window_s)``: one settled measurement (``ls``);
+- ``judge_now(window_s)``: that measurement, then one a second until the
+  hints are judged as the live view judges them (``dlwatch snapshot``,
+  ``take_snapshot``);
 - ``dismiss(pid)``: forget an exited job.
 
 A sampler that raises never stops the collector: the fault is counted per
@@ -34,6 +36,7 @@ from typing import Any, Literal, TypeVar, cast
 
 from dlwatch import rundir
 from dlwatch.collect import model
+from dlwatch.collect.hang import PY_SPY_TIMEOUT_S, StacksCompleter
 from dlwatch.collect.jobs import ONE_SHOT_EVERY, JobConnection, discover, pid_alive
 from dlwatch.collect.samplers import GpuSource, HintSource, HostSource, ProcSource
 from dlwatch.collect.schedstat import SchedSampler, add_runqueue
@@ -89,6 +92,17 @@ USS_MAX_INTERVAL_S = 30.0
 # with many large workers it speaks later. (At 0.1 % the memory-growth
 # scenario's two 450 MiB workers were read too rarely to be judged in time.)
 USS_CPU_BUDGET = 0.002
+# A one-shot snapshot judges its hints as the live view does (the stateful
+# diagnosis: a condition shows after it held engine.HOLD_ON_S = 3 s, CPU
+# figures averaged over the loader's window, held states), fed one snapshot
+# a second like the live loop. It watches until no loader is "judging" any
+# more, at most this long after its first measurement: the 3 s hold, and a
+# second for the builds' own time. A loader still warming up then is listed
+# as judging, with the seconds the one-shot watched (``judged_s``). Issue
+# 43: the stateless judgement of one 0.6 s sample printed
+# workers-oversubscribe-cores beside a live view (and a recording) that held
+# none: the monitor's own start-up counted as other processes' CPU there.
+JUDGE_S = 4.0
 # Exited jobs stay on screen with their last figures until dismissed, but a
 # box that runs thousands of short jobs must not grow the model without bound.
 MAX_EXITED = 32
@@ -162,6 +176,8 @@ class Monitor:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._listeners: list[Callable[[], None]] = []
+        # A stall's stacks, completed from outside (py-spy, /proc) off this thread.
+        self._stacks = StacksCompleter()
         # Jobs started without the hook, sampled from outside (attach.py).
         self.attached: dict[int, Any] = {}
         if attach:
@@ -274,6 +290,7 @@ class Monitor:
             for c in self.conns.values()
             if c.job is not None or c.state != "connecting" or time.time() - c.first_seen > HELLO_GRACE_S
         ]
+        self._stacks.step(conns)
         mains, workers = self._pids(conns)
         for pid, att in self.attached.items():
             if not att.exited:
@@ -317,7 +334,9 @@ class Monitor:
             t = time.monotonic()
             if reuse_procs and self._hints_at is not None and t - self._hints_at < DIAGNOSE_EVERY_S:
                 snap["hints"] = self._hints
-                snap["judging"] = self._judging + _unjudged(snap, self._judged_loaders)
+                snap["judging"] = one_state(
+                    self._judging + _unjudged(snap, self._judged_loaders), snap["hints"]
+                )
                 if self._hints_error:
                     snap["hints_error"] = self._hints_error
                 return snap
@@ -336,7 +355,7 @@ class Monitor:
                 judging = getattr(diagnoser, "judging", None)
                 self._judging = judging() if callable(judging) else []
                 self._judged_loaders = _loader_keys(judged)
-                snap["judging"] = self._judging
+                snap["judging"] = one_state(self._judging, snap["hints"])
                 self._hints_error = None
             except Exception as e:
                 self._fault("diagnosis", e)
@@ -405,8 +424,37 @@ class Monitor:
             del primed
         while (left := deadline - time.monotonic()) > 0:
             self.poll(min(left, 0.1))
+        self._stacks.step(self.conns.values())
+        self._stacks.wait(PY_SPY_TIMEOUT_S)
         self._last_gpu = 0.0
         return self.build(window_s)
+
+    def judge_now(
+        self, window_s: float | None = None, settle_s: float = 0.6, judge_s: float = JUDGE_S
+    ) -> Snapshot:
+        """``sample_now``, then a snapshot every ``DIAGNOSE_EVERY_S`` fed to
+        the diagnosis, until no loader is judging or ``judge_s`` after the
+        first: the hints the live view would show for the same job then.
+        ``judged_s`` in the result: the seconds the figures behind the hints
+        were watched (the first measurement's settle time included)."""
+        began = time.monotonic()
+        snap = self.sample_now(window_s, settle_s)
+        first = time.monotonic()
+        live = _live_pids(snap)
+        while snap.get("judging") and (left := judge_s - (time.monotonic() - first)) > 0:
+            if self._stop.wait(min(left, DIAGNOSE_EVERY_S)):
+                break
+            self.scan()
+            self.poll(0.0)
+            later = self.build(window_s)
+            if not live <= _live_pids(later):
+                # A job ended while it was watched: its last live figures,
+                # with the hints judged on them, are the measurement asked
+                # for (a job's exit is `ls`'s and the live view's news).
+                break
+            snap = later
+        snap["judged_s"] = round(time.monotonic() - began, 1)
+        return snap
 
     def _sample_host(self, reuse: bool) -> dict:
         if not self._host:
@@ -578,6 +626,10 @@ def _default_host() -> HostSource:
     return HostSampler()
 
 
+def _live_pids(snap: Mapping[str, Any]) -> set[Any]:
+    return {j.get("pid") for j in snap.get("jobs") or [] if isinstance(j, dict) and j.get("state") == "live"}
+
+
 def _loader_keys(snap: Mapping[str, Any]) -> set[tuple[Any, Any]]:
     return {
         (j.get("pid"), ld.get("id"))
@@ -607,17 +659,27 @@ def _unjudged(snap: Mapping[str, Any], judged: set[tuple[Any, Any]]) -> list[dic
     ]
 
 
-class _OneShotDiagnoser:
-    _judging: list[dict] = []
-
-    def update(self, snapshot: Mapping[str, Any]) -> list[dict]:
-        from dlwatch.diagnose import evaluate, judging
-
-        self._judging = judging(snapshot)
-        return evaluate(snapshot)
-
-    def judging(self) -> list[dict]:
-        return self._judging
+def one_state(judging: list[dict], hints: Iterable[Mapping[str, Any]]) -> list[dict]:
+    """``judging`` less the loaders a shown hint speaks about: one state per
+    loader at a time (issue 42: "judging… no hints until its rates settle"
+    printed right above the critical loader-stalled of the same loader). A
+    hint of the loader itself, or a critical one of its job, is its state;
+    the diagnosis keeps a loader that never had steady rates judging, since
+    its rate rules are frozen, but a hint that shows is judged all the same."""
+    said: set[tuple[Any, Any]] = set()
+    for h in hints:
+        if not isinstance(h, Mapping):
+            continue
+        pid, lid = h.get("job_pid"), h.get("loader_id")
+        if lid is not None:
+            said.add((pid, lid))
+        elif pid is not None and h.get("severity") == "critical":
+            said.add((pid, None))
+    return [
+        e
+        for e in judging
+        if (e.get("job_pid"), e.get("loader_id")) not in said and (e.get("job_pid"), None) not in said
+    ]
 
 
 def _default_diagnoser() -> HintSource:
@@ -633,21 +695,21 @@ def take_snapshot(
     settle_s: float = 0.6,
     monitor: Monitor | None = None,
     uss: bool = False,
+    judge_s: float = JUDGE_S,
 ) -> Snapshot:
-    """One measurement (``Monitor.sample_now``) by a monitor of its own unless
-    one is given. Hysteresis needs a stream of updates; a single measurement
-    is judged on its own window (warm-up from the loaders' history).
-    ``uss``: also read each worker's USS (USS_SKIPPED says why not by default)."""
+    """One measurement judged as the live view judges it (``Monitor.judge_now``:
+    up to ``judge_s`` seconds of watching), by a monitor of its own unless one
+    is given. ``uss``: also read each worker's USS (USS_SKIPPED says why not
+    by default)."""
     m = monitor or Monitor(
         directory=directory,
         window_s=window_s,
         only_pid=only_pid,
-        diagnoser=_OneShotDiagnoser(),
         uss=uss,
         frame_every=ONE_SHOT_EVERY,
     )
     try:
-        return m.sample_now(window_s, settle_s)
+        return m.judge_now(window_s, settle_s, judge_s)
     finally:
         if monitor is None:
             m.stop()

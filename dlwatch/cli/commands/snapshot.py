@@ -30,6 +30,8 @@ PROG = "dlwatch snapshot"
 DEFAULT_WINDOW_S = 3.0
 # A consumer that misses a notification still gets its line this late.
 WAKE_SLACK = 2.0
+# --judge: a warm-up longer than this is the live view's to watch.
+MAX_JUDGE_S = 120.0
 
 
 def add_arguments(p) -> None:
@@ -57,6 +59,15 @@ def add_arguments(p) -> None:
         help=f"with --follow: seconds between snapshots (default 1, {MIN_INTERVAL_S:g}-{MAX_INTERVAL_S:g})",
     )
     p.add_argument("--count", type=int, metavar="N", help="with --follow: stop after N snapshots")
+    p.add_argument(
+        "--judge",
+        type=float,
+        metavar="S",
+        help="seconds at most to watch so that the hints are judged as the live view judges them "
+        "(a condition shows once it held 3 s; default 4, collect.monitor.JUDGE_S; 0: one measurement, "
+        "whose hints are not judged yet)",
+        default=None,
+    )
     add_host_arguments(p, sub=True)
     p.add_argument(
         "--uss",
@@ -85,7 +96,9 @@ def run(args) -> int:
         return fail(problem, EXIT_ERROR)
     if args.follow:
         return follow(args)
-    snap = take_snapshot(window_s=args.window or DEFAULT_WINDOW_S, only_pid=args.pid, uss=args.uss)
+    snap = take_snapshot(
+        window_s=args.window or DEFAULT_WINDOW_S, only_pid=args.pid, uss=args.uss, judge_s=_judge_s(args)
+    )
     if args.pid is not None and not snap["jobs"]:
         return fail(f"no dlwatch job with PID {args.pid} in {rundir.runtime_dir()}")
     if args.json:
@@ -100,9 +113,19 @@ def run(args) -> int:
     return EXIT_OK
 
 
+def _judge_s(args) -> float:
+    from dlwatch.collect.monitor import JUDGE_S
+
+    return JUDGE_S if args.judge is None else args.judge
+
+
 def _usage_problem(args) -> str | None:
     if args.window is not None and args.window <= 0:
         return "--window must be positive"
+    if args.judge is not None and not 0 <= args.judge <= MAX_JUDGE_S:
+        return f"--judge must be between 0 and {MAX_JUDGE_S:g} seconds"
+    if args.judge is not None and args.follow:
+        return "--judge is for one snapshot: --follow judges every line as the live view does"
     if not args.follow:
         if args.count is not None:
             return "--count needs --follow"
@@ -126,7 +149,9 @@ def over_hosts(args) -> int:
     window = args.window or DEFAULT_WINDOW_S
 
     def local() -> dict[str, Any] | None:
-        return None if dir_problem() else cast(dict[str, Any], take_snapshot(window_s=window))
+        if dir_problem():
+            return None
+        return cast(dict[str, Any], take_snapshot(window_s=window, judge_s=_judge_s(args)))
 
     snap = one_shot(local, hosts_of(args), args.remote_dlwatch, window)
     if args.json:

@@ -1,0 +1,43 @@
+"""One story on every surface (issue 43): `dlwatch snapshot` gives the hints
+the live view gives for the same job at the same time, and says when it has
+not watched long enough to judge."""
+
+from __future__ import annotations
+
+import json
+
+from dlwatch.cli.text import render_snapshot
+from dlwatch.collect.monitor import Monitor
+from tests.e2e_util import Job, dlwatch, snapshot_json
+
+
+def test_snapshot_gives_the_live_views_hints_for_the_same_job():
+    # Sleep-costed workers (off-CPU): a data-bound loop whose story does not
+    # move with the load of a shared 2-core box.
+    job = Job("--duration", "30", "--sample-ms", "10", "--step-ms", "5")
+    live = Monitor(directory=job.dir, window_s=1.0, interval=0.5)  # the live view's defaults
+    try:
+        live.start()
+        # Past the warm-up (the live view judged this job ~5 s after its
+        # first batch here), so the one-shot needs only the hold.
+        job.wait_ready(6.0)
+        snap = snapshot_json(job.dir)
+        shown = live.latest()
+        # Judged as the live view judges: the hold passed, nothing left judging.
+        assert snap["judging"] == [] and snap["judged_s"] >= 3.0, snap["judging"]
+        assert shown is not None
+        mine = sorted(h["id"] for h in snap["hints"] if h["job_pid"] == job.proc.pid)
+        theirs = sorted(h["id"] for h in shown["hints"] if h["job_pid"] == job.proc.pid)
+        assert mine and mine == theirs, (snap["hints"], shown["hints"], shown.get("judging"))
+
+        # Asked for one measurement only, it prints no hint and says why.
+        r = dlwatch("snapshot", "--judge", "0", runtime_dir=job.dir)
+        assert r.returncode == 0, r.stderr
+        assert "judged on" in r.stdout and "hints: none yet" in r.stdout, r.stdout
+        assert not any(f"] {hid}" in r.stdout for hid in mine), r.stdout
+        doc = json.loads(dlwatch("snapshot", "--json", "--judge", "0", runtime_dir=job.dir).stdout)
+        assert doc["hints"] == [] and doc["judging"], doc["judging"]
+        assert "judged on" in render_snapshot(doc)
+    finally:
+        live.stop()
+        job.cleanup()
