@@ -99,9 +99,10 @@ USS_CPU_BUDGET = 0.002
 # more, at most this long after its first measurement: the 3 s hold, and a
 # second for the builds' own time. A loader still warming up then is listed
 # as judging, with the seconds the one-shot watched (``judged_s``). Issue
-# 43: the stateless judgement of one 0.6 s sample printed
-# workers-oversubscribe-cores beside a live view (and a recording) that held
-# none: the monitor's own start-up counted as other processes' CPU there.
+# 43: the stateless judgement of one 0.6 s sample (no hold, CPU figures of
+# that sample alone, among them "other processes" that include the
+# snapshot's own start-up) printed workers-oversubscribe-cores beside a
+# live view (and a recording) that held none.
 JUDGE_S = 4.0
 # Exited jobs stay on screen with their last figures until dismissed, but a
 # box that runs thousands of short jobs must not grow the model without bound.
