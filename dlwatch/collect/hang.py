@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import json
 import linecache
+import os
 import subprocess
+import threading
+import time
 from typing import Any
 
 from dlwatch.collect import ptrace, spy
@@ -25,6 +28,10 @@ from dlwatch.collect.jobs import pid_alive
 from dlwatch.diagnose import hang
 
 PY_SPY_TIMEOUT_S = 10.0
+# How long a thread's CPU time is watched to tell a call blocked in C (no CPU
+# time) from one that runs: 50 clock ticks of a busy thread at 100 Hz.
+CPU_SAMPLE_S = 0.5
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def gather_stacks(pid: int, directory: str | None = None, py_spy: bool = True) -> dict[str, Any]:
@@ -39,6 +46,7 @@ def gather_stacks(pid: int, directory: str | None = None, py_spy: bool = True) -
         if e.kind == "unsupported" and py_spy and pid_alive(pid):
             doc = {"pid": pid, "reason": "request", "processes": [], "source": "py-spy", "error": None}
             doc["processes"].append(_from_outside(pid, "trainer", str(e)))
+            return complete(doc, py_spy=False)
         else:
             return {
                 "pid": pid,
@@ -48,13 +56,78 @@ def gather_stacks(pid: int, directory: str | None = None, py_spy: bool = True) -
                 "error": str(e),
                 "kind": e.kind,
             }
-    if py_spy:
-        for p in doc.get("processes") or []:
-            if p.get("error") and p.get("pid") and pid_alive(p["pid"]):
-                outside = _from_outside(p["pid"], p.get("role") or "worker", p["error"])
-                p.update({k: v for k, v in outside.items() if k not in ("role", "pid")})
-    doc["summary"] = hang.summarize(doc)
+    doc = complete(doc, py_spy=py_spy)
     return doc
+
+
+def complete(doc: dict[str, Any], py_spy: bool = True, sample_s: float = CPU_SAMPLE_S) -> dict[str, Any]:
+    """``doc`` with what the job's own channel could not say filled in from
+    outside: each process that answered with an ``error`` (a worker whose
+    Python is not running) read by ``py-spy dump``, whose threads then
+    replace the error (kept as ``channel_error``); every thread's /proc
+    state and CPU over ``sample_s`` (what tells a call blocked in C from one
+    that runs); the summary made again. A new document: ``doc`` is not
+    changed (a snapshot may be reading it)."""
+    out = dict(doc)
+    procs = [dict(p) for p in doc.get("processes") or [] if isinstance(p, dict)]
+    for p in procs:
+        pid = as_pid(p.get("pid"))
+        if p.get("error") and not p.get("threads") and py_spy and pid is not None and pid_alive(pid):
+            outside = _from_outside(pid, p.get("role") or "worker", str(p["error"]))
+            if outside.get("threads"):
+                p["channel_error"] = p.pop("error")
+                p["threads"], p["via"] = outside["threads"], outside["via"]
+            else:
+                p["error"] = outside.get("error") or p["error"]
+    annotate_threads(procs, sample_s)
+    out["processes"] = procs
+    out["summary"] = hang.summarize(out)
+    return out
+
+
+def as_pid(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def _thread_stat(pid: int, tid: int) -> tuple[str, int] | None:
+    """(state letter, user + system clock ticks) of one thread, from /proc."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+            rest = f.read().rsplit(b")", 1)[1].split()
+        return rest[0].decode(), int(rest[11]) + int(rest[12])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def annotate_threads(procs: list[dict[str, Any]], sample_s: float = CPU_SAMPLE_S) -> None:
+    """Give each thread whose OS id is known (``tid``; a process's main
+    thread is its pid) its /proc ``state`` and ``cpu_percent`` over
+    ``sample_s``, in place (on copies: the threads are copied first)."""
+    targets: list[tuple[dict[str, Any], int, int]] = []
+    for p in procs:
+        pid = as_pid(p.get("pid"))
+        if pid is None:
+            continue
+        threads = [dict(t) for t in p.get("threads") or [] if isinstance(t, dict)]
+        p["threads"] = threads if p.get("threads") is not None else p.get("threads")
+        for t in threads:
+            tid = as_pid(t.get("tid")) or (pid if t.get("main") else None)
+            if tid is not None:
+                targets.append((t, pid, tid))
+    if not targets:
+        return
+    first = {(pid, tid): _thread_stat(pid, tid) for _t, pid, tid in targets}
+    t0 = time.monotonic()
+    if sample_s > 0:
+        time.sleep(sample_s)
+    span = max(time.monotonic() - t0, 1e-3)
+    for t, pid, tid in targets:
+        a, b = first.get((pid, tid)), _thread_stat(pid, tid)
+        if b is None:
+            continue
+        t["state"] = b[0]
+        if a is not None and sample_s > 0:
+            t["cpu_percent"] = round(100.0 * (b[1] - a[1]) / _CLK_TCK / span, 1)
 
 
 def _from_outside(pid: int, role: str, why_not_inside: str) -> dict[str, Any]:
@@ -105,14 +178,70 @@ def threads_from_py_spy(dump: Any, pid: int | None = None) -> list[dict[str, Any
                     leaf = (str(f.get("filename")), int(f.get("line") or 0))
         frames.reverse()
         name = str(t.get("thread_name") or f"thread {t.get('thread_id')}")
-        threads.append(
-            {
-                "name": name,
-                "main": name == "MainThread" or (pid is not None and t.get("os_thread_id") == pid),
-                "daemon": None,
-                "frames": frames,
-                "src": linecache.getline(leaf[0], leaf[1]).strip()[:160] if leaf else "",
-            }
-        )
+        rec: dict[str, Any] = {
+            "name": name,
+            "main": name == "MainThread" or (pid is not None and t.get("os_thread_id") == pid),
+            "daemon": None,
+            "frames": frames,
+            "src": linecache.getline(leaf[0], leaf[1]).strip()[:160] if leaf else "",
+        }
+        # py-spy's own view: whether the thread was on a CPU ("active"; its
+        # "idle" is what --idle keeps) and whether it held the GIL.
+        for key in ("active", "owns_gil"):
+            if isinstance(t.get(key), bool):
+                rec[key] = t[key]
+        if as_pid(t.get("os_thread_id")) is not None:
+            rec["tid"] = t["os_thread_id"]
+        threads.append(rec)
     threads.sort(key=lambda th: (not th["main"], th["name"]))
     return threads
+
+
+class StacksCompleter:
+    """The monitor's side of ``complete``: each new stacks document a job
+    sends (at a stall) is completed in a thread of its own (py-spy and the
+    CPU sample take a second), and the result replaces the connection's
+    document on the collector's own thread (``step``), only if the job has
+    sent no newer one meanwhile. Never blocks the collector."""
+
+    def __init__(self, py_spy: bool = True) -> None:
+        self.py_spy = py_spy
+        self._lock = threading.Lock()
+        self._started: dict[int, dict[str, Any]] = {}  # pid -> the document being (or last) completed
+        self._done: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}  # pid -> (in, out)
+        self._threads: dict[int, threading.Thread] = {}
+
+    def step(self, conns: Any) -> None:
+        """Apply finished completions, start one for each new document."""
+        for c in list(conns):
+            pid, doc = getattr(c, "pid", None), getattr(c, "stacks", None)
+            if not isinstance(pid, int) or not isinstance(doc, dict):
+                continue
+            with self._lock:
+                done = self._done.pop(pid, None)
+            if done is not None and done[0] is doc:
+                c.stacks = doc = done[1]
+                self._started[pid] = doc
+            if doc is self._started.get(pid) or pid in self._threads:
+                continue
+            self._started[pid] = doc
+            th = threading.Thread(target=self._run, args=(pid, doc), name="dlwatch-stacks", daemon=True)
+            self._threads[pid] = th
+            th.start()
+        for pid in [p for p, th in self._threads.items() if not th.is_alive()]:
+            del self._threads[pid]
+
+    def _run(self, pid: int, doc: dict[str, Any]) -> None:
+        try:
+            out = complete(doc, py_spy=self.py_spy)
+        except Exception:  # a document we cannot complete stays as the job sent it
+            return
+        with self._lock:
+            self._done[pid] = (doc, out)
+
+    def wait(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the completions under way (one-shot
+        snapshots: their stacks should be the completed ones)."""
+        end = time.monotonic() + timeout
+        for th in list(self._threads.values()):
+            th.join(max(0.0, end - time.monotonic()))

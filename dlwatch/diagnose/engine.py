@@ -73,6 +73,10 @@ from .render import with_tune_command
 # A condition must hold this long before its hint shows: longer
 # than one epoch-boundary blip, short enough to feel live.
 HOLD_ON_S = 3.0
+# Hints held already where they are decided: a stall is declared by the
+# probe only after its own threshold (seconds of no batch), so its hint shows
+# at once, beside nothing that contradicts it (quiet_beside_stall).
+AT_ONCE = frozenset({"loader-stalled"})
 # ... and be clear this long before the hint goes: longer than
 # HOLD_ON_S so a borderline condition shows steadily instead of blinking.
 HOLD_OFF_S = 5.0
@@ -323,7 +327,45 @@ def _run_rules(ctx: Context) -> tuple[Fired, dict[str, str]]:
                 fired[(h["id"], h["job_pid"], h["loader_id"])] = h
         except Exception as e:  # noqa: BLE001 - see docstring
             errors[rid] = f"{type(e).__name__}: {e}"
+    quiet = quiet_beside_stall(fired, ctx)
+    fired = {k: h for k, h in fired.items() if k not in quiet}
     return _precedence(_only_sampled_inputs(fired, ctx)), errors
+
+
+def quiet_beside_stall(keys: Mapping[HintKey, Any], ctx: Context) -> set[HintKey]:
+    """The hints to keep off screen beside a stall: while a loader is stalled
+    (``stalled_s``), the load and thread advice about it and its workers
+    (``rules_hang.QUIET_WHILE_STALLED``) was read from windows in which
+    nothing moved (idle workers at 0 % CPU, the cores busy with others) and
+    only distracts from ``loader-stalled``. A host-wide one goes only when
+    every loader it is about (its evidence's loaders, else every loader) is
+    stalled. One step for the rules' candidates and the hints on screen."""
+    stalled = {(lv.pid, lv.lid) for lv in ctx.loaders if num(lv.loader.get("stalled_s")) is not None}
+    if not stalled:
+        return set()
+    everyone = {(lv.pid, lv.lid) for lv in ctx.loaders if lv.phase != INACTIVE}
+    out: set[HintKey] = set()
+    for key, item in keys.items():
+        rid, pid, lid = key
+        if rid not in rules_hang.QUIET_WHILE_STALLED:
+            continue
+        if pid is not None and lid is not None:
+            if (pid, lid) in stalled:
+                out.add(key)
+            continue
+        hint = item.hint if isinstance(item, HintTrack) else item
+        ev = as_dict(as_dict(hint).get("evidence"))
+        about = {
+            (as_int(e.get("job_pid")), as_int(e.get("loader_id")))
+            for e in map(as_dict, as_list(ev.get("recommended_num_workers_by_loader")))
+        }
+        about = {k for k in about if k[0] is not None and k[1] is not None}
+        if pid is not None:  # a job's: its own loaders
+            about = about or {k for k in everyone if k[0] == pid}
+        about = about or everyone
+        if about and about <= stalled:
+            out.add(key)
+    return out
 
 
 def _only_sampled_inputs(fired: Fired, ctx: Context) -> Fired:
@@ -458,7 +500,7 @@ def _step_hysteresis(
         off_s = hold_off.get((pid, lid) if pid is not None and lid is not None else None, HOLD_OFF_S)
         if key in fired:
             on = tr.on_since if (tr and tr.on_since is not None and not restart) else t
-            shown = bool(tr and tr.shown) or t - on >= HOLD_ON_S
+            shown = bool(tr and tr.shown) or t - on >= HOLD_ON_S or key[0] in AT_ONCE
             hint, since = fired[key], None
             if tr and tr.shown and not restart and hint["severity"] != tr.hint["severity"]:
                 # A shown hint changes severity only once the new one has held
@@ -589,6 +631,9 @@ def diagnose(
     frozen |= waiting
     hints = _step_hysteresis(state.hints, fired, frozen, t, restart, _hold_off(judged))
     hints = direction.without_faded_rivals(hints, fired, dirs)
+    # A hint shown before the stall goes at once, not after its hold-off.
+    quiet = quiet_beside_stall(hints, ctx)
+    hints = {k: tr for k, tr in hints.items() if k not in quiet}
     judging_now, judged_loaders = _judging(ctx, tracks, hints, state.judged, t)
     new_state = DiagnoseState(
         time=t,

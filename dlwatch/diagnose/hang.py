@@ -20,15 +20,24 @@ from typing import Any
 
 # What a thread waits on, told from its innermost frames. Order matters: a
 # DataLoader worker idle in its index queue is "idle", not "queue".
-IDLE, QUEUE, LOCK, IO, COLLECTIVE, SLEEP, RUNNING = (
+IDLE, QUEUE, LOCK, IO, COLLECTIVE, BARRIER, SLEEP, NATIVE, RUNNING = (
     "idle",
     "data-queue",
     "lock",
     "io",
     "collective",
+    "barrier",
     "sleep",
+    "native",
     "running",
 )
+# A thread whose Python frame is a plain call (no wait the frames name) but
+# that is off the CPU is blocked inside that call's C code (a native lock, an
+# OpenMP pool, a C library's read), not running: at most this much of a core
+# over the sample (py-spy's "idle", or /proc's state S/D with its CPU time).
+NATIVE_CPU_MAX = 5.0
+# /proc states (and psutil's names for them) of a thread that is not running.
+_OFF_CPU_STATES = frozenset({"S", "D", "I", "sleeping", "disk-sleep", "idle"})
 
 _LOCK_SRC = re.compile(r"\.acquire\(|\bwith\b[^:]*\block\b|\block\b[^=]*\.acquire|semaphore|\.wait\(", re.I)
 _IO_SRC = re.compile(
@@ -36,6 +45,18 @@ _IO_SRC = re.compile(
     r"\.connect\(|select\(|\.poll\(|urlopen|requests\.|\.get_object\(|\.download|os\.read\(|\.load\("
 )
 _IO_FILES = ("socket.py", "ssl.py", "selectors.py", "subprocess.py", "http/client.py", "urllib/request.py")
+# Libraries whose frames near the top of a stack are a read (remote stores,
+# shard readers): a thread blocked there waits on I/O.
+_IO_LIBS = (
+    "/fsspec/",
+    "/webdataset/",
+    "/urllib3/",
+    "/requests/",
+    "/botocore/",
+    "/s3fs/",
+    "/gcsfs/",
+    "/aiohttp/",
+)
 _LOCK_FUNCS = {"acquire", "_acquire_restore", "_wait_for_tstate_lock", "join"}
 
 
@@ -65,8 +86,34 @@ def frame_text(f: Sequence[Any]) -> str:
     return f"{f[0]}, {os.path.basename(str(f[1]))}:{f[2]}"
 
 
+def off_cpu(thread: Mapping[str, Any]) -> bool:
+    """Whether the thread was seen off the CPU: py-spy called it idle, or
+    /proc says it sleeps and it used under ``NATIVE_CPU_MAX`` % of a core."""
+    if thread.get("active") is False:
+        return True
+    cpu = thread.get("cpu_percent")
+    return thread.get("state") in _OFF_CPU_STATES and isinstance(cpu, (int, float)) and cpu < NATIVE_CPU_MAX
+
+
+def _is_barrier(frames: list[list[Any]]) -> bool:
+    """A barrier's wait (``threading.Barrier``, ``multiprocessing``'s, a
+    library's shared barrier) among the innermost frames."""
+    for f in frames[-10:]:
+        if "barrier" in f[0].lower() or "barrier" in os.path.basename(f[1]).lower():
+            return True
+    return False
+
+
 def wait_kind(thread: Mapping[str, Any], role: str = "trainer") -> str:
-    """What ``thread`` is waiting on, from its innermost frames and source."""
+    """What ``thread`` is waiting on, from its innermost frames and source,
+    and (``native``) whether a plain call is blocked off the CPU."""
+    kind = _frame_kind(thread, role)
+    if kind == RUNNING and _frames(thread) and off_cpu(thread):
+        return NATIVE
+    return kind
+
+
+def _frame_kind(thread: Mapping[str, Any], role: str) -> str:
     frames = _frames(thread)
     if not frames:
         return RUNNING
@@ -78,13 +125,17 @@ def wait_kind(thread: Mapping[str, Any], role: str = "trainer") -> str:
         return IDLE  # between tasks, waiting for an index
     if any("/torch/distributed/" in p for p in files[-6:]):
         return COLLECTIVE
-    if any(n in ("_try_get_data", "_get_data") for n in names[-8:]):
+    if _is_barrier(frames):
+        return BARRIER
+    if any(n in ("_try_get_data", "_get_data") for n in names[-12:]):
         return QUEUE
     if leaf_name == "sleep" or "time.sleep(" in src:
         return SLEEP
     if leaf_file.endswith("threading.py") and leaf_name in _LOCK_FUNCS | {"wait"}:
         return LOCK
     if any(leaf_file.endswith(s) for s in _IO_FILES) or _IO_SRC.search(src):
+        return IO
+    if any(lib in p for p in files[-6:] for lib in _IO_LIBS):
         return IO
     if _LOCK_SRC.search(src):
         return LOCK
@@ -119,9 +170,27 @@ _VERB = {
     LOCK: "blocked on a lock",
     IO: "blocked in I/O",
     COLLECTIVE: "waiting in a collective",
+    BARRIER: "waiting at a barrier",
     SLEEP: "sleeping",
+    NATIVE: "blocked in C",
     RUNNING: "in",
 }
+
+
+def _native_note(thread: Mapping[str, Any]) -> str:
+    """ "(0 % CPU, sleeping)": what says a thread is blocked in C."""
+    bits = []
+    cpu = thread.get("cpu_percent")
+    if isinstance(cpu, (int, float)):
+        bits.append(f"{cpu:.0f} % CPU")
+    state = thread.get("state")
+    if state in ("S", "sleeping", "I", "idle"):
+        bits.append("sleeping")
+    elif state in ("D", "disk-sleep"):
+        bits.append("in uninterruptible sleep")
+    elif thread.get("active") is False:
+        bits.append("idle to py-spy")
+    return f" ({', '.join(bits)})" if bits else ""
 
 
 def thread_line(thread: Mapping[str, Any], role: str = "trainer") -> str:
@@ -136,6 +205,8 @@ def thread_line(thread: Mapping[str, Any], role: str = "trainer") -> str:
         return f"in {where}"
     if kind == IDLE:
         return _VERB[IDLE]
+    if kind == NATIVE:
+        return f"{_VERB[kind]}{_native_note(thread)} in {where}"
     return f"{_VERB[kind]} in {where}"
 
 
@@ -188,8 +259,11 @@ def summarize(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
             "loader_id": proc.get("loader_id"),
             "in_fetch_s": proc.get("in_fetch_s"),
         }
-        if proc.get("error"):
-            out.append({**base, "thread": None, "kind": None, "at": None, "line": f"{name}: {proc['error']}"})
+        if proc.get("via"):
+            base["via"] = proc["via"]
+        if not _has_threads(proc):
+            why = proc.get("error") or "no Python thread"
+            out.append({**base, "thread": None, "kind": None, "at": None, "line": f"{name}: {why}"})
             continue
         main = main_thread(proc)
         threads = [main] if main is not None else []
@@ -212,6 +286,12 @@ def summarize(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _has_threads(proc: Mapping[str, Any]) -> bool:
+    """The stacks (the job's, or py-spy's read from outside) come before any
+    error: a process py-spy could read is described by its threads."""
+    return any(isinstance(t, dict) for t in proc.get("threads") or [])
+
+
 def lines(doc: Mapping[str, Any]) -> list[str]:
     return [s["line"] for s in summarize(doc)]
 
@@ -223,15 +303,17 @@ def render(doc: Mapping[str, Any], full: bool = True) -> list[str]:
     if not full:
         return out
     for proc in doc.get("processes") or []:
-        if not isinstance(proc, dict) or proc.get("error"):
+        if not isinstance(proc, dict) or not _has_threads(proc):
             continue
         out.append("")
-        out.append(f"== {process_name(proc)}")
+        via = " (read by py-spy from outside)" if proc.get("via") == "py-spy" else ""
+        out.append(f"== {process_name(proc)}{via}")
         for t in proc.get("threads") or []:
             if not isinstance(t, dict):
                 continue
             flag = " (main)" if t.get("main") else ""
-            out.append(f"  thread {t.get('name')}{flag}:")
+            how = _native_note(t) if wait_kind(t, str(proc.get("role") or "trainer")) == NATIVE else ""
+            out.append(f"  thread {t.get('name')}{flag}{how}:")
             for f in _frames(t):
                 out.append(f"    {f[0]} ({f[1]}:{f[2]})")
             if t.get("src"):

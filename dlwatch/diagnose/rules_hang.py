@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dlwatch.snapshot import run_key
+
 from . import hang
 from .facts import Context, LoaderView, as_int, hint, num
 from .registry import Rule
@@ -96,12 +98,12 @@ def _where_text(e: dict[str, Any] | None) -> str | None:
 
 def _finished_ranks(ctx: Context, job: dict[str, Any]) -> list[dict[str, Any]]:
     """Other ranks of the same run whose loaders are not in an epoch."""
-    run_id = job.get("run_id")
-    if not run_id:
+    key = run_key(job)
+    if key is None:
         return []
     out = []
     for other in ctx.live_jobs:
-        if other is job or other.get("run_id") != run_id:
+        if other is job or run_key(other) != key:
             continue
         loaders = [ld for ld in other.get("loaders") or [] if isinstance(ld, dict)]
         if loaders and all(num(ld.get("stalled_s")) is None for ld in loaders):
@@ -119,12 +121,144 @@ def _finished_ranks(ctx: Context, job: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 Cause = tuple[str, str, str]  # (cause id, what the evidence shows, the next step)
-_STUCK = (hang.IO, hang.LOCK, hang.RUNNING, hang.SLEEP)
+_STUCK = (hang.IO, hang.LOCK, hang.RUNNING, hang.SLEEP, hang.NATIVE, hang.BARRIER)
+_OFF_CPU = ("S", "D", "sleeping", "disk-sleep", "idle")
 
 
-def _worker_cause(lv: LoaderView, w: Entry, others: list[Entry]) -> Cause | None:
+def live_in_fetch(w: Entry, stacks_t: float | None, now: float | None) -> float | None:
+    """Seconds the worker has been in its fetch now: the figure taken when
+    the stacks were gathered plus the time since (the stall goes on, the
+    fetch with it), never the figure frozen at the gathering."""
+    at = num(w.get("in_fetch_s"))
+    if at is None:
+        return None
+    if stacks_t is None or now is None:
+        return at
+    return at + max(0.0, now - stacks_t)
+
+
+def with_process_figures(w: Entry, rec: dict[str, Any] | None) -> Entry:
+    """A worker's entry with what the snapshot's process sample says: a
+    plain call ("running") of a worker at ~0 % CPU that sleeps is blocked
+    inside that call's C code. The stacks of a job's own channel carry no
+    CPU figure; the monitor's sample of the same worker does."""
+    if not rec:
+        return w
+    cpu, state = num(rec.get("cpu_percent")), rec.get("state")
+    out = dict(w, cpu_percent=cpu, state=state, batches=rec.get("batches"))
+    if w.get("kind") == hang.RUNNING and cpu is not None and cpu < hang.NATIVE_CPU_MAX and state in _OFF_CPU:
+        out["kind"] = hang.NATIVE
+        at = w.get("at") or {}
+        shown = f"{at.get('text')}" + (
+            f" (from {at['user']['text']})" if isinstance(at.get("user"), dict) else ""
+        )
+        who = hang.process_name(w)
+        out["line"] = f"{who}: blocked in C ({cpu:.0f} % CPU, sleeping) in {shown}"
+    return out
+
+
+def _who(w: Entry) -> str:
+    return f"worker {w.get('worker_id')} (pid {w.get('pid')})"
+
+
+def _cpu_note(w: Entry) -> str:
+    cpu = num(w.get("cpu_percent"))
+    return f" at {cpu:.0f} % CPU" if cpu is not None else ""
+
+
+def fork_inherited_pool(lv: LoaderView, w: Entry, others: list[Entry]) -> Cause | None:
+    """(a) A lock or thread pool inherited across fork: a worker of a fork
+    loader blocked in C, asleep at ~0 % CPU, at its first fetch (it has
+    delivered nothing since it was forked) or while the trainer runs threads
+    of the user's. The trainer's OpenMP/MKL pool, or a native lock one of its
+    threads held, was copied into the worker without its threads; the call
+    into it waits for them forever (pytorch#42444, #75147)."""
+    if w.get("kind") != hang.NATIVE or lv.loader.get("start_method") != "fork":
+        return None
+    users = _user_threads(others)
+    first = as_int(w.get("batches")) == 0
+    if not first and not users:
+        return None
+    when = "its first call into it since the workers forked" if first else "after the workers forked"
+    held = f" (the trainer runs threads: {', '.join(users[:4])})" if users else ""
+    return (
+        "fork-inherited-pool",
+        f"{_who(w)} is blocked in C{_cpu_note(w)}, asleep, in {_where_text(w)}: a native thread pool "
+        f"or lock, {when}. A pool (OpenMP, MKL) or a lock the trainer had running{held} was "
+        "copied into the worker without its threads, and the call waits for them forever",
+        "keep the workers single-threaded: OMP_NUM_THREADS=1 in the job's environment, or "
+        "torch.set_num_threads(1) in worker_init_fn (and nothing that raises it in the worker); "
+        "or start the workers with multiprocessing_context='spawn' or 'forkserver'",
+    )
+
+
+def barrier_wait(lv: LoaderView, w: Entry, workers: list[Entry]) -> Cause | None:
+    """(b) A barrier (or a collective) waiting for a partner that never
+    arrives: the parties' shares of the data were uneven, and the others
+    finished theirs, or never reach the barrier (mosaicml/streaming#447)."""
+    if w.get("kind") not in (hang.BARRIER, hang.COLLECTIVE):
+        return None
+    idle = [o for o in workers if o is not w and o.get("kind") == hang.IDLE]
+    others = (
+        f"; {len(idle)} other worker{'s are' if len(idle) != 1 else ' is'} idle, not at it" if idle else ""
+    )
+    what = "a barrier" if w.get("kind") == hang.BARRIER else "a collective"
+    return (
+        "barrier-partner-missing",
+        f"{_who(w)} waits at {what} in {_where_text(w)} for a partner that does not arrive{others}",
+        "a barrier needs every party: give every worker (and rank) the same number of items (equal "
+        "partitions, drop_last=True), or give the wait a timeout (Barrier(timeout=...), "
+        "torch.distributed's Join context for uneven inputs)",
+    )
+
+
+def io_never_returns(lv: LoaderView, w: Entry) -> Cause | None:
+    """(c) I/O that never returns: a read, an open, a socket, a remote
+    store's or a shard reader's call (webdataset#308)."""
+    if w.get("kind") != hang.IO:
+        return None
+    return (
+        "worker-blocked-io",
+        f"{_who(w)} is blocked in I/O in {_where_text(w)}",
+        "that read does not return: check the storage or endpoint it reads; give the read a "
+        "timeout and retry it (socket/urlopen timeout=, fsspec's or the store client's timeouts), "
+        "and DataLoader(timeout=...) to fail instead of hanging",
+    )
+
+
+def _rank_name(r: dict[str, Any]) -> str:
+    """ "rank 1 (pid 4711)", or "pid 4711" alone when the rank is not known."""
+    rank = as_int(r.get("rank"))
+    return f"rank {rank} (pid {r.get('pid')})" if rank is not None else f"pid {r.get('pid')}"
+
+
+def finished_rank(ctx: Context, lv: LoaderView, main: Entry | None, workers: list[Entry]) -> Cause | None:
+    """(d) A finished rank: every worker idle, the loop outside ``next()``
+    waiting in a collective (or at a barrier) while another rank of the run
+    has finished its epoch: the ranks had uneven data (k2-fsa/snowfall#152)."""
+    ld = lv.loader
+    main_kind = (main or {}).get("kind")
+    idle = bool(workers) and all(w.get("kind") == hang.IDLE for w in workers)
+    if not (idle or not workers) or main_kind == hang.QUEUE or ld.get("in_next"):
+        return None
+    finished = _finished_ranks(ctx, lv.job)
+    if not finished and main_kind != hang.COLLECTIVE:
+        return None
+    where = _where_text(main) or "outside the loader"
+    named = ", ".join(_rank_name(r) for r in finished)
+    done = f"; {named} {'has' if len(finished) == 1 else 'have'} finished its epoch" if finished else ""
+    return (
+        "uneven-ranks",
+        f"every worker is idle and the loop waits in {where}{done}: the ranks ran out of data unevenly",
+        "give every rank the same number of batches: DistributedSampler(drop_last=True), or an "
+        "iterable dataset that yields equally per rank; or wrap the loop in torch.distributed's "
+        "Join context (DDP's join()) so a rank that finishes early shadows the others' collectives",
+    )
+
+
+def _worker_cause(lv: LoaderView, w: Entry, others: list[Entry], workers: list[Entry]) -> Cause | None:
     """Why one stuck worker is stuck, from its stack."""
-    who = f"worker {w.get('worker_id')} (pid {w.get('pid')})"
+    who = _who(w)
     kind = w.get("kind")
     if kind == hang.LOCK:
         users = _user_threads(others)
@@ -142,12 +276,19 @@ def _worker_cause(lv: LoaderView, w: Entry, others: list[Entry]) -> Cause | None
             f"{who} waits on a lock in {_where_text(w)}",
             "find who holds that lock (dlwatch stacks --pid shows every thread)",
         )
-    if kind == hang.IO:
+    for found in (
+        fork_inherited_pool(lv, w, others),
+        barrier_wait(lv, w, workers),
+        io_never_returns(lv, w),
+    ):
+        if found is not None:
+            return found
+    if kind == hang.NATIVE:
         return (
-            "worker-blocked-io",
-            f"{who} is blocked in I/O in {_where_text(w)}",
-            "that read does not return: check the storage or endpoint it reads; give the read a "
-            "timeout, and DataLoader(timeout=...) to fail instead of hanging",
+            "worker-blocked-native",
+            f"{who} is blocked in C{_cpu_note(w)}, asleep, in {_where_text(w)}",
+            "a C call that does not return (a native lock, a C library's read); "
+            "`py-spy dump --native --pid` shows its C frames",
         )
     if kind in (hang.RUNNING, hang.SLEEP, hang.QUEUE):
         return (
@@ -194,16 +335,19 @@ def _cause(
     causes = [
         c
         for w in sorted(workers, key=lambda w: as_int(w.get("worker_id")) != awaited)
-        if (c := _worker_cause(lv, w, others)) is not None
+        if (c := _worker_cause(lv, w, others, workers)) is not None
     ]
     if causes:
         return causes
     main_kind = (main or {}).get("kind")
     if not lv.num_workers and ld.get("in_next") and main is not None and main_kind in _STUCK:
         # num_workers=0: the loop fetches its batches itself, inside next().
-        what = {hang.IO: "is blocked in I/O", hang.LOCK: "waits on a lock"}.get(
-            str(main_kind), "does not return"
-        )
+        what = {
+            hang.IO: "is blocked in I/O",
+            hang.LOCK: "waits on a lock",
+            hang.NATIVE: "is blocked in C",
+            hang.BARRIER: "waits at a barrier",
+        }.get(str(main_kind), "does not return")
         return [
             (
                 "loop-fetch-blocked",
@@ -213,21 +357,20 @@ def _cause(
                 "DataLoader(timeout=...) fails instead of hanging",
             )
         ]
+    ranks = finished_rank(ctx, lv, main, workers)
+    if ranks is not None:
+        return [ranks]
     idle = bool(workers) and all(w.get("kind") == hang.IDLE for w in workers)
     if (idle or not workers) and main_kind != hang.QUEUE and not ld.get("in_next"):
-        finished = _finished_ranks(ctx, lv.job)
         where = _where_text(main) or "outside the loader"
-        if finished or main_kind == hang.COLLECTIVE:
-            ranks = ", ".join(f"rank {r['rank']} (pid {r['pid']})" for r in finished)
-            named = f"; {ranks} has finished its epoch" if ranks else ""
+        if main_kind == hang.BARRIER:
             return [
                 (
-                    "uneven-ranks",
-                    f"every worker is idle and the loop waits in {where}{named}: "
-                    "the ranks ran out of data unevenly",
-                    "give every rank the same number of batches: DistributedSampler(drop_last=True), "
-                    "or an iterable dataset that yields equally per rank (torch.distributed's join "
-                    "context for uneven inputs)",
+                    "barrier-partner-missing",
+                    f"every worker is idle and the loop waits at a barrier in {where} for a partner "
+                    "that does not arrive",
+                    "a barrier needs every party: give every rank (or thread) the same number of "
+                    "items (drop_last=True), or give the wait a timeout",
                 )
             ]
         return [
@@ -259,11 +402,22 @@ def rule_loader_stalled(ctx: Context) -> list[dict[str, Any]]:
         stacks = _fresh_stacks(ctx, lv.job, stalled)
         entries = stacks.get("summary") if stacks else []
         main, workers, others = _mine(entries or [], lv.lid)
+        # Each worker as it is now: its process sample (CPU, state: a plain
+        # call at 0 % CPU is blocked in C) and its fetch's age at this snapshot.
+        recs = {as_int(r.get("pid")): r for r in ld.get("workers") or [] if isinstance(r, dict)}
+        t_stacks = num((stacks or {}).get("t"))
+        workers = [
+            dict(
+                with_process_figures(w, recs.get(as_int(w.get("pid")))),
+                in_fetch_s=live_in_fetch(w, t_stacks, ctx.time),
+            )
+            for w in workers
+        ]
         deaths = [d for d in ld.get("worker_deaths") or [] if isinstance(d, dict)]
         causes = _cause(ctx, lv, main, workers, others, deaths)
         cause, shows, step = causes[0]
         awaited = as_int(ld.get("awaited_worker"))
-        if awaited is not None and cause.startswith("worker-") and cause != "worker-died":
+        if awaited is not None and cause not in ("worker-died", "shm-full", "unknown"):
             shows = f"it waits for worker {awaited}'s batch; {shows}"
         if len(causes) > 1:
             shows += "; also " + "; ".join(c[1] for c in causes[1:])
@@ -304,7 +458,7 @@ def rule_loader_stalled(ctx: Context) -> list[dict[str, Any]]:
                         for w in workers
                         if w.get("kind") != hang.IDLE
                     ],
-                    "lines": [str(e.get("line")) for e in entries or [] if isinstance(e, dict)][:16],
+                    "lines": _lines(entries or [], workers)[:16],
                     "stacks_reason": (stacks or {}).get("reason"),
                     "finished_ranks": _finished_ranks(ctx, lv.job),
                 },
@@ -313,8 +467,30 @@ def rule_loader_stalled(ctx: Context) -> list[dict[str, Any]]:
     return out
 
 
-_HIDES = frozenset(
+def _lines(entries: list[Entry], workers: list[Entry]) -> list[str]:
+    """The summary's lines, each worker's as refined by its process figures."""
+    mine = {(w.get("pid"), w.get("thread")): w for w in workers}
+    out = []
+    for e in entries:
+        if isinstance(e, dict):
+            out.append(str(mine.get((e.get("pid"), e.get("thread")), e).get("line")))
+    return out
+
+
+# While a loader is stalled, the advice about its load and its workers'
+# threads, read from windows in which nothing moved (idle workers at 0 % CPU,
+# the cores busy with other processes), is noise beside the stall: the engine
+# keeps these off screen for that loader (engine.quiet_beside_stall), the
+# host-wide one when every loader it is about is stalled.
+QUIET_WHILE_STALLED = frozenset(
     {
+        "worker-thread-oversubscription",
+        "workers-oversubscribe-cores",
+        "cores-shared-with-others",
+        "add-pipeline-workers",
+        "gil-bound-threads",
+        "no-worker-knob",
+        "enable-persistent-workers",
         "no-workers",
         "add-workers",
         "io-bound",
@@ -328,4 +504,4 @@ _HIDES = frozenset(
     }
 )
 
-RULES = (Rule("loader-stalled", rule_loader_stalled, "loader", supersedes=_HIDES),)
+RULES = (Rule("loader-stalled", rule_loader_stalled, "loader"),)

@@ -45,6 +45,71 @@ def _master() -> str | None:
     return f"{addr}:{port}" if addr and port else None
 
 
+def _store_address(c10d) -> str | None:
+    """host:port of the default process group's TCPStore (the rendezvous a
+    launcher without MASTER_ADDR, or an init_method URL, still has)."""
+    try:
+        store = c10d._get_default_store()
+        for _ in range(4):  # PrefixStore wraps the real store
+            inner = getattr(store, "underlying_store", None)
+            if inner is None:
+                break
+            store = inner
+        host, port = getattr(store, "host", None), getattr(store, "port", None)
+        return f"{host}:{port}" if host and isinstance(port, int) else None
+    except Exception:
+        return None
+
+
+def _loopback(addr: str | None) -> bool:
+    host = (addr or "").rsplit(":", 1)[0]
+    return host in ("localhost", "127.0.0.1", "::1", "[::1]", socket.gethostname())
+
+
+def dist_identity() -> dict | None:
+    """rank, world_size (and local_rank, run_id, master where the
+    environment does not say) from torch.distributed once its default group
+    is initialised, whatever started the process (torchrun sets RANK; a job
+    under ``torch.multiprocessing.spawn`` that passes ``rank=`` to
+    ``init_process_group`` sets nothing). None until then; never imports
+    torch, never raises."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return None
+        rank, world = int(dist.get_rank()), int(dist.get_world_size())
+    except Exception:
+        return None
+    out: dict = {"rank": rank, "world_size": world}
+    master = _master() or _store_address(sys.modules.get("torch.distributed.distributed_c10d"))
+    local = _env_int("LOCAL_RANK")
+    if local is None and master is not None and _loopback(master):
+        local = rank  # every rank rendezvouses on this host: one node, local rank = rank
+    out["local_rank"] = local
+    out["master"] = master
+    out["run_id"] = _run_id() or master
+    return out
+
+
+def learn_ranks(job: dict) -> bool:
+    """Fill ``job``'s rank fields from torch.distributed once it is
+    initialised (see ``dist_identity``); True when something changed (the
+    publisher then greets its monitors again with the new identity). Cheap
+    enough for every frame: a dict lookup until the group exists, nothing
+    once the rank is known."""
+    if job.get("rank") is not None and job.get("world_size") is not None:
+        return False
+    got = dist_identity()
+    if got is None:
+        return False
+    changed = False
+    for k, v in got.items():
+        if job.get(k) is None and v is not None:
+            job[k] = v
+            changed = True
+    return changed
+
+
 def job_identity() -> dict:
     torch = sys.modules.get("torch")
     mp = sys.modules.get("multiprocessing")
@@ -56,7 +121,7 @@ def job_identity() -> dict:
             start_method = None
     from dlwatch import __version__
 
-    return {
+    ident = {
         "pid": os.getpid(),
         "cmdline": _cmdline(),
         "rank": _env_int("RANK"),
@@ -76,3 +141,5 @@ def job_identity() -> dict:
         "hostname": socket.gethostname(),
         "dlwatch_version": __version__,
     }
+    learn_ranks(ident)
+    return ident

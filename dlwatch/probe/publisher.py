@@ -23,7 +23,7 @@ from typing import Any
 
 from dlwatch import rundir, wire
 from dlwatch.probe import control, handover, patches, stall, trainthread
-from dlwatch.probe.identity import job_identity
+from dlwatch.probe.identity import job_identity, learn_ranks
 
 INTERVAL_S = 0.1
 HISTORY_FRAMES = 600  # one minute at 10 Hz
@@ -307,6 +307,10 @@ class Publisher:
                     break
 
     def _tick(self) -> None:
+        if learn_ranks(self._job):
+            # torch.distributed came up after the hello (mp.spawn's ranks):
+            # the monitors learn the rank from a second hello.
+            self._greet_again()
         frame = self.build_frame()
         try:
             data = wire.encode(frame)
@@ -318,6 +322,12 @@ class Publisher:
             if c.greeted and not c.closing and self._seq % c.every == 0:
                 self.queue(c, data)
         self._control.poll()
+
+    def _greet_again(self) -> None:
+        hello = wire.encode(wire.server_hello(self._job, 0, self._control.features()))
+        for c in list(self._clients.values()):
+            if c.greeted and not c.closing:
+                self.queue(c, hello)
 
     def build_frame(self, scan: bool = False) -> dict:
         now = time.perf_counter_ns()

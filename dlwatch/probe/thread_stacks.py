@@ -53,9 +53,13 @@ def capture() -> list[dict]:
             f = f.f_back
         chain.reverse()
         src = linecache.getline(leaf[0], leaf[1]).strip()[:MAX_SRC_CHARS] if leaf else ""
+        native = getattr(t, "native_id", None) if t is not None else None
         out.append(
             {
                 "name": name[:80],
+                # The OS thread id: a monitor reads the thread's /proc state
+                # and CPU by it (a call blocked in C sleeps at 0 % CPU).
+                "tid": native if isinstance(native, int) else None,
                 "main": ident == main_ident,
                 "daemon": bool(t.daemon) if t is not None else None,
                 "frames": chain,

@@ -326,3 +326,147 @@ def test_a_torchrun_rank_that_ran_out_of_data_is_named():
     assert ev["cause"] == "uneven-ranks" and ev["main_thread_kind"] == "collective"
     assert f"rank 1 (pid {r1['pid']}) has finished its epoch" in h["message"]
     assert "all_reduce" in ev["main_thread"]
+
+
+# --- the hangs of public issues (issue 42): each gets its frame and its cause class ----------
+
+
+def _stall_hint(snap: dict, pid: int | None = None) -> dict:
+    return next(h for h in snap["hints"] if h["id"] == "loader-stalled" and pid in (None, h["job_pid"]))
+
+
+def _no_advice_beside_the_stall(snap: dict) -> None:
+    """No load or thread advice about the stalled loader's idle workers, no
+    "rank None", no "batch None" (issue 42)."""
+    quiet = {"worker-thread-oversubscription", "workers-oversubscribe-cores", "idle-workers", "add-workers"}
+    assert not quiet & {h["id"] for h in snap["hints"]}, [h["id"] for h in snap["hints"]]
+    text = json.dumps(snap["hints"])
+    assert "rank None" not in text and "batch None" not in text
+
+
+def _run_until_stalled(mode: str, done=stalled_with_stacks) -> tuple:
+    p, d = start(mode)
+    try:
+        return p, d, wait_snapshot(d, done, f"the {mode} job's stall and its hint")
+    except BaseException:
+        stop_sessions([p], grace=0.0)
+        shutil.rmtree(d, ignore_errors=True)
+        raise
+
+
+def _worker_entries(job: dict) -> list[dict]:
+    return [e for e in job["stacks"]["summary"] if e["role"] == "worker"]
+
+
+def test_an_openmp_pool_inherited_across_fork_is_named_with_the_fix_and_figures_that_move():
+    """pytorch#42444: the second epoch's workers fork from a busy OpenMP pool
+    and block at their first parallel op, at 0 % CPU. The channel answers
+    (torch released the GIL) with a frame that is a plain call: the worker's
+    CPU and state say it is blocked in C, not running."""
+    p, d, snap = _run_until_stalled("omp")
+    try:
+        time.sleep(2.0)
+        later = wait_snapshot(d, stalled_with_stacks, "a later look at the stall")
+    finally:
+        stop_sessions([p], grace=0.0)
+        shutil.rmtree(d, ignore_errors=True)
+    h = _stall_hint(snap)
+    ev = h["evidence"]
+    assert ev["cause"] == "fork-inherited-pool", h
+    assert "OMP_NUM_THREADS=1" in h["suggestion"] and "worker_init_fn" in h["suggestion"]
+    assert "spawn" in h["suggestion"] and "blocked in C" in h["message"]
+    assert {w["kind"] for w in ev["workers_not_delivered"]} == {"native"}
+    assert all("Matmuls.__getitem__" in w["blocked_at"] for w in ev["workers_not_delivered"])
+    assert any("blocked in C (0 % CPU, sleeping) in " in x for x in ev["lines"]), ev["lines"]
+    assert not any(": in " in x for x in ev["lines"] if x.startswith("worker")), ev["lines"]
+    _no_advice_beside_the_stall(snap)
+    # Every figure is the stall's age at the snapshot, not at the gathering.
+    h2 = _stall_hint(later)
+    stalled = [ld["stalled_s"] for ld in later["jobs"][0]["loaders"]][0]
+    fetch = max(w["in_fetch_s"] for w in h2["evidence"]["workers_not_delivered"])
+    assert fetch > max(w["in_fetch_s"] for w in ev["workers_not_delivered"])
+    assert stalled - 3.0 <= fetch, (stalled, fetch)
+    assert later["jobs"][0]["loaders"][0]["batch_size"] == 2
+
+
+def test_a_native_lock_held_at_fork_is_read_by_py_spy_in_every_view():
+    """pytorch#75147: the worker blocks in a C call that keeps the GIL, so its
+    own channel cannot answer; py-spy's threads replace the channel's error
+    in `dlwatch stacks` (text and JSON), the snapshot's stacks and the hint."""
+    from dlwatch.collect import ptrace, spy
+
+    if spy.find() is None:
+        pytest.skip("py-spy is not installed")
+
+    def done(snap: dict) -> bool:
+        if not stalled_with_stacks(snap):
+            return False
+        return all(e.get("via") == "py-spy" for e in _worker_entries(snap["jobs"][0]))
+
+    p, d = start("native-lock")
+    try:
+        time.sleep(1.0)
+        if not ptrace.check(p.pid).allowed:
+            pytest.skip(f"py-spy may not read the job here: {ptrace.check(p.pid).line()}")
+        snap = wait_snapshot(d, done, "the stall's stacks, read by py-spy")
+        r = dlwatch("stacks", "--pid", str(p.pid), runtime_dir=d)
+        doc = json.loads(dlwatch("stacks", "--pid", str(p.pid), "--json", runtime_dir=d).stdout)
+    finally:
+        stop_sessions([p], grace=0.0)
+        shutil.rmtree(d, ignore_errors=True)
+    assert r.returncode == 0, r.stderr
+    workers = [x for x in doc["processes"] if x["role"] == "worker"]
+    assert len(workers) == 2 and all(w["via"] == "py-spy" and w["threads"] for w in workers)
+    assert all("error" not in w and "no answer within" in w["channel_error"] for w in workers)
+    lines = r.stdout.splitlines()
+    for w in workers:
+        assert f"== worker {w['worker_id']} (pid {w['pid']}) (read by py-spy from outside)" in lines
+        assert any(
+            x.startswith(f"worker {w['worker_id']} (pid {w['pid']}): blocked in C (0 % CPU, sleeping) in ")
+            and "take_keeping_the_gil" in x
+            for x in lines
+        ), lines
+    assert "no answer within" not in r.stdout
+    h = _stall_hint(snap)
+    assert h["evidence"]["cause"] == "fork-inherited-pool" and "native-cache" in h["message"], h
+    assert all(w["kind"] == "native" for w in _worker_entries(snap["jobs"][0]))
+    _no_advice_beside_the_stall(snap)
+
+
+def test_a_barrier_whose_partner_never_arrives_is_named():
+    """mosaicml/streaming#447: workers meet at a shared barrier at the end of
+    uneven partitions; worker 0 waits there, worker 1 is far from its end."""
+    p, d, snap = _run_until_stalled("barrier")
+    stop_sessions([p], grace=0.0)
+    shutil.rmtree(d, ignore_errors=True)
+    h = _stall_hint(snap)
+    ev = h["evidence"]
+    assert ev["cause"] == "barrier-partner-missing", h
+    assert "waits at a barrier" in h["message"] and "Partitions.__iter__" in h["message"]
+    assert "drop_last" in h["suggestion"] and "timeout" in h["suggestion"]
+    kinds = {e["worker_id"]: e["kind"] for e in _worker_entries(snap["jobs"][0])}
+    assert kinds == {0: "barrier", 1: "idle"}
+    _no_advice_beside_the_stall(snap)
+
+
+def test_ranks_started_by_mp_spawn_are_named_from_torch_distributed():
+    """k2-fsa/snowfall#152: ranks under torch.multiprocessing.spawn with
+    init_process_group(rank=..., world_size=...): no RANK in the environment,
+    the ranks come from torch.distributed, and the finished one is named."""
+
+    def done(snap: dict) -> bool:
+        return len(snap["jobs"]) == 2 and stalled_with_stacks(snap)
+
+    p, d, snap = _run_until_stalled("spawn-ranks", done)
+    stop_sessions([p], grace=0.0)
+    shutil.rmtree(d, ignore_errors=True)
+    h = _stall_hint(snap)
+    r0 = next(j for j in snap["jobs"] if j["pid"] == h["job_pid"])
+    r1 = next(j for j in snap["jobs"] if j["pid"] != h["job_pid"])
+    assert (r0["rank"], r0["local_rank"], r0["world_size"]) == (0, 0, 2)
+    assert (r1["rank"], r1["local_rank"], r1["world_size"]) == (1, 1, 2)
+    assert r0["run_id"] == r1["run_id"] and r0["run_id"].startswith("127.0.0.1:")
+    assert h["evidence"]["cause"] == "uneven-ranks"
+    assert f"rank 1 (pid {r1['pid']}) has finished its epoch" in h["message"]
+    assert "Join" in h["suggestion"] and "drop_last" in h["suggestion"]
+    _no_advice_beside_the_stall(snap)

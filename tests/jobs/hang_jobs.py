@@ -6,6 +6,16 @@
     hang_jobs.py shm         batches of 4 MiB after a few small ones (run under a tiny /dev/shm)
     hang_jobs.py ranks       under torchrun (2 ranks, gloo): rank 1's sampler yields fewer
                              batches; rank 0 then waits in all_reduce for a rank that has left
+    hang_jobs.py spawn-ranks the same under torch.multiprocessing.spawn, init_process_group(rank=...,
+                             world_size=2) and a tcp:// init_method: no RANK in the environment
+    hang_jobs.py omp         pytorch#42444: the trainer's OpenMP pool is busy in its step when the
+                             second epoch's workers fork; worker_init_fn raises their thread count
+                             and the first parallel op of each new worker waits forever (0 % CPU)
+    hang_jobs.py native-lock pytorch#75147: a trainer thread holds a native (pthread) lock when the
+                             workers fork; a C call that keeps the GIL takes it in the worker
+                             (the worker cannot answer on its own channel: py-spy reads it)
+    hang_jobs.py barrier     mosaicml/streaming#447: workers share a barrier at the end of their
+                             partitions, which are uneven; worker 0 waits there for worker 1
 
 Every mode takes a few batches first, so a monitor sees the loader step
 before it stops. Each job ends by itself within DEADLINE_S at the latest.
@@ -75,6 +85,121 @@ def run(mode, arg=None):
             break
 
 
+def omp():
+    torch.set_num_threads(2)  # the trainer's intra-op pool (OpenMP): two threads
+    x = torch.randn(400, 400)
+
+    def more_threads(_worker_id):
+        torch.set_num_threads(2)  # "augmentation is faster with two threads"
+
+    class Matmuls(Dataset):
+        def __len__(self):
+            return 16
+
+        def __getitem__(self, i):
+            y = torch.randn(64, 64)
+            return (y @ y).sum()  # the first parallel op in a worker forked from a busy pool
+
+    loader = DataLoader(
+        Matmuls(), batch_size=2, num_workers=2, multiprocessing_context="fork", worker_init_fn=more_threads
+    )
+    for _epoch in range(2):
+        for _ in loader:  # epoch 0's workers forked before the pool existed: they run
+            (x @ x).sum()  # the model's step, on the pool
+
+
+class _NativeLock:
+    """A pthread mutex, taken through a C call that keeps the GIL (as a C
+    extension that does not release it would)."""
+
+    def __init__(self):
+        import ctypes
+
+        self.buf = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER
+        self.libc = ctypes.CDLL(None)  # releases the GIL while it waits
+        self.gil = ctypes.PyDLL(None)  # keeps it
+
+    def hold_forever(self):
+        self.libc.pthread_mutex_lock(self.buf)
+        time.sleep(DEADLINE_S)
+
+    def take_keeping_the_gil(self):
+        self.gil.pthread_mutex_lock(self.buf)
+        self.gil.pthread_mutex_unlock(self.buf)
+
+
+NATIVE = None
+
+
+class NativeLocked(Dataset):
+    def __len__(self):
+        return 100_000
+
+    def __getitem__(self, i):
+        if i >= FIRST_GOOD:
+            NATIVE.take_keeping_the_gil()  # held at fork by a thread the worker does not have
+        return torch.zeros(4)
+
+
+def native_lock():
+    global NATIVE
+    NATIVE = _NativeLock()
+    threading.Thread(target=NATIVE.hold_forever, name="native-cache", daemon=True).start()
+    time.sleep(0.1)
+    for _ in DataLoader(NativeLocked(), batch_size=2, num_workers=2, multiprocessing_context="fork"):
+        time.sleep(0.02)
+
+
+class Partitions(torch.utils.data.IterableDataset):
+    """Each worker's partition, then a barrier every worker meets at its end."""
+
+    def __init__(self, barrier):
+        self.barrier = barrier
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        n = 4 if info.id == 0 else 100_000  # uneven partitions
+        for i in range(n):
+            time.sleep(0.01)
+            yield torch.zeros(4) + 2 * i + info.id  # each worker its own items
+        self.barrier.wait()  # worker 1 is nowhere near its end
+
+
+def barrier():
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    loader = DataLoader(Partitions(ctx.Barrier(2)), batch_size=2, num_workers=2, multiprocessing_context=ctx)
+    for _ in loader:
+        time.sleep(0.02)
+
+
+def _spawn_rank(rank, port):
+    import torch.distributed as dist
+    from torch.utils.data import TensorDataset
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    n = 24 if rank == 1 else 100_000
+    loader = DataLoader(TensorDataset(torch.arange(n).float()), batch_size=2, num_workers=2)
+    t = torch.zeros(1)
+    for _ in loader:
+        time.sleep(0.02)
+        dist.all_reduce(t)
+    if rank == 1:
+        dist.recv(torch.zeros(1), src=0)
+
+
+def spawn_ranks():
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_spawn_rank, args=(port,), nprocs=2)
+
+
 def ranks():
     import torch.distributed as dist
     from torch.utils.data import TensorDataset
@@ -98,7 +223,9 @@ if __name__ == "__main__":
     timer = threading.Timer(DEADLINE_S, lambda: os._exit(3))
     timer.daemon = True
     timer.start()
-    if sys.argv[1] == "ranks":
-        ranks()
+    modes = {"ranks": ranks, "spawn-ranks": spawn_ranks, "omp": omp, "native-lock": native_lock}
+    modes["barrier"] = barrier
+    if sys.argv[1] in modes:
+        modes[sys.argv[1]]()
     else:
         run(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)

@@ -355,7 +355,8 @@ def test_a_worker_blocked_in_io_is_named_with_its_frame():
         {
             "id": 0,
             "pid": 5000,
-            "in_fetch_s": 39.0,
+            # 39 s when the stacks were gathered, 30 s before this snapshot: 69 s now.
+            "in_fetch_s": 69.0,
             "kind": "io",
             "blocked_at": "read_remote_shard, shards.py:88",
         }
