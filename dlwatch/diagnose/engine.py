@@ -17,7 +17,9 @@ layer adds the memory a human reader needs:
 - while warming up, a hint already on screen stays and a pending one is
   forgotten (it must re-earn its hold on steady figures);
 - a job that is not "live" gets no new hints; its shown ones fade after
-  ``HOLD_OFF_S`` like any cleared condition;
+  ``HOLD_OFF_S`` like any cleared condition, except that the hints about a
+  job that has exited end with it, host-wide ones too once every job they
+  name has exited;
 - a loader's worker-count advice keeps its direction for a minute
   (direction.py), and whether other processes decide the counts is a held
   state (others.py);
@@ -526,6 +528,31 @@ def _step_hysteresis(
     return new
 
 
+def _end_with_their_jobs(
+    hints: Mapping[HintKey, HintTrack], fired: Mapping[HintKey, Hint], snapshot: Mapping[str, Any]
+) -> dict[HintKey, HintTrack]:
+    """``hints`` without the ones fading about jobs that have exited: a hint
+    about a dead job (a host-wide one: every job its evidence names under
+    ``jobs``) is not held off beside the figures of the job that replaced it.
+    A job unreachable or missing from one snapshot may be back: its hints
+    fade as before."""
+    exited = {
+        pid
+        for j in as_list(snapshot.get("jobs"))
+        if as_dict(j).get("state") == "exited" and (pid := as_int(as_dict(j).get("pid"))) is not None
+    }
+    if not exited:
+        return dict(hints)
+
+    def ended(key: HintKey, hint: Mapping[str, Any]) -> bool:
+        if key[1] is not None:
+            return key[1] in exited
+        named = [p for p in as_list(as_dict(hint.get("evidence")).get("jobs")) if isinstance(p, int)]
+        return bool(named) and exited.issuperset(named)
+
+    return {k: tr for k, tr in hints.items() if k in fired or not ended(k, tr.hint)}
+
+
 # A loader's first judgement waits at most this long after its first steady
 # figures for a pending hint to show (a condition that keeps flickering
 # under its hold must not keep it "judging" forever).
@@ -634,6 +661,7 @@ def diagnose(
     # A hint shown before the stall goes at once, not after its hold-off.
     quiet = quiet_beside_stall(hints, ctx)
     hints = {k: tr for k, tr in hints.items() if k not in quiet}
+    hints = _end_with_their_jobs(hints, fired, snapshot)
     judging_now, judged_loaders = _judging(ctx, tracks, hints, state.judged, t)
     new_state = DiagnoseState(
         time=t,

@@ -147,10 +147,17 @@ def test_pending_hint_restarts_after_warm_up():
     assert ADD not in shown[26] and ADD in shown[27]
 
 
-def test_exited_job_gets_no_new_hints_and_old_ones_fade():
+def test_exited_job_gets_no_new_hints_and_its_hints_end_with_it():
     frames = [(k, bad(k)) for k in range(10)]
     frames += [
         (k, one(cpu_bound_loader(batches=1100), t=T0 + k, job_kw={"state": "exited"})) for k in range(10, 20)
+    ]
+    shown, _ = timeline(frames)
+    assert ADD in shown[9] and not any(shown[k] for k in range(10, 20))
+    # An unreachable job may be back: its hints fade after the hold-off.
+    frames[10:] = [
+        (k, one(cpu_bound_loader(batches=1100), t=T0 + k, job_kw={"state": "unreachable"}))
+        for k in range(10, 20)
     ]
     shown, _ = timeline(frames)
     assert ADD in shown[14] and ADD not in shown[15]
@@ -265,6 +272,28 @@ def test_oversubscription_survives_non_persistent_epoch_restart():
 
     shown, _ = timeline([(k, frame(k)) for k in range(40)])
     assert all("workers-oversubscribe-cores" in shown[k] for k in range(3, 40))
+
+
+def test_a_host_hint_ends_with_the_jobs_it_names():
+    """Issue 43: "the 2 usable cores are fully used" stayed ~30 s (two of the
+    exited job's long windows) beside "load 0 %" and the job that replaced it."""
+    over = "workers-oversubscribe-cores"
+
+    def frame(k, pid=1000, state="live", window=15.0):
+        ld = loader(nw=8, batches=1000 + 10 * k, worker_kw=dict(cpu=45.0), window_s=window)
+        return snap([job(pid, loaders=[ld], state=state, main_cpu=90.0)], t=T0 + k, usable=4.0)
+
+    d = Diagnoser()
+    assert over in ids([h for k in range(10) for h in d.update(frame(k))])
+    assert d.state.hints[(over, None, None)].hint["evidence"]["jobs"] == [1000]
+    ended = frame(10, state="exited")
+    ended["jobs"].append(job(2000, loaders=[loader(batches=1)]))  # its successor, warming up
+    assert over not in ids(d.update(ended))
+    # While a job it names still runs, the hint is held off as before.
+    d = Diagnoser()
+    for k in range(10):
+        d.update(frame(k))
+    assert over in ids(d.update(snap([job(1000, loaders=[loader(batches=1200)])], t=T0 + 10, usable=4.0)))
 
 
 def test_persistent_workers_hint_with_short_epochs():
