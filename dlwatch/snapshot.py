@@ -432,6 +432,40 @@ def percent(fraction: Any, digits: int | None = 0) -> str:
     return f"{v * 100:g} %" if digits is None else f"{v * 100:.{digits}f} %"
 
 
+# Plurals "+s" gets wrong, and the possessive a count takes ("1 core's
+# worth", "2 cores' worth"); verbs agree with their count too.
+_PLURALS = {
+    "batch": "batches",
+    "process": "processes",
+    "core's": "cores'",
+    "worker's": "workers'",
+    "is": "are",
+    "was": "were",
+    "has": "have",
+    "runs": "run",
+    "waits": "wait",
+    "grows": "grow",
+}
+
+
+def plural(n: Any, word: str, many: str | None = None) -> str:
+    """``word`` as it goes with the count ``n``: itself for one, its plural
+    (``many``, or the usual "+s") for any other count. A count is one when it
+    reads "1" as written: pass the text a view prints (``count_of`` does)."""
+    one = n == "1" if isinstance(n, str) else (not isinstance(n, bool) and n == 1)
+    if one:
+        return word
+    return many or _PLURALS.get(word) or word + "s"
+
+
+def count_of(n: Any, word: str, fmt: str = "{:g}", many: str | None = None) -> str:
+    """``"1 worker"``, ``"2 workers"``, ``"0.5 cores"``, ``"1 core's"``: the
+    count as ``fmt`` writes it and the word in the number that reads. The one
+    place the hints, the CLI's text, the TUI and ``compare`` make a count."""
+    text = fmt.format(n) if isinstance(n, (int, float)) and not isinstance(n, bool) else str(n)
+    return f"{text} {plural(text, word, many)}"
+
+
 def run_key(job: Mapping[str, Any]) -> tuple[str, str] | None:
     """The run a job is a rank of: (torchrun's run id, its MASTER_ADDR:PORT or
     ""), the same on every node of the run; None outside a run. The run id

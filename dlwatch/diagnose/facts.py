@@ -22,8 +22,10 @@ from dlwatch.snapshot import PERCENT_PER_CORE as PERCENT_PER_CORE
 from dlwatch.snapshot import as_dict as as_dict
 from dlwatch.snapshot import as_int as as_int
 from dlwatch.snapshot import as_list as as_list
+from dlwatch.snapshot import count_of as count_of  # counts in the rules' text
 from dlwatch.snapshot import live_workers as live_workers
 from dlwatch.snapshot import num as num
+from dlwatch.snapshot import plural as plural
 from dlwatch.thresholds import ceil_ratio as ceil_ratio  # the rules' arithmetic
 
 # (job_pid, worker_pid) -> (first_t, samples, growth): the memory rule's state.
@@ -75,6 +77,22 @@ def cores(v: float | None) -> str:
     if v is None:
         return NA
     return f"{v:.0f}" if v == int(v) else f"{v:.1f}"
+
+
+def window_phrase(lv: LoaderView) -> str:
+    """Which window a hint's figures of a loader cover, " (last 3 s, 69
+    batches)": the live headline reads a shorter one (1 s by default), so a
+    hint that quotes the wait says which it quotes."""
+    w = num(lv.loader.get("window_s"))
+    b = lv.loader.get("window_batches")
+    if w is None:
+        return ""
+    return f" (last {w:.0f} s" + (f", {count_of(b, 'batch')})" if isinstance(b, int) and b > 0 else ")")
+
+
+def window_note(ctx: Context) -> str:
+    """The window of a job- or host-wide hint's figures, " (last 3 s)"."""
+    return f" (last {ctx.window_s:.0f} s)" if ctx.window_s else ""
 
 
 def worker_values(workers: Iterable[Mapping[str, Any]], key: str) -> list[float]:

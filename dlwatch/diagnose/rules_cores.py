@@ -17,7 +17,22 @@ from typing import Any
 from dlwatch.thresholds import DATA_BOUND_WAIT
 
 from . import capacity, others, rules_workers
-from .facts import Context, LoaderView, cores, hint, median, num, others_cores, pct, r, setting, worker_values
+from .facts import (
+    Context,
+    LoaderView,
+    cores,
+    count_of,
+    hint,
+    median,
+    num,
+    others_cores,
+    pct,
+    plural,
+    r,
+    setting,
+    window_note,
+    worker_values,
+)
 from .registry import Rule
 from .render import tune_command
 
@@ -42,6 +57,8 @@ THREAD_CPU_CORES_PER_WORKER = 1.2
 
 
 OVERSUB_SLACK_CORES = 0.5
+# "waited 1 core's worth", "2 cores' worth" (count_of).
+CORE_S = "core's"
 # A lower worker count is advised (and the hint is a warning) only when the
 # cycle model prices it at least this much faster: the worker-count hints' bar.
 MIN_LOWERING_GAIN = 1.10
@@ -57,10 +74,6 @@ def _demand(ctx: Context, loaders: Iterable[LoaderView]) -> tuple[float, capacit
 
 def _runqueue_cores(ctx: Context, loaders: Iterable[LoaderView]) -> float:
     return 0.0 + sum(lv.rq_sum for lv in loaders) + sum(capacity.trainer_runqueue(j) for j in ctx.live_jobs)
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'s' if n != 1 else ''}"
 
 
 Lowering = tuple[int, "capacity.Prediction | capacity.NoPrediction"]
@@ -153,14 +166,15 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
     # trainer's main CPU): the run-queue wait is said apart, as a wait.
     workers_cpu = sum(lv.cpu_sum + lv.cpu_missing for lv in steady)
     who = [
-        f"{'the trainer' if ctx.main_loops == 1 else _plural(ctx.main_loops, 'trainer')} "
-        f"{cores(round(acc.trainers - acc.trainers_runqueue, 1))} cores of CPU (all threads)",
-        f"{_plural(busy_workers, 'busy DataLoader worker')} {cores(round(workers_cpu, 1))}",
+        f"{'the trainer' if ctx.main_loops == 1 else count_of(ctx.main_loops, 'trainer')} "
+        f"{count_of(cores(round(acc.trainers - acc.trainers_runqueue, 1)), 'core')} of CPU (all threads)",
+        f"{count_of(busy_workers, 'busy DataLoader worker')} {cores(round(workers_cpu, 1))}",
     ]
     who += others_cores(acc)
     msg = (
-        f"The {usable} usable cores are fully used{window_note(ctx)}: {', '.join(who[:-1])} and "
-        f"{who[-1]}; besides, their threads waited {cores(round(rq, 1))} cores' worth for a CPU "
+        f"The {count_of(usable, 'usable core')} {plural(usable, 'is')} fully used{window_note(ctx)}: "
+        f"{', '.join(who[:-1])} and {who[-1]}; besides, their threads waited "
+        f"{count_of(cores(round(rq, 1)), CORE_S)} worth for a CPU "
         f"({pct(rq / ctx.usable_cores)} of the cores)."
     )
     if verdicts:
@@ -202,10 +216,6 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
     return [hint("workers-oversubscribe-cores", "warn" if harmful else "info", None, None, msg, sugg, ev)]
 
 
-def window_note(ctx: Context) -> str:
-    return f" (last {ctx.window_s:.0f} s)" if ctx.window_s else ""
-
-
 def rule_worker_thread_oversubscription(ctx: Context) -> list[dict[str, Any]]:
     if ctx.usable_cores is None:
         return []
@@ -229,16 +239,17 @@ def rule_worker_thread_oversubscription(ctx: Context) -> list[dict[str, Any]]:
         if not (multi or saturated):
             continue
         if multi:
-            why = f"each worker uses {lv.cpu_mean:.1f} cores on average"
+            why = f"each worker uses {count_of(lv.cpu_mean, 'core', '{:.1f}')} on average"
         else:
             why = (
                 f"workers, trainers and other processes want {cores(round(demand, 1))} of "
-                f"{cores(ctx.usable_cores)} usable cores"
+                f"{count_of(cores(ctx.usable_cores), 'usable core')}"
             )
         msg = (
-            f"{lv.title}'s {len(lv.workers)} workers run {tpw:.0f} threads each; "
-            f"all workers on the box run {total_threads} threads on {cores(ctx.usable_cores)} "
-            f"usable cores and {why}: OpenMP/BLAS/OpenCV pools are fighting over the cores."
+            f"{lv.title}'s {count_of(len(lv.workers), 'worker')} {plural(len(lv.workers), 'runs')} "
+            f"{count_of(tpw, 'thread', '{:.0f}')} each; all workers on the box run "
+            f"{count_of(total_threads, 'thread')} on {count_of(cores(ctx.usable_cores), 'usable core')} "
+            f"and {why}: OpenMP/BLAS/OpenCV pools are fighting over the cores."
         )
         sugg = (
             "pass worker_init_fn that calls torch.set_num_threads(1) and cv2.setNumThreads(0), "
@@ -277,28 +288,30 @@ def rule_cores_shared_with_others(ctx: Context) -> list[dict[str, Any]]:
         starved = others.starved_cores(ctx)
         nw = lv.num_workers
         who = (
-            f"its {_plural(nw, 'worker')} {'are' if nw != 1 else 'is'} busy {pct(lv.busy_mean)} "
+            f"its {count_of(nw, 'worker')} {plural(nw, 'is')} busy {pct(lv.busy_mean)} "
             f"of the time, loading on a CPU"
         )
         usable = cores(ctx.usable_cores)
         peak = max(theirs, ctx.others_peak or 0.0)
         # Held after the others went quiet: their figure then is the most they used.
-        use = f"use {cores(round(theirs, 1))} of the {usable} usable cores"
+        use = f"use {cores(round(theirs, 1))} of the {count_of(usable, 'usable core')}"
         if peak >= theirs + 0.2:
             use = (
-                f"used up to {cores(round(peak, 1))} of the {usable} usable cores in the last minute "
+                f"used up to {cores(round(peak, 1))} of the {count_of(usable, 'usable core')} "
+                f"in the last minute "
                 f"({cores(round(theirs, 1))} now)"
             )
         msg = (
             f"{lv.title} waits for data {pct(lv.wait)} of the time{window_note(ctx)}; {who}, and "
             f"other processes {use}: this job's "
-            f"processes waited {cores(round(starved, 1))} cores' worth for a CPU. More workers take "
+            f"processes waited {count_of(cores(round(starved, 1)), CORE_S)} worth for a CPU. "
+            f"More workers take "
             f"more of the cores from the other processes, fewer load less at once: the best "
             f"num_workers depends on what they do, and dlwatch does not predict it."
         )
         cmd = tune_command(lv.job, {}) or "dlwatch tune"
         sugg = (
-            f"other processes use up to {cores(round(peak, 1))} of the {usable} cores; the best "
+            f"other processes use up to {cores(round(peak, 1))} of the {count_of(usable, 'core')}; the best "
             f"num_workers depends on them: measure with `{cmd}` while they run, or make "
             f"each batch cheaper (cache decoded samples)"
         )

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dlwatch.snapshot import count_of
+
 from .facts import Context, as_list, hint, median, ms, num, pct, r, setting
 from .registry import Rule
 
@@ -50,9 +52,9 @@ def rule_enable_persistent_workers(ctx: Context) -> list[dict[str, Any]]:
             continue
         method = ld.get("start_method") or lv.job.get("start_method")
         msg = (
-            f"{lv.title} re-creates its {lv.num_workers} workers at every epoch: "
+            f"{lv.title} re-creates its {count_of(lv.num_workers, 'worker')} at every epoch: "
             f"the first batch of an epoch arrives after {ms(stall)} (median of "
-            f"{len(later)} epoch{'s' if len(later) != 1 else ''} after the first), "
+            f"{count_of(len(later), 'epoch')} after the first), "
             f"{pct(frac)} of a {ms(epoch)} epoch."
         )
         if method in ("spawn", "forkserver"):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .facts import Context, hint, num, pct, r
+from .facts import Context, hint, num, pct, r, window_note, window_phrase
 from .registry import Rule
 
 # Data wait that makes a pageable host-to-device copy worth fixing: the copy
@@ -75,7 +75,7 @@ def rule_enable_pin_memory(ctx: Context) -> list[dict[str, Any]]:
         severity = "warn" if share is not None and share >= PIN_WARN_SHARE else "info"
         reasons = []
         if waits:
-            reasons.append(f"the loop waits for data {pct(lv.wait)} of the time")
+            reasons.append(f"the loop waits for data {pct(lv.wait)} of the time{window_phrase(lv)}")
         if idle:
             reasons.append(f"{gpu_name} is only {util:.0f} % busy")
         if share is not None and copy_ms is not None and bb is not None:
@@ -128,7 +128,8 @@ def rule_main_loop_cpu_bound(ctx: Context) -> list[dict[str, Any]]:
         if util is None or util >= GPU_UNDERUSED_UTIL:
             continue
         msg = (
-            f"PID {pid}: the loop waits for data only {pct(wait)} of the time, yet {gpu_name} "
+            f"PID {pid}: the loop waits for data only {pct(wait)} of the time{window_note(ctx)}, "
+            f"yet {gpu_name} "
             f"is {util:.0f} % busy while the trainer's main thread uses {main_cpu:.0f} % of a "
             f"core: the Python side cannot launch kernels fast enough."
         )

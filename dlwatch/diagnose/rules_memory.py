@@ -13,6 +13,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from dlwatch.snapshot import count_of, plural
+
 from .facts import (
     Context,
     MemSeries,
@@ -174,9 +176,10 @@ def rule_worker_memory_growth(ctx: Context) -> list[dict[str, Any]]:
         rss_slopes = [g["rss_slope_mib_per_min"] for g in growing if g["rss_slope_mib_per_min"] is not None]
         rss_slope = median(rss_slopes) if rss_slopes else None
         msg = (
-            f"{lv.title}: {len(growing)} of {len(measured)} workers grow steadily "
+            f"{lv.title}: {len(growing)} of {count_of(len(measured), 'worker')} "
+            f"{plural(len(growing), 'grows')} steadily "
             f"by {slope:.1f} MiB/min each in private memory (USS), {growth:.0f} MiB over "
-            f"{span:.0f} s; at this rate the {nw} workers add {slope * 60 * nw / 1024:.1f} GiB "
+            f"{span:.0f} s; at this rate the {count_of(nw, 'worker')} add {slope * 60 * nw / 1024:.1f} GiB "
             f"per hour."
         )
         if rss_slope is not None and rss_slope < slope / 2:
@@ -239,10 +242,8 @@ def rule_shm_low(ctx: Context) -> list[dict[str, Any]]:
             return []
         severity = "critical" if free < need else "warn"
         basis = "workers × prefetch_factor × batch bytes"
-        msg = (
-            f"/dev/shm has {mib(free)} free, but the {workers} workers' prefetched batches "
-            f"need {mib(need)} ({basis})."
-        )
+        whose = count_of(workers, "worker's")
+        msg = f"/dev/shm has {mib(free)} free, but the {whose} prefetched batches need {mib(need)} ({basis})."
     else:
         if free >= SHM_FLOOR_WARN_BYTES:
             return []
@@ -252,7 +253,8 @@ def rule_shm_low(ctx: Context) -> list[dict[str, Any]]:
             f"{mib(SHM_FLOOR_CRITICAL_BYTES if severity == 'critical' else SHM_FLOOR_WARN_BYTES)}"
         )
         msg = (
-            f"/dev/shm has only {mib(free)} free while {workers} DataLoader workers pass batches through it."
+            f"/dev/shm has only {mib(free)} free while {count_of(workers, 'DataLoader worker')} "
+            f"{plural(workers, 'passes', 'pass')} batches through it."
         )
     msg += " Workers that run out of shared memory die with 'bus error'."
     sugg = (

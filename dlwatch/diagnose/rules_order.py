@@ -17,7 +17,7 @@ from typing import Any
 
 from dlwatch.thresholds import DATA_BOUND_WAIT, WORKERS_SATURATED_BUSY
 
-from .facts import Context, hint, ms, num, pct, r
+from .facts import Context, hint, ms, num, pct, r, window_phrase
 from .registry import Rule
 from .rules_workers import MIN_WORTHWHILE_SPEEDUP
 
@@ -81,7 +81,8 @@ def rule_head_of_line_blocking(ctx: Context) -> list[dict[str, Any]]:
             f"worker {x['id']}: {ms(x['p50_ms'])} / {ms(x['p95_ms'])} / {ms(x['p99_ms'])}" for x in rows
         )
         msg = (
-            f"{lv.title} waits for data {pct(lv.wait)} of the time, and {pct(hol)} of the time it waits "
+            f"{lv.title} waits for data {pct(lv.wait)} of the time{window_phrase(lv)}, and {pct(hol)} "
+            f"of the time it waits "
             f"for the next batch in line while later batches sit ready: a rare slow sample holds up the "
             f"in-order delivery (fetch time p50 / p95 / p99 per batch: {tail}; worker "
             f"{worst_id}'s p99 is {worst:.0f}× its median). Its workers are busy only "

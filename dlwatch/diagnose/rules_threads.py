@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .facts import Context, as_dict, hint, ms, num, pct, r
+from .facts import Context, as_dict, hint, ms, num, pct, r, window_phrase
 from .registry import Rule
 
 
@@ -29,7 +29,7 @@ def rule_feeder_not_the_loop(ctx: Context) -> list[dict[str, Any]]:
         wait_ms, hand_ms = num(fd.get("wait_ms_mean")), num(fd.get("handover_ms_mean"))
         figures = ""
         if wait is not None:
-            figures = f" That thread waits for data {pct(wait)} of its time"
+            figures = f" That thread waits for data {pct(wait)} of its time{window_phrase(lv)}"
             if wait_ms is not None and hand_ms is not None:
                 figures += f" ({ms(wait_ms)} per batch, then {ms(hand_ms)} handing it on)"
             figures += ": the feeder's figure, not the loop's."

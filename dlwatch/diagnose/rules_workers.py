@@ -35,14 +35,17 @@ from .facts import (
     as_dict,
     ceil_ratio,
     cores,
+    count_of,
     hint,
     ms,
     num,
     others_cores,
     pct,
+    plural,
     r,
     setting,
     whole_cores,
+    window_phrase,
     worker_values,
 )
 from .registry import Rule
@@ -167,15 +170,6 @@ def _prediction_evidence(pred: capacity.Prediction | capacity.NoPrediction | Non
     if pred is None:
         return {"expected_speedup": None}
     return pred.evidence()
-
-
-def window_phrase(lv: LoaderView) -> str:
-    """Which window a hint's figures cover: the live headline reads a shorter one."""
-    w = num(lv.loader.get("window_s"))
-    b = lv.loader.get("window_batches")
-    if w is None:
-        return ""
-    return f" (last {w:.0f} s" + (f", {b} batches)" if isinstance(b, int) and b > 0 else ")")
 
 
 def _loading_cpu(lv: LoaderView, job_cpu_main_thread: float | None) -> tuple[float, str]:
@@ -328,7 +322,7 @@ def rule_add_workers(ctx: Context) -> list[dict[str, Any]]:
         worth, gain_text = _gain(pred)
         msg = (
             f"{lv.title} waits for data {pct(lv.wait)} of the time{window_phrase(lv)}; its "
-            f"{nw} worker{'s are' if nw != 1 else ' is'} busy {pct(lv.busy_mean)} of the time "
+            f"{count_of(nw, 'worker')} {plural(nw, 'is')} busy {pct(lv.busy_mean)} of the time "
             f"and one batch costs a worker {ms(lv.worker_ms)} while the loop uses one every "
             f"{ms(lv.step_ms)}"
         )
@@ -369,8 +363,8 @@ def rule_io_bound(ctx: Context) -> list[dict[str, Any]]:
         if rec <= nw:
             continue
         msg = (
-            f"{lv.title} waits for data {pct(lv.wait)} of the time{window_phrase(lv)}; its {nw} "
-            f"worker{'s are' if nw != 1 else ' is'} busy {pct(lv.busy_mean)} of the time but on a "
+            f"{lv.title} waits for data {pct(lv.wait)} of the time{window_phrase(lv)}; its "
+            f"{count_of(nw, 'worker')} {plural(nw, 'is')} busy {pct(lv.busy_mean)} of the time but on a "
             f"CPU only {pct(min(share, 1.0))} of it: loading waits on storage or network. "
             f"One batch takes a worker {ms(lv.worker_ms)} and the loop uses one every "
             f"{ms(lv.step_ms)}."
@@ -430,7 +424,7 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict[str, Any]]:
         parts += others_cores(acc)
         msg = (
             f"{lv.title} waits for data {pct(lv.wait)} of the time{window_phrase(lv)} while its "
-            f"{lv.num_workers} CPU-bound worker{'s are' if lv.num_workers != 1 else ' is'} busy "
+            f"{count_of(nw, 'CPU-bound worker')} {plural(nw, 'is')} busy "
             f"{pct(lv.busy_mean)} of the time, and the cores are taken: of the {cores(ctx.usable_cores)} "
             f"usable, {_and(parts)} (cores of CPU plus run-queue wait)."
         )
@@ -529,14 +523,15 @@ def rule_pipeline_has_headroom(ctx: Context) -> list[dict[str, Any]]:
             )
         else:
             rec = max(1, ceil_ratio(nw * lv.busy_mean, HEADROOM_TARGET_BUSY))
-            method = f"busy time of {nw} workers spread at {pct(HEADROOM_TARGET_BUSY)} busy each"
+            method = f"busy time of {count_of(nw, 'worker')} spread at {pct(HEADROOM_TARGET_BUSY)} busy each"
         if rec >= nw:
             continue
         idle_cpu = sum(worker_values(lv.workers, "cpu_percent")) / 100.0
         pred = capacity.predict(ctx, lv, rec)
         msg = (
             f"{lv.title} has its prefetch queue full ({int(ready)}/{int(cap)} "
-            f"batches ready), the loop waits {pct(lv.wait)} of the time and its {nw} workers are "
+            f"batches ready), the loop waits {pct(lv.wait)} of the time{window_phrase(lv)} and its "
+            f"{count_of(nw, 'worker')} {plural(nw, 'is')} "
             f"busy only {pct(lv.busy_mean)} of the time."
         )
         if isinstance(pred, capacity.Prediction):

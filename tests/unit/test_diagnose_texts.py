@@ -1,0 +1,97 @@
+"""Counts in every rule's text as a person writes them (issue 43): "1 worker",
+"2 workers", "1 core's worth", never "1 workers" or "waited 1 cores' worth".
+
+Every case of the rule table (test_diagnose_rules.CASES) is judged again with
+its loaders cut to 1 and to 2 workers and the box to 1, 2 and 8 usable cores,
+and every hint's message and suggestion is read for a count whose noun
+disagrees with it."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+
+from dlwatch.diagnose import evaluate
+from dlwatch.snapshot import count_of, plural
+from tests.unit.test_diagnose_rules import CASES, growth_snaps, run
+
+NOUNS = r"(?:workers?|cores?|batch(?:es)?|threads?|epochs?|trainers?|processes|process|samples?|loaders?|ranks?)"
+# "1 workers", "1 cores' worth", "1 usable cores"; and "2 worker is", "3 core's".
+ONE_MANY = re.compile(r"(?<![\d.,])1 (?:usable |busy |CPU-bound |DataLoader |idle )?(?:workers|cores|batches|threads|epochs|trainers|processes|samples|loaders|ranks)\b")
+MANY_ONE = re.compile(
+    r"(?<![\d.,])(?:0|[2-9]|\d\d+|\d+\.\d+) (?:usable |busy |CPU-bound |DataLoader |idle )?"
+    r"(?:worker|core|batch|thread|epoch|trainer|process|sample|loader|rank)(?: is|'s|\b(?![-/]))"
+)
+
+
+def _variants(snap: dict):
+    for nw in (1, 2):
+        for usable in (1.0, 2.0, 8.0):
+            s = copy.deepcopy(snap)
+            s.setdefault("host", {})["usable_cores"] = usable
+            for job in s.get("jobs") or []:
+                for ld in job.get("loaders") or []:
+                    ws = ld.get("workers") or []
+                    if ws and all(isinstance(w, dict) for w in ws):
+                        while len(ws) < nw:
+                            ws.append(dict(ws[-1], id=len(ws), pid=ws[-1]["pid"] + 100))
+                        ld["workers"] = ws[:nw]
+                        ld["num_workers"] = nw
+            yield f"nw={nw} usable={usable:g}", s
+
+
+def _texts(hints):
+    for h in hints:
+        yield h["id"], h["message"]
+        yield h["id"], h["suggestion"]
+
+
+def _bad(text: str) -> list[str]:
+    return [m.group(0) for m in ONE_MANY.finditer(text)] + [m.group(0) for m in MANY_ONE.finditer(text)]
+
+
+def test_plural_and_count_of():
+    assert count_of(1, "worker") == "1 worker" and count_of(2, "worker") == "2 workers"
+    assert count_of(0, "batch") == "0 batches" and count_of(1, "batch") == "1 batch"
+    assert count_of(1.0, "core") == "1 core" and count_of(0.5, "core") == "0.5 cores"
+    assert count_of(1.04, "core", "{:.1f}") == "1.0 cores"  # as written: not exactly one
+    assert count_of(1, "core's") + " worth" == "1 core's worth"
+    assert count_of(2, "core's") + " worth" == "2 cores' worth"
+    assert plural(1, "process") == "process" and plural(3, "process") == "processes"
+    assert plural(2, "is") == "are" and plural(1, "is") == "is"
+    # The check below finds what it is for.
+    assert _bad("1 workers run 5 threads") and _bad("waited 1 cores' worth") and _bad("its 2 worker is")
+    assert not _bad("1 worker runs 5 threads; 2 workers; 1 core's worth; 2 cores' worth; a 2-core box")
+
+
+def test_every_rule_counts_as_a_person_writes():
+    fired: set[str] = set()
+    found = []
+    for name, snap, _hid, _fires in CASES:
+        for how, s in _variants(snap):
+            hints = evaluate(s)
+            for hid, text in _texts(hints):
+                fired.add(hid)
+                found += [(name, how, hid, b, text) for b in _bad(text)]
+    for nw in (1, 2):
+        for hid, text in _texts(run(growth_snaps(40, nw=nw))[0]):
+            fired.add(hid)
+            found += [("growth", nw, hid, b, text) for b in _bad(text)]
+    assert not found, "\n".join(map(str, found[:20]))
+    # The variants reach the rules whose texts count things.
+    assert {
+        "add-workers",
+        "io-bound",
+        "cpu-bound-preprocessing",
+        "workers-oversubscribe-cores",
+        "worker-thread-oversubscription",
+        "worker-memory-growth",
+        "no-workers",
+    } <= fired, sorted(fired)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_count_of_reads_its_number_as_written(n):
+    assert count_of(n, "epoch") == f"{n} epoch{'s' if n != 1 else ''}"
