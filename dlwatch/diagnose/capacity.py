@@ -254,11 +254,26 @@ def cycle_model(ctx: Context, lv: LoaderView) -> tuple[CycleModel | None, str]:
     m = CycleModel(now, step, cores, trainer_work, load_cpu, off_cpu, cap, n0)
     fit = m.fit()
     if abs(fit - 1.0) > MODEL_FIT_TOLERANCE:
-        return None, (
-            f"its CPU figures account for {m.cycle(n0)[0]:.0f} ms of the {now:.0f} ms each batch takes "
-            f"now: something they do not show sets the pace"
-        )
+        return None, misfit(m.cycle(n0)[0], now)
     return m, ""
+
+
+def misfit(model_ms: float, now_ms: float) -> str:
+    """Why a model that misses the measured cycle prices nothing, in the
+    direction it misses: short of the cycle, something unseen sets the pace;
+    past it, the CPU figures hold more than the batches' work (issue 43: "its
+    CPU figures account for 782 ms of the 500 ms each batch takes" said
+    neither)."""
+    if model_ms < now_ms:
+        return (
+            f"its CPU figures account for only {model_ms:.0f} ms of the {now_ms:.0f} ms each batch takes "
+            f"now: something they do not show sets the pace (a GPU sync, a lock, I/O in the step)"
+        )
+    return (
+        f"its CPU figures would make each batch take {model_ms:.0f} ms, yet it takes {now_ms:.0f} ms "
+        f"now: they hold work that does not slow these batches (another phase or loader of the job, "
+        f"CPU time the step overlaps)"
+    )
 
 
 @dataclass(frozen=True)
