@@ -17,9 +17,11 @@ from dlwatch.diagnose import evaluate
 from dlwatch.snapshot import count_of, plural
 from tests.unit.test_diagnose_rules import CASES, growth_snaps, run
 
-NOUNS = r"(?:workers?|cores?|batch(?:es)?|threads?|epochs?|trainers?|processes|process|samples?|loaders?|ranks?)"
 # "1 workers", "1 cores' worth", "1 usable cores"; and "2 worker is", "3 core's".
-ONE_MANY = re.compile(r"(?<![\d.,])1 (?:usable |busy |CPU-bound |DataLoader |idle )?(?:workers|cores|batches|threads|epochs|trainers|processes|samples|loaders|ranks)\b")
+ONE_MANY = re.compile(
+    r"(?<![\d.,])1 (?:usable |busy |CPU-bound |DataLoader |idle )?"
+    r"(?:workers|cores|batches|threads|epochs|trainers|processes|samples|loaders|ranks)\b"
+)
 MANY_ONE = re.compile(
     r"(?<![\d.,])(?:0|[2-9]|\d\d+|\d+\.\d+) (?:usable |busy |CPU-bound |DataLoader |idle )?"
     r"(?:worker|core|batch|thread|epoch|trainer|process|sample|loader|rank)(?: is|'s|\b(?![-/]))"
