@@ -11,6 +11,7 @@ from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.widgets import Digits, Static
 
+from dlwatch.snapshot import count_of
 from dlwatch.tui import fmt
 from dlwatch.tui.keyed import set_static
 from dlwatch.tui.sparkline import FixedSparkline
@@ -154,6 +155,13 @@ def sampled_stats(ld: dict, pal: fmt.Palette) -> Text:
     return fmt.join(parts, pal=pal)
 
 
+def _last_epoch_batches(ld: dict) -> str:
+    """The last finished epoch's own count, ", 46 batches" (``epoch_batches``)."""
+    counts = fmt.lst(ld.get("epoch_batches"))
+    n = fmt.intval(counts[-1]) if counts else None
+    return "" if n is None else f", {count_of(n, 'batch')}"
+
+
 def epoch_stats(ld: dict, pal: fmt.Palette) -> Text:
     """The epoch line of the wide layout."""
     if ld.get("sampled") is True:
@@ -162,8 +170,10 @@ def epoch_stats(ld: dict, pal: fmt.Palette) -> Text:
         [
             f"epoch {fmt.count(ld.get('epoch'))}",
             f"epoch start {_or_why(ld, 'epoch_start_ms_last')}",
-            f"last epoch {_or_why(ld, 'epoch_ms_last')}",
-            f"{fmt.count(ld.get('batches_total'))} batches",
+            f"last epoch {_or_why(ld, 'epoch_ms_last')}" + _last_epoch_batches(ld),
+            # The running total, said as such (issue 43: "last epoch 26 s · 144
+            # batches" read as that epoch's count).
+            f"{count_of(fmt.count(ld.get('batches_total')), 'batch')} in all",
         ],
         pal=pal,
     )

@@ -104,3 +104,14 @@ def test_every_rule_counts_as_a_person_writes():
 @pytest.mark.parametrize("n", [1, 2])
 def test_count_of_reads_its_number_as_written(n):
     assert count_of(n, "epoch") == f"{n} epoch{'s' if n != 1 else ''}"
+
+
+def test_the_live_views_epoch_line_counts_that_epochs_batches():
+    from dlwatch.tui import fmt
+    from dlwatch.tui.loader import epoch_stats
+
+    ld = {"epoch": 4, "epoch_ms_last": 26000.0, "epoch_batches": [46, 46, 46], "batches_total": 144}
+    line = epoch_stats(ld, fmt.Palette()).plain
+    assert "last epoch 26 s, 46 batches" in line and "144 batches in all" in line, line
+    one = epoch_stats(dict(ld, epoch_batches=[1], batches_total=1), fmt.Palette()).plain
+    assert "last epoch 26 s, 1 batch ·" in one and "1 batch in all" in one and not _bad(one), one
