@@ -118,6 +118,23 @@ def format_hints(hints: Iterable[Mapping[str, Any]]) -> str:
     return "\n".join(blocks)
 
 
+# The docs site's root, where ``docs/hints/<id>.md`` is published as
+# ``hints/<id>/``; None while the site has no public address (mkdocs.yml's
+# ``site_url`` says the same: tests/unit/test_docs.py checks they agree).
+DOCS_SITE_URL: str | None = None
+
+
+def hint_reference(hint_id: str) -> str:
+    """Where a user reads what a hint means, wherever dlwatch is installed:
+    ``dlwatch explain ID`` (a terminal over SSH has no browser, so first), and
+    the site's page when the site has an address. Never a path into the
+    repository: an installed package has no docs/."""
+    ref = f"dlwatch explain {hint_id}"
+    if DOCS_SITE_URL:
+        ref += f" · {DOCS_SITE_URL.rstrip('/')}/hints/{hint_id}/"
+    return ref
+
+
 def judging_label(entry: Mapping[str, Any]) -> str:
     """ "judging… (N s)" for a loader the diagnosis has not judged yet (an
     entry of the snapshot's ``judging``)."""

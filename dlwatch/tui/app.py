@@ -19,7 +19,7 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from dlwatch import __version__
 from dlwatch.collect.loop_role import no_loader_yet
@@ -29,9 +29,9 @@ from dlwatch.tui.gpu import GpuPanel
 from dlwatch.tui.help import HelpScreen
 from dlwatch.tui.hints import HintDetailScreen, HintsPanel
 from dlwatch.tui.host import HostLine
-from dlwatch.tui.jobs import JobList, JobRow, group_jobs, job_state, remote_hosts
+from dlwatch.tui.jobs import JobList, JobRow, follow_living, group_jobs, job_state, remote_hosts
 from dlwatch.tui.keyed import set_static
-from dlwatch.tui.keys import APP_KEYS, SCREEN_KEYS, palette_keys
+from dlwatch.tui.keys import APP_KEYS, SCREEN_KEYS, footer_text, palette_keys
 from dlwatch.tui.loader import LoaderPanel
 from dlwatch.tui.profile import ProfileScreen, Runner
 from dlwatch.tui.sources import ReplayControls
@@ -82,7 +82,7 @@ class MonitorScreen(Screen):
         yield HostLine(id="host", classes="line")
         with VerticalScroll(id="hints-box", can_focus=False):
             yield HintsPanel(id="hints")
-        yield Footer()
+        yield TextLine(id="footer")
 
     def action_page(self, direction: int) -> None:
         main = self.query_one("#main", VerticalScroll)
@@ -90,6 +90,29 @@ class MonitorScreen(Screen):
             main.scroll_page_down(animate=False)
         else:
             main.scroll_page_up(animate=False)
+
+    def action_hints_page(self, direction: int) -> None:
+        box = self.query_one("#hints-box", VerticalScroll)
+        if direction > 0:
+            box.scroll_page_down(animate=False)
+        else:
+            box.scroll_page_up(animate=False)
+        self.call_after_refresh(self.draw_hints_title)
+
+    def draw_hints_title(self) -> None:
+        """The hints pane says, on its top border, that it holds more than it
+        shows and which keys scroll it (at 80×24 it has a few lines)."""
+        box = self.query_one("#hints-box", VerticalScroll)
+        more = box.max_scroll_y > 0
+        below, above = box.scroll_y < box.max_scroll_y, box.scroll_y > 0
+        where = "more below" if below and not above else "more above" if above and not below else "more"
+        box.border_title = f"{where}: [ ] scroll · e all in full" if more else None
+
+    def draw_footer(self) -> None:
+        app = self.app
+        replay = isinstance(app, DlwatchApp) and app.is_replay
+        style = f"bold {app.palette.accent}" if isinstance(app, DlwatchApp) else "bold"
+        set_static(self.query_one("#footer", TextLine), footer_text(self.size.width, replay, style))
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -108,6 +131,7 @@ class MonitorScreen(Screen):
 
     def on_mount(self) -> None:
         self.ready = True
+        self.draw_footer()
         # The app's first tick may come before this screen exists.
         app = self.app
         if isinstance(app, DlwatchApp):
@@ -120,6 +144,7 @@ class MonitorScreen(Screen):
         changed = wide != self.has_class("-wide") or tall != self.has_class("-tall")
         self.set_class(wide, "-wide")
         self.set_class(tall, "-tall")
+        self.draw_footer()
         app = self.app
         if isinstance(app, DlwatchApp):
             app.resize_columns(w)
@@ -165,6 +190,11 @@ class DlwatchApp(App):
         self.errors: dict[str, str] = {}
         self.source_error: str | None = None
         self._dismissed: set[int] = set()
+        # The selectable rows of the last redraw (None: none drawn yet), and
+        # whether the user chose the selected job after it had exited: the
+        # selection then stays on it when a new job starts (jobs.follow_living).
+        self._seen_keys: set[str] | None = None
+        self._chosen_exited = False
         self._drawn: dict | None = None
         self._full_at: float | None = None  # monotonic time of the last full redraw
         self._full_shape: tuple | None = None  # what the screen was laid out for then
@@ -290,6 +320,7 @@ class DlwatchApp(App):
         rows = self._guard("jobs", group_jobs, (snap or {}).get("jobs")) or []
         self.rows = rows
         self._fix_selection()
+        self._seen_keys = {r.key for r in rows if r.selectable}
         wide = screen.has_class("-wide")
         pal = self.palette
         job = self.selected_job()
@@ -319,7 +350,11 @@ class DlwatchApp(App):
         self._guard("host", self._draw_host, screen, snap, pal, wide)
         pid = fmt.intval(job.get("pid")) if job else None
         host = fmt.s(fmt.d(job).get("host")) or None
-        self._guard("hints", screen.ref("#hints", HintsPanel).show, snap, pid, pal, wide, host)
+        ended = job is not None and job_state(job) == "exited"
+        self._guard("hints", screen.ref("#hints", HintsPanel).show, snap, pid, pal, wide, host, ended)
+        self._guard("footer", screen.draw_footer)
+        # The pane's size follows its new text after the next layout.
+        screen.call_after_refresh(self._guard, "hints", screen.draw_hints_title)
         self._guard("status", self._draw_status)
 
     def _guard(self, what: str, fn: Callable, *args):
@@ -442,9 +477,10 @@ class DlwatchApp(App):
     # ------------------------------------------------------------ selection
 
     def _fix_selection(self) -> None:
-        keys = [r.key for r in self.rows if r.selectable]
-        if self.selected_key not in keys:
-            self.selected_key = keys[0] if keys else None
+        key = follow_living(self.rows, self.selected_key, self._seen_keys, self._chosen_exited)
+        if key != self.selected_key:
+            self.selected_key = key
+            self._chosen_exited = False
 
     def selected_row(self) -> JobRow | None:
         for r in self.rows:
@@ -462,6 +498,8 @@ class DlwatchApp(App):
             return
         i = keys.index(self.selected_key) if self.selected_key in keys else -step
         self.selected_key = keys[(i + step) % len(keys)]
+        row = self.selected_row()
+        self._chosen_exited = row is not None and job_state(row.job) != "live"
         self._drawn = None  # force a redraw even when paused
         self.redraw(full=True)
 

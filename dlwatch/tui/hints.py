@@ -9,7 +9,7 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.widgets import Static
 
-from dlwatch.diagnose.render import evidence_items, evidence_text, judging_lines
+from dlwatch.diagnose.render import evidence_items, evidence_text, hint_reference, judging_lines
 from dlwatch.tui import fmt
 from dlwatch.tui.keyed import set_static
 from dlwatch.tui.textmodal import TextModal
@@ -18,13 +18,18 @@ from dlwatch.tui.textmodal import TextModal
 def relevant_hints(hints: Any, job_pid: int | None, host: str | None = None) -> tuple[list[dict], int]:
     """(hints about this job or the whole box, number about other jobs).
     ``host``: the job's node in a ``dlwatch --host`` view, where two nodes may
-    run the same PID; a hint of another node is another job's."""
+    run the same PID; a hint of another node is another job's. A box-wide
+    hint whose evidence names its jobs (``jobs``) is about those: beside a
+    job that has exited, the cores its successor fills are another job's."""
     mine, others = [], 0
     for h in fmt.lst(hints):
         if not isinstance(h, dict):
             continue
         pid = h.get("job_pid")
+        named = [p for p in fmt.lst(fmt.d(h.get("evidence")).get("jobs")) if isinstance(p, int)]
         if host and h.get("host") not in (None, host):
+            others += 1
+        elif pid is None and named and job_pid is not None and job_pid not in named:
             others += 1
         elif pid is None or job_pid is None or pid == job_pid:
             mine.append(h)
@@ -34,7 +39,15 @@ def relevant_hints(hints: Any, job_pid: int | None, host: str | None = None) -> 
     return mine, others
 
 
-def hint_text(h: dict, pal: fmt.Palette, wide: bool) -> Text:
+# In the compact layout a hint's message gets at most this many lines of the
+# pane, so that its next step ("→") shows under it (`e` shows it in full).
+COMPACT_MESSAGE_LINES = 2
+
+
+def hint_text(h: dict, pal: fmt.Palette, wide: bool, width: int | None = None) -> Text:
+    """One hint: severity, id, message, "→ next step", evidence. ``width``:
+    the pane's, in the compact layout, where a long message is cut to
+    ``COMPACT_MESSAGE_LINES`` lines so that the next step stays in sight."""
     sev = fmt.s(h.get("severity"), "info")
     level = fmt.HINT_LEVEL.get(sev, fmt.INFO)
     t = Text()
@@ -44,7 +57,12 @@ def hint_text(h: dict, pal: fmt.Palette, wide: bool) -> Text:
         t.append(" (all jobs)", pal.dim)
     elif fmt.intval(h.get("loader_id")) not in (None, 0):
         t.append(f" (loader {fmt.count(h.get('loader_id'))})", pal.dim)
-    t.append(": " + fmt.s(h.get("message"), fmt.NA))
+    message = ": " + fmt.s(h.get("message"), fmt.NA)
+    if not wide and width:
+        # Characters, not wrapped lines: a word wrapped early costs a few
+        # cells, so a margin of a few per line keeps it within the lines.
+        message = fmt.truncate(message, COMPACT_MESSAGE_LINES * (width - 4) - len(t.plain))
+    t.append(message)
     suggestion = fmt.s(h.get("suggestion"))
     ev = evidence_text(h.get("evidence"), limit=6 if wide else 3)
     if suggestion:
@@ -68,12 +86,15 @@ class HintsPanel(Static):
         pal: fmt.Palette,
         wide: bool,
         host: str | None = None,
+        ended: bool = False,
     ) -> None:
+        """``ended``: the job has exited (its hints ended with it)."""
         # The collector re-judges once a second and hands the same list over
         # in between: nothing to format again.
         hints_obj = snapshot.get("hints") if isinstance(snapshot, dict) else None
         judging_obj = snapshot.get("judging") if isinstance(snapshot, dict) else None
-        key = (hints_obj, job_pid, pal, wide, host, judging_obj)
+        width = self._width()
+        key = (hints_obj, job_pid, pal, wide, host, ended, width, judging_obj)
         if (
             hints_obj is not None
             and self._shown_for is not None
@@ -98,18 +119,27 @@ class HintsPanel(Static):
             out.append("\n".join(judging), pal.dim)
             if hints:
                 out.append("\n")
+        elif not hints and ended:
+            # Not "nothing to fix": a dead job is not judged at all.
+            out.append("no hints: the job has exited (hints are about running jobs)", pal.dim)
         elif not hints:
             out.append("✓ no hints" + (" for this job" if others else ""), pal.good)
             out.append(" — nothing to fix in the input pipeline right now" if not others else "", pal.dim)
         for i, h in enumerate(hints):
             if i:
                 out.append("\n")
-            out.append_text(hint_text(h, pal, wide))
+            out.append_text(hint_text(h, pal, wide, width))
         if others:
             out.append(
                 f"\n+{others} hint{'s' if others > 1 else ''} about other jobs (tab to switch)", pal.dim
             )
         set_static(self, out)
+
+    def _width(self) -> int:
+        """The cells a line of the pane has (before the first layout: the
+        screen's, less the pane's padding and scroll bar)."""
+        width = self.size.width
+        return width if width > 0 else max(20, self.app.size.width - 3)
 
 
 def hint_detail(h: dict, pal: fmt.Palette) -> Text:
@@ -124,11 +154,9 @@ def hint_detail(h: dict, pal: fmt.Palette) -> Text:
             t.append(v)
     hid = h.get("id")
     if isinstance(hid, str) and hid:
-        # Where to read what the hint means and what to do: a terminal over SSH
-        # has no browser, so the command comes first, the docs page second.
+        # Where to read what the hint means and what to do, without a checkout.
         t.append("\n  about this hint: ", pal.dim)
-        t.append(f"dlwatch explain {hid}")
-        t.append(f" · docs/hints/{hid}.md", pal.dim)
+        t.append(hint_reference(hid))
     return t
 
 
@@ -147,4 +175,4 @@ class HintDetailScreen(TextModal):
                 body.append("\n\n")
             body.append_text(hint_detail(h, pal))
         title = "hints" + (f" · PID {job_pid}" if job_pid is not None else "")
-        super().__init__(body, title=title, body_id="hint-detail", width=100)
+        super().__init__(body, title=title, closes="escape, q or e closes", body_id="hint-detail", width=100)

@@ -14,9 +14,10 @@ from collections.abc import Callable
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
+
+from dlwatch.tui.textmodal import closing_frame
 
 # (pid, on_status=, cancelled=) -> the summary document; raises on failure
 # with a readable message (dlwatch.collect.control.request_profile).
@@ -52,7 +53,10 @@ class ProfileScreen(ModalScreen[None]):
         self._cancel = threading.Event()
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll():
+        # escape cancels a burst still running; the text says so too.
+        with closing_frame(
+            f"escape, q or {'W' if self.of_workers else 'P'} closes", f"{self.what} · PID {self.pid}"
+        ):
             yield Static(self._progress_text("asking the job…"), id="profile-text")
 
     def on_mount(self) -> None:

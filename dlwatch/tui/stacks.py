@@ -15,11 +15,11 @@ from collections.abc import Callable
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from dlwatch.diagnose import hang
+from dlwatch.tui.textmodal import closing_frame
 
 # pid -> the stacks document (dlwatch.collect.hang.gather_stacks)
 StacksRunner = Callable[[int], dict]
@@ -50,7 +50,7 @@ class StacksScreen(ModalScreen[None]):
         self._gone = threading.Event()
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll():
+        with closing_frame("escape, q or S closes", f"stacks · PID {self.pid}"):
             yield Static(self._text(), id="stacks-text")
 
     def on_mount(self) -> None:

@@ -1,5 +1,7 @@
 """A modal screen that shows one text, scrollable, closed by a few keys: the
-help (``?``) and the hints in full (``e``) are both this."""
+help (``?``) and the hints in full (``e``) are both this. Every modal of the
+view (these, the profiles, the stacks) sits in a ``closing_frame``, which says
+on its border how to close it: a short terminal may cut the text, never that."""
 
 from __future__ import annotations
 
@@ -11,6 +13,14 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
+
+
+def closing_frame(closes: str, title: str = "") -> VerticalScroll:
+    """The scrollable box of a modal, its border naming the keys that close it."""
+    box = VerticalScroll()
+    box.border_title = title
+    box.border_subtitle = f"{closes} · ↑↓ pgup pgdn scroll"
+    return box
 
 
 class TextModal(ModalScreen[None]):
@@ -46,10 +56,7 @@ class TextModal(ModalScreen[None]):
         self._width = width
 
     def compose(self) -> ComposeResult:
-        box = VerticalScroll()
-        box.border_title = self._title
-        # In the border, so that it shows even when a short terminal cuts the text.
-        box.border_subtitle = f"{self._closes} · ↑↓ scroll"
+        box = closing_frame(self._closes, self._title)
         if self._width:
             box.styles.width = self._width
         with box:

@@ -178,7 +178,21 @@ def test_dlwatch_in_tmux_shows_workers_and_wait_then_quits_on_q(job, width, heig
         else:
             assert hues, "no colour at all without NO_COLOR"
 
-        # 4. q quits: dlwatch ends, with status 0, within 10 s.
+        # 4. Every key is reachable at any size: the footer ends with `?`,
+        # which lists them all, and names S; a modal says how to close it.
+        footer = screen.rstrip("\n").splitlines()[-1]
+        assert re.search(r"\? (more )?keys\s*$", footer) and "S stacks" in footer, footer
+        tmux("send-keys", "-t", "main", "S")
+        end = time.monotonic() + LIMIT_S
+        while time.monotonic() < end and "escape, q or S closes" not in (shown_s := tmux.capture()):
+            time.sleep(0.2)
+        assert "escape, q or S closes" in shown_s, shown_s
+        tmux("send-keys", "-t", "main", "Escape")
+        end = time.monotonic() + LIMIT_S
+        while time.monotonic() < end and "closes" in tmux.capture():
+            time.sleep(0.2)
+
+        # 5. q quits: dlwatch ends, with status 0, within 10 s.
         app_pid = _dlwatch_pid(int(tmux.pane("#{pane_pid}")))
         tmux("send-keys", "-t", "main", "q")
         end = time.monotonic() + 10.0

@@ -13,7 +13,7 @@ import time
 import pytest
 from textual.widgets import Digits, Static
 
-from dlwatch.diagnose.render import evidence_value
+from dlwatch.diagnose.render import evidence_value, hint_reference
 from dlwatch.snapshot import SnapshotSource
 from dlwatch.tui import fmt
 from dlwatch.tui.app import DlwatchApp, run_tui
@@ -1001,7 +1001,7 @@ async def test_e_opens_every_hint_in_full_with_all_its_evidence():
         assert "epoch_start_ms = 1840" in str(text)
         # Its page, two keys from the view: `e`, then the command it names.
         hid = snap["hints"][0]["id"]
-        assert f"about this hint: dlwatch explain {hid} · docs/hints/{hid}.md" in str(text)
+        assert f"about this hint: {hint_reference(hid)}" in str(text) and "docs/" not in str(text)
         await pilot.press("escape")
         await pilot.pause(0.1)
         assert not isinstance(app.screen, HintDetailScreen)

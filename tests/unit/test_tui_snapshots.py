@@ -52,6 +52,19 @@ def test_exited_job_selected(snap_compare, size):
     assert snap_compare(app, terminal_size=size, run_before=select_exited)
 
 
+@pytest.mark.parametrize("size", SIZES)
+def test_a_long_hint_keeps_its_next_step_in_sight(snap_compare, size):
+    """Issue 43: at 80×24 the hint's "→" was cut off."""
+    snap = F.data_bound()
+    snap["hints"][0]["message"] = (
+        "The 2 usable cores are fully used over the last 15 s: the trainer 1.2 cores of CPU (all "
+        "threads), 2 busy DataLoader workers 0.8 and other processes 0.1; besides, their threads "
+        "waited 0.4 cores' worth for a CPU (20 % of the cores). Loader 0 of PID 4242 with "
+        "num_workers=1: ≈ 1.12× faster (predicted); the step would take 80 ms."
+    )
+    assert snap_compare(make_app([snap]), terminal_size=size, run_before=settle)
+
+
 def test_no_jobs(snap_compare):
     assert snap_compare(make_app([F.empty()]), terminal_size=(80, 24), run_before=settle)
 
