@@ -12,6 +12,10 @@ What is generated, so that it cannot drift from the code:
 - the key tables of ``docs/live-view.md``, from the live view's key table
   (``dlwatch/tui/keys.py``: the same table makes its bindings, footer and help).
 
+It also checks every page of the site (generated or not) for identifiers that
+Markdown would read as emphasis: ``__getitem__`` outside backticks renders as
+a bold "getitem" (``--check`` and the build's hook refuse it).
+
 Generated parts of hand-written pages sit between ``<!-- generated:NAME -->``
 and ``<!-- /generated:NAME -->``. ``mkdocs build`` runs the check first
 (``on_pre_build`` below, wired in ``mkdocs.yml``), so a strict build fails on
@@ -53,12 +57,51 @@ def _key_tables() -> dict[str, str]:
 
     def table(rows: list[tuple[str, str]]) -> str:
         out = ["| key | action |", "|---|---|"]
-        out += [f"| `{k}` | {what} |" for k, what in rows]
+        out += [f"| `{k}` | {code_identifiers(what)} |" for k, what in rows]
         return "\n".join(out)
 
     common, replay_only = help_rows(replay=True)
     live, _ = help_rows(replay=False)
     return {"keys": table(live), "replay-keys": table(replay_only)}
+
+
+# A word with an underscore in plain text (``__getitem__``, ``num_workers``):
+# code for the reader, and never Markdown emphasis.
+_IDENTIFIER = re.compile(r"(?<![`\w])(\w*_\w*)(?![`\w])")
+# What Markdown leaves alone: fenced blocks, code spans, link targets, comments.
+_NOT_PROSE = re.compile(r"^(```|~~~).*?^\1|(`+)(?:(?!\2).)+?\2|\]\([^)]*\)|<!--.*?-->", re.S | re.M)
+# ``__x__`` or ``_x_`` standing alone in prose: Markdown's strong or emphasis.
+_EMPHASIS = re.compile(r"(?<![\w`\\*])(__?)(?=\w)([\w.]+?)(?<=\w)\1(?![\w`])")
+
+
+def code_identifiers(text: str) -> str:
+    """``text`` (plain, from the source) with each identifier in backticks."""
+    return _IDENTIFIER.sub(lambda m: f"`{m.group(1)}`", text)
+
+
+def emphasis_problems(text: str) -> list[str]:
+    """The identifiers of a Markdown page that would render as emphasis."""
+    prose = _NOT_PROSE.sub(" ", text)
+    return [m.group(0) for m in _EMPHASIS.finditer(prose)]
+
+
+def _site_pages() -> dict[Path, str]:
+    """Every page of the site as the build reads it (generated ones as they
+    will be written), and RULES.md, which a page includes."""
+    pages = {p: p.read_text("utf-8") for p in sorted(DOCS.rglob("*.md"))}
+    pages.update(expected())
+    rules = ROOT / "dlwatch" / "diagnose" / "RULES.md"
+    pages[rules] = rules.read_text("utf-8")
+    return pages
+
+
+def markdown_problems() -> list[str]:
+    """Identifiers that the site would render as emphasis, by page."""
+    out = []
+    for path, text in _site_pages().items():
+        for word in emphasis_problems(text):
+            out.append(f"{path.relative_to(ROOT)}: {word} renders as emphasis (put it in backticks)")
+    return out
 
 
 def _home() -> str:
@@ -134,11 +177,14 @@ def write() -> list[str]:
 
 
 def on_pre_build(config, **kwargs) -> None:  # MkDocs hook
+    from mkdocs.exceptions import Abort
+
     bad = stale()
     if bad:
-        from mkdocs.exceptions import Abort
-
         raise Abort("stale generated docs (run `python tools/gendocs.py`): " + ", ".join(bad))
+    bad = markdown_problems()
+    if bad:
+        raise Abort("; ".join(bad))
 
 
 def main(argv: list[str]) -> int:
@@ -146,9 +192,14 @@ def main(argv: list[str]) -> int:
         bad = stale()
         for b in bad:
             print(f"gendocs: stale: {b}", file=sys.stderr)
-        return 1 if bad else 0
+        emphasis = markdown_problems()
+        for b in emphasis:
+            print(f"gendocs: {b}", file=sys.stderr)
+        return 1 if bad or emphasis else 0
     for w in write():
         print(f"gendocs: wrote {w}")
+    for b in markdown_problems():
+        print(f"gendocs: {b}", file=sys.stderr)
     return 0
 
 

@@ -87,6 +87,140 @@ def test_explain_prints_the_page_and_refuses_an_unknown_hint():
     assert "Traceback" not in r.stderr
 
 
+def _explain(*args: str, tty: bool) -> str:
+    """``dlwatch explain ARGS``'s output, its stdout a pipe or a 100×40 terminal."""
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "COLUMNS")}
+    cmd = [sys.executable, "-m", "dlwatch", "explain", *args]
+    if not tty:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
+    env["TERM"] = "xterm-256color"
+    proc = subprocess.Popen(cmd, env=env, stdout=slave, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the other side closed
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    assert proc.wait(timeout=30) == 0, proc.stderr.read() if proc.stderr else ""
+    return out.decode()
+
+
+def test_explain_renders_markdown_on_a_terminal_and_stays_markdown_in_a_pipe():
+    """Issue 43: `dlwatch explain` printed raw Markdown, a ~600-character
+    table row included, to a terminal."""
+    import re
+
+    piped = _explain("io-bound", tty=False)
+    assert piped.startswith("# `io-bound`") and "\n| | severity | fires when | key evidence |" in piped
+    assert "\x1b[" not in piped
+    # A link to another page keeps its words, not a path the user does not have.
+    assert "defers to `workers-oversubscribe-cores`" in piped and ".md)" not in piped
+    shown = _explain("io-bound", tty=True)
+    assert "\x1b[" in shown  # styled
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", shown).replace("\r", "")
+    lines = plain.splitlines()
+    assert all(len(line) <= 100 for line in lines), max(lines, key=len)
+    assert "# `io-bound`" not in plain and "|---|" not in plain and "**" not in plain
+    assert any("severity" in line and "fires when" in line for line in lines)  # the table, laid out
+    assert "What it means" in plain
+
+
+def test_explain_show_renders_for_a_terminal_console_only():
+    from rich.console import Console
+
+    from dlwatch.cli.commands import explain
+
+    text = explain.for_reader(pages.page("add-workers"))
+    console = Console(force_terminal=True, width=80, color_system=None)
+    with console.capture() as captured:
+        explain.show(text, console)
+    out = captured.get()
+    assert "What to do" in out and "## " not in out and "| hooked job |" not in out
+    assert max(map(len, out.splitlines())) <= 80
+
+
+def test_no_hint_text_shown_to_users_names_a_path_in_the_repository():
+    """Issue 43: a hint's reference `docs/hints/….md` resolved only from a
+    checkout. What the views show of a hint comes from the rules and the
+    views' code (string literals, not docstrings or comments) and from the
+    pages `dlwatch explain` prints; none may name a docs/ path."""
+    import ast
+
+    from dlwatch.diagnose.render import DOCS_SITE_URL, hint_reference
+
+    found = []
+    for folder in ("dlwatch/diagnose", "dlwatch/tui"):
+        for path in sorted((ROOT / folder).glob("*.py")):
+            tree = ast.parse(path.read_text())
+            docstrings = {
+                id(n.body[0].value)
+                for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and n.body
+                and isinstance(n.body[0], ast.Expr)
+                and isinstance(n.body[0].value, ast.Constant)
+            }
+            for node in ast.walk(tree):
+                if (
+                    isinstance(node, ast.Constant)
+                    and isinstance(node.value, str)
+                    and id(node) not in docstrings
+                    and "docs/" in node.value
+                ):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
+    for rid in REGISTRY:
+        if "docs/" in _explain_text(rid):
+            found.append(f"dlwatch explain {rid}")
+    assert found == []
+    assert hint_reference("io-bound").startswith("dlwatch explain io-bound")
+    assert ("/hints/io-bound/" in hint_reference("io-bound")) == bool(DOCS_SITE_URL)
+
+
+def _explain_text(rid: str) -> str:
+    from dlwatch.cli.commands import explain
+
+    return explain.for_reader(pages.page(rid))
+
+
+def test_the_site_address_the_hints_name_is_the_sites():
+    import yaml
+
+    from dlwatch.diagnose.render import DOCS_SITE_URL
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    # mkdocs.yml's !!python/name tags (none today) must not stop the read.
+    Loader.add_multi_constructor("tag:yaml.org,2002:python/", lambda loader, suffix, node: None)
+    config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=Loader)
+    assert (config.get("site_url") or None) == DOCS_SITE_URL
+
+
+def test_identifiers_never_render_as_emphasis_on_the_site():
+    """Issue 43: `__getitem__` rendered as a bold "getitem" on the live-view
+    page (its key table is generated from the help text)."""
+    gendocs = _gendocs()
+    assert gendocs.emphasis_problems("which stage of __getitem__ costs _what_") == ["__getitem__", "_what_"]
+    assert gendocs.emphasis_problems("`__getitem__`, num_workers, [x](a-__b__-c), \\_\\_x") == []
+    assert gendocs.emphasis_problems("```\n__init__\n```\n") == []
+    assert "`__getitem__`" in gendocs.code_identifiers("which stage of __getitem__ costs what")
+    assert gendocs.markdown_problems() == []
+
+
 @pytest.mark.skipif(
     shutil.which("mkdocs") is None and importlib.util.find_spec("mkdocs") is None,
     reason="mkdocs is not installed (pip install -e '.[docs]')",

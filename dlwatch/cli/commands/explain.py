@@ -1,8 +1,14 @@
 """``dlwatch explain [HINT]``: a hint's page in the terminal — what it means,
 when it fires, its evidence, where its thresholds come from and what to do —
-the same text as the docs site's page (``dlwatch/diagnose/pages.py``)."""
+the same text as the docs site's page (``dlwatch/diagnose/pages.py``).
+
+On a terminal the page is rendered (rich: headings, lists and the rule table
+laid out to the width, where its raw row runs to ~600 characters); piped or
+redirected it stays Markdown, plain text that greps and pastes."""
 
 from __future__ import annotations
+
+import re
 
 from dlwatch.cli.common import EXIT_OK, EXIT_USAGE, fail
 
@@ -11,11 +17,36 @@ HELP = "what a hint means and what to do about it (the hint's docs page, in the 
 ORDER = 85
 PROG = "dlwatch explain"
 
+# A link to another page of the site (``[`io-bound`](io-bound.md)``,
+# ``(../tune.md)``): the words stay, the target goes: outside the site it
+# names a file the user does not have. A hint named so is ``dlwatch explain``'s.
+_RELATIVE_LINK = re.compile(r"\[([^\]]+)\]\((?![a-z][a-z0-9+.-]*:)[^)]*\)")
+
 
 def add_arguments(p) -> None:
     p.add_argument(
         "hint", nargs="?", metavar="HINT", help="a hint id, as the view shows it (omit: list them all)"
     )
+
+
+def for_reader(page: str) -> str:
+    """The page as a reader outside the site gets it: no HTML comment (for
+    the site's source), no relative link targets."""
+    text = "\n".join(line for line in page.splitlines() if not line.startswith("<!--")).strip()
+    return _RELATIVE_LINK.sub(r"\1", text)
+
+
+def show(text: str, console=None) -> None:
+    """``text`` (Markdown) rendered on a terminal, else printed as it is."""
+    from rich.console import Console
+
+    console = console or Console()
+    if console.is_terminal and not console.is_dumb_terminal:
+        from rich.markdown import Markdown
+
+        console.print(Markdown(text, hyperlinks=False))
+    else:
+        print(text)
 
 
 def run(args) -> int:
@@ -32,6 +63,5 @@ def run(args) -> int:
         text = pages.page(args.hint.strip().strip("`"))
     except pages.MissingPage as e:
         return fail(str(e), EXIT_USAGE, PROG)
-    # The HTML comment is for the docs site's source, not for a reader.
-    print("\n".join(line for line in text.splitlines() if not line.startswith("<!--")).strip())
+    show(for_reader(text))
     return EXIT_OK
