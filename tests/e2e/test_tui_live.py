@@ -263,6 +263,23 @@ async def test_second_job_appears_live_and_a_killed_job_shows_exited_with_last_f
         assert job_row(app, pid_a)[2] == "live"
         assert "1 exited" in plain(app.screen.query_one("#status", TextLine))
 
+        # The script started again (issue 43): the view moves from the job
+        # that exited, chosen while it ran, to the new one.
+        third = Job(*JOB_ARGS, runtime_dir=job.dir)
+        try:
+            pid_c = third.proc.pid
+            await wait_for(
+                pilot, lambda: app.selected_key == f"job:{pid_c}", "the new job selected", timeout=40
+            )
+            await wait_for(
+                pilot,
+                lambda: f"pid {pid_c}" in plain(app.screen.query_one("#job-header", TextLine)),
+                "the new job's details",
+            )
+        finally:
+            third.kill()
+            shutil.rmtree(third.workdir, ignore_errors=True)
+
 
 @pytest.mark.timing  # the hint in the screenshot must have shown in time
 @sync
