@@ -28,7 +28,7 @@ METRICS = (
     ("wait_ms_p50", "wait per batch, median (ms)", "ms", "-"),
     ("worker_busy_mean", "worker busy, mean", "frac", ""),
     ("worker_cpu_mean", "worker CPU, mean (% of a core)", "pct", ""),
-    ("worker_uss_last_sum", "workers' USS at the end, sum", "bytes", ""),
+    ("worker_uss_peak_sum", "workers' USS, largest sum at one time", "bytes", ""),
     ("batches", "batches recorded", "count", ""),
     # The whole recording (what `dlwatch run --record` says it covered, "over
     # N s"), and the part of it in which the main loader was seen: the job's
@@ -121,8 +121,10 @@ def text(c: Comparison) -> str:
         f"B: {c.b.recording.path} ({_what(c.lb)})",
         "",
     ]
-    rows = [("setting", "A", "B", "")]
-    rows += [(k, fmt_value(va, ""), fmt_value(vb, ""), "differs" if d else "") for k, va, vb, d in c.settings]
+    rows = [("setting", "A", "B", "B vs A")]
+    rows += [
+        (k, fmt_value(va, ""), fmt_value(vb, ""), "differs" if d else "same") for k, va, vb, d in c.settings
+    ]
     lines += _table(rows) + [""]
     rows = [("figure", "A", "B", "change (B vs A)")]
     rows += [(label, fmt_value(va, kind), fmt_value(vb, kind), ch) for label, kind, va, vb, ch in c.metrics]

@@ -275,6 +275,12 @@ def summary(ls: LoaderSeries) -> dict[str, Any]:
         if len(uss) > 1:
             growth.append(uss[-1] - uss[0])
     uss_last = [next((v for v in reversed(w.uss) if v is not None), None) for w in workers]
+    # The largest sum of the workers' USS in one line: like with like whether
+    # the workers live the whole run or restart every epoch (then the sum "at
+    # the end" is of workers just born: 198 MiB -> 16 MiB, issue 43).
+    ls._pad_workers()
+    sums = [[v for v in line if v is not None] for line in zip(*(w.uss for w in workers))]
+    uss_peak = max((sum(vs) for vs in sums if vs), default=None)
     return {
         "duration_s": (ls.t[-1] - ls.t[0]) if len(ls.t) > 1 else 0.0,
         "batches": _moved(ls),
@@ -287,6 +293,7 @@ def summary(ls: LoaderSeries) -> dict[str, Any]:
         "worker_busy_mean": mean(busy),
         "worker_cpu_mean": mean(cpu),
         "worker_uss_last_sum": sum(v for v in uss_last if v is not None) if any(uss_last) else None,
+        "worker_uss_peak_sum": uss_peak,
         "worker_uss_growth_max": max(growth) if growth else None,
         "epochs": len({e for e in ls.epoch if e is not None}),
     }

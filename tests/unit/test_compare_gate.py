@@ -147,3 +147,30 @@ def test_the_recording_and_the_main_loaders_span_are_named_apart(tmp_path, capsy
     assert "recording (s)  " in out and "main loader seen (s)" in out and "recorded (s)" not in out
     rows = {ln.split("  ")[0]: ln.split()[-4] for ln in out.splitlines() if "(s)" in ln}
     assert rows == {"recording (s)": "9.0", "main loader seen (s)": "6.0"}, out
+
+
+def test_compare_sets_workers_memory_like_with_like_and_fills_its_settings_table(tmp_path, capsys):
+    """Workers re-created every epoch end a recording newly born: their USS
+    "at the end" (16 MiB beside 198) compares a fresh worker with a grown one.
+    The largest sum at one time compares the grown workers of both runs."""
+    a = stream(12, workers=2)
+    for snap in a:
+        snap["jobs"][0]["loaders"][0]["persistent_workers"] = True
+    b = stream(12, workers=2)
+    for i, snap in enumerate(b):
+        ld = snap["jobs"][0]["loaders"][0]
+        ld["persistent_workers"] = False
+        for w in ld["workers"]:
+            # Epochs of 4 lines: the workers grow from 16 MiB, then restart.
+            w["uss_bytes"] = (16 << 20) + (i % 4) * (60 << 20)
+    pa, pb = write(tmp_path / "a.jsonl", a), write(tmp_path / "b.jsonl", b)
+    assert main(["compare", pa, pb]) == 0
+    out = capsys.readouterr().out
+    assert "at the end" not in out
+    row = next(line for line in out.splitlines() if line.startswith("workers' USS"))
+    # A: 2 x (100 + 11 x 4) MiB = 288 MiB; B: 2 x (16 + 3 x 60) MiB = 392 MiB.
+    assert "288 MiB  392 MiB" in row, row
+    settings = out.split("\n\n")[1].splitlines()
+    assert settings[0].split() == ["setting", "A", "B", "B", "vs", "A"]
+    assert all(line.split()[-1] in ("same", "differs") for line in settings[1:]), settings
+    assert any(line.startswith("persistent_workers") and line.endswith("differs") for line in settings)
