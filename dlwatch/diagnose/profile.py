@@ -222,6 +222,7 @@ def summary(pid: int, result: dict[str, Any] | None, error: str | None) -> dict[
         "op_ms_per_step": num(fig.get("op_ms_per_step")),
         "events": as_int(fig.get("events")),
         "loader": as_dict(fig.get("loader")) or None,
+        "loaders_followed": as_int(fig.get("loaders_followed")),
         "stop_note": fig.get("stop_note") if isinstance(fig.get("stop_note"), str) else None,
         "trace_path": fig.get("trace_path") if isinstance(fig.get("trace_path"), str) else None,
         "trace_bytes": as_int(fig.get("trace_bytes")),
@@ -248,6 +249,12 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
         if wait is not None:
             head += f", {percent(wait)} waiting for data"
         lines = [head]
+        followed = as_int(doc.get("loaders_followed")) or 0
+        if followed > 1:
+            name = as_str(as_dict(doc.get("loader")).get("name")) or "the loop's loader"
+            lines.append(
+                f"followed the loop across {followed} DataLoaders it built in turn (the last: {name})"
+            )
         plain = as_dict(doc.get("unprofiled"))
         if plain:
             pw, pms = num(plain.get("data_wait_fraction")), num(plain.get("step_ms_mean"))

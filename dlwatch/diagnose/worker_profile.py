@@ -283,6 +283,7 @@ def summary(pid: int, result: dict[str, Any] | None, error: str | None) -> dict[
         "kind": "workers",
         "pid": pid,
         "loader": as_dict(res.get("loader")) or None,
+        "loaders_followed": as_int(res.get("loaders_followed")),
         "seconds": num(res.get("seconds")),
         "hz": as_int(res.get("hz")),
         "samples": a["samples"],
@@ -306,6 +307,9 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
     workers = records(doc.get("workers"))
     seconds = num(doc.get("seconds")) or 0
     loader = as_dict(doc.get("loader")).get("name") or "the busiest loader"
+    followed = as_int(doc.get("loaders_followed")) or 0
+    if followed > 1:
+        loader += f" and the {followed - 1} DataLoaders the loop built after it"
     lines = [
         f"PID {pid}: {as_int(doc.get('samples')) or 0} samples inside fetches from "
         f"{sum(1 for w in workers if w.get('reported'))} workers of {loader} over {seconds:g} s"

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from dlwatch import wire
-from dlwatch.probe import patches, profiler, stack_request, worker_burst
+from dlwatch.probe import loop_follow, patches, profiler, stack_request, worker_burst
 
 
 class Sender(Protocol):
@@ -226,7 +226,9 @@ class Control:
             live = [st for st in sts if st.batches > old.get(st.id, 0)]
         if not live:
             return None
-        return max(live, key=lambda st: (st.batches - old.get(st.id, 0), st.t_last))
+        busiest = max(live, key=lambda st: (st.batches - old.get(st.id, 0), st.t_last))
+        # A loop that builds a DataLoader every pass: its newest one (loop_follow.py).
+        return loop_follow.newest_of_loop(busiest, sts)
 
     def poll(self) -> None:
         """Each tick of the publisher: forward a running burst's news."""

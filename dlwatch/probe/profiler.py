@@ -31,7 +31,7 @@ from time import perf_counter_ns as _clock
 from typing import Any
 
 from dlwatch import wire
-from dlwatch.probe import profile_events, profile_figures
+from dlwatch.probe import loop_follow, profile_events, profile_figures
 
 TARGET_MODULE = "torch.utils.data.dataloader"
 # The trace file is at most this big. Kineto writes ~260 bytes per CPU event
@@ -96,8 +96,14 @@ class Burst:
         fallback_dir: str | None,
         loader: dict | None = None,
     ) -> None:
-        self.target = target  # the LoaderStats of the loader to follow
-        self.loader = loader or {}
+        self.target = target  # the LoaderStats of the loader the loop steps now
+        self.loader = dict(loader or {})
+        # A loop that builds a new DataLoader every pass steps a new loader
+        # object each time: the burst follows it (loop_follow.py). The line
+        # that stepped the target, once it has; loaders seen not to be the loop's.
+        self.site: tuple | None = None
+        self.loaders = 1
+        self._not_loop: set[int] = set()
         self.steps = steps
         self.max_s = max_s
         self.out_dir = out_dir
@@ -175,6 +181,27 @@ class Burst:
                     self._finish(error="cancelled")
 
     # --- training thread --------------------------------------------------------------
+
+    def follows(self, st, caller) -> bool:
+        """A call on another loader's iterator: is it the loop's new loader
+        (built again this pass)? Then it becomes the target. Never raises."""
+        try:
+            if st.id in self._not_loop or self.state not in (ARMED, RUNNING, PROCESSING):
+                return False
+            site = (caller.f_code, caller.f_lineno) if caller is not None else None
+            same_line = self.site is None or site == self.site
+            same_thread = self._tid is None or threading.get_ident() == self._tid
+            if not (same_line and same_thread and loop_follow.successor(self.target, st)):
+                self._not_loop.add(st.id)
+                return False
+            self.target = st
+            self.loaders += 1
+            name = (st.config or {}).get("dataset") or "dataset"
+            self.loader["id"] = st.id
+            self.loader["name"] = f"loader {st.id} ({name})"[:80]
+            return True
+        except Exception:
+            return False
 
     def on_target_next(self, it, prev):
         window = self._advance(_clock())
@@ -431,6 +458,7 @@ class Burst:
         result.setdefault("steps", len(self.bounds) - 1 if len(self.bounds) > 1 else 0)
         result["steps_requested"] = self.steps
         result["loader"] = self.loader
+        result["loaders_followed"] = self.loaders
         result["stop_note"] = self.stop_note
         result["window_mono_ns"] = [self.bounds[0], self.bounds[-1]] if self.bounds else None
         result["done_mono_ns"] = _clock()
@@ -488,10 +516,14 @@ def _in_flight(target) -> int:
 
 
 def _make_next(burst: Burst, prev):
-    target = burst.target
-
     def __next__(self):
-        if getattr(self, "_dlw_stats", None) is target:
+        st = getattr(self, "_dlw_stats", None)
+        if st is burst.target:
+            if burst.site is None:
+                caller = sys._getframe(1)  # the loop's line, once per burst
+                burst.site = (caller.f_code, caller.f_lineno)
+            return burst.on_target_next(self, prev)
+        if st is not None and burst.follows(st, sys._getframe(1)):
             return burst.on_target_next(self, prev)
         if burst.state == RUNNING and _clock() > burst.deadline_ns:
             burst.stop_elsewhere()

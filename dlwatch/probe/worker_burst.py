@@ -28,7 +28,7 @@ import time
 from time import perf_counter as _clock
 
 from dlwatch import rundir, wire
-from dlwatch.probe import worker_sampler
+from dlwatch.probe import loop_follow, worker_sampler
 from dlwatch.probe.worker_row import BURST_ACK, BURST_END_S, BURST_GEN, BURST_HZ, NFIELDS, PID
 
 # After the deadline: workers finish their sample and write their file.
@@ -49,7 +49,8 @@ _current: WorkerBurst | None = None
 
 class WorkerBurst:
     def __init__(self, st, seconds: float, hz: int, loader: dict) -> None:
-        self.st = st
+        self.st = st  # the loop's loader now: a newer one when the loop builds one every pass
+        self.loaders = 1
         self.loader = loader
         self.seconds = seconds
         self.hz = hz
@@ -188,6 +189,7 @@ class WorkerBurst:
         used = {i for _n, idx, _l in stacks for i in idx}
         return {
             "loader": self.loader,
+            "loaders_followed": self.loaders,
             "seconds": self.seconds,
             "hz": self.hz,
             "window_mono_ns": [int(self.t0 * 1e9), int(self.end * 1e9)],
@@ -271,10 +273,15 @@ def release(b: WorkerBurst) -> None:
 
 
 def on_new_slots(st) -> None:
-    """A new iterator of a loader: arm its workers if a burst follows that loader."""
+    """A new iterator: arm its workers if a burst follows its loader, or its
+    loader is the loop's new one (a DataLoader built every pass:
+    loop_follow.py), which the burst then follows."""
     b = _current
-    if b is None or b.st is not st or b.state != RUNNING:
+    if b is None or b.state != RUNNING or (b.st is not st and not loop_follow.successor(b.st, st)):
         return
     with _lock:
         if _current is b and b.state == RUNNING:
+            if b.st is not st:
+                b.st = st
+                b.loaders += 1
             b.arm(st.slots_view, st.slots_fview, st.num_workers)

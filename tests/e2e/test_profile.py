@@ -222,3 +222,44 @@ def test_a_job_without_the_hook_is_not_supported():
 def test_usage_errors(args, code):
     r = dlwatch("profile", "--pid", "1", *args, runtime_dir=short_tmpdir())
     assert r.returncode == code and r.stderr.startswith("dlwatch profile:") and "Traceback" not in r.stderr
+
+
+FRESH = Path(__file__).resolve().parents[1] / "jobs" / "fresh_loader_job.py"
+
+
+def test_a_loop_that_builds_a_new_dataloader_every_pass_is_followed_by_both_bursts():
+    # A new DataLoader (two new workers) every 12 batches, and an eval loader
+    # over another dataset every second pass: each pass outlives neither
+    # burst, so a burst bound to the loader object it found first waited 60 s
+    # for a finished one (issue 42: one run in two, here every run).
+    d, out = short_tmpdir(), short_tmpdir("dlwout")
+    ready = os.path.join(out, "job")
+    job = subprocess.Popen(
+        [sys.executable, str(FRESH), "--eval-every", "2", "--duration", "60", "--out", ready],
+        env=dict(os.environ, DLWATCH_DIR=d),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        wait_file(ready + ".ready", job)
+        time.sleep(1.0)
+        r = dlwatch(
+            "profile", "--pid", str(job.pid), "--steps", "30", "--max-seconds", "20", "--out", out,
+            "--json", runtime_dir=d, timeout=60,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert doc["error"] is None and doc["steps"] == 30 and doc["stop_note"] is None, doc
+        # 30 steps of 12-batch passes: at least two loaders, all the training one's.
+        assert doc["loaders_followed"] >= 3 and "(Reads)" in doc["loader"]["name"], doc["loader"]
+        assert doc["unprofiled"]["steps"] > 0
+        r = dlwatch("profile", "--workers", "--pid", str(job.pid), "--seconds", "2", runtime_dir=d)
+        assert r.returncode == 0, r.stderr
+        head = r.stdout.splitlines()[0]
+        assert "DataLoaders the loop built after it" in head and "(Reads)" in head, r.stdout
+        # Later passes' workers sampled too: more than one loader's two.
+        assert int(head.split(" from ")[1].split()[0]) > 2, head
+        assert job.poll() is None
+    finally:
+        stop_sessions([job])

@@ -1,0 +1,58 @@
+"""Which loader a profile burst follows: the one the training loop steps now.
+
+A burst is asked for "the loop", not for a loader object. Scripts that build
+a new ``DataLoader`` every pass or every epoch (a new sampler seed, a
+re-shard, a dataset rebuilt) step a new loader object each time, and each
+gets its own counters (``stats.Registry``: one per loader object). A burst
+bound to the object it found first waited for a loader that had finished
+("loader 0 took no step within 60 s"). So a burst moves on to a newer loader
+of the same shape (dataset class, kind, library: what the loop builds again
+each pass), and the profiler's burst also asks that it be stepped from the
+line that stepped the old one (an eval loader over the same dataset class
+is stepped from another line). Bursts only: nothing here runs on the hot
+path when no burst is armed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def shape(st) -> tuple:
+    """What stays the same when the loop builds its loader again: not the
+    object, its sizes or its worker count (a tuner may change those), but
+    what it reads and how."""
+    cfg: dict[str, Any] = getattr(st, "config", None) or {}
+    wrappers = cfg.get("dataset_wrappers")
+    return (
+        cfg.get("dataset"),
+        cfg.get("kind"),
+        tuple(wrappers) if isinstance(wrappers, (list, tuple)) else None,
+        cfg.get("library"),
+        cfg.get("loader_class"),
+        getattr(st, "internal", False),
+    )
+
+
+def successor(current, st) -> bool:
+    """``st`` is a newer loader the loop built in place of ``current``."""
+    if st is None or current is None or st is current:
+        return False
+    try:
+        return st.id > current.id and shape(st) == shape(current)
+    except Exception:
+        return False
+
+
+def newest_of_loop(chosen, loaders) -> Any:
+    """The loader of ``chosen``'s loop that is stepping now: the newest of
+    its shape that has an iterator or has returned batches (a loop that
+    builds a DataLoader every pass left the older ones finished)."""
+    best = chosen
+    for st in loaders:
+        if not successor(best, st):
+            continue
+        ref = getattr(st, "iter_ref", None)
+        if st.batches > 0 or (ref is not None and ref() is not None):
+            best = st
+    return best
