@@ -32,6 +32,13 @@ from dlwatch.snapshot import as_int, find_job, num, records
 # of its own steps when those are slower (a slow step is not the end of a loop).
 IDLE_S = 3.0
 IDLE_STEPS = 3
+# Before that, a frame with no batch for this long (or two of the loop's
+# steps, when slower) already shows the training's figures instead of the
+# window's: the window's fill with the idle time (a cell that trained 25 s at
+# 75 % wait, then slept, was saved showing "14 % of the loop (last 3.1 s)"),
+# and a cell may end before the loop counts as stopped.
+HOLD_S = 0.9
+HOLD_STEPS = 2
 NICE = 5
 
 
@@ -74,6 +81,9 @@ class Tracker:
                 continue
             if total > self._totals.get(lid, 0):
                 moved = True
+                rate = num(ld.get("batches_per_s"))
+                if rate:  # the pace while it steps: an idle window's rate only falls
+                    self._step_s = 1.0 / rate
                 # Its figures as of its last batch: once the loop stops, the
                 # idle time would count as a step in later snapshots.
                 if lid in self._last_loaders:
@@ -81,9 +91,6 @@ class Tracker:
                 self._last_loaders[lid] = dict(ld)
             self._totals[lid] = max(total, self._totals.get(lid, 0))
             self._seen[lid] = dict(ld)
-            rate = num(ld.get("batches_per_s"))
-            if rate:
-                self._step_s = 1.0 / rate
         if moved:
             if self.state != html.LIVE:
                 self._begin(now, before, last_batch)
@@ -93,10 +100,14 @@ class Tracker:
             if isinstance(snapshot, Mapping):
                 self.hints = html.job_hints(snapshot, self.pid)
                 self.last_live = snapshot
+            self.summary = None
         elif self.state == html.LIVE and self.last_batch_at is not None:
-            if now - self.last_batch_at >= max(IDLE_S, IDLE_STEPS * self._step_s):
+            idle = now - self.last_batch_at
+            if idle >= max(IDLE_S, IDLE_STEPS * self._step_s):
                 self.state = html.FINISHED
                 self.summary = self.make_summary(now)
+            elif idle >= max(HOLD_S, HOLD_STEPS * self._step_s):
+                self.summary = self.make_summary(now)  # held: live again at the next batch
         self._prev = now
         return self.state
 
@@ -118,7 +129,9 @@ class Tracker:
     def make_summary(self, now: float) -> html.Summary | None:
         if self.started_at is None:
             return None
-        out = html.Summary(seconds=(self.last_batch_at or now) - self.started_at)
+        out = html.Summary(
+            seconds=(self.last_batch_at or now) - self.started_at, idle_since=self.last_batch_at
+        )
         for lid, last in sorted(self._last_loaders.items()):
             first = self._first.get(lid, {})
             batches = (as_int(last.get("batches_total")) or 0) - (as_int(first.get("batches_total")) or 0)
@@ -138,9 +151,10 @@ class Tracker:
                 bps: float | None = batches / loop_s
             else:
                 bps = batches / self.active_s if self.active_s > 0 else None
-            out.loaders.append(
-                html.LoaderSummary(lid, str(last.get("dataset") or "DataLoader"), batches, epochs, frac, bps)
-            )
+            ls = html.LoaderSummary(lid, str(last.get("dataset") or "DataLoader"), batches, epochs, frac, bps)
+            if wait is not None and step is not None:
+                ls.wait_ms_mean, ls.step_ms_mean = wait / batches * 1e3, max(0.0, step) / batches * 1e3
+            out.loaders.append(ls)
         return out
 
 
@@ -176,16 +190,17 @@ def _delta(last: Mapping, first: Mapping, key: str) -> float | None:
 
 def frame(tracker: Tracker, snapshot: Mapping | None, now: float, note: str = "") -> dict:
     state = tracker.state
-    frozen = state in (html.FINISHED, html.STOPPED, html.ENDED)
-    hints = tracker.hints if frozen else None
-    if frozen and tracker.last_live is not None:
+    # Frozen, or live with the loop idle for now: the training's figures,
+    # the snapshot and hints of its last batch, not those of the idle time.
+    held = state in (html.FINISHED, html.STOPPED, html.ENDED) or tracker.summary is not None
+    hints = tracker.hints if held else None
+    if held and tracker.last_live is not None:
         snapshot = tracker.last_live
+    summary = tracker.summary
     return {
         "state": state,
-        "html": html.render(
-            snapshot, tracker.pid, state, hints=hints, summary=tracker.summary, note=note, now=now
-        ),
-        "text": html.render_text(snapshot, tracker.pid, state, hints=hints),
+        "html": html.render(snapshot, tracker.pid, state, hints=hints, summary=summary, note=note, now=now),
+        "text": html.render_text(snapshot, tracker.pid, state, hints=hints, summary=summary),
     }
 
 

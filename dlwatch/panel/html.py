@@ -44,12 +44,22 @@ class LoaderSummary:
     epochs: int
     wait_fraction: float | None  # over the loop, from the lifetime counters
     batches_per_s: float | None  # over the seconds it delivered batches
+    wait_ms_mean: float | None = None  # per batch, over the loop
+    step_ms_mean: float | None = None
 
 
 @dataclass
 class Summary:
+    """The loop's figures from its first batch to its last (``seconds``),
+    shown once it stops or stands idle; ``idle_since``: the panel's clock
+    (epoch seconds) at its last batch."""
+
     seconds: float
     loaders: list[LoaderSummary] = field(default_factory=list)
+    idle_since: float | None = None
+
+    def loader(self, loader_id: object) -> LoaderSummary | None:
+        return next((ls for ls in self.loaders if ls.loader_id == loader_id), None)
 
 
 def pct(frac: object, digits: int = 0) -> str:
@@ -120,8 +130,18 @@ def job_hints(snapshot: Mapping, pid: int) -> list[dict]:
 # ----------------------------------------------------------------- sections
 
 
-def _loader_lines(ld: Mapping) -> list[str]:
-    """(html rows) for one loader: gauge, history, rates, queue, workers."""
+def _loader_lines(ld: Mapping, over: LoaderSummary | None = None, seconds: float = 0.0) -> list[str]:
+    """(html rows) for one loader: gauge, history, rates, queue, workers.
+    ``over``: the loop's own figures over its ``seconds`` of training, in
+    place of the window's (the loop is idle: the window holds idle time)."""
+    if over is not None:
+        ld = {
+            **ld,
+            "data_wait_fraction": over.wait_fraction,
+            "batches_per_s": over.batches_per_s,
+            "wait_ms_mean": over.wait_ms_mean,
+            "step_ms_mean": over.step_ms_mean,
+        }
     wait = ld.get("data_wait_fraction")
     lvl = level(wait)
     name = ld.get("dataset") or "DataLoader"
@@ -134,9 +154,10 @@ def _loader_lines(ld: Mapping) -> list[str]:
         reason = ld.get("no_batch_reason") or "no batch in the window"
         gauge_row = f"data wait <code>{gauge(None)}</code> {NA} ({_e(reason)})"
     else:
+        span = f"its last {seconds:.0f} s of training" if over is not None else f"last {_window(ld)}"
         gauge_row = (
             f"data wait <code>{_coloured(gauge(wait), lvl)}</code> "
-            f"{_coloured(pct(wait), lvl, bold=True)} of the loop (last {_e(_window(ld))})"
+            f"{_coloured(pct(wait), lvl, bold=True)} of the loop ({_e(span)})"
         )
     hist = as_dict(ld.get("history")).get("data_wait_fraction")
     rows = [
@@ -278,10 +299,13 @@ def render(
     ]
     if note:
         parts.append(f"<div>{_e(note)}</div>")
-    if summary is not None and summary.loaders:
+    if summary is not None:
+        parts.append(f"<div>{_e(idle_line(summary))}</div>")
+    if summary is not None and summary.loaders and state != LIVE:
         parts += _summary_lines(summary)
     for ld in main_loaders(job):
-        parts += _loader_lines(ld)
+        over = summary.loader(as_int(ld.get("id"))) if summary is not None else None
+        parts += _loader_lines(ld, over, summary.seconds if summary is not None else 0.0)
     if job:
         main_cpu = num(job.get("main_cpu_percent"))
         cpu_text = NA if main_cpu is None else f"{main_cpu:.0f} %"
@@ -299,16 +323,35 @@ def render(
     return "\n".join(parts)
 
 
-def render_text(snapshot: Mapping | None, pid: int, state: str, *, hints: list[dict] | None = None) -> str:
+def idle_line(summary: Summary) -> str:
+    """Since when the loop stands idle, and what the figures below cover."""
+    since = NA
+    if summary.idle_since is not None:
+        since = time.strftime("%H:%M:%S", time.localtime(summary.idle_since))
+    return f"loop idle since {since}; figures from its last {summary.seconds:.0f} s of training"
+
+
+def render_text(
+    snapshot: Mapping | None,
+    pid: int,
+    state: str,
+    *,
+    hints: list[dict] | None = None,
+    summary: Summary | None = None,
+) -> str:
     """A plain-text twin for frontends without HTML (a terminal console)."""
     snap = snapshot if isinstance(snapshot, Mapping) else {}
     job = find_job(snap, pid) or {}
     lines = [f"dlwatch · kernel pid {pid} · {HEADINGS.get(state, state)}"]
+    if summary is not None:
+        lines.append(idle_line(summary))
     for ld in main_loaders(job):
-        wait = ld.get("data_wait_fraction")
+        over = summary.loader(as_int(ld.get("id"))) if summary is not None else None
+        wait = ld.get("data_wait_fraction") if over is None else over.wait_fraction
+        rate = ld.get("batches_per_s") if over is None else over.batches_per_s
         lines.append(
             f"loader {as_int(ld.get('id')) or 0} ({ld.get('dataset') or 'DataLoader'}): data wait "
-            f"{gauge(wait)} {pct(wait)} · {_rate(ld.get('batches_per_s'))} · "
+            f"{gauge(wait)} {pct(wait)} · {_rate(rate)} · "
             f"num_workers={ld.get('num_workers')}"
         )
     for h in (hints if hints is not None else job_hints(snap, pid))[:MAX_HINTS]:

@@ -75,6 +75,28 @@ def test_panel_in_a_kernel_shows_the_loops_wait_and_the_hint(runtime_env):
     assert data["text/plain"].startswith("dlwatch · kernel pid")
 
 
+def test_a_cell_that_trains_then_idles_is_saved_with_the_trainings_figures(runtime_env):
+    # Issue 42: a cell that trained (75 % wait) and then slept was saved
+    # showing the idle window, "14 % of the loop (last 3.1 s)". 6 s of
+    # training, 4 s idle in the same cell, no %dlwatch stop: the saved panel
+    # is whatever the loop left, held or finished.
+    nb = notebook_job.build(seconds=6.0, tail_idle_s=4.0, stop=False)
+    nbclient.NotebookClient(nb, timeout=180, kernel_name="python3").execute()
+    own = json.loads(next(line for line in _stream(nb.cells[1]).splitlines() if line.startswith("{")))
+    panel = [o for o in _outputs(nb.cells[0]) if o.get("output_type") == "display_data"]
+    assert len(panel) == 1
+    text = _text(panel[0]["data"]["text/html"])
+    assert re.search(r"loop idle since \d\d:\d\d:\d\d; figures from its last \d+ s of training", text), text
+    m = re.search(r"data wait \S+ (\d+) % of the loop \(its last (\d+) s of training\)", text)
+    assert m, text
+    shown, seconds = int(m.group(1)) / 100, int(m.group(2))
+    print(f"loop's own wait {own['own_wait']:.3f}, saved panel {shown:.2f} over {seconds} s")
+    assert abs(shown - own["own_wait"]) <= 0.03 + 0.005, (shown, own)
+    assert 5 <= seconds <= 8 and "(last " not in text  # no window of the idle time
+    plain = panel[0]["data"]["text/plain"]
+    assert "loop idle since" in plain and f"{round(shown * 100)} %" in plain, plain
+
+
 def test_the_collector_ends_with_the_kernel(runtime_env):
     """The feed watches the kernel's pid: a kernel that dies leaves no collector behind."""
     kernel = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])

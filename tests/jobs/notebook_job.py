@@ -40,6 +40,12 @@ total = time.perf_counter() - t0
 print(json.dumps({{"own_wait": wait / total, "batches": n, "batches_per_s": n / total}}))
 '''
 
+# The same cell goes on idle after training (an eval, a sleep, a print).
+TAIL = """
+time.sleep({idle_s})
+print("idle for {idle_s} s after training")
+"""
+
 
 def build(
     seconds: float = 12.0,
@@ -48,22 +54,31 @@ def build(
     step_ms: float = 12.0,
     panel: str = "%load_ext dlwatch\n%dlwatch",
     idle_s: float = 0.0,
+    tail_idle_s: float = 0.0,
+    stop: bool = True,
 ) -> nbformat.NotebookNode:
+    """``idle_s``: a cell that sleeps after the loop's; ``tail_idle_s``: the
+    loop's own cell sleeps after training; ``stop``: a last cell runs
+    ``%dlwatch stop`` (without it the panel is saved as the loop left it)."""
     nb = nbformat.v4.new_notebook()
     cells = [nbformat.v4.new_code_cell(panel)]
     cells.append(
         nbformat.v4.new_code_cell(
             LOOP.format(seconds=seconds, sample_ms=sample_ms, batch_size=batch_size, step_ms=step_ms)
+            + (TAIL.format(idle_s=tail_idle_s) if tail_idle_s else "")
         )
     )
     if idle_s:
         cells.append(nbformat.v4.new_code_cell(f"import time; time.sleep({idle_s})"))
-    cells.append(
-        nbformat.v4.new_code_cell(
-            "import json, dlwatch.notebook\n%dlwatch stop\n"
-            "s = dlwatch.notebook.current()\n"
-            "print(json.dumps({'frames_by_state': s.frames_by_state, 'state': s.state, 'error': s.error}))"
-        )
-    )
+    if stop:
+        cells.append(_stop_cell())
     nb.cells = cells
     return nb
+
+
+def _stop_cell() -> nbformat.NotebookNode:
+    return nbformat.v4.new_code_cell(
+        "import json, dlwatch.notebook\n%dlwatch stop\n"
+        "s = dlwatch.notebook.current()\n"
+        "print(json.dumps({'frames_by_state': s.frames_by_state, 'state': s.state, 'error': s.error}))"
+    )

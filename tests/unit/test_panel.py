@@ -234,3 +234,31 @@ def test_a_loader_not_judged_yet_reads_judging_not_nothing_to_fix():
     assert f"judging… (3 s) loader 0 of PID {PID}" in out and "nothing in the input pipeline" not in out
     snap["judging"] = []
     assert "nothing in the input pipeline" in _text(html.render(snap, PID, html.LIVE, now=0, hints=[]))
+
+
+def test_an_idle_loop_keeps_the_trainings_figures_until_its_next_batch():
+    # 40 % wait over the loop; the window's figures once it idles fall (the
+    # idle time counts as a step): a frame with no batch for a second shows
+    # the training's, and says since when, before the loop counts as stopped.
+    t = Tracker(7)
+    t.update(_snap(10, 0.4, 0.6), 1.0)
+    t.update(_snap(20, 0.8, 1.2), 2.0)
+    idle = _snap(20, 0.8, 2.2)
+    idle["jobs"][0]["loaders"][0].update(data_wait_fraction=0.14, batches_per_s=2.0, step_ms_mean=167.0)
+    assert t.update(idle, 2.5) == html.LIVE and t.summary is None  # not yet: half a second
+    assert t.update(idle, 3.1) == html.LIVE and t.summary is not None
+    doc = frame(t, idle, 3.1)
+    out = _text(doc["html"])
+    assert "loop idle since" in out and "figures from its last 1 s of training" in out
+    assert "40 % of the loop (its last 1 s of training)" in out and "14 %" not in out
+    assert "step 60.0 ms" in out and "wait 40.0 ms" in out and "167" not in out
+    assert "Final summary" not in out  # live still: the summary block is for a stopped loop
+    assert "loop idle since" in doc["text"] and "40 %" in doc["text"]
+    # the next batch: live figures again
+    assert t.update(_snap(21, 0.85, 2.3), 4.0) == html.LIVE and t.summary is None
+    assert "loop idle since" not in frame(t, _snap(21, 0.85, 2.3), 4.0)["html"]
+    # stopped: the same figures, with the summary block
+    t.update(_snap(21, 0.85, 6.0), 8.0)
+    assert t.state == html.FINISHED
+    out = _text(frame(t, idle, 8.0)["html"])
+    assert "Final summary" in out and "loop idle since" in out and "(last " not in out
