@@ -19,7 +19,10 @@ from typing import Any
 
 from .facts import r
 
-ESTIMATE = "estimate: 1 / (1 − data wait)"
+# The step as measured now: on a CPU box where the step shares the cores
+# with loading, data for free also speeds the step, and tune's measured
+# ceiling can be well above this (rules_workers._loading_free_phrase).
+ESTIMATE = "estimate: 1 / (1 − data wait), the step at its present pace"
 MEASURED = "measured: dlwatch tune, batches replayed"
 # The wording of capacity.Prediction.phrase() (and of every rule that states a
 # gain: the parenthesis is optional), rewritten when bounded.

@@ -56,3 +56,26 @@ def test_the_engine_states_the_ceiling_of_every_promise():
     assert ev["speedup_ceiling"] == pytest.approx(1 / 0.6, abs=0.01)
     assert ev["speedup_ceiling_method"] == ceiling.ESTIMATE
     assert ev["expected_speedup"] <= ev["speedup_ceiling"]
+
+
+def test_the_live_bound_on_cheaper_batches_says_what_it_assumes():
+    """Issue 43: live "up to ≈ 1.20×" beside tune's data-free ceiling 5.51×.
+    The live figure keeps the step as measured; on a CPU box the step shares
+    the cores with the loading, so it says the gain can be larger and what
+    measures it. A GPU step's bound is the same kind of figure as tune's."""
+    from dlwatch.diagnose import evaluate
+    from tests.unit.test_diagnose_rules import cpu_bound_loader, one
+
+    def bound(gpus):
+        s = one(cpu_bound_loader(), usable=3.0, gpus=gpus)
+        s["jobs"][0]["main_cpu_percent"] = 90.0  # a step computed on the CPU
+        (h,) = [h for h in evaluate(s) if h["id"] == "cpu-bound-preprocessing"]
+        return h["message"], h["evidence"]
+
+    msg, ev = bound([])
+    assert "Cheaper batches could give up to ≈ 2.00× throughput with the step at its present 10 ms" in msg
+    assert "share the 3 usable cores" in msg and "dlwatch tune` measures the ceiling with data for free" in msg
+    assert "shares the cores" in ev["speedup_if_loading_free_assumes"]
+    msg, ev = bound(None)  # the fixture's GPU
+    assert "the kind of figure tune's ceiling measures" in msg and "share the" not in msg
+    assert ev["speedup_if_loading_free_assumes"].startswith("the step keeps its present time")
