@@ -74,7 +74,8 @@ def test_the_live_bound_on_cheaper_batches_says_what_it_assumes():
 
     msg, ev = bound([])
     assert "Cheaper batches could give up to ≈ 2.00× throughput with the step at its present 10 ms" in msg
-    assert "share the 3 usable cores" in msg and "dlwatch tune` measures the ceiling with data for free" in msg
+    assert "share the 3 usable cores" in msg
+    assert "dlwatch tune` measures the ceiling with data for free" in msg
     assert "shares the cores" in ev["speedup_if_loading_free_assumes"]
     msg, ev = bound(None)  # the fixture's GPU
     assert "the kind of figure tune's ceiling measures" in msg and "share the" not in msg
