@@ -151,6 +151,12 @@ def test_explain_show_renders_for_a_terminal_console_only():
     out = captured.get()
     assert "What to do" in out and "## " not in out and "| hooked job |" not in out
     assert max(map(len, out.splitlines())) <= 80
+    # No word of any page is cut ("…") to fit the rule table into 80 columns.
+    for rid in REGISTRY:
+        text = explain.for_reader(pages.page(rid))
+        with console.capture() as captured:
+            explain.show(text, console)
+        assert captured.get().count("…") <= text.count("…"), rid
 
 
 def test_no_hint_text_shown_to_users_names_a_path_in_the_repository():

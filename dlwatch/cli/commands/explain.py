@@ -36,15 +36,34 @@ def for_reader(page: str) -> str:
     return _RELATIVE_LINK.sub(r"\1", text)
 
 
+def _terminal_markdown():
+    """rich's Markdown, its tables folding a long word (an evidence key, a
+    formula) onto the next line where rich would cut it with "…": at 80
+    columns the rule table's cells lost ~20 words that way over the pages."""
+    from rich.markdown import Markdown, TableElement
+    from rich.table import Table
+
+    class FoldedTable(TableElement):
+        def __rich_console__(self, console, options):
+            for part in super().__rich_console__(console, options):
+                if isinstance(part, Table):
+                    for column in part.columns:
+                        column.overflow = "fold"
+                yield part
+
+    class TerminalMarkdown(Markdown):
+        elements = {**Markdown.elements, "table_open": FoldedTable}
+
+    return TerminalMarkdown
+
+
 def show(text: str, console=None) -> None:
     """``text`` (Markdown) rendered on a terminal, else printed as it is."""
     from rich.console import Console
 
     console = console or Console()
     if console.is_terminal and not console.is_dumb_terminal:
-        from rich.markdown import Markdown
-
-        console.print(Markdown(text, hyperlinks=False))
+        console.print(_terminal_markdown()(text, hyperlinks=False))
     else:
         print(text)
 
