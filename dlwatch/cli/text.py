@@ -190,10 +190,11 @@ def _role(ld: dict) -> str:
 
 
 def _loader_lines(ld: dict) -> list[str]:
+    batch = ld.get("batch_size") if ld.get("batch_size") is not None else "n/a"
     cfg = (
         f"workers {ld['num_workers']}"
         + (f" ({ld['start_method']})" if ld.get("start_method") else "")
-        + f", batch {ld.get('batch_size')}, pin_memory {'on' if ld.get('pin_memory') else 'off'}, "
+        + f", batch {batch}, pin_memory {'on' if ld.get('pin_memory') else 'off'}, "
         f"persistent {'on' if ld.get('persistent_workers') else 'off'}"
         + (f", prefetch {ld['prefetch_factor']}" if ld.get("prefetch_factor") else "")
     )

@@ -82,6 +82,7 @@ def complete(doc: dict[str, Any], py_spy: bool = True, sample_s: float = CPU_SAM
     annotate_threads(procs, sample_s)
     out["processes"] = procs
     out["summary"] = hang.summarize(out)
+    out["completed"] = True
     return out
 
 
@@ -178,6 +179,8 @@ def threads_from_py_spy(dump: Any, pid: int | None = None) -> list[dict[str, Any
                     leaf = (str(f.get("filename")), int(f.get("line") or 0))
         frames.reverse()
         name = str(t.get("thread_name") or f"thread {t.get('thread_id')}")
+        if name.startswith("dlwatch-"):
+            continue  # our own threads in the job (the stack watcher), as the job leaves them out
         rec: dict[str, Any] = {
             "name": name,
             "main": name == "MainThread" or (pid is not None and t.get("os_thread_id") == pid),

@@ -357,11 +357,11 @@ def quiet_beside_stall(keys: Mapping[HintKey, Any], ctx: Context) -> set[HintKey
             continue
         hint = item.hint if isinstance(item, HintTrack) else item
         ev = as_dict(as_dict(hint).get("evidence"))
-        about = {
-            (as_int(e.get("job_pid")), as_int(e.get("loader_id")))
-            for e in map(as_dict, as_list(ev.get("recommended_num_workers_by_loader")))
-        }
-        about = {k for k in about if k[0] is not None and k[1] is not None}
+        about: set[tuple[int, int]] = set()
+        for e in map(as_dict, as_list(ev.get("recommended_num_workers_by_loader"))):
+            jp, el = as_int(e.get("job_pid")), as_int(e.get("loader_id"))
+            if jp is not None and el is not None:
+                about.add((jp, el))
         if pid is not None:  # a job's: its own loaders
             about = about or {k for k in everyone if k[0] == pid}
         about = about or everyone

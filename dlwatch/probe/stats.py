@@ -554,6 +554,17 @@ def _queue_state(it, num_workers: int) -> tuple[dict[str, int | None], int]:
 LOADER_KNOBS: dict[str, tuple[str, Any]] = {}
 
 
+def _mean_batch(loader) -> int | None:
+    """A batch_sampler without a batch_size (a bucketing sampler): its mean
+    batch, the dataset's length over the sampler's number of batches; None
+    when either has no length."""
+    try:
+        n, batches = len(loader.dataset), len(loader.batch_sampler)
+        return max(1, round(n / batches)) if batches > 0 and n > 0 else None
+    except Exception:
+        return None
+
+
 def loader_config(loader, it) -> dict:
     cfg: dict = {}
     try:
@@ -564,6 +575,8 @@ def loader_config(loader, it) -> dict:
             # batch_sampler= (Accelerate's shards, bucketing samplers) leaves
             # DataLoader.batch_size None; the sampler usually knows.
             bs = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+        if not isinstance(bs, int):
+            bs = _mean_batch(loader)
         cfg["batch_size"] = bs if isinstance(bs, int) and not isinstance(bs, bool) else None
         cfg["pin_memory"] = bool(getattr(it, "_pin_memory", getattr(loader, "pin_memory", False)))
         cfg["persistent_workers"] = bool(getattr(loader, "persistent_workers", False))

@@ -75,7 +75,10 @@ class Recorder:
         # before any sampling starts.
         self._out = fileformat.open_write(self.path, exclusive=not overwrite)
         self.stacks_path = stacks_path(self.path)
-        self._stacks_seen: set[tuple[int, float]] = set()
+        # (pid, the stacks' time, completed from outside): a stall's stacks
+        # come twice, as the job sent them and completed (py-spy's threads
+        # for a worker that could not answer, collect.hang.complete).
+        self._stacks_seen: set[tuple[int, float, bool]] = set()
 
     def discard(self) -> None:
         """Close and remove the file without recording (the job never started)."""
@@ -166,12 +169,15 @@ class Recorder:
             st, pid = job.get("stacks"), as_int(job.get("pid"))
             if not isinstance(st, dict) or pid is None or not isinstance(st.get("t"), (int, float)):
                 continue
-            key = (pid, float(st["t"]))
+            key = (pid, float(st["t"]), st.get("completed") is True)
             if key in self._stacks_seen:
                 continue
             self._stacks_seen.add(key)
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(st["t"]))
-            text = [f"=== job {pid} at {when} ({st.get('reason') or 'request'})", *hang.render(st), "", ""]
+            how = st.get("reason") or "request"
+            if key[2] and any(p.get("via") for p in records(st.get("processes"))):
+                how += ", completed by py-spy"
+            text = [f"=== job {pid} at {when} ({how})", *hang.render(st), "", ""]
             try:
                 with open(self.stacks_path, "a", encoding="utf-8") as f:
                     f.write("\n".join(text))

@@ -455,7 +455,10 @@ def test_ranks_started_by_mp_spawn_are_named_from_torch_distributed():
     the ranks come from torch.distributed, and the finished one is named."""
 
     def done(snap: dict) -> bool:
-        return len(snap["jobs"]) == 2 and stalled_with_stacks(snap)
+        # Both ranks with their loaders: a one-shot on a loaded box may have
+        # a rank's hello before its first frames.
+        both = len(snap["jobs"]) == 2 and all(j["loaders"] for j in snap["jobs"])
+        return both and stalled_with_stacks(snap)
 
     p, d, snap = _run_until_stalled("spawn-ranks", done)
     stop_sessions([p], grace=0.0)
