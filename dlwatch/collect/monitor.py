@@ -96,14 +96,17 @@ USS_CPU_BUDGET = 0.002
 # diagnosis: a condition shows after it held engine.HOLD_ON_S = 3 s, CPU
 # figures averaged over the loader's window, held states), fed one snapshot
 # a second like the live loop. It watches until no loader is "judging" any
-# more, at most this long after its first measurement: the 3 s hold, and a
-# second for the builds' own time. A loader still warming up then is listed
-# as judging, with the seconds the one-shot watched (``judged_s``). Issue
+# more, at most this long after its first measurement: a loader whose window
+# still holds its epoch's start-up waits out its grace (engine.WARMUP_STEADY_S,
+# 3 s), then the 3 s hold, and a second for the builds' own time; a steady
+# job's hints take the hold alone (about 3.6 s). A loader still warming up
+# then is listed as judging, with the seconds the one-shot watched
+# (``judged_s``). Issue
 # 43: the stateless judgement of one 0.6 s sample (no hold, CPU figures of
 # that sample alone, among them "other processes" that include the
 # snapshot's own start-up) printed workers-oversubscribe-cores beside a
 # live view (and a recording) that held none.
-JUDGE_S = 4.0
+JUDGE_S = 7.0
 # Exited jobs stay on screen with their last figures until dismissed, but a
 # box that runs thousands of short jobs must not grow the model without bound.
 MAX_EXITED = 32

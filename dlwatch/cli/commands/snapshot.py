@@ -64,7 +64,7 @@ def add_arguments(p) -> None:
         type=float,
         metavar="S",
         help="seconds at most to watch so that the hints are judged as the live view judges them "
-        "(a condition shows once it held 3 s; default 4, collect.monitor.JUDGE_S; 0: one measurement, "
+        "(a condition shows once it held 3 s; default 7, collect.monitor.JUDGE_S; 0: one measurement, "
         "whose hints are not judged yet)",
         default=None,
     )
