@@ -14,12 +14,15 @@ would.
 import argparse
 import hashlib
 import os
+import signal
 import time
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-import dlwatch.hook  # noqa: F401
+import dlwatch.hook
+
+DLWATCH_FILES = os.path.dirname(dlwatch.hook.__file__) + os.sep
 
 
 def _spin(ms):
@@ -65,6 +68,43 @@ class TwoStages(Dataset):
         os.write(self._log[1], line.encode())
 
 
+def guard_sigchld(safe_code):
+    """torch reports a killed worker from its SIGCHLD handler, raising at
+    whatever line the main thread is on: outside the loop's try (between two
+    passes, in the handler of the last error) the job died of it; inside a
+    ``__del__`` or a library's ``except Exception`` the error was lost and the
+    loop waited out torch's 5 s status check. Put a handler in front of
+    torch's that lets it raise only inside ``safe_code`` (the pass, all of
+    it inside the try) and otherwise keeps the signal for ``check()``, which
+    the pass calls at its start and after each batch. Call after the first
+    iterator with workers exists (torch installs its handler then)."""
+    torch_handler = signal.getsignal(signal.SIGCHLD)
+    pending = [False]
+    if not callable(torch_handler):
+        return lambda: None
+
+    def handler(signum, frame):
+        f = frame
+        while f is not None:
+            code = f.f_code
+            if code.co_name == "__del__" or code.co_filename.startswith(DLWATCH_FILES):
+                break  # an error raised here would be swallowed
+            if code is safe_code:
+                pending[0] = False
+                torch_handler(signum, frame)
+                return
+            f = f.f_back
+        pending[0] = True
+
+    def check():
+        if pending[0]:
+            pending[0] = False
+            torch_handler(signal.SIGCHLD, None)
+
+    signal.signal(signal.SIGCHLD, handler)
+    return check
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--workers", type=int, default=2)
@@ -89,15 +129,19 @@ def main():
     )
     h = hashlib.sha256()
     lost = 0
-    state = {"t_ready": None}
+    state = {"t_ready": None, "check": lambda: None}
 
     def one_pass() -> bool:
         """One iterator's batches; True once the duration is up."""
+        state["check"]()
         t_ready = state["t_ready"]
         if t_ready is not None and time.monotonic() - t_ready >= a.duration:
             return True
         it = iter(loader)
+        if t_ready is None and a.workers > 0:
+            state["check"] = guard_sigchld(one_pass.__code__)
         for batch in it:
+            state["check"]()
             h.update(batch.numpy().tobytes())
             if state["t_ready"] is None:
                 state["t_ready"] = time.monotonic()
@@ -110,15 +154,20 @@ def main():
 
     while True:
         # Everything inside the try, the iterator a local of one_pass (gone
-        # with its frame): torch reports a killed worker from its SIGCHLD
-        # handler too, so the error can surface at any line of the main
-        # thread, iter(), the loop's own test and the iterator's release
-        # included.
+        # with its frame), and torch's SIGCHLD error raised only inside it
+        # (guard_sigchld): the job survives a worker killed at any moment.
         try:
             if one_pass():
                 break
-        except RuntimeError:
-            lost += 1  # the killed worker: train on with a fresh iterator
+        except (RuntimeError, EOFError, OSError):
+            # The killed worker: train on with a fresh iterator. torch says
+            # so with a RuntimeError, but a batch the worker had queued
+            # before it died comes as a handle to its shared memory, fetched
+            # from the worker itself (torch's file_descriptor sharing): that
+            # fails as the connection's error (ConnectionResetError,
+            # EOFError, ConnectionRefusedError, FileNotFoundError), and
+            # more often on a loaded box, where more batches wait unread.
+            lost += 1
     if a.digest:
         with open(a.digest, "w") as f:
             f.write(h.hexdigest())
