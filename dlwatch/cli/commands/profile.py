@@ -15,10 +15,11 @@ HELP = "profile a job: torch.profiler over a few steps, or (--workers) what its 
 ORDER = 30
 DESCRIPTION = (
     "Ask a running job for a torch.profiler burst of --steps training steps (counted at the "
-    "busiest DataLoader's next()), without stopping it. Prints why its steps are slow "
-    "(data-bound, launch-bound, dispatch-bound, gpu-bound or cpu-bound), the numbers behind "
+    "DataLoader the training loop steps now: a new one each pass is followed), without stopping "
+    "it. Prints why its steps are slow (data-bound, launch-bound, dispatch-bound, gpu-bound or "
+    "cpu-bound), the numbers behind "
     "it and one next step, and writes a Chrome trace (Perfetto, chrome://tracing). With --workers: "
-    "the busiest loader's worker processes sample their own stacks for --seconds and the answer "
+    "the loop's loader's worker processes sample their own stacks for --seconds and the answer "
     "splits their time inside fetches by stage (file read, image decode, each transform, "
     "tokenization, collate, your own functions) and by function."
 )
