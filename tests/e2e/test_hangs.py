@@ -26,6 +26,7 @@ import pytest
 
 from dlwatch.collect.hang import gather_stacks
 from dlwatch.collect.monitor import Monitor
+from dlwatch.mcp.tools import Tools
 from dlwatch.tui.app import DlwatchApp
 from dlwatch.tui.jobs import JobList
 from dlwatch.tui.stacks import StacksScreen
@@ -411,6 +412,7 @@ def test_a_native_lock_held_at_fork_is_read_by_py_spy_in_every_view():
         snap = wait_snapshot(d, done, "the stall's stacks, read by py-spy")
         r = dlwatch("stacks", "--pid", str(p.pid), runtime_dir=d)
         doc = json.loads(dlwatch("stacks", "--pid", str(p.pid), "--json", runtime_dir=d).stdout)
+        agent = Tools(directory=d).stacks(p.pid)  # the MCP tool
     finally:
         stop_sessions([p], grace=0.0)
         shutil.rmtree(d, ignore_errors=True)
@@ -427,6 +429,11 @@ def test_a_native_lock_held_at_fork_is_read_by_py_spy_in_every_view():
             for x in lines
         ), lines
     assert "no answer within" not in r.stdout
+    assert [e["kind"] for e in agent["summary"] if e["role"] == "worker"] == ["native", "native"]
+    # The live view's stacks window draws the stall's stacks the monitor completed.
+    shown = StacksScreen(p.pid, snap["jobs"][0]["stacks"], None)._text().plain
+    assert "(read by py-spy from outside)" in shown and "blocked in C (0 % CPU, sleeping) in " in shown
+    assert "no answer within" not in shown
     h = _stall_hint(snap)
     assert h["evidence"]["cause"] == "fork-inherited-pool" and "native-cache" in h["message"], h
     assert all(w["kind"] == "native" for w in _worker_entries(snap["jobs"][0]))
@@ -455,10 +462,13 @@ def test_ranks_started_by_mp_spawn_are_named_from_torch_distributed():
     the ranks come from torch.distributed, and the finished one is named."""
 
     def done(snap: dict) -> bool:
-        # Both ranks with their loaders: a one-shot on a loaded box may have
-        # a rank's hello before its first frames.
+        # Both ranks with their loaders (a one-shot on a loaded box may have a
+        # rank's hello before its first frames), and one of them done with its
+        # epoch: on a loaded box the spawn workers' imports can outlast the
+        # epoch-start threshold first (a stall of its own, rightly "in one fetch").
         both = len(snap["jobs"]) == 2 and all(j["loaders"] for j in snap["jobs"])
-        return both and stalled_with_stacks(snap)
+        ended = any(ld.get("epoch_open") is False for j in snap["jobs"] for ld in j["loaders"])
+        return both and ended and stalled_with_stacks(snap)
 
     p, d, snap = _run_until_stalled("spawn-ranks", done)
     stop_sessions([p], grace=0.0)
@@ -469,7 +479,7 @@ def test_ranks_started_by_mp_spawn_are_named_from_torch_distributed():
     assert (r0["rank"], r0["local_rank"], r0["world_size"]) == (0, 0, 2)
     assert (r1["rank"], r1["local_rank"], r1["world_size"]) == (1, 1, 2)
     assert r0["run_id"] == r1["run_id"] and r0["run_id"].startswith("127.0.0.1:")
-    assert h["evidence"]["cause"] == "uneven-ranks"
+    assert h["evidence"]["cause"] == "uneven-ranks", (h, r0["stacks"]["summary"])
     assert f"rank 1 (pid {r1['pid']}) has finished its epoch" in h["message"]
     assert "Join" in h["suggestion"] and "drop_last" in h["suggestion"]
     _no_advice_beside_the_stall(snap)
