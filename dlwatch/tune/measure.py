@@ -11,6 +11,18 @@ the first and the last steady snapshot, over the job's own clock between the
 two frames: exact to the batch, whatever the collector's jitter. Epoch
 starts inside the steady state are part of it on purpose: they are what
 ``persistent_workers`` saves.
+
+A trial times the settled pace (``pace``): when its steady state would end
+while the pace is still rising (the later part faster than the earlier by
+more than ``RISE_TOLERANCE``: a second epoch faster than the first, whose
+reads a cold page cache served, or a pace that climbs through the window),
+the slower start is left out and the trial runs on, at most
+``SETTLE_EXTRA_SHARE`` of ``trial_s`` longer; one still rising then is
+reported as not settled. The baseline also waits, within that bound, for its
+first epoch to end: a first pass over the data on a cold cache is even and
+slow, and the trials after it read a warm one (issue 43: a baseline caught
+in its first epoch, 2.0-2.2 batches/s against 2.62 over the run, made
+num_workers=2 read 1.23x where two minutes of it gave 1.09x).
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ from dlwatch.snapshot import (
     numbers,
     records,
 )
+from dlwatch.thresholds import DATA_BOUND_WAIT
 
 # After the first batch, the queue fills and the first window still holds
 # the start-up stall: steady state starts this much later.
@@ -57,6 +70,17 @@ STABLE_MIN_S = 3.0
 # the cached batches take seconds; a loop that never iterates the selected
 # loader again would take forever).
 REPLAY_START_TIMEOUT_S = 60.0
+# The settled pace: a part of the steady state faster than the part before it
+# by more than this is a pace still rising (two halves of one even pace
+# differ by a few per cent; a cold first epoch ran 20-25 % slower).
+RISE_TOLERANCE = 0.08
+# Each part compared holds at least this many batches (a count is exact to
+# one batch: 5 % at 20) and this many seconds.
+PART_MIN_BATCHES = 20
+PART_MIN_S = 2.0
+# Past trial_s of steady state, a trial still rising (or a baseline still in
+# its first epoch) runs on at most this share of trial_s longer.
+SETTLE_EXTRA_SHARE = 1.0
 
 
 @dataclass
@@ -78,7 +102,7 @@ class _Point:
 
 @dataclass
 class _Job:
-    cpu_cores: list[float] = field(default_factory=list)
+    cpu_cores: list[tuple[float, float]] = field(default_factory=list)  # (time, cores)
     worker_uss: int | None = None
     worker_rss: int | None = None
 
@@ -119,8 +143,13 @@ class TrialMeter:
         loader_id: int | None = None,
         warmup_s: float | None = None,
         replay: bool = False,
+        first_epoch: bool = False,
     ) -> None:
+        """``first_epoch``: wait (within the bound) for the loader's first
+        epoch to end and compare it with the next (the baseline's: the first
+        pass over the data of the whole sweep)."""
         self.trial_s = trial_s
+        self.wait_first_epoch = first_epoch
         self.loader_id = loader_id
         self.replay = replay
         self.replaying_at: float | None = None
@@ -128,7 +157,13 @@ class TrialMeter:
         self.started: float | None = None
         self.first_batch_at: float | None = None
         self.steady_from: float | None = None
+        self.steady_began: float | None = None  # steady_from before any part was left out
         self.last_t: float | None = None
+        self._done = False
+        self.settled: bool | None = None  # at the end: the pace no longer rose
+        self.pace_rise: float | None = None  # later part's rate / earlier part's, last judged
+        self.left_out: list[dict] = []  # parts left out as not yet settled
+        self.first_epochs: dict[int, int] = {}  # each loader's epoch at its first steady point
         self.advances: list[float] = []  # snapshot times the loop stepped, after its first batch
         self._count = 0
         self.points: dict[int, list[_Point]] = {}
@@ -173,9 +208,11 @@ class TrialMeter:
                 return
             if t - self.first_batch_at < self.warmup_s or not self._settled(t):
                 return
-            self.steady_from = t
+            self.steady_from = self.steady_began = t
         for ld in watched:
-            self.points.setdefault(as_int(ld["id"]) or 0, []).append(_point(t, ld))  # keys of lds: ints
+            p = _point(t, ld)
+            self.points.setdefault(as_int(ld["id"]) or 0, []).append(p)  # keys of lds: ints
+            self.first_epochs.setdefault(as_int(ld["id"]) or 0, p.epoch)
         for h in records(snapshot.get("hints")):
             if as_int(h.get("job_pid")) == as_int(job.get("pid")) and isinstance(h.get("id"), str):
                 self.hint_ids.add(h["id"])
@@ -184,13 +221,14 @@ class TrialMeter:
         ws = [w for ld in lds.values() for w in live_workers(ld)]
         wcpu = numbers(w.get("cpu_percent") for w in ws)
         if cpu is not None:
-            self._job.cpu_cores.append((cpu + sum(wcpu)) / PERCENT_PER_CORE)
+            self._job.cpu_cores.append((t, (cpu + sum(wcpu)) / PERCENT_PER_CORE))
         uss = numbers(w.get("uss_bytes") for w in ws)
         rss = numbers(w.get("rss_bytes") for w in ws)
         if uss:
             self._job.worker_uss = max(self._job.worker_uss or 0, int(sum(uss)))
         if rss:
             self._job.worker_rss = max(self._job.worker_rss or 0, int(sum(rss)))
+        self._judge()
 
     def _settled(self, t: float) -> bool:
         """The loop has finished its first steps and steps at its pace now."""
@@ -226,15 +264,28 @@ class TrialMeter:
 
     @property
     def done(self) -> bool:
-        """Enough steady state: ``trial_s`` of it, or stable figures after
-        half of it."""
+        """Enough steady state of a settled pace (``_judge``)."""
+        return self._done
+
+    @property
+    def bound_s(self) -> float:
+        """The most steady state a trial runs, parts left out included."""
+        return self.trial_s * (1.0 + SETTLE_EXTRA_SHARE)
+
+    def _measured(self) -> list[_Point]:
+        lid = self.busiest() if self.loader_id is None else self.loader_id
+        return self.points.get(lid, []) if lid is not None else []
+
+    def _enough(self, pts: list[_Point]) -> bool:
+        """``trial_s`` of steady state, or stable figures after half of it;
+        after a part was left out, half of it whose pace is judged below."""
         s = self.steady_s
         if s >= self.trial_s:
             return True
         if s < max(STABLE_MIN_S, STABLE_MIN_SHARE * self.trial_s):
             return False
-        lid = self.busiest() if self.loader_id is None else self.loader_id
-        pts = self.points.get(lid, []) if lid is not None else []
+        if self.left_out:
+            return True
         half = len(pts) // 2
         if half < 2:
             return False
@@ -242,6 +293,48 @@ class TrialMeter:
         return (
             a is not None and b is not None and max(a, b) > 0 and abs(a - b) / max(a, b) <= STABLE_TOLERANCE
         )
+
+    def _judge(self) -> None:
+        """Once there is enough steady state: done if its pace has settled;
+        else the slower start is left out and the trial runs on, until the
+        bound, where it is done and marked as not settled."""
+        if self._done or self.steady_from is None or self.steady_began is None or self.last_t is None:
+            return
+        pts = self._measured()
+        at_bound = self.last_t - self.steady_began >= self.bound_s
+        if not (at_bound or self._enough(pts)):
+            return
+        lid = self.busiest()
+        first = self.first_epochs.get(lid) if lid is not None else None
+        # A cold cache slows the loader, not the step: a loop that does not
+        # wait for data is not slowed by it, and tune stops after its baseline.
+        wait = mean(numbers(p.wait for p in pts))
+        cold_matters = self.wait_first_epoch and wait is not None and wait >= DATA_BOUND_WAIT
+        verdict = pace(pts, first if cold_matters else None)
+        self.pace_rise = verdict.rise if verdict.rise is not None else self.pace_rise
+        if verdict.state == "rising" and verdict.split is not None:
+            # The later part is the best figure of the pace, settled or not.
+            self._leave_out(pts[verdict.split].t, verdict)
+        if verdict.state == "settled" or (verdict.state == "short" and self.steady_s >= self.trial_s):
+            self._done, self.settled = True, True
+        elif at_bound:
+            # Settled unless the pace was seen rising and not seen level
+            # since; a first epoch that outlasts the bound is reported as
+            # such (``first_epoch_only``).
+            rose = verdict.state == "rising" or (
+                bool(self.left_out) and self.left_out[-1]["cause"] == "trend"
+            )
+            self._done, self.settled = True, not rose
+
+    def _leave_out(self, t: float, verdict: Pace) -> None:
+        """Measure from ``t`` on: what came before was not the settled pace."""
+        assert self.steady_from is not None
+        self.left_out.append(
+            {"s": round(t - self.steady_from, 2), "cause": verdict.cause, "rise": _round(verdict.rise, 3)}
+        )
+        self.steady_from = t
+        self.points = {lid: [p for p in pts if p.t >= t] for lid, pts in self.points.items()}
+        self._job.cpu_cores = [(u, c) for u, c in self._job.cpu_cores if u >= t]
 
     @property
     def stuck(self) -> bool:
@@ -330,7 +423,7 @@ class TrialMeter:
             "batches_per_s": _round(rate, 3),
             "samples_per_s": _round(rate * bs, 1) if rate is not None and bs else None,
             "data_wait_fraction": _round(mean(numbers(p.wait for p in pts)), 4),
-            "cpu_cores": _round(mean(self._job.cpu_cores), 2),
+            "cpu_cores": _round(mean([c for _, c in self._job.cpu_cores]), 2),
             "worker_uss_bytes": self._job.worker_uss,
             "worker_rss_bytes": self._job.worker_rss,
             "epoch_start_ms": _round(median(starts[1:] or starts), 1),
@@ -342,6 +435,14 @@ class TrialMeter:
             "warmup_s": _round(self.steady_from - self.started, 2)
             if self.steady_from is not None and self.started is not None
             else None,
+            # The settled pace (``pace``): False when it still rose at the
+            # bound; the parts left out as slower; the loader's first epoch only.
+            "settled": self.settled,
+            "pace_rise": _round(self.pace_rise, 3),
+            "left_out": list(self.left_out),
+            "first_epoch_only": bool(pts) and pts[-1].epoch == self.first_epochs.get(lid, -1)
+            if lid is not None
+            else False,
             "wait_ms_mean": _round(mean(numbers(p.wait_ms for p in pts)), 2),
             "step_ms_mean": _round(mean(numbers(p.step_ms for p in pts)), 2),
             "worker_ms_per_batch": _round(mean(numbers(p.worker_ms for p in pts)), 2),
@@ -402,6 +503,70 @@ def _rate(pts: list[_Point]) -> float | None:
     else:
         dt = b.t - a.t
     return (b.batches - a.batches) / dt if dt > 0 else None
+
+
+@dataclass(frozen=True)
+class Pace:
+    """``pace``'s verdict. ``state``: "settled"; "rising" (from point
+    ``split`` on the pace is ``rise`` times the pace before it); "short"
+    (halves too short to compare: as good as settled once the window is
+    ``trial_s`` long); "first-epoch"
+    (the window has not left the loader's first epoch, or holds too little
+    of the next to compare). ``cause`` of a rise: "first-epoch" (the next
+    epoch ran faster) or "trend" (the later half ran faster)."""
+
+    state: str
+    split: int | None = None
+    rise: float | None = None
+    cause: str | None = None
+
+
+def _comparable(pts: list[_Point]) -> bool:
+    return len(pts) >= 2 and pts[-1].batches - pts[0].batches >= PART_MIN_BATCHES and _span(pts) >= PART_MIN_S
+
+
+def _span(pts: list[_Point]) -> float:
+    a, b = pts[0], pts[-1]
+    if a.mono_ns is not None and b.mono_ns is not None:
+        return (b.mono_ns - a.mono_ns) / 1e9
+    return b.t - a.t
+
+
+def _ratio(before: list[_Point], after: list[_Point]) -> float | None:
+    a, b = _rate(before), _rate(after)
+    return b / a if a and b is not None and a > 0 else None
+
+
+def pace(pts: list[_Point], first_epoch: int | None = None) -> Pace:
+    """Whether the steady points ``pts`` ran at a settled pace. With
+    ``first_epoch`` (the loader's epoch at the first steady point): while
+    the window starts in that epoch, it must have run into the next, and
+    the next must be no faster than it. Then the later half must be no
+    faster than the earlier, where both hold as many epoch starts. Halves too short to compare
+    (``PART_MIN_BATCHES``, ``PART_MIN_S``) are "short": a pace that cannot
+    be told from noise is not extended for, once the window is full."""
+    if first_epoch is not None and pts and pts[0].epoch == first_epoch:
+        split = next((i for i, p in enumerate(pts) if p.epoch > first_epoch), None)
+        if split is None:
+            return Pace("first-epoch")  # the window has not left the loader's first epoch
+        before, after = pts[:split], pts[split:]
+        if not _comparable(after):
+            return Pace("first-epoch", split)  # too little of the next epoch to compare yet
+        rise = _ratio(before, after) if len(before) >= 2 else None
+        if rise is not None and rise > 1.0 + RISE_TOLERANCE:
+            return Pace("rising", split, rise, "first-epoch")
+    half = len(pts) // 2
+    before, after = pts[: half + 1], pts[half:]
+    if not (_comparable(before) and _comparable(after)):
+        return Pace("short")
+    if before[-1].epoch - before[0].epoch != after[-1].epoch - after[0].epoch:
+        # An epoch start (its stall: what persistent_workers saves) in one
+        # half and not the other is the pace, not a rise to leave out.
+        return Pace("settled")
+    rise = _ratio(before, after)
+    if rise is not None and rise > 1.0 + RISE_TOLERANCE:
+        return Pace("rising", half, rise, "trend")
+    return Pace("settled", rise=rise)
 
 
 def _round(v: float | None, nd: int) -> float | None:

@@ -4,6 +4,7 @@ table, the recommendation and the reason the search stopped at the end."""
 from __future__ import annotations
 
 from dlwatch.snapshot import num, percent
+from dlwatch.tune.sweep import pace_note
 
 
 def settings_text(s: dict | None) -> str:
@@ -43,6 +44,11 @@ def progress_line(index: int, max_trials: int, config: dict, meter, trial_elapse
     phase = meter.phase
     if phase == "steady":
         phase = f"steady {meter.steady_s:.0f}/{meter.trial_s:.0f} s"
+        if meter.steady_s >= meter.trial_s:
+            phase = f"steady {meter.steady_s:.0f} s, settling (at most {meter.bound_s:.0f} s in all)"
+        left = sum(p["s"] for p in meter.left_out)
+        if left:
+            phase += f", its first {left:.0f} s left out: slower"
     figures = "n/a" if rate is None else f"{rate:.1f} batches/s"
     if wait is not None:
         figures += f", data wait {percent(wait)}"
@@ -115,6 +121,8 @@ def table(doc: dict) -> str:
     for t in trials:
         ok = t.get("status") == "ok"
         note = "" if ok else f"{t.get('status')}: {t.get('reason', '')}"
+        if ok and pace_note(t):
+            note = pace_note(t)
         if t.get("index") == 0:
             note = ("baseline; " + note) if note else "baseline"
         mean = means.get(_key(t.get("settings"))) if ok else None
@@ -175,6 +183,7 @@ def summary(doc: dict) -> str:
                 how += f" ({n} trials)"
             lines.append(f"Recommendation: {doc['recommendation']}")
             lines.append(f"  measured {how}")
+            lines.extend(f"  {n}" for n in doc.get("speedup_notes") or [])
         if len(doc.get("trials") or []) > 1:
             lines.append(noise_line(doc))
     elif doc.get("baseline") is None or (doc.get("baseline") or {}).get("status") != "ok":

@@ -53,11 +53,14 @@ def run_trial(
     warmup_s: float | None = None,
     on_progress: Callable[[TrialMeter, float], None] | None = None,
     monitor_factory: Callable[[str], SnapshotSource] | None = None,
+    first_epoch: bool = False,
 ) -> TrialOutcome:
-    """Run ``cmd`` until ``trial_s`` of steady state (or it ends). ``env`` is
-    the bootstrap environment; ``override`` the DLWATCH_OVERRIDES document
-    (None: the script's own settings). KeyboardInterrupt stops the job, then
-    propagates with the partial outcome in ``exc.outcome``."""
+    """Run ``cmd`` until ``trial_s`` of steady state at a settled pace (or it
+    ends; ``TrialMeter``). ``env`` is the bootstrap environment; ``override``
+    the DLWATCH_OVERRIDES document (None: the script's own settings);
+    ``first_epoch``: wait for the loader's first epoch to end (the
+    baseline's). KeyboardInterrupt stops the job, then propagates with the
+    partial outcome in ``exc.outcome``."""
     workdir = tempfile.mkdtemp(prefix="dlwtune-", dir="/tmp")  # socket paths must be short
     os.chmod(workdir, 0o700)
     rdir = os.path.join(workdir, "run")
@@ -69,8 +72,11 @@ def run_trial(
     if override is not None:
         env[overrides.ENV_VAR] = overrides.encode(override)
     replay = bool(override and "replay" in override)
-    meter = TrialMeter(trial_s, loader_id=loader_id, warmup_s=warmup_s, replay=replay)
+    meter = TrialMeter(
+        trial_s, loader_id=loader_id, warmup_s=warmup_s, replay=replay, first_epoch=first_epoch
+    )
     cpu = _GroupCpu()
+    cpu_from = None  # the steady state the CPU figure covers: anew when a slower start is left out
     t0 = time.monotonic()
     err = open(err_path, "wb")
     try:
@@ -102,6 +108,8 @@ def run_trial(
                 seen = snap
                 meter.feed(snap)
                 if meter.phase == "steady":
+                    if meter.steady_from != cpu_from:
+                        cpu, cpu_from = _GroupCpu(), meter.steady_from
                     cpu.sample(proc.pid)
                 if on_progress is not None:
                     on_progress(meter, time.monotonic() - t0)

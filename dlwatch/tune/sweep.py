@@ -168,7 +168,10 @@ class Sweep:
             self.ceiling_trial["reason"] = "the loader never replayed: the override did not reach it"
 
     def _run(self, override: dict | None):
-        """One trial of the command with ``override`` (None: the script's own settings)."""
+        """One trial of the command with ``override`` (None: the script's own
+        settings). The baseline, the sweep's first pass over the data, waits
+        for its first epoch to end where that fits in the trial's bound
+        (measure.py: a cold page cache slows that pass only)."""
         return self.runner(
             self.cmd,
             self.env,
@@ -177,6 +180,7 @@ class Sweep:
             loader_id=self.loader_id,
             warmup_s=self.opts.warmup_s,
             on_progress=self.on_progress,
+            first_epoch=not self.trials,
         )
 
     def _cuda(self) -> bool:
@@ -294,6 +298,7 @@ class Sweep:
             "best": best,
             "speedup": speedup,
             "speedup_spread": spread,
+            "speedup_notes": speedup_notes(base, best) if speedup is not None else [],
             "noise": self._noise(),
             "ceiling": self._ceiling_doc(base_group, chosen),
             "recommendation": rec,
@@ -349,6 +354,44 @@ class Sweep:
             ev = hint_ceiling.bound(h, None, measured)["evidence"]
             out.append({"id": hid, "promised": promised, "expected_speedup": ev["expected_speedup"]})
         return out
+
+
+def pace_note(trial: dict) -> str:
+    """How a trial's steady state was chosen, when not simply: the slower
+    start left out, a pace still rising at the bound, a first epoch only."""
+    parts = []
+    for p in trial.get("left_out") or []:
+        rise = p.get("rise")
+        x = f", {rise:.2f}x slower" if isinstance(rise, (int, float)) else ""
+        what = "the first epoch" if p.get("cause") == "first-epoch" else "the pace still rose"
+        parts.append(f"its first {p.get('s', 0):.0f} s left out ({what}{x})")
+    if trial.get("settled") is False:
+        rise = trial.get("pace_rise")
+        by = f" (+{(rise - 1) * 100:.0f} % over the window)" if isinstance(rise, (int, float)) else ""
+        parts.append(f"not settled: still rising at the bound{by}")
+    elif trial.get("first_epoch_only") and trial.get("index") == 0:
+        parts.append("its first epoch only")
+    return "; ".join(parts)
+
+
+def speedup_notes(base: dict | None, best: dict | None) -> list[str]:
+    """What the speed-up rests on, where a pace had not settled (issue 43:
+    a baseline timed on a cold first epoch made a 1.09x setting read 1.23x)."""
+    notes = []
+    if base and base.get("settled") is False:
+        notes.append("the baseline's pace was still rising when its trial ended: the gain may be overstated")
+    elif base and base.get("first_epoch_only"):
+        notes.append(
+            "the baseline was timed within the script's first epoch, which outlasted its trial: if that "
+            "pass read its data from a cold page cache, later trials read a warm one, and part of the "
+            "gain is the cache"
+        )
+    if best and best.get("settled") is False and best.get("index") != 0:
+        notes.append(
+            "the recommended setting's pace was still rising when its trial ended: "
+            "the gain may be understated"
+        )
+    return notes
 
 
 def code_line(settings: dict, base: dict) -> str:

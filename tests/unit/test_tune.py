@@ -367,7 +367,7 @@ def fake_runner(rates: dict, wait: float = 0.5, library: str | None = None, knob
     ceiling trial at rates["replay"]); records the overrides it was given."""
     calls = []
 
-    def run(cmd, env, override, trial_s, loader_id=None, warmup_s=None, on_progress=None):
+    def run(cmd, env, override, trial_s, loader_id=None, warmup_s=None, on_progress=None, first_epoch=False):
         from dlwatch.tune.runner import TrialOutcome
 
         calls.append(override)

@@ -32,7 +32,9 @@ DESCRIPTION = (
     "with the loader replaying about 20 batches it already made, i.e. the loop's pace when data is "
     "free; the search stops once a setting is within noise of it. "
     "Only the loader the training loop waits on is changed unless --loader all. Each trial runs "
-    "until --trial-seconds of steady state, then the command's whole process group is stopped "
+    "until --trial-seconds of steady state at a settled pace (a slower start, such as a first epoch "
+    "read from a cold page cache, is left out; at most twice as long, else the trial is marked as not "
+    "settled), then the command's whole process group is stopped "
     "(SIGINT, then SIGTERM, then SIGKILL). Ctrl-C stops the running trial and prints what was measured."
 )
 EPILOG = (
@@ -40,7 +42,8 @@ EPILOG = (
     "  dlwatch tune -- python train.py --epochs 100\n"
     "  dlwatch tune --workers 2,4,8 --trial-seconds 30 -- python train.py\n"
     "  dlwatch tune --json --budget 300 -- torchrun --nproc-per-node 1 train.py\n"
-    "The script must run longer than a trial (warm-up + --trial-seconds); it is stopped after it."
+    "The script must run longer than a trial (warm-up + up to twice --trial-seconds);\n"
+    "it is stopped after it."
 )
 ORDER = 35
 PROG = "dlwatch tune"
@@ -106,7 +109,8 @@ def add_arguments(p) -> None:
         default=DEFAULT_TRIAL_S,
         metavar="S",
         help=f"steady-state seconds measured per trial, after warm-up (default {DEFAULT_TRIAL_S:g}); "
-        "a trial whose figures are stable ends after half of it",
+        "a trial whose figures are stable ends after half of it, one whose pace still rises runs on "
+        "(at most twice as long) and the baseline waits there for its first epoch to end",
     )
     p.add_argument(
         "--max-trials",
