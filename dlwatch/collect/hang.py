@@ -79,7 +79,15 @@ def complete(doc: dict[str, Any], py_spy: bool = True, sample_s: float = CPU_SAM
                 p["threads"], p["via"] = outside["threads"], outside["via"]
             else:
                 p["error"] = outside.get("error") or p["error"]
-    annotate_threads(procs, sample_s)
+    # The CPU sample is what tells a plain call blocked in C from one that
+    # runs: without such a frame, /proc's state alone (no wait) will do.
+    plain = any(
+        hang.frame_kind(t, str(p.get("role") or "trainer")) == hang.RUNNING
+        for p in procs
+        for t in p.get("threads") or []
+        if isinstance(t, dict)
+    )
+    annotate_threads(procs, sample_s if plain else 0.0)
     out["processes"] = procs
     out["summary"] = hang.summarize(out)
     out["completed"] = True

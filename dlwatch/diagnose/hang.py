@@ -107,13 +107,14 @@ def _is_barrier(frames: list[list[Any]]) -> bool:
 def wait_kind(thread: Mapping[str, Any], role: str = "trainer") -> str:
     """What ``thread`` is waiting on, from its innermost frames and source,
     and (``native``) whether a plain call is blocked off the CPU."""
-    kind = _frame_kind(thread, role)
+    kind = frame_kind(thread, role)
     if kind == RUNNING and _frames(thread) and off_cpu(thread):
         return NATIVE
     return kind
 
 
-def _frame_kind(thread: Mapping[str, Any], role: str) -> str:
+def frame_kind(thread: Mapping[str, Any], role: str = "trainer") -> str:
+    """What the frames alone say the thread waits on (no CPU or state)."""
     frames = _frames(thread)
     if not frames:
         return RUNNING
