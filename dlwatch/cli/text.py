@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dlwatch.collect.loop_role import no_loader_yet
-from dlwatch.snapshot import num, percent
+from dlwatch.snapshot import count_of, num, percent
 
 # What a figure only the hook measures reads for an attached job.
 NOT_SAMPLED = "n/a (attached: sampled)"
@@ -63,7 +63,7 @@ def render_hosts(lines: list[dict]) -> str:
         where = " (this machine)" if h.get("local") else ""
         state = h.get("state") or "?"
         shown = state if state == "ok" else state.upper()
-        text = f"host {h.get('host')}{where}: {shown}, {h.get('jobs', 0)} jobs"
+        text = f"host {h.get('host')}{where}: {shown}, {count_of(h.get('jobs', 0), 'job')}"
         figures = h.get("figures")
         if isinstance(figures, dict) and figures:
             text += (
@@ -209,7 +209,7 @@ def _loader_lines(ld: dict) -> list[str]:
     ]
     span, n = num(ld.get("window_s")), ld.get("window_batches")
     if span is not None and isinstance(n, int):
-        lines[-1] += f"   (over {span:.0f} s, {n} batch{'es' if n != 1 else ''})"
+        lines[-1] += f"   (over {span:.0f} s, {count_of(n, 'batch')})"
     if num(ld.get("data_wait_fraction")) is None and ld.get("no_batch_reason"):
         lines.append(f"    data wait n/a: {ld['no_batch_reason']}")
     lines.extend(_pipeline_lines(ld))
@@ -318,5 +318,5 @@ def _pipeline_lines(ld: dict) -> list[str]:
             cpu = num(w.get("cpu_percent"))
             cells.append(f"{who} {cpu:.0f} %" if cpu is not None else f"{who} n/a")
         kind = ld.get("worker_kind") or "worker"
-        out.append(f"    {len(pw)} {kind} worker{'s' if len(pw) != 1 else ''} (CPU): " + ", ".join(cells))
+        out.append(f"    {count_of(len(pw), kind + ' worker')} (CPU): " + ", ".join(cells))
     return out

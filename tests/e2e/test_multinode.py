@@ -293,7 +293,7 @@ def ls_lists_each_nodes_rank_and_says_why_a_node_cannot_be_read(cluster: Cluster
         "snapshot", "--window", "1", "--remote-dlwatch", DLWATCH, "--host", "node1", "--host", "node3"
     )
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
-    assert "host node1: ok, 1 jobs" in p.stdout and "host node3: UNREACHABLE" in p.stdout, p.stdout
+    assert "host node1: ok, 1 job," in p.stdout and "host node3: UNREACHABLE" in p.stdout, p.stdout
     assert "on node1" in p.stdout and "run multinode-test: 1/2 ranks live on node1" in p.stdout, p.stdout
     # A node without dlwatch where it was said to be: one line, and what to do.
     p = cluster.dlwatch("ls", "--host", "node1", "--remote-dlwatch", "/nonexistent/dlwatch")

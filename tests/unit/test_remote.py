@@ -130,7 +130,7 @@ def test_text_and_the_hints_panel_keep_two_nodes_jobs_of_one_pid_apart():
     merged["hints"] = merge.CrossHostJudge(evaluate).hints(merged)
     text = render_snapshot(merged)
     assert "host node3: NO-DLWATCH, 0 jobs -- 'dlwatch' not found" in text
-    assert "host node2: ok, 1 jobs, 16 usable cores of 32 logical" in text
+    assert "host node2: ok, 1 job, 16 usable cores of 32 logical" in text
     assert (
         "run run-a: 2/2 ranks live on node1, node2; data wait max 40.0 % (rank 1 on node2), mean 21.0 %"
         in text
