@@ -27,7 +27,20 @@ from dlwatch.thresholds import (
 )
 
 from . import capacity
-from .facts import Context, LoaderView, as_dict, as_list, cores, hint, num, pct, r, whole_cores
+from .facts import (
+    Context,
+    LoaderView,
+    as_dict,
+    as_list,
+    cores,
+    count_of,
+    hint,
+    num,
+    pct,
+    plural,
+    r,
+    whole_cores,
+)
 from .registry import Rule
 
 # Rules whose inputs an attached job has: the two here, and those that read
@@ -147,10 +160,10 @@ def rule_sampled_worker_count(ctx: Context) -> list[dict[str, Any]]:
             rec = max(nw, min(rec, cap))
         if rec <= nw:
             continue  # CPU-bound with no core free: more workers cannot help
-        samples = f"{lv.loader.get('data_wait_samples')} and {pooled.get('samples')} samples"
+        samples = f"{lv.loader.get('data_wait_samples')} and {count_of(pooled.get('samples'), 'sample')}"
         msg = (
-            f"{lv.title} waits for data {pct(wait[0])}{_pm(lv)} of the time and its {nw} "
-            f"worker{'s are' if nw != 1 else ' is'} busy {pct(busy[0])} inside the dataset fetch "
+            f"{lv.title} waits for data {pct(wait[0])}{_pm(lv)} of the time and its "
+            f"{count_of(nw, 'worker')} {plural(nw, 'is')} busy {pct(busy[0])} inside the dataset fetch "
             f"(sampled from outside: {samples}): keeping up needs about {est['workers_needed']:.1f} "
             f"workers ({span(est)} within the sampling's 95 % intervals)"
         )

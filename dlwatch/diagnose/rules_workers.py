@@ -420,7 +420,7 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict[str, Any]]:
         worth = upside is None or upside >= MIN_WORTHWHILE_SPEEDUP
         one_more_helps = isinstance(more, capacity.Prediction) and more.speedup >= MIN_WORTHWHILE_SPEEDUP
         parts = [f"its workers {cores(round(acc.workers, 1))}"]
-        parts.append(f"the trainer{'s' if ctx.main_loops != 1 else ''} {cores(round(acc.trainers, 1))}")
+        parts.append(f"the {plural(ctx.main_loops, 'trainer')} {cores(round(acc.trainers, 1))}")
         parts += others_cores(acc)
         msg = (
             f"{lv.title} waits for data {pct(lv.wait)} of the time{window_phrase(lv)} while its "
