@@ -309,7 +309,7 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
     loader = as_dict(doc.get("loader")).get("name") or "the busiest loader"
     followed = as_int(doc.get("loaders_followed")) or 0
     if followed > 1:
-        loader += f" and the {followed - 1} DataLoaders the loop built after it"
+        loader += f" and {followed - 1} newer DataLoaders like it (one built every pass)"
     lines = [
         f"PID {pid}: {as_int(doc.get('samples')) or 0} samples inside fetches from "
         f"{sum(1 for w in workers if w.get('reported'))} workers of {loader} over {seconds:g} s"

@@ -5,12 +5,14 @@ a new ``DataLoader`` every pass or every epoch (a new sampler seed, a
 re-shard, a dataset rebuilt) step a new loader object each time, and each
 gets its own counters (``stats.Registry``: one per loader object). A burst
 bound to the object it found first waited for a loader that had finished
-("loader 0 took no step within 60 s"). So a burst moves on to a newer loader
-of the same shape (dataset class, kind, library: what the loop builds again
-each pass), and the profiler's burst also asks that it be stepped from the
-line that stepped the old one (an eval loader over the same dataset class
-is stepped from another line). Bursts only: nothing here runs on the hot
-path when no burst is armed.
+("loader 0 took no step within 60 s"). So the profiler's burst moves on,
+once its loader's epoch is over, to a newer loader of the same shape
+(dataset class, kind, library: what the loop builds again each pass) that
+is stepped from the line and thread that stepped the old one (an eval
+loader over the same dataset class is stepped from another line). A worker
+profile, which sees iterators made rather than steps, arms the workers of
+its loader and of every newer loader of its shape. Bursts only: nothing
+here runs on the hot path when no burst is armed.
 """
 
 from __future__ import annotations
@@ -44,13 +46,25 @@ def successor(current, st) -> bool:
         return False
 
 
+def finished(st) -> bool:
+    """Its epoch is over: its last ``next()`` raised StopIteration, or its
+    iterator is gone (a loop that left with ``break``)."""
+    try:
+        ref = st.iter_ref
+        return not st.epoch_t0 or ref is None or ref() is None
+    except Exception:
+        return False
+
+
 def newest_of_loop(chosen, loaders) -> Any:
-    """The loader of ``chosen``'s loop that is stepping now: the newest of
-    its shape that has an iterator or has returned batches (a loop that
-    builds a DataLoader every pass left the older ones finished)."""
+    """The loader of ``chosen``'s loop that is stepping now: once
+    ``chosen``'s epoch is over, the newest of its shape that has an
+    iterator or has returned batches (a loop that builds a DataLoader every
+    pass left the older ones finished). A loader mid-epoch stays the one:
+    a newer one of its shape may be an eval between its epochs."""
     best = chosen
     for st in loaders:
-        if not successor(best, st):
+        if not successor(best, st) or not finished(best):
             continue
         ref = getattr(st, "iter_ref", None)
         if st.batches > 0 or (ref is not None and ref() is not None):

@@ -191,7 +191,8 @@ class Burst:
             site = (caller.f_code, caller.f_lineno) if caller is not None else None
             same_line = self.site is None or site == self.site
             same_thread = self._tid is None or threading.get_ident() == self._tid
-            if not (same_line and same_thread and loop_follow.successor(self.target, st)):
+            follow = same_line and same_thread and loop_follow.finished(self.target)
+            if not (follow and loop_follow.successor(self.target, st)):
                 self._not_loop.add(st.id)
                 return False
             self.target = st

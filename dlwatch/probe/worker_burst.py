@@ -49,8 +49,8 @@ _current: WorkerBurst | None = None
 
 class WorkerBurst:
     def __init__(self, st, seconds: float, hz: int, loader: dict) -> None:
-        self.st = st  # the loop's loader now: a newer one when the loop builds one every pass
-        self.loaders = 1
+        self.st = st
+        self.loader_ids = {st.id}  # the loaders whose workers were armed
         self.loader = loader
         self.seconds = seconds
         self.hz = hz
@@ -189,7 +189,7 @@ class WorkerBurst:
         used = {i for _n, idx, _l in stacks for i in idx}
         return {
             "loader": self.loader,
-            "loaders_followed": self.loaders,
+            "loaders_followed": len(self.loader_ids),
             "seconds": self.seconds,
             "hz": self.hz,
             "window_mono_ns": [int(self.t0 * 1e9), int(self.end * 1e9)],
@@ -273,15 +273,14 @@ def release(b: WorkerBurst) -> None:
 
 
 def on_new_slots(st) -> None:
-    """A new iterator: arm its workers if a burst follows its loader, or its
-    loader is the loop's new one (a DataLoader built every pass:
-    loop_follow.py), which the burst then follows."""
+    """A new iterator: arm its workers if the burst follows its loader, or
+    its loader is newer and of the same shape (a DataLoader the loop builds
+    every pass: loop_follow.py). An eval's loader of that shape is armed
+    too: the same dataset class, the same code sampled."""
     b = _current
     if b is None or b.state != RUNNING or (b.st is not st and not loop_follow.successor(b.st, st)):
         return
     with _lock:
         if _current is b and b.state == RUNNING:
-            if b.st is not st:
-                b.st = st
-                b.loaders += 1
+            b.loader_ids.add(st.id)
             b.arm(st.slots_view, st.slots_fview, st.num_workers)

@@ -257,7 +257,7 @@ def test_a_loop_that_builds_a_new_dataloader_every_pass_is_followed_by_both_burs
         r = dlwatch("profile", "--workers", "--pid", str(job.pid), "--seconds", "2", runtime_dir=d)
         assert r.returncode == 0, r.stderr
         head = r.stdout.splitlines()[0]
-        assert "DataLoaders the loop built after it" in head and "(Reads)" in head, r.stdout
+        assert "newer DataLoaders like it" in head and "(Reads)" in head, r.stdout
         # Later passes' workers sampled too: more than one loader's two.
         assert int(head.split(" from ")[1].split()[0]) > 2, head
         assert job.poll() is None

@@ -51,6 +51,23 @@ def test_the_newest_loader_of_the_loop_is_the_one_to_profile(probe, tmp_path):
     assert not loop_follow.successor(_stats(probe, old), _stats(probe, evals))
 
 
+def test_a_loader_mid_epoch_stays_the_one_beside_a_newer_eval_of_its_shape(probe, tmp_path):
+    # The training loader is one object, an eval DataLoader over the same
+    # dataset class is made each epoch: mid-epoch, the training one is the loop's.
+    pub = Publisher(directory=str(tmp_path))
+    pub.build_frame()
+    train = _pass_loader()
+    it = iter(train)
+    for _ in range(3):
+        next(it)
+    evals = _pass_loader(4)
+    for _ in evals:
+        pass
+    pub.build_frame()
+    assert pub._control.busiest_loader() is _stats(probe, train)
+    assert not loop_follow.finished(_stats(probe, train)) and loop_follow.finished(_stats(probe, evals))
+
+
 def test_a_burst_follows_the_loop_into_its_next_passes_loaders_and_not_an_eval(probe, tmp_path):
     first = _pass_loader()
     for _ in first:
