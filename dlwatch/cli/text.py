@@ -153,9 +153,9 @@ def render_snapshot(snap: dict, title: str = "dlwatch snapshot") -> str:
     judged = num(snap.get("judged_s"))
     if judging and judged is not None:
         lines.append(
-            f"judged on {judged:.1f} s of watching: the live view shows no hint for these loaders yet "
-            f"either (it waits for steady rates, then {_hold_s()} s of a condition): "
-            f"`dlwatch snapshot --judge S` watches longer"
+            f"judged on {judged:.1f} s of watching, not long enough for these loaders: the live view too "
+            f"waits for steady rates, then {_hold_s()} s of a condition, before a hint shows (and holds "
+            f"what it saw for up to a minute); `dlwatch snapshot --judge S` watches longer"
         )
     if snap.get("hints_error") and not hints:
         lines.append(f"hints: n/a: {snap['hints_error']}")

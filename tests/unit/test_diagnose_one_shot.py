@@ -42,7 +42,7 @@ def test_a_one_shot_shows_no_hint_the_live_view_would_not(ticking):
     assert [(e["job_pid"], e["loader_id"]) for e in snap["judging"]] == [(2929, 0)]
     assert snap["judged_s"] is not None
     out = render_snapshot(dict(snap))
-    assert "judged on" in out and "the live view shows no hint for these loaders yet" in out
+    assert "judged on" in out and "not long enough for these loaders: the live view too waits" in out
     assert "hints: none yet" in out and "io-bound" not in out
 
 
