@@ -5,7 +5,8 @@ imports of textual/psutil/pynvml/torch.
 
 - ``diagnose(snapshot, state) -> (hints, state)``: hysteresis and warm-up
   gating over successive snapshots; the live views use it (or ``Diagnoser``).
-- ``evaluate(snapshot) -> hints``: instantaneous, for one-shot output.
+- ``evaluate(snapshot) -> hints``: instantaneous, stateless (``dlwatch snapshot``
+  judges as the live view does: ``collect.monitor.Monitor.judge_now``).
 - ``format_hints(hints) -> str``: text for ``dlwatch snapshot``.
 - ``judging(snapshot)`` / ``Diagnoser.judging()``: the loaders not judged
   yet (their first warm-up), the snapshot's ``judging``.
