@@ -521,10 +521,10 @@ def _make_next(burst: Burst, prev):
         st = getattr(self, "_dlw_stats", None)
         if st is burst.target:
             if burst.site is None:
-                caller = sys._getframe(1)  # the loop's line, once per burst
-                burst.site = (caller.f_code, caller.f_lineno)
+                caller = _caller()  # the loop's line, once per burst
+                burst.site = (caller.f_code, caller.f_lineno) if caller is not None else None
             return burst.on_target_next(self, prev)
-        if st is not None and burst.follows(st, sys._getframe(1)):
+        if st is not None and burst.follows(st, _caller()):
             return burst.on_target_next(self, prev)
         if burst.state == RUNNING and _clock() > burst.deadline_ns:
             burst.stop_elsewhere()
@@ -533,6 +533,15 @@ def _make_next(burst: Burst, prev):
     __next__.__doc__ = getattr(prev, "__doc__", None)
     __next__._dlwatch_orig = prev  # type: ignore[attr-defined]  # what uninstall restores
     return __next__
+
+
+def _caller():
+    """The frame that called the wrapper's ``__next__`` (the loop's), or
+    None when no Python frame did."""
+    try:
+        return sys._getframe(2)
+    except ValueError:
+        return None
 
 
 def write_bounded_trace(path: str, rows: list, limit: int) -> bool:
