@@ -213,22 +213,15 @@ class Control:
             pass
 
     def busiest_loader(self):
-        """The live loader with the most batches over the last second (ties:
-        the one that returned a batch last). With no live iterator, a loader
-        that returned batches in that second: it is between two epochs (the
-        old iterator's workers joined, the new one's starting; with 16 workers
-        on 2 cores a burst asked there was refused as "nothing to profile")."""
+        """The training loop's loader (loop_follow.pick): of the loaders with
+        a live iterator or batches over the last second, the shape with the
+        most batches, its busiest loader or, once that one's epoch is over,
+        the newest of its shape. A loader between two epochs (the old
+        iterator's workers joined, the new one's starting; with 16 workers
+        on 2 cores a burst asked there was refused as "nothing to profile")
+        is still the one."""
         recent = self.pub.recent_batches()
-        old = recent[0] if recent else {}
-        sts = patches.registry.snapshot()
-        live = [st for st in sts if st.iter_ref is not None and st.iter_ref() is not None]
-        if not live:
-            live = [st for st in sts if st.batches > old.get(st.id, 0)]
-        if not live:
-            return None
-        busiest = max(live, key=lambda st: (st.batches - old.get(st.id, 0), st.t_last))
-        # A loop that builds a DataLoader every pass: its newest one (loop_follow.py).
-        return loop_follow.newest_of_loop(busiest, sts)
+        return loop_follow.pick(patches.registry.snapshot(), recent[0] if recent else {})
 
     def poll(self) -> None:
         """Each tick of the publisher: forward a running burst's news."""

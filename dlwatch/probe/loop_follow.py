@@ -70,3 +70,27 @@ def newest_of_loop(chosen, loaders) -> Any:
         if st.batches > 0 or (ref is not None and ref() is not None):
             best = st
     return best
+
+
+def pick(loaders, recent: dict[int, int]) -> Any:
+    """The loader a burst asked for now is for. ``recent``: each loader's
+    batches as of a second ago. Candidates: loaders with a live iterator
+    or batches in that second. The loop is the shape with the most batches
+    in that second (a loop that builds a DataLoader every pass spreads its
+    batches over several objects, and an eval running at the moment of the
+    request is not the loop); in it, the loader with the most (ties: the
+    last to return one), or the newest of its shape once its epoch is over."""
+    cands = []
+    for st in loaders:
+        ref = getattr(st, "iter_ref", None)
+        n = st.batches - recent.get(st.id, 0)
+        if n > 0 or (ref is not None and ref() is not None):
+            cands.append((st, n))
+    if not cands:
+        return None
+    by_shape: dict[tuple, list] = {}
+    for st, n in cands:
+        by_shape.setdefault(shape(st), []).append((st, n))
+    group = max(by_shape.values(), key=lambda g: (sum(n for _, n in g), max(st.t_last for st, _ in g)))
+    busiest = max(group, key=lambda c: (c[1], c[0].t_last))[0]
+    return newest_of_loop(busiest, [st for st, _ in group])

@@ -68,6 +68,24 @@ def test_a_loader_mid_epoch_stays_the_one_beside_a_newer_eval_of_its_shape(probe
     assert not loop_follow.finished(_stats(probe, train)) and loop_follow.finished(_stats(probe, evals))
 
 
+def test_a_request_during_an_eval_is_for_the_training_loop(probe, tmp_path):
+    # Two passes of the loop (a new DataLoader each), then an eval over
+    # another dataset, mid-way, its iterator live: the loop is the training
+    # shape, and its newest loader (finished: the burst waits for the next).
+    pub = Publisher(directory=str(tmp_path))
+    pub.build_frame()
+    passes = [_pass_loader(), _pass_loader()]
+    for dl in passes:
+        for _ in dl:
+            pass
+    evals = DataLoader(Other(), batch_size=2)
+    it = iter(evals)
+    next(it)
+    gc.collect()
+    pub.build_frame()
+    assert pub._control.busiest_loader() is _stats(probe, passes[-1])
+
+
 def test_a_burst_follows_the_loop_into_its_next_passes_loaders_and_not_an_eval(probe, tmp_path):
     first = _pass_loader()
     for _ in first:
