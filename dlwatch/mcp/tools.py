@@ -99,9 +99,20 @@ class Tools:
             "window_s": snap.get("window_s"),
             "jobs": [_headline(j) for j in records(snap.get("jobs"))],
             "hints": hints,
+            "judged_s": snap.get("judged_s"),
         }
+        # The same state the live view shows: a loader still warming up has
+        # no hints yet, which is not "nothing to fix".
+        judging = [j for j in records(snap.get("judging")) if pid is None or j.get("job_pid") == pid]
+        if judging:
+            doc["judging"] = judging
         if snap.get("hints_error"):
             doc["hints_error"] = snap["hints_error"]
+        elif judging:
+            doc["note"] = (
+                f"not judged yet: watched {snap.get('judged_s')} s, and the figures of "
+                f"{len(judging)} loader(s) are still settling (see judging); ask again in a few seconds"
+            )
         elif not hints:
             doc["note"] = "no hints: nothing in the input pipeline needs attention"
         return doc

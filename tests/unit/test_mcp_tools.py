@@ -195,3 +195,26 @@ def test_dlwatch_mcp_refuses_a_runtime_dir_that_is_not_private():
     r = dlwatch("mcp", runtime_dir=d)
     assert r.returncode == 1 and "has mode 0777" in r.stderr and "Traceback" not in r.stderr
     assert r.stdout == ""  # stdout is the protocol's
+
+
+def test_hints_while_a_loader_is_judging_say_so_rather_than_nothing_to_fix(empty_dir, monkeypatch):
+    # The live view prints "judging…" for a loader whose figures are still
+    # settling; the agent's answer must not read that as "nothing to fix".
+    snap = {
+        "time": 1.0,
+        "window_s": 3.0,
+        "judged_s": 7.1,
+        "jobs": [],
+        "hints": [],
+        "judging": [
+            {"job_pid": 11, "loader_id": 0, "judging_s": 5.0, "reason": "3 of the 20 batches"},
+            {"job_pid": 12, "loader_id": 0, "judging_s": 5.0, "reason": "3 of the 20 batches"},
+        ],
+    }
+    monkeypatch.setattr(empty_dir, "_measure", lambda pid, window_s: snap)
+    doc = empty_dir.hints(pid=11)
+    assert doc["judged_s"] == 7.1 and [j["job_pid"] for j in doc["judging"]] == [11]
+    assert doc["note"].startswith("not judged yet: watched 7.1 s") and "nothing" not in doc["note"]
+    snap["judging"] = []
+    doc = empty_dir.hints(pid=11)
+    assert "judging" not in doc and doc["note"].startswith("no hints: nothing")
