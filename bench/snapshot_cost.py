@@ -105,6 +105,9 @@ def main() -> int:
         dl = [sys.executable, "-m", "dlwatch"]
         commands = [
             ("python -c pass (interpreter start)", [sys.executable, "-c", "pass"]),
+            # --judge 0: one measurement; the default watches until the
+            # hints are judged as the live view judges them (issue 43).
+            ("dlwatch snapshot --judge 0", [*dl, "snapshot", "--judge", "0"]),
             ("dlwatch snapshot", [*dl, "snapshot"]),
             ("dlwatch snapshot --json", [*dl, "snapshot", "--json"]),
             ("dlwatch snapshot --uss", [*dl, "snapshot", "--uss"]),

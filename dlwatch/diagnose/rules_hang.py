@@ -181,14 +181,28 @@ def fork_inherited_pool(lv: LoaderView, w: Entry, others: list[Entry]) -> Cause 
         return None
     when = "its first call into it since the workers forked" if first else "after the workers forked"
     held = f" (the trainer runs threads: {', '.join(users[:4])})" if users else ""
+    fresh = "start the workers with multiprocessing_context='spawn' or 'forkserver'"
+    if users:
+        # A lock one of the user's threads held at fork: no thread count can
+        # release it (pytorch#75147); a fresh interpreter or a lock taken
+        # after the fork can.
+        fix = (
+            f"{fresh} (a worker then inherits no lock), or start those threads (or take that lock) "
+            "only after the workers have forked; if it is a thread pool, keep the workers "
+            "single-threaded (OMP_NUM_THREADS=1, or torch.set_num_threads(1) in worker_init_fn)"
+        )
+    else:
+        fix = (
+            "keep the workers single-threaded: OMP_NUM_THREADS=1 in the job's environment, or "
+            "torch.set_num_threads(1) in worker_init_fn (and nothing that raises it in the worker); "
+            f"or {fresh}"
+        )
     return (
         "fork-inherited-pool",
         f"{_who(w)} is blocked in C{_cpu_note(w)}, asleep, in {_where_text(w)}: a native thread pool "
         f"or lock, {when}. A pool (OpenMP, MKL) or a lock the trainer had running{held} was "
         "copied into the worker without its threads, and the call waits for them forever",
-        "keep the workers single-threaded: OMP_NUM_THREADS=1 in the job's environment, or "
-        "torch.set_num_threads(1) in worker_init_fn (and nothing that raises it in the worker); "
-        "or start the workers with multiprocessing_context='spawn' or 'forkserver'",
+        fix,
     )
 
 
@@ -247,6 +261,16 @@ def finished_rank(ctx: Context, lv: LoaderView, main: Entry | None, workers: lis
     where = _where_text(main) or "outside the loader"
     named = ", ".join(_rank_name(r) for r in finished)
     done = f"; {named} {'has' if len(finished) == 1 else 'have'} finished its epoch" if finished else ""
+    world = as_int(lv.job.get("world_size")) or 0
+    key = run_key(lv.job)
+    seen = sum(1 for o in ctx.live_jobs if key is not None and run_key(o) == key)
+    if not finished and world > 1 and seen < world:
+        # `snapshot --pid` (or a view of one node) watches this rank alone:
+        # say where the finished one can be named rather than nothing.
+        done = (
+            f"; {seen} of the run's {world} ranks {'is' if seen == 1 else 'are'} in view: a snapshot of "
+            "every job of the run (without --pid, every node) names the rank that finished"
+        )
     return (
         "uneven-ranks",
         f"every worker is idle and the loop waits in {where}{done}: the ranks ran out of data unevenly",

@@ -219,6 +219,9 @@ def test_blocked_in_c_under_spawn_or_after_batches_is_not_called_inherited():
     held = _off_cpu(_stalled_job([NATIVE_WORKER], others=[holder]), batches=40)
     h = _hint(held)
     assert h["evidence"]["cause"] == "fork-inherited-pool" and "native-cache" in h["message"]
+    # A held lock is released by no thread count: a fresh interpreter comes first.
+    assert h["suggestion"].startswith("start the workers with multiprocessing_context='spawn'"), h
+    assert "only after the workers have forked" in h["suggestion"]
 
 
 def test_a_busy_worker_in_a_plain_call_is_stuck_in_its_fetch_not_blocked_in_c():
@@ -272,6 +275,20 @@ def test_a_finished_rank_is_named_by_its_rank_or_its_pid_never_rank_none():
     # Another run (another rendezvous) is not this run's finished rank.
     other = _hint(_ranks(1, master1="10.0.0.9:29500"))
     assert other["evidence"]["finished_ranks"] == [] and "finished" not in other["message"]
+
+
+def test_a_rank_watched_alone_says_where_the_finished_one_is_named():
+    # `dlwatch snapshot --pid` of the waiting rank: its partner is not in view.
+    (r0, _r1) = _ranks(1)
+    r0["world_size"] = 2
+    h = _hint(r0)
+    assert h["evidence"]["cause"] == "uneven-ranks" and h["evidence"]["finished_ranks"] == []
+    assert "1 of the run's 2 ranks is in view" in h["message"] and "without --pid" in h["message"], h
+    # Both in view: the finished one is named, not the note.
+    both = _ranks(1)
+    both[0]["world_size"] = both[1]["world_size"] = 2
+    h = _hint(both)
+    assert "rank 1 (pid 1001) has finished its epoch" in h["message"] and "in view" not in h["message"]
 
 
 # --- every figure live at the snapshot's time ----------------------------------------------
