@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from dlwatch.snapshot import as_dict, as_int, as_list, as_str, num, records
+from dlwatch.snapshot import as_dict, as_int, as_list, as_str, count_of, num, records
 
 SCHEMA_VERSION = 1
 # read: the file system; decode: image decoding; transform: a transform
@@ -312,7 +312,7 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
         loader += f" and {followed - 1} newer DataLoaders like it (one built every pass)"
     lines = [
         f"PID {pid}: {as_int(doc.get('samples')) or 0} samples inside fetches from "
-        f"{sum(1 for w in workers if w.get('reported'))} workers of {loader} over {seconds:g} s"
+        f"{count_of(sum(1 for w in workers if w.get('reported')), 'worker')} of {loader} over {seconds:g} s"
     ]
     if doc.get("verdict"):
         lines.append(f"verdict: {doc['verdict']}: {doc.get('reason')}")
