@@ -74,7 +74,13 @@ class _Sampler:
         self.other = 0
         self.t0 = _clock()
         self.cpu0 = 0.0
+        # The sampler thread's own CPU over the burst, set by that thread when
+        # its loop ends; the finalizer runs in the worker's main thread, whose
+        # thread_time is the fetch's CPU, never the sampler's cost.
+        self.cpu_s: float | None = None
+        self.native_id = 0
         self.done = threading.Event()
+        self.stopped = threading.Event()
         self.written = False
         self.wlock = threading.Lock()
 
@@ -89,6 +95,7 @@ class _Sampler:
             # A worker that exits before the deadline (the epoch of a
             # non-persistent loader ends) still reports what it saw.
             fin = util.Finalize(None, self._at_exit, exitpriority=100)
+            self.native_id = threading.get_native_id()
             self.cpu0 = time.thread_time()
             self.row[self.base + BURST_ACK] = self.gen
             switch = sys.getswitchinterval()
@@ -100,6 +107,8 @@ class _Sampler:
             try:
                 self._loop()
             finally:
+                self.cpu_s = time.thread_time() - self.cpu0
+                self.stopped.set()
                 if sys.getswitchinterval() == min(switch, SWITCH_INTERVAL_S):
                     sys.setswitchinterval(switch)
             if self.row[self.base + BURST_GEN] == self.gen:  # else cancelled
@@ -108,6 +117,7 @@ class _Sampler:
             pass
         finally:
             self.done.set()
+            self.stopped.set()
             if fin is not None:
                 fin.cancel()
             with _lock:
@@ -129,7 +139,9 @@ class _Sampler:
             nxt += period
             if nxt < now:
                 nxt = now + period  # fell behind (a long GIL hold): no catch-up burst
-            time.sleep(max(0.0, min(nxt, end) - _clock()))
+            # An event, not a sleep: the exit finalizer's done.set() wakes the
+            # loop at once, so the thread can record its CPU and stop.
+            self.done.wait(max(0.0, min(nxt, end) - _clock()))
 
     def _sample(self) -> None:
         f = sys._current_frames().get(self.tid)
@@ -162,7 +174,24 @@ class _Sampler:
 
     def _at_exit(self) -> None:
         self.done.set()
+        # The loop wakes on done and records its CPU; bounded, the worker is exiting.
+        self.stopped.wait(0.25)
         self.write()
+
+    def sampler_cpu_s(self) -> float | None:
+        """The sampler thread's CPU since the burst began, whichever thread asks."""
+        if self.cpu_s is not None:
+            return self.cpu_s
+        if self.native_id and threading.get_native_id() == self.native_id:
+            return time.thread_time() - self.cpu0
+        # Still running (it did not stop in time): its kernel counters, by native id.
+        try:
+            with open(f"/proc/self/task/{self.native_id}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            ticks = int(fields[11]) + int(fields[12])  # utime, stime
+            return max(0.0, ticks / os.sysconf("SC_CLK_TCK") - self.cpu0)
+        except (OSError, ValueError, IndexError):
+            return None  # unknown, never another thread's figure
 
     def write(self) -> None:
         with self.wlock:
@@ -205,7 +234,7 @@ class _Sampler:
             "in_fetch": self.in_fetch,
             "other": self.other,
             "wall_s": round(_clock() - self.t0, 3),
-            "sampler_cpu_s": round(time.thread_time() - self.cpu0, 4),
+            "sampler_cpu_s": None if (cpu := self.sampler_cpu_s()) is None else round(cpu, 4),
             "frames": frames,
             "stacks": stacks,
             "src": src,

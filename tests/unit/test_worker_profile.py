@@ -307,3 +307,41 @@ def test_w_key_shows_the_worker_profile_and_help_lists_it():
             await wait_until(pilot, lambda: not isinstance(app.screen, ProfileScreen))
 
     asyncio.run(main())
+
+
+def test_a_worker_exiting_mid_burst_reports_the_samplers_cpu_not_the_fetch_threads(tmp_path, monkeypatch):
+    """A non-persistent worker exits before the deadline: the multiprocessing
+    finalizer writes the result from the worker's main thread, which ran the
+    fetches. The cost it reports must be the sampler thread's own CPU (a
+    verifier saw "at most 96.37 % of a core": the fetch thread's)."""
+    import json
+    import os
+    from multiprocessing import util
+
+    from dlwatch.probe import worker, worker_sampler
+
+    monkeypatch.setenv("DLWATCH_DIR", str(tmp_path))
+    slots = worker.make_slots(1)
+    row, frow = worker.as_int64_view(slots), worker.as_float64_view(slots)
+    fetch = worker._timed(lambda self, idx: _user_stage(0.005), row, frow, 0)
+    row[worker.BURST_HZ] = 50
+    frow[worker.BURST_END_S] = time.perf_counter() + 30  # the worker exits long before
+    row[worker.BURST_GEN] = 78
+    fetch(None, [0])
+    for _ in range(200):
+        if row[worker.BURST_ACK] == 78:
+            break
+        time.sleep(0.01)
+    burned0 = time.thread_time()
+    _user_stage(0.4)  # this (the "fetch") thread's CPU, not the sampler's
+    burned = time.thread_time() - burned0
+    util._run_finalizers(100)  # what the worker's exit runs: the sampler's exit hook
+    path = worker_sampler.result_path(str(tmp_path), 78, os.getpid())
+    doc = json.load(open(path))
+    cost = doc["sampler_cpu_s"]
+    assert cost is not None and cost < burned / 4, (cost, burned)
+    for _ in range(100):
+        if not [t for t in threading.enumerate() if t.name == "dlwatch-worker-sampler"]:
+            break
+        time.sleep(0.02)
+    assert not [t for t in threading.enumerate() if t.name == "dlwatch-worker-sampler"]
