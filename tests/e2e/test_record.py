@@ -132,6 +132,23 @@ def test_recording_of_a_real_job_matches_the_loop_and_replays_to_the_same_figure
             assert fmt.rate(ld["batches_per_s"]) in text
 
 
+def test_record_pid_of_a_jobs_parent_says_it_is_no_job_and_names_the_job(short_tmpdir):
+    # The job's parent (this test process, as a `dlwatch run` wrapper would
+    # be) is no job: before, its recording ran to "0 jobs … has exited".
+    job = Job("--duration", "20", "--sample-ms", "5", "--step-ms", "5")
+    try:
+        job.wait_socket()
+        path = os.path.join(short_tmpdir, "parent.jsonl")
+        rec = dlwatch_proc("record", "-o", path, "--pid", str(os.getpid()), runtime_dir=job.dir)
+        _, err = rec.communicate(timeout=30)
+    finally:
+        job.kill()
+    assert rec.returncode != 0, err
+    assert f"PID {os.getpid()} is not a dlwatch job" in err
+    assert f"use --pid {job.proc.pid}" in err and "dlwatch ls" in err
+    assert not os.path.exists(path)
+
+
 def test_ctrl_c_ends_a_recording_cleanly_and_a_killed_one_still_reads(short_tmpdir):
     job = Job("--duration", "30")
     try:

@@ -291,3 +291,17 @@ def test_tune_help_is_wrapped_to_the_terminal():
     )
     assert r.returncode == 0 and "Little's-law" in r.stdout
     assert max(len(line) for line in r.stdout.splitlines()) <= 100
+
+
+def test_record_pid_of_a_process_that_is_no_job_says_so_up_front():
+    from dlwatch.cli.commands.record import not_a_job_problem
+
+    d = short_tmpdir()
+    p = subprocess.Popen(["sleep", "30"])
+    try:
+        problem = not_a_job_problem(p.pid, d, 0.0)
+    finally:
+        p.kill()
+        p.wait()
+    assert problem is not None
+    assert f"PID {p.pid} is not a dlwatch job" in problem and "dlwatch ls" in problem

@@ -54,6 +54,9 @@ def run(args) -> int:
 
         if not pid_alive(args.pid):
             return fail(f"no process with PID {args.pid}", EXIT_ERROR, prog)
+        not_a_job = not_a_job_problem(args.pid, rundir.runtime_dir(), JOB_START_WAIT_S)
+        if not_a_job:
+            return fail(not_a_job, EXIT_ERROR, prog)
         until = _until_exited(args.pid)
     path = args.output or default_path()
     recorder = make_recorder(
@@ -77,6 +80,52 @@ def run(args) -> int:
     stats = recorder.run()
     print(summary(path, stats), file=sys.stderr)
     return EXIT_OK
+
+
+# A job started a moment ago has not published yet (Python and torch are
+# still importing): this long for its socket before saying it is no job.
+JOB_START_WAIT_S = 10.0
+
+
+def not_a_job_problem(pid: int, directory: str, wait_s: float) -> str | None:
+    """Why ``pid`` is not a dlwatch job (with the PID to use instead), or None
+    when it is one. Recording a PID that never publishes would only end with
+    "0 jobs" once it exits (the ``dlwatch run`` wrapper's PID was given)."""
+    import time
+
+    from dlwatch.collect.jobs import discover, pid_alive
+
+    end = time.monotonic() + wait_s
+    while True:
+        jobs = {p for p, _ in discover(directory)}
+        if pid in jobs:
+            return None
+        below = _jobs_below(pid, jobs)
+        if below:
+            # The wrapper (or a launcher) of jobs: its children are what to record.
+            use = " or ".join(f"--pid {p}" for p in below)
+            return (
+                f"PID {pid} is not a dlwatch job: it started the job{'s' if len(below) > 1 else ''} "
+                f"{', '.join(map(str, below))} (a `dlwatch run` wrapper or a launcher); use {use} "
+                "(`dlwatch ls` lists the jobs)"
+            )
+        if time.monotonic() >= end or not pid_alive(pid):
+            break
+        time.sleep(0.2)
+    return (
+        f"PID {pid} is not a dlwatch job: it has no dlwatch socket in {directory}; "
+        "`dlwatch ls` lists the jobs' PIDs (under `dlwatch run`, the job is the wrapper's child)"
+    )
+
+
+def _jobs_below(pid: int, jobs: set[int]) -> list[int]:
+    import psutil
+
+    try:
+        below = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    return sorted(c.pid for c in below if c.pid in jobs)
 
 
 def _until_exited(pid: int):
