@@ -458,6 +458,16 @@ def plural(n: Any, word: str, many: str | None = None) -> str:
     return many or _PLURALS.get(word) or word + "s"
 
 
+def epoch_start_missing(ld: dict) -> str:
+    """Why a loader has no epoch-start figure (iter() to its first batch), as
+    the CLI's text and the TUI say it: with an epoch counted, its start is
+    still under way (a hang in the first epoch), not "no epoch started"."""
+    epoch = ld.get("epoch")
+    if isinstance(epoch, int) and epoch > 0:
+        return "still under way (no first batch yet)"
+    return "n/a (no epoch started yet)"
+
+
 def count_of(n: Any, word: str, fmt: str = "{:g}", many: str | None = None) -> str:
     """``"1 worker"``, ``"2 workers"``, ``"0.5 cores"``, ``"1 core's"``: the
     count as ``fmt`` writes it and the word in the number that reads. The one

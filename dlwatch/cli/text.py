@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dlwatch.collect.loop_role import no_loader_yet
-from dlwatch.snapshot import count_of, num, percent
+from dlwatch.snapshot import count_of, epoch_start_missing, num, percent
 
 # What a figure only the hook measures reads for an attached job.
 NOT_SAMPLED = "n/a (attached: sampled)"
@@ -201,7 +201,7 @@ def _loader_lines(ld: dict) -> list[str]:
     wait, step = _num(ld.get("wait_ms_mean"), unit=" ms"), _num(ld.get("step_ms_mean"), unit=" ms")
     start = _num(ld.get("epoch_start_ms_last"), "{:.0f}", " ms")
     if num(ld.get("epoch_start_ms_last")) is None:
-        start = "n/a (no epoch started yet)"
+        start = epoch_start_missing(ld)
     lines = [
         f"  loader {ld['id']} ({_role(ld)}{ld.get('kind', 'map')}, {ld.get('dataset') or '?'}): {cfg}",
         f"    data wait {_pct(ld.get('data_wait_fraction'))}   {ld.get('batches_per_s', 0):.1f} batches/s   "

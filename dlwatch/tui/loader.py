@@ -11,7 +11,7 @@ from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.widgets import Digits, Static
 
-from dlwatch.snapshot import count_of
+from dlwatch.snapshot import count_of, epoch_start_missing
 from dlwatch.tui import fmt
 from dlwatch.tui.keyed import set_static
 from dlwatch.tui.sparkline import FixedSparkline
@@ -117,7 +117,6 @@ def worker_time(ld: dict) -> str:
 
 # Why an epoch figure is missing: the loader has not got that far.
 _EPOCH_NA = {
-    "epoch_start_ms_last": "n/a (no epoch started yet)",
     "epoch_ms_last": "n/a (no epoch finished yet)",
 }
 
@@ -133,6 +132,8 @@ def _no_workers_why(ld: dict, nw: int | None) -> str:
 
 def _or_why(ld: dict, key: str) -> str:
     v = fmt.num(ld.get(key))
+    if v is None and key == "epoch_start_ms_last":
+        return epoch_start_missing(ld)
     return fmt.ms(v) if v is not None else _EPOCH_NA[key]
 
 

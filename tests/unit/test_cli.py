@@ -305,3 +305,17 @@ def test_record_pid_of_a_process_that_is_no_job_says_so_up_front():
         p.wait()
     assert problem is not None
     assert f"PID {p.pid} is not a dlwatch job" in problem and "dlwatch ls" in problem
+
+
+def test_snapshot_text_epoch_start_in_a_first_epoch_hang_is_under_way_not_unstarted():
+    from dlwatch.cli.text import render_snapshot
+    from tests import tui_fixtures as F
+
+    snap = F.data_bound()
+    ld = snap["jobs"][0]["loaders"][0]
+    ld.update(epoch=1, epoch_start_ms_last=None)
+    out = render_snapshot(snap)
+    assert "epoch 1   epoch start still under way (no first batch yet)" in out
+    assert "no epoch started" not in out
+    ld.update(epoch=0)
+    assert "epoch start n/a (no epoch started yet)" in render_snapshot(snap)

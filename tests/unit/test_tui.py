@@ -1192,7 +1192,7 @@ def test_every_missing_loader_figure_says_why():
     assert _no_workers_why(gone, 2).startswith("workers: none now (num_workers=2")
     epochs = epoch_stats({"epoch": 1}, pal).plain
     assert (
-        "epoch start n/a (no epoch started yet)" in epochs
+        "epoch start still under way (no first batch yet)" in epochs
         and "last epoch n/a (no epoch finished yet)" in epochs
     )
     for text in (worker_time(gone), queue_line(gone, pal).plain, epochs, _no_workers_why({}, None)):
