@@ -79,6 +79,10 @@ def complete(doc: dict[str, Any], py_spy: bool = True, sample_s: float = CPU_SAM
                 p["threads"], p["via"] = outside["threads"], outside["via"]
             else:
                 p["error"] = outside.get("error") or p["error"]
+        elif p.get("error") and not p.get("threads") and pid is not None:
+            ended = how_it_ended(pid)
+            if ended:
+                p["error"] = ended
     # The CPU sample is what tells a plain call blocked in C from one that
     # runs: without such a frame, /proc's state alone (no wait) will do.
     plain = any(
@@ -92,6 +96,44 @@ def complete(doc: dict[str, Any], py_spy: bool = True, sample_s: float = CPU_SAM
     out["summary"] = hang.summarize(out)
     out["completed"] = True
     return out
+
+
+# What the job's channel says of a worker that did not answer and is gone:
+# it cannot tell a crash from a worker that finished its share (an uneven
+# partition in a barrier hang), and reads like a crash.
+_GONE = "the worker has exited or died"
+
+
+def how_it_ended(pid: int) -> str | None:
+    """For a process not yet reaped (a zombie), how it ended, from the wait
+    status /proc keeps for it (the exit_code field of /proc/PID/stat): exit
+    code 0 with no signal is a worker whose share was done, not a crash.
+    None when /proc has no such status (reaped, or not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # After the name: state is field 3, exit_code field 52 (Linux >= 3.5).
+    if not fields or fields[0] != b"Z" or len(fields) < 50:
+        return None
+    try:
+        status = int(fields[49])
+    except ValueError:
+        return None
+    if status == 0:
+        return "exited (its share done): exit code 0, no signal; not yet reaped by the loader"
+    if os.WIFSIGNALED(status):
+        import signal
+
+        try:
+            name = signal.Signals(os.WTERMSIG(status)).name
+        except ValueError:
+            name = f"signal {os.WTERMSIG(status)}"
+        return f"{_GONE}: killed by {name}, not yet reaped"
+    if os.WIFEXITED(status):
+        return f"{_GONE}: exit code {os.WEXITSTATUS(status)}, not yet reaped"
+    return None
 
 
 def as_pid(v: Any) -> int | None:

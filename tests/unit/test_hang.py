@@ -546,3 +546,51 @@ def test_a_zombies_zero_rss_is_not_a_dead_workers_last_rss():
     c.track_rss(4712, 3 << 30, 250.0)
     c.track_rss(4712, 0, 251.0)
     assert c.worker_rss[4712] == (10.0, 1 << 30, 250.0, 3 << 30)
+
+
+def _zombie(cmd: list[str], kill: bool = False):
+    import subprocess
+    import time
+
+    p = subprocess.Popen(cmd)
+    if kill:
+        p.send_signal(signal.SIGKILL)
+    end = time.monotonic() + 10
+    while True:
+        with open(f"/proc/{p.pid}/stat", "rb") as f:
+            if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                return p
+        assert time.monotonic() < end
+        time.sleep(0.02)
+
+
+def test_a_gone_worker_that_exited_with_code_0_reads_as_done_not_as_a_crash():
+    # A worker that finished its share (uneven partitions in a barrier hang)
+    # is a zombie with exit status 0 until the loader reaps it: before, its
+    # line read "the worker has exited or died", as a crash would.
+    from dlwatch.collect.hang import complete
+
+    done, killed = _zombie(["true"]), _zombie(["sleep", "30"], kill=True)
+    try:
+        doc = {
+            "processes": [
+                {
+                    "role": "worker",
+                    "pid": p.pid,
+                    "worker_id": i,
+                    "loader_id": 0,
+                    "error": "the worker has exited or died",
+                }
+                for i, p in enumerate((done, killed))
+            ]
+        }
+        out = complete(doc, py_spy=False, sample_s=0.0)
+    finally:
+        done.wait()
+        killed.wait()
+    text = "\n".join(s["line"] for s in out["summary"])
+    assert "worker 0" in text and "exited (its share done): exit code 0" in text, text
+    assert "the worker has exited or died: killed by SIGKILL" in text, text
+    # Once reaped there is no evidence left: the channel's words stay.
+    again = complete(doc, py_spy=False, sample_s=0.0)
+    assert all("exited or died" in s["line"] for s in again["summary"])
