@@ -138,6 +138,7 @@ def open_live_view(args, source=None) -> int:
         profiler=profile_runner(source),
         worker_profiler=profile_runner(source, workers=True),
         stacker=stacks_runner(source),
+        follow_pid=getattr(args, "follow_pid", None),
     )
 
 

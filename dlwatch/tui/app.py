@@ -170,6 +170,7 @@ class DlwatchApp(App):
         profiler: Runner | None = None,
         worker_profiler: Runner | None = None,
         stacker: StacksRunner | None = None,
+        follow_pid: int | None = None,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
@@ -195,6 +196,9 @@ class DlwatchApp(App):
         # selection then stays on it when a new job starts (jobs.follow_living).
         self._seen_keys: set[str] | None = None
         self._chosen_exited = False
+        # The job the view was opened for (`dlwatch demo`'s): selected whenever
+        # it is listed, until the user moves the selection.
+        self._prefer_key: str | None = f"job:{follow_pid}" if follow_pid is not None else None
         self._drawn: dict | None = None
         self._full_at: float | None = None  # monotonic time of the last full redraw
         self._full_shape: tuple | None = None  # what the screen was laid out for then
@@ -477,7 +481,9 @@ class DlwatchApp(App):
     # ------------------------------------------------------------ selection
 
     def _fix_selection(self) -> None:
-        key = follow_living(self.rows, self.selected_key, self._seen_keys, self._chosen_exited)
+        key = follow_living(
+            self.rows, self.selected_key, self._seen_keys, self._chosen_exited, prefer=self._prefer_key
+        )
         if key != self.selected_key:
             self.selected_key = key
             self._chosen_exited = False
@@ -498,6 +504,7 @@ class DlwatchApp(App):
             return
         i = keys.index(self.selected_key) if self.selected_key in keys else -step
         self.selected_key = keys[(i + step) % len(keys)]
+        self._prefer_key = None  # the user's choice from now on
         row = self.selected_row()
         self._chosen_exited = row is not None and job_state(row.job) != "live"
         self._drawn = None  # force a redraw even when paused
@@ -689,12 +696,19 @@ def run_tui(
     profiler: Runner | None = None,
     worker_profiler: Runner | None = None,
     stacker: StacksRunner | None = None,
+    follow_pid: int | None = None,
 ) -> int:
     """Run the TUI until the user quits; the CLI's exit code. ``profiler``
     runs a burst on a job, ``worker_profiler`` a worker profile (the CLI
-    passes the collector's; None: no bursts)."""
+    passes the collector's; None: no bursts). ``follow_pid``: the job to
+    select whenever it is listed (``dlwatch demo``'s own)."""
     app = DlwatchApp(
-        source, interval=interval, profiler=profiler, worker_profiler=worker_profiler, stacker=stacker
+        source,
+        interval=interval,
+        profiler=profiler,
+        worker_profiler=worker_profiler,
+        stacker=stacker,
+        follow_pid=follow_pid,
     )
     app.run()
     return 0 if app.return_code in (None, 0) else int(app.return_code)

@@ -156,25 +156,36 @@ def group_jobs(jobs: Any) -> list[JobRow]:
 
 
 def follow_living(
-    rows: list[JobRow], selected_key: str | None, seen: set[str] | None, chosen_exited: bool
+    rows: list[JobRow],
+    selected_key: str | None,
+    seen: set[str] | None,
+    chosen_exited: bool,
+    prefer: str | None = None,
 ) -> str | None:
     """The row to select once ``rows`` replace the rows whose selectable keys
     were ``seen`` (None: the first rows of the view).
 
-    The selection stays where it is, except that a selected job that has
-    exited gives way to a job that has just started (the first new live one,
-    in display order), unless the user chose the exited job after it had
-    exited (``chosen_exited``): a restarted script is what the view follows.
-    A selection that is gone, or none yet, falls to the first live job, else
-    the first job.
+    ``prefer``: the job the view was opened for (``dlwatch demo``'s own job),
+    selected whenever it is in the list, however many other jobs run or
+    start; the app drops it once the user moves the selection.
+
+    Otherwise the selection stays where it is, whatever starts beside it,
+    except that a selected job that has exited (not one stalled or out of
+    reach for now) gives way to a job that has just started (the first new
+    live one, in display order), unless the user chose the exited job after
+    it had exited (``chosen_exited``): a restarted script is what the view
+    follows. A selection that is gone, or none yet, falls to the first live
+    job, else the first job.
     """
     jobs = [r for r in rows if r.selectable]
-    live = [r.key for r in jobs if job_state(r.job) == "live"]
     keys = [r.key for r in jobs]
+    if prefer is not None and prefer in keys:
+        return prefer
+    live = [r.key for r in jobs if job_state(r.job) == "live"]
     if selected_key not in keys:
         return live[0] if live else (keys[0] if keys else None)
     selected = next(r for r in jobs if r.key == selected_key)
-    if job_state(selected.job) == "live" or chosen_exited or seen is None:
+    if job_state(selected.job) != "exited" or chosen_exited or seen is None:
         return selected_key
     new = [k for k in live if k not in seen]
     return new[0] if new else selected_key

@@ -32,10 +32,18 @@ def status_text(
     parts: list[Text | str] = [t]
     jobs = [r for r in rows if r.kind == "job"]
     if snapshot is not None:
-        exited = sum(1 for r in jobs if r.state != "live")
         jt = Text(f"{len(jobs)} job{'s' if len(jobs) != 1 else ''}")
-        if exited:
-            jt.append(f" ({exited} exited)", pal.dim)
+        # Each state by its own name: a stalled or unreachable job is still
+        # running, and calling it exited hid the one that needs attention.
+        counts: dict[str, int] = {}
+        for r in jobs:
+            if r.state != "live":
+                word = r.state.lower()
+                counts[word] = counts.get(word, 0) + 1
+        if counts:
+            order = ("stalled", "unreachable", "exited")
+            said = sorted(counts, key=lambda w: (order.index(w) if w in order else len(order), w))
+            jt.append(" (" + ", ".join(f"{counts[w]} {w}" for w in said) + ")", pal.dim)
         parts.append(jt)
     if replay is not None:
         parts.append(Text(replay, f"bold reverse {pal.info}"))

@@ -425,3 +425,29 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def test_dlwatch_demo_asks_its_view_to_follow_the_demos_own_job(tmp_path, monkeypatch):
+    """A verifier saw `dlwatch demo` select another process's job while its own
+    demo job ran: the view must be told which job is the demo's. The real demo
+    job starts; the view is replaced by a recorder of what it was asked."""
+    import psutil
+
+    from dlwatch.cli.main import main
+    from dlwatch.tui import app as tui_app
+
+    monkeypatch.setenv("DLWATCH_DIR", str(tmp_path))
+    seen: dict = {}
+
+    def view(source, **kwargs):
+        pid = kwargs.get("follow_pid")
+        seen["pid"] = pid
+        if pid is not None:
+            seen["cmdline"] = " ".join(psutil.Process(pid).cmdline())
+        return 0
+
+    monkeypatch.setattr(tui_app, "run_tui", view)
+    assert main(["demo"]) == 0
+    assert seen.get("pid") is not None, seen
+    assert "dlwatch.demo.train" in seen["cmdline"], seen
+    assert not psutil.pid_exists(seen["pid"]) or psutil.Process(seen["pid"]).status() == "zombie"

@@ -202,3 +202,91 @@ async def test_every_modal_says_how_to_close_it_at_80x24():
                 assert isinstance(app.screen, MonitorScreen), key
     finally:
         stop.set()
+
+
+# ------------------------------------------------------------------ header states; the demo's job
+
+
+def _stalled(snap: dict, pid: int) -> dict:
+    for j in snap["jobs"]:
+        if j["pid"] == pid:
+            for ld in j["loaders"]:
+                ld["stalled_s"] = 42.0
+    return snap
+
+
+def _status_line(snap: dict) -> str:
+    from dlwatch.tui import fmt
+    from dlwatch.tui.status import status_text
+
+    return status_text(
+        version="0.1.0",
+        snapshot=snap,
+        rows=group_jobs(snap["jobs"]),
+        interval=0.5,
+        paused=False,
+        now=F.T0,
+        time_format=lambda t: "12:00:00",
+        pal=fmt.DEFAULT_PALETTE,
+    ).plain
+
+
+def test_the_header_counts_stalled_and_unreachable_jobs_as_such_not_as_exited():
+    """A verifier saw "2 jobs (1 exited)" with one job STALLED and one live."""
+    snap = _stalled(_restarted(), 4343)
+    snap["jobs"][0]["state"] = "live"  # 4242 runs again: one live, one stalled
+    line = _status_line(snap)
+    assert "2 jobs (1 stalled)" in line and "exited" not in line, line
+    snap = _restarted()
+    snap["jobs"][1]["state"], snap["jobs"][1]["state_reason"] = "unreachable", "connection refused"
+    line = _status_line(snap)
+    assert "2 jobs (1 unreachable, 1 exited)" in line, line
+    assert "(" not in _status_line(F.data_bound()).split("every")[0]
+
+
+def test_follow_living_leaves_a_stalled_or_unreachable_selection_and_prefers_the_views_own_job():
+    old = group_jobs(F.data_bound()["jobs"])
+    seen = {r.key for r in old}
+    snap = _restarted()
+    snap["jobs"][0]["state"] = "unreachable"  # 4242: out of reach for now, not gone
+    rows = group_jobs(snap["jobs"])
+    assert follow_living(rows, "job:4242", seen, chosen_exited=False) == "job:4242"
+    # The job the view was opened for, whenever it is listed.
+    rows = group_jobs(_restarted()["jobs"])
+    assert follow_living(rows, "job:4242", seen, False, prefer="job:4343") == "job:4343"
+    assert follow_living(rows, None, None, False, prefer="job:4343") == "job:4343"
+    assert follow_living(rows, "job:4343", seen, False, prefer="job:9999") == "job:4343"
+
+
+@sync
+async def test_the_demos_view_selects_the_demos_job_though_another_job_ran_first_and_one_starts_after():
+    """`dlwatch demo` showed another process's job: the demo's job (4343)
+    comes up after another user job (4242) is already listed."""
+    other = F.data_bound(hints=False)
+    source = StaticSource([other])
+    app = make_app(source, interval=FAST, follow_pid=4343)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert app.selected_key == "job:4242"  # nothing else to show yet
+        both = F.data_bound(hints=False)
+        both["jobs"].append(F.job(4343, loaders=[F.loader(0, workers=F.four_workers(4400))], age_s=3.0))
+        source.push(both)
+        await wait_until(pilot, lambda: app.selected_key == "job:4343")
+        # A newer job does not take the selection from a live one.
+        three = F.data_bound(hints=False)
+        three["jobs"] += [
+            F.job(4343, loaders=[F.loader(0, workers=F.four_workers(4400))], age_s=4.0),
+            F.job(4444, loaders=[F.loader(0, workers=F.four_workers(4500))], age_s=1.0),
+        ]
+        source.push(three)
+        await wait_until(pilot, lambda: "job:4444" in app.screen.query_one("#jobs").row_keys)
+        await settle(pilot)
+        assert app.selected_key == "job:4343"
+        assert "pid 4343" in plain(app.screen.query_one("#job-header", TextLine))
+        # The user's choice wins from then on.
+        await pilot.press("j")
+        await settle(pilot)
+        assert app.selected_key == "job:4444"
+        source.push(three)
+        await settle(pilot)
+        assert app.selected_key == "job:4444"

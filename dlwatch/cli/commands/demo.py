@@ -123,6 +123,9 @@ def run(args) -> int:
         os.execvpe(sys.executable, demo_command(args.scenario), bootstrap_env())
     log_path = os.path.join(tempfile.gettempdir(), f"dlwatch-demo-{os.getpid()}.log")
     proc = start_demo(args.scenario, log_path)
+    # The view is for this demo: it selects the demo's job as soon as it is
+    # listed, not whichever other job of this user's happens to run too.
+    args.follow_pid = proc.pid
     try:
         rc = open_live_view(args)
     finally:
