@@ -130,10 +130,7 @@ def render_snapshot(snap: dict, title: str = "dlwatch snapshot") -> str:
             lines.append(f"  {no_loader_yet(j)}")
         for ld in j.get("loaders", []):
             lines.extend(_sampled_loader_lines(ld, j) if ld.get("sampled") is True else _loader_lines(ld))
-        st = j.get("stacks")
-        if isinstance(st, dict) and st.get("summary"):
-            lines.append(f"  stacks ({st.get('reason')}; dlwatch stacks --pid {j['pid']} for all of them):")
-            lines.extend(f"    {e.get('line')}" for e in st["summary"] if isinstance(e, dict))
+        lines.extend(_stacks_lines(j, snap))
     if snap.get("uss_reason") and any(
         ld.get("workers") for j in snap.get("jobs", []) for ld in j.get("loaders", [])
     ):
@@ -170,6 +167,63 @@ def render_snapshot(snap: dict, title: str = "dlwatch snapshot") -> str:
     else:
         lines.append("hints: none yet" if judging else "hints: none")
     return "\n".join(lines)
+
+
+# Stacks older than this many windows (and at least STACKS_OLD_MIN_S) are
+# history, not what the job does now: a line says so in place of them.
+STACKS_OLD_WINDOWS = 3.0
+STACKS_OLD_MIN_S = 30.0
+
+
+def _ago(s: float) -> str:
+    s = max(0.0, s)
+    if s < 90:
+        return f"{s:.0f} s ago"
+    if s < 5400:
+        return f"{s / 60:.0f} min ago"
+    return f"{s / 3600:.1f} h ago"
+
+
+def _stacks_lines(j: dict, snap: dict) -> list[str]:
+    """The job's last stacks, with their age: a process in them that is no
+    longer one of the job's (a worker of an earlier epoch) marked "(exited
+    since)", a stall's stacks after the stall ended said to be so, and
+    stacks much older than the window left out with one line saying where
+    new ones come from (before, a request's stacks of a worker gone for
+    minutes read as the job's state now)."""
+    st = j.get("stacks")
+    if not isinstance(st, dict) or not st.get("summary"):
+        return []
+    pid, reason = j.get("pid"), st.get("reason")
+    more = f"dlwatch stacks --pid {pid}"
+    taken, now = num(st.get("t")), num(snap.get("time"))
+    age = now - taken if taken is not None and now is not None else None
+    stalled = any(num(ld.get("stalled_s")) is not None for ld in j.get("loaders") or [])
+    window = num(snap.get("window_s")) or 0.0
+    if (
+        age is not None
+        and age > max(STACKS_OLD_MIN_S, STACKS_OLD_WINDOWS * window)
+        and not (reason == "stall" and stalled)
+    ):
+        return [
+            f"  stacks: the last ones ({reason}) were taken {_ago(age)}, not shown: `{more}` takes them now"
+        ]
+    when = f", taken {_ago(age)}" if age is not None else ", when taken n/a"
+    ended = "; the stall has since ended" if reason == "stall" and not stalled else ""
+    current = {pid} if j.get("state") != "exited" else set()
+    current |= {
+        w.get("pid")
+        for ld in j.get("loaders") or []
+        for w in ld.get("workers") or []
+        if isinstance(w, dict) and w.get("state") != "gone"
+    }
+    out = [f"  stacks ({reason}{when}{ended}; {more} for all of them):"]
+    for e in st["summary"]:
+        if not isinstance(e, dict):
+            continue
+        gone = e.get("pid") is not None and e.get("pid") not in current
+        out.append(f"    {e.get('line')}{' (exited since)' if gone else ''}")
+    return out
 
 
 def _hold_s() -> str:

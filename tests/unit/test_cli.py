@@ -319,3 +319,48 @@ def test_snapshot_text_epoch_start_in_a_first_epoch_hang_is_under_way_not_unstar
     assert "no epoch started" not in out
     ld.update(epoch=0)
     assert "epoch start n/a (no epoch started yet)" in render_snapshot(snap)
+
+
+def _with_stacks(reason: str, age_s: float, pids: list[int]) -> dict:
+    from tests import tui_fixtures as F
+
+    snap = F.data_bound()
+    snap["jobs"][0]["stacks"] = {
+        "reason": reason,
+        "t": snap["time"] - age_s,
+        "summary": [
+            {"pid": p, "line": f"worker {i} (pid {p}): sleeping in Cold.__getitem__"}
+            for i, p in enumerate(pids)
+        ],
+    }
+    return snap
+
+
+def test_snapshot_stacks_say_their_age_and_mark_workers_that_exited_since():
+    from dlwatch.cli.text import render_snapshot
+
+    # A request's stacks of an earlier epoch's worker (7891), 20 s old: the
+    # current workers are 4301..4304. Before, no age and no mark.
+    out = render_snapshot(_with_stacks("request", 20.0, [7891, 4301]))
+    assert "stacks (request, taken 20 s ago; dlwatch stacks --pid 4242" in out, out
+    assert "worker 0 (pid 7891): sleeping in Cold.__getitem__ (exited since)" in out
+    assert "worker 1 (pid 4301): sleeping in Cold.__getitem__\n" in out + "\n"
+    # Two minutes old: left out, with where new ones come from.
+    out = render_snapshot(_with_stacks("request", 120.0, [7891]))
+    assert "pid 7891" not in out
+    assert (
+        "stacks: the last ones (request) were taken 2 min ago, not shown: `dlwatch stacks --pid 4242`" in out
+    )
+
+
+def test_snapshot_stall_stacks_after_the_stall_ended_say_so_and_a_live_stall_keeps_them():
+    from dlwatch.cli.text import render_snapshot
+
+    snap = _with_stacks("stall", 7.0, [4301])
+    out = render_snapshot(snap)
+    assert "stacks (stall, taken 7 s ago; the stall has since ended;" in out, out
+    # Still stalled: the stall's stacks are what it waits on, however old.
+    snap = _with_stacks("stall", 80.0, [4301])
+    snap["jobs"][0]["loaders"][0]["stalled_s"] = 81.0
+    out = render_snapshot(snap)
+    assert "stacks (stall, taken 80 s ago; dlwatch stacks" in out and "(pid 4301): sleeping" in out
