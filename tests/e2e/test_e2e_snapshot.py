@@ -204,3 +204,58 @@ def test_follow_streams_json_lines_until_count_a_closed_pipe_or_ctrl_c():
             assert got == pytest.approx(truth["data_wait_fraction"], abs=0.02), (s["time"], ld, truth)
             checked += 1
     assert checked >= 3, snaps
+
+
+# One short epoch with workers that exit at its end (persistent_workers off),
+# then a pause before the next: a one-shot taken in the pause.
+_BETWEEN_EPOCHS = """
+import os, sys, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+import dlwatch.hook  # noqa: F401
+
+class Slow(Dataset):
+    def __len__(self):
+        return 40
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return torch.zeros(4)
+
+loader = DataLoader(Slow(), batch_size=4, num_workers=2)
+for epoch in range(2):
+    for b in loader:
+        time.sleep(0.01)
+    if epoch == 0:
+        open(sys.argv[1], "w").close()
+        time.sleep(40)
+"""
+
+
+def test_a_one_shot_between_epochs_of_restarting_workers_says_it_has_not_judged(short_tmpdir):
+    # Before: the loader had no epoch open, so the diagnosis listed it as
+    # neither judged nor judging, and `snapshot` printed a bare "hints: none"
+    # beside "gone (process N exited)" workers.
+    import time
+
+    rt, marker = os.path.join(short_tmpdir, "rt"), os.path.join(short_tmpdir, "ended")
+    os.mkdir(rt, 0o700)
+    p = subprocess.Popen(
+        [sys.executable, "-c", _BETWEEN_EPOCHS, marker],
+        env=dict(os.environ, DLWATCH_DIR=rt),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        end = time.monotonic() + 60
+        while not os.path.exists(marker):
+            assert p.poll() is None and time.monotonic() < end, p.stderr.read() if p.stderr else ""
+            time.sleep(0.1)
+        r = dlwatch("snapshot", "--pid", str(p.pid), "--judge", "1", runtime_dir=rt)
+    finally:
+        p.kill()
+        p.wait()
+    assert r.returncode == 0, r.stderr
+    assert "hints: none yet" in r.stdout and "\nhints: none\n" not in r.stdout + "\n", r.stdout
+    assert "no epoch open: the last one ended, its workers exiting with it" in r.stdout, r.stdout
+    assert "judged on " in r.stdout
