@@ -16,6 +16,7 @@ from typing import TypeVar
 from rich.style import Style
 from rich.text import Text
 from textual.app import App, ComposeResult, SystemCommand
+from textual.command import CommandPalette
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
@@ -150,6 +151,17 @@ class MonitorScreen(Screen):
             app.resize_columns(w)
             if changed:
                 app.redraw()
+
+
+class ClosingPalette(CommandPalette):
+    """Textual's command palette, saying how to close it like every modal of
+    ours (q is a letter of the search here, so escape and ctrl+p close it:
+    the app's ctrl+p, a priority binding, toggles it)."""
+
+    CLOSES = "escape or ctrl+p closes · ↑↓ choose · enter runs"
+
+    def on_mount(self) -> None:
+        self.query_one("#--input").border_title = self.CLOSES
 
 
 class DlwatchApp(App):
@@ -679,6 +691,12 @@ class DlwatchApp(App):
         if isinstance(self.screen, ProfileScreen):
             return None
         return pid
+
+    def action_command_palette(self) -> None:
+        if isinstance(self.screen, ClosingPalette):
+            self.screen._action_escape()
+        elif self.use_command_palette and not CommandPalette.is_open(self):
+            self.push_screen(ClosingPalette(id="--command-palette"))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         # Ours replace Textual's "Keys" and "Screenshot", which do the same

@@ -81,9 +81,9 @@ def loader_title(ld: dict, pal: fmt.Palette) -> Text:
 
 
 def loader_stats(ld: dict, pal: fmt.Palette, wide: bool) -> Text:
-    """The rates line. Compact: rates and the epoch on one line (cut with an
-    ellipsis). Wide: the rates only, the epoch figures on ``epoch_stats``'s
-    line below, so that neither is cut at 120 columns."""
+    """The rates line; the epoch figures are on ``epoch_stats``'s line below
+    in both layouts, so that neither is cut (at 80 columns the epoch ended
+    this line and was cut: "· epoch 6 (s…")."""
     if ld.get("sampled") is True:
         return sampled_stats(ld, pal)
     parts: list[Text | str] = [
@@ -100,8 +100,6 @@ def loader_stats(ld: dict, pal: fmt.Palette, wide: bool) -> Text:
         parts.append(Text(reason, pal.warn))
     if wide:
         parts.append(worker_time(ld))
-    else:
-        parts.append(f"epoch {fmt.count(ld.get('epoch'))} (start {_or_why(ld, 'epoch_start_ms_last')})")
     return fmt.join(parts, pal=pal)
 
 
@@ -163,15 +161,18 @@ def _last_epoch_batches(ld: dict) -> str:
     return "" if n is None else f", {count_of(n, 'batch')}"
 
 
-def epoch_stats(ld: dict, pal: fmt.Palette) -> Text:
-    """The epoch line of the wide layout."""
+def epoch_stats(ld: dict, pal: fmt.Palette, wide: bool = True) -> Text:
+    """The epoch line. Compact (80 columns): the same figures in fewer words,
+    "epoch 6 · start 1.2 s · last 26 s, 46 batches · 144 batches in all",
+    so that the last epoch's figures fit."""
     if ld.get("sampled") is True:
         return Text(f"epoch, epoch start, batches: {NOT_SAMPLED}: only the hook counts batches", pal.dim)
+    start, last = ("epoch start", "last epoch") if wide else ("start", "last")
     return fmt.join(
         [
             f"epoch {fmt.count(ld.get('epoch'))}",
-            f"epoch start {_or_why(ld, 'epoch_start_ms_last')}",
-            f"last epoch {_or_why(ld, 'epoch_ms_last')}" + _last_epoch_batches(ld),
+            f"{start} {_or_why(ld, 'epoch_start_ms_last')}",
+            f"{last} {_or_why(ld, 'epoch_ms_last')}" + _last_epoch_batches(ld),
             # The running total, said as such (issue 43: "last epoch 26 s · 144
             # batches" read as that epoch's count).
             f"{count_of(fmt.count(ld.get('batches_total')), 'batch')} in all",
@@ -382,9 +383,7 @@ class LoaderPanel(Vertical):
     def _headline(self, ld: dict, pal: fmt.Palette, wide: bool, history: bool) -> None:
         self._gauge.show(ld, pal, wide, history)
         set_static(self._stats, loader_stats(ld, pal, wide))
-        self._epochs.display = wide
-        if wide:
-            set_static(self._epochs, epoch_stats(ld, pal))
+        set_static(self._epochs, epoch_stats(ld, pal, wide))
         set_static(self._queue, queue_line(ld, pal))
 
     def _retry(self) -> None:

@@ -83,7 +83,8 @@ async def test_headline_figures_and_workers_match_snapshot():
         assert "DATA WAIT" in label and "62 %" in label and "BAD" in label
         stats = plain(app.screen.query_one("#loader-stats", TextLine))
         assert "12.3 batch/s" in stats and "wait 50.4 ms" in stats and "step 81.2 ms" in stats
-        assert "epoch 3" in stats and "1.84 s" in stats
+        epochs = plain(app.screen.query_one("#loader-epochs", TextLine))
+        assert "epoch 3" in epochs and "start 1.84 s" in epochs and "epoch" not in stats
         queue = plain(app.screen.query_one("#loader-queue", TextLine))
         assert "0 ready" in queue and "8 in flight" in queue and "/ 8" in queue
 

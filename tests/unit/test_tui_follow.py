@@ -191,6 +191,8 @@ async def test_every_modal_says_how_to_close_it_at_80x24():
                 ("P", "escape, q or P closes"),
                 ("W", "escape, q or W closes"),
                 ("S", "escape, q or S closes"),
+                # Textual's palette, where q is a letter of the search.
+                ("ctrl+p", "escape or ctrl+p closes"),
             ):
                 await pilot.press(key)
                 await settle(pilot)
@@ -290,3 +292,42 @@ async def test_the_demos_view_selects_the_demos_job_though_another_job_ran_first
         source.push(three)
         await settle(pilot)
         assert app.selected_key == "job:4444"
+
+
+@sync
+async def test_ctrl_p_closes_the_palette_it_opened():
+    app = make_app([F.data_bound()])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("ctrl+p")
+        await settle(pilot)
+        assert not isinstance(app.screen, MonitorScreen)
+        await pilot.press("ctrl+p")
+        await settle(pilot)
+        assert isinstance(app.screen, MonitorScreen)
+
+
+@sync
+async def test_at_80x24_the_epoch_figures_show_in_full_last_epoch_and_its_batches_included():
+    """A verifier saw "· epoch 6 (s…" at 80 columns: the rates line ended
+    with the epoch and was cut before the last epoch's figures."""
+    snap = F.data_bound()
+    ld = snap["jobs"][0]["loaders"][0]
+    ld.update(
+        epoch=6,
+        epoch_start_ms_last=1234.0,
+        epoch_ms_last=26000.0,
+        epoch_batches=[46, 46],
+        batches_total=144,
+        # A long window note on the rates line, as a slow job has.
+        window_s=10.0,
+        window_batches=5,
+    )
+    app = make_app([snap])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, 5)
+        lines = screen_lines(app)
+        epoch = [line for line in lines if line.lstrip().startswith("epoch 6")]
+        assert epoch, "\n".join(lines)
+        assert "start 1.23 s" in epoch[0] and "last 26 s, 46 batches" in epoch[0], epoch[0]
+        assert "144 batches in all" in epoch[0] and "…" not in epoch[0], epoch[0]
