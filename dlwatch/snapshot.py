@@ -458,7 +458,7 @@ def plural(n: Any, word: str, many: str | None = None) -> str:
     return many or _PLURALS.get(word) or word + "s"
 
 
-def epoch_start_missing(ld: dict) -> str:
+def epoch_start_missing(ld: dict[str, Any]) -> str:
     """Why a loader has no epoch-start figure (iter() to its first batch), as
     the CLI's text and the TUI say it: with an epoch counted, its start is
     still under way (a hang in the first epoch), not "no epoch started"."""

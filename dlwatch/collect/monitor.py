@@ -691,7 +691,7 @@ def between_epochs(
             continue
         if any((j.get("pid"), ld.get("id")) in judged for ld in lds):
             continue
-        ld = max(lds, key=lambda x: x.get("id") if isinstance(x.get("id"), int) else -1)
+        ld = max(lds, key=_loader_order)
         respawn = (
             "" if ld.get("persistent_workers") else ", its workers exiting with it (persistent_workers off)"
         )
@@ -705,6 +705,11 @@ def between_epochs(
             }
         )
     return out
+
+
+def _loader_order(ld: Mapping[str, Any]) -> int:
+    lid = ld.get("id")
+    return lid if isinstance(lid, int) else -1
 
 
 def one_state(judging: list[dict], hints: Iterable[Mapping[str, Any]]) -> list[dict]:
