@@ -493,6 +493,7 @@ def _step_hysteresis(
     t: float,
     restart: bool,
     hold_off: Mapping[tuple[int, int] | None, float] | None = None,
+    prev_t: float | None = None,
 ) -> dict[HintKey, HintTrack]:
     hold_off = hold_off or {}
     new: dict[HintKey, HintTrack] = {}
@@ -521,6 +522,13 @@ def _step_hysteresis(
         elif key in frozen:
             if tr.shown:
                 new[key] = tr
+            elif tr.on_since is not None and prev_t is not None and not restart:
+                # A pending hint's timer pauses rather than restarts: a loader
+                # whose epochs re-spawn workers re-warms every epoch, and with
+                # epochs shorter than its grace + HOLD_ON_S no hint ever showed
+                # (issue 43: 4.7 s epochs, 55 % wait, "no hints"). Only judged
+                # seconds count towards HOLD_ON_S.
+                new[key] = replace(tr, on_since=tr.on_since + (t - prev_t))
         elif tr.shown:
             off = tr.off_since if tr.off_since is not None else t
             if t - off < off_s:
@@ -656,7 +664,7 @@ def diagnose(
     waiting = direction.held_keys(fired, shown_keys, held)
     fired = {k: h for k, h in fired.items() if k not in waiting}
     frozen |= waiting
-    hints = _step_hysteresis(state.hints, fired, frozen, t, restart, _hold_off(judged))
+    hints = _step_hysteresis(state.hints, fired, frozen, t, restart, _hold_off(judged), state.time)
     hints = direction.without_faded_rivals(hints, fired, dirs)
     # A hint shown before the stall goes at once, not after its hold-off.
     quiet = quiet_beside_stall(hints, ctx)

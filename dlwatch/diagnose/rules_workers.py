@@ -16,6 +16,7 @@ limit and the same arithmetic holds past the core count.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 # Shared with `dlwatch tune`'s search and the probe's autotune (dlwatch/thresholds.py).
@@ -56,6 +57,9 @@ NO_WORKERS_INFO_WAIT = 0.05
 # Cores counted as saturated when worker CPU + main loops reach this fraction
 # of the usable cores (psutil never reads exactly 100 % of a quota).
 CORES_SATURATED_FRACTION = 0.90
+# Cores nobody uses (beyond the loader's own workers) that are room to try one
+# more CPU-bound worker: half a core. Less is cpu-bound-preprocessing's case.
+SPARE_FOR_ONE_MORE = 0.5
 # Expected speed-up below which a worker-count hint is info at most: under
 # ~10 % the change is within run-to-run noise of a real job and not worth a
 # warning (the issue's bar).
@@ -302,23 +306,64 @@ def _sizable(ctx: Context, cpu_bound: bool) -> Iterator[tuple[LoaderView, str, i
         yield lv, kind[1], little_workers(lv.worker_ms, lv.step_ms)
 
 
+@dataclass(frozen=True)
+class _Raise:
+    """add-workers' weighing of one loader: the count it would set and why."""
+
+    rec: int
+    little: int
+    free: float  # cores this loader's workers may use in all
+    spare: float  # of those, cores nobody uses now
+    acc: capacity.Account
+    pred: capacity.Prediction | capacity.NoPrediction
+
+    def raises(self, nw: int) -> bool:
+        """A raise add-workers says (a warning, or info that cannot price it):
+        not one it prices under the bar (then it says "keep")."""
+        if self.rec <= nw:
+            return False
+        p = self.pred
+        return not isinstance(p, capacity.Prediction) or p.speedup >= MIN_WORTHWHILE_SPEEDUP
+
+
+def _weigh_raise(ctx: Context, lv: LoaderView, little: int) -> _Raise | None:
+    """The count add-workers would set for a data-bound CPU-bound loader.
+
+    The cap is in cores, but not a whole free core per worker: ``free`` counts
+    the trainer at its measured CPU, which a data-bound trainer spends only
+    while it computes, and the cycle model prices the rest (its "CPU" term:
+    trainer + loading CPU per batch over the cores). So half a core nobody
+    uses is room to try one more worker, and the prediction says whether it
+    is worth it. Issue 43's field case: 2 cores, the trainer at 0.43 and its
+    one worker at 1.0 (1.55 free, 0.55 spare): the whole-core cap said 1, so
+    no rule spoke beside a 55 % wait, while 2 workers measured ×1.44
+    (dlwatch compare; the model said ×1.50; sweep in RULES.md).
+    """
+    got = capacity.free_cores_for(ctx, lv)
+    if got is None:
+        return None
+    free, acc = got
+    nw = lv.num_workers or 0
+    spare = free - capacity.workers_demand(lv)
+    # Little's law can say "enough" while the loop still waits (the fetch
+    # time misses IPC/unpickling): one more worker is then the measured
+    # next step.
+    needed = max(little, nw + 1)
+    cap = max(whole_cores(free), nw + 1 if spare >= SPARE_FOR_ONE_MORE else 0)
+    rec = min(needed, cap)
+    return _Raise(rec, little, free, spare, acc, capacity.predict(ctx, lv, rec))
+
+
 def rule_add_workers(ctx: Context) -> list[dict[str, Any]]:
     out = []
     for lv, why, little in _sizable(ctx, cpu_bound=True):
-        got = capacity.free_cores_for(ctx, lv)
-        if got is None:
+        w = _weigh_raise(ctx, lv, little)
+        if w is None:
             continue
-        free, acc = got
         nw = lv.num_workers or 0  # _sizable: at least 1
-        # Little's law can say "enough" while the loop still waits (the fetch
-        # time misses IPC/unpickling): one more worker is then the measured
-        # next step.
-        needed = max(little, nw + 1)
-        cap = whole_cores(free)
-        rec = min(needed, cap)
+        rec, free, acc, pred = w.rec, w.free, w.acc, w.pred
         if rec <= nw:
-            continue  # no whole core free: cpu-bound-preprocessing's case
-        pred = capacity.predict(ctx, lv, rec)
+            continue  # under half a core spare: cpu-bound-preprocessing's case
         worth, gain_text = _gain(pred)
         msg = (
             f"{lv.title} waits for data {pct(lv.wait)} of the time{window_phrase(lv)}; its "
@@ -329,7 +374,10 @@ def rule_add_workers(ctx: Context) -> list[dict[str, Any]]:
         if little > nw:
             msg += f": keeping up needs {little} workers"
             if rec < little:
-                msg += f", and the free cores ({cores(round(free, 1))}) allow {rec}"
+                msg += (
+                    f", and the free cores ({cores(round(free, 1))}, {cores(round(max(w.spare, 0.0), 1))} "
+                    f"of them unused now) allow {rec}"
+                )
         else:
             msg += (
                 f": by fetch time alone {nw} should keep up, yet the loop waits, so "
@@ -400,19 +448,19 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict[str, Any]]:
         kind = _bound_kind(lv)
         if kind is None or not kind[0]:
             continue
-        got = capacity.free_cores_for(ctx, lv)
-        if got is None:
-            continue
-        free, _ = got
         nw = lv.num_workers or 0
-        if whole_cores(free) > nw:
-            continue  # a core is free: add-workers applies instead
+        # Exactly the loaders add-workers gives no raise worth making: every
+        # data-bound loader with saturated CPU-bound workers gets one of the
+        # two (issue 43: a demand gate of 90 % of the cores here and a
+        # whole-core cap there left 1.45 of 2 cores in use between them).
+        if lv.worker_ms is not None and lv.step_ms is not None and lv.step_ms > 0:
+            w = _weigh_raise(ctx, lv, little_workers(lv.worker_ms, lv.step_ms))
+            if w is not None and w.raises(nw):
+                continue  # add-workers says it
         acc = capacity.account(ctx)
-        if acc is None or ctx.usable_cores is None:  # free_cores_for found both: for the type checker
+        if acc is None or ctx.usable_cores is None:
             continue
         demand = acc.demand
-        if demand < CORES_SATURATED_FRACTION * ctx.usable_cores:
-            continue
         more = capacity.predict(ctx, lv, nw + 1)
         # The most cheaper batches could give: no wait at all, the job's CPU
         # then only the trainer's.
@@ -425,8 +473,8 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict[str, Any]]:
         msg = (
             f"{lv.title} waits for data {pct(lv.wait)} of the time{window_phrase(lv)} while its "
             f"{count_of(nw, 'CPU-bound worker')} {plural(nw, 'is')} busy "
-            f"{pct(lv.busy_mean)} of the time, and the cores are taken: of the {cores(ctx.usable_cores)} "
-            f"usable, {_and(parts)} (cores of CPU plus run-queue wait)."
+            f"{pct(lv.busy_mean)} of the time, and {_cores_phrase(ctx.usable_cores, demand)}: of the "
+            f"{cores(ctx.usable_cores)} usable, {_and(parts)} (cores of CPU plus run-queue wait)."
         )
         # One story: never "cannot help" beside a predicted gain.
         if isinstance(more, capacity.NoPrediction):
@@ -477,6 +525,16 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict[str, Any]]:
             hint("cpu-bound-preprocessing", "warn" if worth else "info", lv.pid, lv.lid, msg, sugg, ev)
         )
     return out
+
+
+def _cores_phrase(usable: float, demand: float) -> str:
+    """How full the cores are, in the words the figures allow."""
+    if demand >= CORES_SATURATED_FRACTION * usable:
+        return "the cores are taken"
+    spare = cores(round(max(0.0, usable - demand), 1))
+    if usable - demand < SPARE_FOR_ONE_MORE:
+        return f"under half a core is unused ({count_of(spare, 'core')}), no room for another worker"
+    return f"{count_of(spare, 'core')} {plural(spare, 'is')} unused"
 
 
 def _worker_profile_of(lv: LoaderView) -> dict[str, Any] | None:
