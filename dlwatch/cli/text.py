@@ -217,6 +217,13 @@ def _stacks_lines(j: dict, snap: dict) -> list[str]:
         for w in ld.get("workers") or []
         if isinstance(w, dict) and w.get("state") != "gone"
     }
+    # A pipeline's own worker processes (torchdata nodes) are the job's too.
+    current |= {
+        w.get("pid")
+        for ld in j.get("loaders") or []
+        for w in ld.get("pipeline_workers") or []
+        if isinstance(w, dict) and w.get("kind") == "process"
+    }
     out = [f"  stacks ({reason}{when}{ended}; {more} for all of them):"]
     for e in st["summary"]:
         if not isinstance(e, dict):

@@ -345,6 +345,9 @@ def test_snapshot_stacks_say_their_age_and_mark_workers_that_exited_since():
     assert "stacks (request, taken 20 s ago; dlwatch stacks --pid 4242" in out, out
     assert "worker 0 (pid 7891): sleeping in Cold.__getitem__ (exited since)" in out
     assert "worker 1 (pid 4301): sleeping in Cold.__getitem__\n" in out + "\n"
+    snap = _with_stacks("request", 5.0, [4242, 5555])
+    snap["jobs"][0]["loaders"][0]["pipeline_workers"] = [{"kind": "process", "pid": 5555}]
+    assert "(exited since)" not in render_snapshot(snap)
     # Two minutes old: left out, with where new ones come from.
     out = render_snapshot(_with_stacks("request", 120.0, [7891]))
     assert "pid 7891" not in out
