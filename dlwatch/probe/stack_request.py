@@ -30,6 +30,17 @@ MAX_WORKERS = 256
 RUNNING, DONE = "running", "done"
 
 
+def gone_text(proc: object) -> str:
+    """What a worker that is gone did, as far as its Process object says
+    without reaping it (the return code torch's own check already read):
+    exit code 0 is a worker whose share was done (a barrier hang with uneven
+    shares), not a crash."""
+    rc = getattr(getattr(proc, "_popen", None), "returncode", None)
+    if rc == 0:
+        return "exited (its share done): exit code 0"
+    return "the worker has exited or died"
+
+
 class StackGather:
     def __init__(self, reason: str, loaders: list[dict] | None = None) -> None:
         self.reason = reason
@@ -53,7 +64,8 @@ class StackGather:
             view, fview = st.slots_view, st.slots_fview
             if it is None or view is None or fview is None:
                 continue
-            pids = [int(getattr(w, "pid", 0) or 0) for w in list(getattr(it, "_workers", ()) or ())]
+            procs = list(getattr(it, "_workers", ()) or ())
+            pids = [int(getattr(w, "pid", 0) or 0) for w in procs]
             for i in range(st.num_workers):
                 if len(self.asked) >= MAX_WORKERS:
                     return
@@ -70,6 +82,7 @@ class StackGather:
                         "in_fetch_s": in_fetch,
                         "view": view,
                         "b": b,
+                        "proc": procs[i] if i < len(procs) else None,
                     }
                 )
 
@@ -105,7 +118,7 @@ class StackGather:
             if doc is not None:
                 p["threads"] = doc.get("threads") or []
             elif not worker_burst.running(a["pid"]):
-                p["error"] = "the worker has exited or died"
+                p["error"] = gone_text(a.get("proc"))
             else:
                 p["error"] = (
                     f"no answer within {GRACE_S:g} s: its Python is not running (a C call holding "

@@ -594,3 +594,24 @@ def test_a_gone_worker_that_exited_with_code_0_reads_as_done_not_as_a_crash():
     # Once reaped there is no evidence left: the channel's words stay.
     again = complete(doc, py_spy=False, sample_s=0.0)
     assert all("exited or died" in s["line"] for s in again["summary"])
+
+
+def _exit_with(code: int) -> None:
+    os._exit(code)
+
+
+def test_a_reaped_worker_that_exited_with_code_0_reads_as_done_in_the_jobs_own_answer():
+    # Reaped already (torch's is_alive() check): only the Process object
+    # keeps the code; 0 is a finished share, anything else stays as it was.
+    import multiprocessing as mp
+
+    from dlwatch.probe.stack_request import gone_text
+
+    ctx = mp.get_context("fork")
+    done, failed = ctx.Process(target=_exit_with, args=(0,)), ctx.Process(target=_exit_with, args=(3,))
+    for p in (done, failed):
+        p.start()
+        p.join()
+    assert gone_text(done) == "exited (its share done): exit code 0"
+    assert gone_text(failed) == "the worker has exited or died"
+    assert gone_text(None) == "the worker has exited or died"
