@@ -106,7 +106,7 @@ def test_the_live_view_gets_a_profiler_on_its_collectors_runtime_dir(monkeypatch
     monkeypatch.setattr(
         tui_app,
         "run_tui",
-        lambda source, interval, profiler, worker_profiler, stacker: (
+        lambda source, interval, profiler, worker_profiler, stacker, follow_pid=None: (
             seen.update(p=profiler, w=worker_profiler, s=stacker) or 0
         ),
     )
