@@ -90,6 +90,19 @@ def _lower_count(ctx: Context, lv: LoaderView) -> Lowering:
     return max(known, key=lambda x: (round(x[1].speedup, 2), x[0]))
 
 
+def _waits_on_cpu_workers(lv: LoaderView) -> bool:
+    """cpu-bound-preprocessing's premise: data-bound, saturated, CPU-bound workers."""
+    if not rules_workers._data_bound_workers(lv):
+        return False
+    kind = rules_workers._bound_kind(lv)
+    return kind is not None and kind[0]
+
+
+def _and_titles(views: list[LoaderView]) -> str:
+    titles = [lv.title for lv in views]
+    return titles[0] if len(titles) == 1 else ", ".join(titles[:-1]) + " and " + titles[-1]
+
+
 def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
     if ctx.usable_cores is None:
         return []
@@ -192,6 +205,21 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
             "no lower num_workers is predicted faster; a step whose intra-op threads fill the cores leaves a "
             "worker none (torch.set_num_threads trades one for the other): `dlwatch tune` measures it"
         )
+        starved = [lv for lv in steady if _waits_on_cpu_workers(lv)]
+        if starved:
+            # This hint hides cpu-bound-preprocessing on those loaders, so it
+            # carries its advice: with the cores full and no count faster,
+            # cheaper batches are what is left (issue 43: 2 workers on 2
+            # cores, 41 % data wait, this info line and nothing to do).
+            msg += (
+                f" {_and_titles(starved)} still {plural(len(starved), 'waits', 'wait')} for data "
+                f"{pct(max(lv.wait or 0.0 for lv in starved))} of the time on CPU-bound workers: "
+                f"the gain is in cheaper batches."
+            )
+            sugg = (
+                "make each batch cheaper (decode/resize once and cache the result, lighter transforms, a "
+                "faster decoder); no lower num_workers is predicted faster: `dlwatch tune` measures counts"
+            )
     logical = num(ctx.host.get("logical_cpus"))
     ev = {
         "total_workers": total_workers,
