@@ -336,8 +336,12 @@ def _weigh_raise(ctx: Context, lv: LoaderView, little: int) -> _Raise | None:
     uses is room to try one more worker, and the prediction says whether it
     is worth it. Issue 43's field case: 2 cores, the trainer at 0.43 and its
     one worker at 1.0 (1.55 free, 0.55 spare): the whole-core cap said 1, so
-    no rule spoke beside a 55 % wait, while 2 workers measured ×1.44
-    (dlwatch compare; the model said ×1.50; sweep in RULES.md).
+    no rule spoke beside a 55 % wait. The model says ×1.50 for 2 workers
+    (the job's CPU then fills the 2 cores, so 3 are no better); measured on
+    the idle box: 7.79 -> 11.55 batches/s (×1.48, dlwatch record), ×1.44
+    (dlwatch compare), ×1.18 (dlwatch tune, 4 s windows), and in alternated
+    25 s runs 1/2/3 workers 7.50/10.75/10.87 batches/s on average (×1.43,
+    ×1.45): RULES.md "Predicted gain".
     """
     got = capacity.free_cores_for(ctx, lv)
     if got is None:
