@@ -144,10 +144,24 @@ def cpu_accounting(
     }
 
 
-def job_state(c: JobConnection) -> str:
+# A job whose trainer is stopped (SIGSTOP, ctrl-Z in its terminal) sends no
+# frames: its last figures are frozen, and read beside /proc's fresh 0 % CPU
+# they made a false story (a worker "busy 99 %" on "0 % CPU" read io-bound).
+# Only "T": py-spy's reads stop a process briefly in "t" (tracing stop).
+STOPPED_REASON = (
+    "the process is stopped (SIGSTOP, or ctrl-Z in its terminal): its figures are frozen "
+    "until it resumes (kill -CONT {pid})"
+)
+
+
+def job_state(c: JobConnection, main: dict[str, Any] | None = None) -> str:
     if c.state == "connecting":
-        return "live" if c.job is not None else "connecting"
-    return c.state
+        state = "live" if c.job is not None else "connecting"
+    else:
+        state = c.state
+    if state == "live" and (main or {}).get("state") == "stopped":
+        return "unreachable"
+    return state
 
 
 def job_dict(
@@ -170,8 +184,9 @@ def job_dict(
         "cuda_device_order": job.get("cuda_device_order"),
         "torch_version": job.get("torch_version", "unknown"),
         "start_method": job.get("start_method", "unknown"),
-        "state": job_state(c),
+        "state": job_state(c, main),
         "state_reason": c.reason
+        or (STOPPED_REASON.format(pid=c.pid) if job_state(c, main) != job_state(c) else "")
         or (
             "connected, but the job has not answered yet (stopped?)"
             if c.job is None and c.state == "connecting"

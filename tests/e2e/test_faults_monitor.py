@@ -452,6 +452,49 @@ def test_worker_pid_vanishes_between_frames(rtdir, fakes):
             worker.wait()
 
 
+def test_a_stopped_job_is_not_live_while_stopped_and_live_again_once_resumed(rtdir, fakes):
+    # ctrl-Z in the job's terminal (SIGSTOP): its frames stop, the last ones
+    # freeze, and beside /proc's fresh 0 % CPU they told a false story (a
+    # worker "busy 99 %" on "0 % CPU" read io-bound). Stopped is not live.
+    import signal
+
+    def script(conn, fake):
+        conn.sendall(hello(fake.pid))
+        seq = 1
+        while not fake.go.is_set():
+            conn.sendall(window(seq))
+            seq += 1
+            time.sleep(0.05)
+
+    fake = FakeJob(rtdir, script)
+    fakes.append(fake)
+    m = Monitor(directory=rtdir, gpu=False, host=False, diagnoser=False, procs=ProcSampler())
+    try:
+        m.scan()
+        pump(m, 3, until=lambda: len(m.conns[fake.pid].frames) >= 3)
+        assert only_job(m.build(), fake.pid)["state"] == "live"
+
+        def state_becomes(want: str) -> dict:
+            end = time.monotonic() + 5
+            while True:
+                pump(m, 0.2)
+                j = only_job(m.build(), fake.pid)
+                if j["state"] == want or time.monotonic() > end:
+                    return j
+
+        os.kill(fake.pid, signal.SIGSTOP)
+        j = state_becomes("unreachable")
+        assert j["state"] == "unreachable", j
+        assert "stopped" in j["state_reason"] and f"kill -CONT {fake.pid}" in j["state_reason"], j
+        os.kill(fake.pid, signal.SIGCONT)
+        j = state_becomes("live")
+        assert j["state"] == "live" and j["state_reason"] == "", j
+    finally:
+        os.kill(fake.pid, signal.SIGCONT)
+        fake.go.set()
+        m.stop()
+
+
 @pytest.mark.parametrize("where", ["constructor", "every_call"])
 def test_proc_unreadable(rtdir, fakes, monkeypatch, where):
     """/proc denied (hidepid=2, another user's workers): figures are n/a with a reason."""
