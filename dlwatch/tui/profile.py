@@ -99,7 +99,7 @@ class ProfileScreen(ModalScreen[None]):
         t.append(f"{what}\n")
         if note:
             t.append(f"{note}\n", "dim")
-        t.append("\nescape closes (and cancels the burst)", "dim")
+        t.append("\nclosing cancels the burst", "dim")
         return t
 
     def _show_summary(self, doc: dict) -> None:
@@ -120,7 +120,6 @@ class ProfileScreen(ModalScreen[None]):
             t.append(line + "\n", style)
         if not doc.get("error"):
             t.append(lines[0].split(": ", 1)[-1] + "\n", "dim")
-        t.append("\nescape closes", "dim")
         self._text().update(t)
 
     def _show_error(self, message: str) -> None:
@@ -128,7 +127,6 @@ class ProfileScreen(ModalScreen[None]):
         t = Text()
         t.append(f"{self.what} of PID {self.pid}\n\n", "bold")
         t.append(f"✖ {message}\n", "red")
-        t.append("\nescape closes", "dim")
         self._text().update(t)
 
     def _text(self) -> Static:

@@ -100,7 +100,6 @@ class StacksScreen(ModalScreen[None]):
                 t.append(str(e.get("line")) + "\n", style)
         for line in hang.render(doc)[len(summary) :]:
             t.append(line + "\n", "bold" if line.startswith("==") else "")
-        t.append("\nescape closes", "dim")
         return t
 
     def action_close(self) -> None:
