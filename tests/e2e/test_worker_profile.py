@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -204,8 +205,13 @@ def test_a_worker_killed_mid_burst_is_reported_and_the_answer_comes():
         assert ask.returncode == 0, err
         assert f"PID {victim}): killed or exited before it could report" in out, out
         assert took < 60 and "samples inside fetches" in out
-        # The job's new iterator's workers were sampled too: more than the two first ones reported.
-        assert "from 3 workers" in out, out
+        # The job's new iterator's workers joined the burst too: more than the
+        # first two took part. (Whether the first iterator's survivor reports
+        # is torch's shutdown's to decide: it may end it before it can, and it
+        # is then noted as the victim is.)
+        reported = int(re.search(r"from (\d+) workers? of", out).group(1))
+        noted = len(re.findall(r"^note: worker \d+ \(PID \d+\)", out, re.M))
+        assert reported >= 1 and reported + noted >= 3, out
     finally:
         stop_sessions([job])
 
