@@ -194,17 +194,20 @@ class _Sampler:
             return None  # unknown, never another thread's figure
 
     def write(self) -> None:
+        # The whole write under the lock: the exit finalizer and the sampler
+        # thread may both get here, and the one that comes second must return
+        # only once the file is in place (the worker exits right after).
         with self.wlock:
             if self.written:
                 return
             self.written = True
-        doc = self.document()
-        path = result_path(rundir.runtime_dir(), self.gen, os.getpid())
-        tmp = path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, separators=(",", ":"))
-        os.replace(tmp, path)
+            doc = self.document()
+            path = result_path(rundir.runtime_dir(), self.gen, os.getpid())
+            tmp = path + ".tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump(doc, f, separators=(",", ":"))
+            os.replace(tmp, path)
 
     def document(self) -> dict:
         index: dict[int, int] = {}

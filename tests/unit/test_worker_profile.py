@@ -345,3 +345,36 @@ def test_a_worker_exiting_mid_burst_reports_the_samplers_cpu_not_the_fetch_threa
             break
         time.sleep(0.02)
     assert not [t for t in threading.enumerate() if t.name == "dlwatch-worker-sampler"]
+
+
+def test_the_exit_hook_returns_only_once_the_result_is_written(tmp_path, monkeypatch):
+    """The sampler thread and the exit finalizer race to write; the finalizer
+    must not return while the sampler thread is still writing, or the worker
+    exits with no file (CI: FileNotFoundError right after _run_finalizers)."""
+    import os
+    from multiprocessing import util
+
+    from dlwatch.probe import worker, worker_sampler
+
+    monkeypatch.setenv("DLWATCH_DIR", str(tmp_path))
+    slow_document = worker_sampler._Sampler.document
+
+    def document(self):
+        if threading.current_thread().name == "dlwatch-worker-sampler":
+            time.sleep(0.5)  # the sampler thread got the write first, and is slow at it
+        return slow_document(self)
+
+    monkeypatch.setattr(worker_sampler._Sampler, "document", document)
+    slots = worker.make_slots(1)
+    row, frow = worker.as_int64_view(slots), worker.as_float64_view(slots)
+    fetch = worker._timed(lambda self, idx: _user_stage(0.005), row, frow, 0)
+    row[worker.BURST_HZ] = 50
+    frow[worker.BURST_END_S] = time.perf_counter() + 30
+    row[worker.BURST_GEN] = 79
+    fetch(None, [0])
+    for _ in range(200):
+        if row[worker.BURST_ACK] == 79:
+            break
+        time.sleep(0.01)
+    util._run_finalizers(100)
+    assert os.path.exists(worker_sampler.result_path(str(tmp_path), 79, os.getpid()))
