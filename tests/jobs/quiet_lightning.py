@@ -5,7 +5,7 @@ measure. The jobs run as scripts, so they import this from their own folder.
 """
 
 
-def quiet_trainer():
+def quiet_trainer(**kw):
     import lightning as L
 
     return L.Trainer(
@@ -17,4 +17,5 @@ def quiet_trainer():
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
+        **kw,
     )
