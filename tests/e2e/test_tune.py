@@ -124,9 +124,12 @@ def test_cpu_bound_stays_within_the_cores():
 
 @pytest.mark.timing
 def test_not_data_bound_is_one_trial():
+    # A next() costs the loop about 2.5 ms here whatever the workers do (the
+    # batch's hand-over): a 20 ms step read 7-9 % of waiting, beside the 10 %
+    # bar, and one fresh-clone run judged it data-bound. A 100 ms step: ~3 %.
     rc, doc, err = tune(
         "--trial-seconds", "2", "--",
-        *DEMO, "--num-workers", "2", "--batch-size", "8", "--step-ms", "20", "--seed", "1203",
+        *DEMO, "--num-workers", "2", "--batch-size", "8", "--step-ms", "100", "--seed", "1203",
     )  # fmt: skip
     assert rc == 0, err[-3000:]
     assert len(doc["trials"]) == 1
