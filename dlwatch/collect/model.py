@@ -171,6 +171,8 @@ def job_dict(
     main = procs.get(c.pid, {}) if c.live else {}
     frames = list(c.frames)
     last = frames[-1] if frames else None
+    state = job_state(c, main)
+    stopped = state != job_state(c)  # live on its socket, SIGSTOPped in /proc
     out = {
         "pid": c.pid,
         "cmdline": job.get("cmdline", ""),
@@ -184,9 +186,9 @@ def job_dict(
         "cuda_device_order": job.get("cuda_device_order"),
         "torch_version": job.get("torch_version", "unknown"),
         "start_method": job.get("start_method", "unknown"),
-        "state": job_state(c, main),
+        "state": state,
         "state_reason": c.reason
-        or (STOPPED_REASON.format(pid=c.pid) if job_state(c, main) != job_state(c) else "")
+        or (STOPPED_REASON.format(pid=c.pid) if stopped else "")
         or (
             "connected, but the job has not answered yet (stopped?)"
             if c.job is None and c.state == "connecting"

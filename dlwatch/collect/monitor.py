@@ -338,9 +338,7 @@ class Monitor:
             t = time.monotonic()
             if reuse_procs and self._hints_at is not None and t - self._hints_at < DIAGNOSE_EVERY_S:
                 snap["hints"] = self._hints
-                snap["judging"] = one_state(
-                    self._judging + _unjudged(snap, self._judged_loaders), snap["hints"]
-                ) + between_epochs(snap, self._judged_by_diagnosis(), snap["hints"])
+                snap["judging"] = self._judging + _unjudged(snap, self._judged_loaders)
                 if self._hints_error:
                     snap["hints_error"] = self._hints_error
                 return snap
@@ -356,12 +354,11 @@ class Monitor:
             try:
                 snap["hints"] = cast(list[Hint], diagnoser.update(judged))
                 # The loaders not judged yet: "judging… (N s)", not "nothing to fix".
+                # The diagnosis keeps one state per loader (judging, or its hints).
                 judging = getattr(diagnoser, "judging", None)
-                self._judging = judging() if callable(judging) else []
+                self._judging = list(judging()) if callable(judging) else []
                 self._judged_loaders = _loader_keys(judged)
-                snap["judging"] = one_state(self._judging, snap["hints"]) + between_epochs(
-                    snap, self._judged_by_diagnosis(), snap["hints"]
-                )
+                snap["judging"] = list(self._judging)
                 self._hints_error = None
             except Exception as e:
                 self._fault("diagnosis", e)
@@ -371,12 +368,6 @@ class Monitor:
                 snap["errors"] = [*self.broken.values(), *self.errors]
             self._hints, self._hints_at = snap["hints"], t
         return snap
-
-    def _judged_by_diagnosis(self) -> set[tuple[Any, Any]]:
-        """The loaders the diagnosis has judged at least once (its state's
-        ``judged``; empty for a diagnosis that keeps no such state)."""
-        judged = getattr(getattr(self._diagnoser, "state", None), "judged", None)
-        return set(judged) if isinstance(judged, (set, frozenset)) else set()
 
     @staticmethod
     def _pids(conns) -> tuple[set[int], set[int]]:
@@ -668,70 +659,6 @@ def _unjudged(snap: Mapping[str, Any], judged: set[tuple[Any, Any]]) -> list[dic
             "reason": "not judged yet: new since the last diagnosis",
         }
         for pid, lid in sorted(_loader_keys(live) - judged, key=str)
-    ]
-
-
-def between_epochs(
-    snap: Mapping[str, Any], judged: set[tuple[Any, Any]], hints: Iterable[Mapping[str, Any]]
-) -> list[dict]:
-    """Live jobs not judged yet whose loaders have no epoch open (the last
-    one ended, the next has not begun): the diagnosis judges no closed
-    loader, so it lists none as judging, and a one-shot taken there (a
-    non-persistent job's workers exiting at an epoch's end: "gone (process
-    8039 exited)") printed a bare "hints: none". One entry for the job's
-    newest loader says why there is no verdict yet; a job with a judged
-    loader or a hint has one."""
-    named = {h.get("job_pid") for h in hints if isinstance(h, Mapping)}
-    out = []
-    for j in snap.get("jobs") or []:
-        if not isinstance(j, dict) or j.get("state", "live") != "live" or j.get("pid") in named:
-            continue
-        lds = [ld for ld in j.get("loaders") or [] if isinstance(ld, dict) and ld.get("sampled") is not True]
-        if not lds or any(ld.get("active") is not False and ld.get("epoch_open") is not False for ld in lds):
-            continue
-        if any((j.get("pid"), ld.get("id")) in judged for ld in lds):
-            continue
-        ld = max(lds, key=_loader_order)
-        respawn = (
-            "" if ld.get("persistent_workers") else ", its workers exiting with it (persistent_workers off)"
-        )
-        out.append(
-            {
-                "job_pid": j.get("pid"),
-                "loader_id": ld.get("id"),
-                "judging_s": None,
-                "reason": f"no epoch open: the last one ended{respawn} and the next has not started; "
-                "its rates are judged while an epoch runs",
-            }
-        )
-    return out
-
-
-def _loader_order(ld: Mapping[str, Any]) -> int:
-    lid = ld.get("id")
-    return lid if isinstance(lid, int) else -1
-
-
-def one_state(judging: list[dict], hints: Iterable[Mapping[str, Any]]) -> list[dict]:
-    """``judging`` less the loaders a shown hint speaks about: one state per
-    loader at a time (issue 42: "judging… no hints until its rates settle"
-    printed right above the critical loader-stalled of the same loader). A
-    hint of the loader itself, or a critical one of its job, is its state;
-    the diagnosis keeps a loader that never had steady rates judging, since
-    its rate rules are frozen, but a hint that shows is judged all the same."""
-    said: set[tuple[Any, Any]] = set()
-    for h in hints:
-        if not isinstance(h, Mapping):
-            continue
-        pid, lid = h.get("job_pid"), h.get("loader_id")
-        if lid is not None:
-            said.add((pid, lid))
-        elif pid is not None and h.get("severity") == "critical":
-            said.add((pid, None))
-    return [
-        e
-        for e in judging
-        if (e.get("job_pid"), e.get("loader_id")) not in said and (e.get("job_pid"), None) not in said
     ]
 
 

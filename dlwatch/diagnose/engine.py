@@ -600,17 +600,29 @@ def _judging(
     """The live loaders not judged yet, and the loaders judged so far. A
     loader is judged once a hint about it (or its job, or the box) shows, or
     once its figures have been steady for HOLD_ON_S with no hint pending
-    about it: until then no hint is not "nothing to fix"."""
+    about it: until then no hint is not "nothing to fix". One state per
+    loader at a time (issue 42: "judging… no hints until its rates settle"
+    printed above the critical loader-stalled of the same loader): a shown
+    hint of the loader itself, or a critical one of its job, judges it
+    whether or not its rates ever settled (a loader stalled at start-up
+    never does). A job-level warning or a box hint judges only a loader
+    whose rates are steady: it says nothing about them."""
     shown: set[tuple[int | None, int | None]] = set()
     pending: set[tuple[int | None, int | None]] = set()
+    critical_jobs: set[int | None] = set()
     for (_rid, pid, lid), ht in hints.items():
         (shown if ht.shown else pending).add((pid, lid))
+        if ht.shown and lid is None and ht.hint.get("severity") == "critical":
+            critical_jobs.add(pid)
     out = []
     done = set(judged)
     for lv in ctx.loaders:
         key = (lv.pid, lv.lid)
         tr = tracks.get(key)
         if key in done or tr is None or lv.phase == INACTIVE:
+            continue
+        if key in shown or (lv.pid in critical_jobs and lv.pid is not None):
+            done.add(key)
             continue
         about = {key, (lv.pid, None), (None, None)}
         if tr.was_steady and tr.judged_at is not None:
@@ -621,7 +633,41 @@ def _judging(
         since = tr.seen_at if tr.seen_at is not None else t
         why = f"a condition must hold {HOLD_ON_S:.0f} s before its hint shows" if tr.was_steady else None
         out.append(judging_entry(lv.pid, lv.lid, t - since, lv.loader, why))
-    return tuple(out), frozenset(k for k in done if k in tracks)
+    judged_now = frozenset(k for k in done if k in tracks)
+    named = {pid for (pid, _lid) in shown}
+    return (*out, *between_epochs(ctx.snapshot, judged_now, named)), judged_now
+
+
+def between_epochs(
+    snapshot: Mapping[str, Any], judged: frozenset[tuple[int, int]], named: set[int | None]
+) -> list[dict[str, Any]]:
+    """Live jobs not judged yet whose loaders have no epoch open (the last
+    one ended, the next has not begun): no closed loader is judging, and a
+    one-shot taken there (a non-persistent job's workers exiting at an
+    epoch's end: "gone (process 8039 exited)") printed a bare "hints: none".
+    One entry for the job's newest loader says why there is no verdict yet;
+    a job with a judged loader or a shown hint (``named``) has one."""
+    out = []
+    for j in as_list(snapshot.get("jobs")):
+        if not isinstance(j, dict) or j.get("state", "live") != "live" or j.get("pid") in named:
+            continue
+        lds = [
+            ld for ld in as_list(j.get("loaders")) if isinstance(ld, dict) and ld.get("sampled") is not True
+        ]
+        if not lds or any(ld.get("active") is not False and ld.get("epoch_open") is not False for ld in lds):
+            continue
+        if any((j.get("pid"), ld.get("id")) in judged for ld in lds):
+            continue
+        ld = max(lds, key=lambda d: d["id"] if isinstance(d.get("id"), int) else -1)
+        respawn = (
+            "" if ld.get("persistent_workers") else ", its workers exiting with it (persistent_workers off)"
+        )
+        why = (
+            f"no epoch open: the last one ended{respawn} and the next has not started; "
+            "its rates are judged while an epoch runs"
+        )
+        out.append({"job_pid": j.get("pid"), "loader_id": ld.get("id"), "judging_s": None, "reason": why})
+    return out
 
 
 def judging_entry(

@@ -14,6 +14,7 @@ import pytest
 from dlwatch.cli.text import render_snapshot
 from dlwatch.collect import monitor as M
 from dlwatch.diagnose import HOLD_ON_S, Diagnoser, evaluate
+from tests.unit.test_diagnose_rules import T0, job, loader, snap
 from tests.unit.test_snapshot_contract import T_BUILD, recorded_monitor
 
 
@@ -59,55 +60,41 @@ def test_a_one_shot_that_watches_long_enough_gives_the_live_views_hints(ticking)
     assert snap["time"] - T_BUILD <= HOLD_ON_S + 2
 
 
-class CriticalWhileJudging:
-    """A diagnosis that holds a loader as judging while it shows a critical
-    hint of the same loader (the never-steady loader of a hang at start-up)."""
+def _stalled_at_start_up(t):
+    """A job whose loader stalled on its second batch: its rates never
+    settle, so the diagnosis would hold it as judging forever."""
+    from tests.unit.test_hang import IO_WORKER, _stalled_job
 
-    def __init__(self, hint_loader):
-        self.hint_loader = hint_loader
-
-    def update(self, snapshot):
-        return [
-            {
-                "id": "loader-stalled",
-                "severity": "critical",
-                "job_pid": 2929,
-                "loader_id": self.hint_loader,
-                "message": "stalled",
-                "suggestion": "look",
-                "evidence": {},
-            }
-        ]
-
-    def judging(self):
-        return [{"job_pid": 2929, "loader_id": 0, "judging_s": 4.0, "reason": "3 of the 20 batches"}]
+    return snap([_stalled_job([IO_WORKER], batches=2, epoch=1, steady_history=False)], t=t)
 
 
-@pytest.mark.parametrize("hint_loader", [0, None])
-def test_judging_never_stands_beside_a_critical_hint_of_its_loader(ticking, hint_loader, monkeypatch):
-    m = ticking(CriticalWhileJudging(hint_loader))
-    snap = m.build(3.0)
-    assert snap["hints"] and snap["judging"] == []
-    # The collector's between-diagnoses path (hints reused) says the same.
+def test_a_loader_stalled_at_start_up_is_judged_by_its_critical_hint():
+    """One state per loader (issue 42): never "judging…" beside the critical
+    loader-stalled of the same loader, in the diagnosis itself."""
+    diag = Diagnoser()
+    for k in range(4):
+        hints = diag.update(_stalled_at_start_up(T0 + k))
+        assert [h["id"] for h in hints] == ["loader-stalled"], k
+        assert diag.judging() == [], k
+
+
+def test_a_box_warning_does_not_judge_a_warming_loader():
+    # A loader in its warm-up (5 of its 20 batches) on a box short of
+    # /dev/shm: the box's warning says nothing about the loader's rates.
+    diag = Diagnoser()
+    for k in range(8):
+        ld = loader(nw=2, wait=0.05, step_ms=60.0, batches=5, epoch=1, steady_history=False)
+        ld["batch_bytes"] = 100 << 20
+        j = job(loaders=[ld])
+        hints = diag.update(snap([j], t=T0 + k, shm_free=64 << 20))
+    assert [(h["id"], h["loader_id"]) for h in hints] == [("shm-low", None)]
+    assert [(e["job_pid"], e["loader_id"]) for e in diag.judging()] == [(j["pid"], 0)]
+
+
+def test_the_collectors_reuse_path_keeps_the_diagnosis_one_state(ticking, monkeypatch):
+    m = ticking()
+    snap0 = m.build(3.0)
     monkeypatch.setattr(M, "DIAGNOSE_EVERY_S", 60.0)
     again = m.build(3.0, reuse_procs=True)
-    assert again["hints"] is snap["hints"]  # the reuse path indeed
-    assert again["hints"] and again["judging"] == []
-    assert "judging…" not in render_snapshot(dict(again))
-
-
-def test_one_state_keeps_the_judging_of_loaders_no_hint_speaks_about():
-    judging = [
-        {"job_pid": 1, "loader_id": 0, "judging_s": 1.0, "reason": "r"},
-        {"job_pid": 1, "loader_id": 1, "judging_s": 1.0, "reason": "r"},
-        {"job_pid": 2, "loader_id": 0, "judging_s": 1.0, "reason": "r"},
-    ]
-    hints = [
-        {"id": "worker-memory-growth", "severity": "warn", "job_pid": 1, "loader_id": 1},
-        # A job-level warning does not judge its loaders' rates; a host hint neither.
-        {"id": "main-loop-cpu-bound", "severity": "warn", "job_pid": 2, "loader_id": None},
-        {"id": "shm-low", "severity": "warn", "job_pid": None, "loader_id": None},
-    ]
-    assert [(e["job_pid"], e["loader_id"]) for e in M.one_state(judging, hints)] == [(1, 0), (2, 0)]
-    crit = [{"id": "x", "severity": "critical", "job_pid": 2, "loader_id": None}]
-    assert [(e["job_pid"], e["loader_id"]) for e in M.one_state(judging, crit)] == [(1, 0), (1, 1)]
+    assert again["hints"] is snap0["hints"]  # the reuse path indeed
+    assert again["judging"] == snap0["judging"]
