@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 from tests.e2e_util import dlwatch, short_tmpdir, snapshot_json
 
 JOB = Path(__file__).resolve().parents[1] / "jobs" / "unrecognised_loop.py"
@@ -33,7 +35,13 @@ def test_a_job_that_trains_on_an_unrecognised_iterable_is_listed_with_the_fix(tm
         assert line.startswith("ready "), (line, p.stderr.read() if p.poll() is not None else "")
         pid = json.loads(line[6:])["pid"]
         time.sleep(2.5)
-        snap = snapshot_json(rt)
+        # The job's own CPU over the snapshot (its main thread burns what
+        # the box gives it: a loaded box gives it less than a core).
+        proc = psutil.Process(pid)
+        c0, t0 = proc.cpu_times(), time.monotonic()
+        snap = snapshot_json(rt, "--judge", "0")  # figures only
+        c1, t1 = proc.cpu_times(), time.monotonic()
+        truth = 100 * (c1.user + c1.system - c0.user - c0.system) / (t1 - t0)
         ls = dlwatch("ls", runtime_dir=rt)
         text = dlwatch("snapshot", runtime_dir=rt).stdout
     finally:
@@ -47,6 +55,8 @@ def test_a_job_that_trains_on_an_unrecognised_iterable_is_listed_with_the_fix(tm
     assert "hooked; training (thread 'MainThread' has stepped the optimizer" in text
     assert "wrap what the loop iterates with dlwatch.watch(...)" in text
     # The job's CPU is the job's: it trains a CPU-heavy step on one thread.
-    assert job["main_cpu_percent"] is not None and job["main_cpu_percent"] > 40, job
+    # (against the job's own figure: a bar of 40 % failed when the box gave it 32 %)
+    assert truth > 10, truth
+    assert job["main_cpu_percent"] is not None and job["main_cpu_percent"] > truth / 2, (job, truth)
     host = snap["host"]
-    assert host["jobs_cpu_cores"] is not None and host["jobs_cpu_cores"] >= 0.4, host
+    assert host["jobs_cpu_cores"] is not None and host["jobs_cpu_cores"] > truth / 200, (host, truth)
