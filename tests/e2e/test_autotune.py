@@ -48,7 +48,7 @@ def _snapshot_when(rundir: str, p: subprocess.Popen, ready, timeout: float = 60)
     end = time.monotonic() + timeout
     snap: dict = {}
     while time.monotonic() < end and p.poll() is None:
-        r = dlwatch("snapshot", "--json", "--pid", str(p.pid), runtime_dir=rundir)
+        r = dlwatch("snapshot", "--json", "--judge", "0", "--pid", str(p.pid), runtime_dir=rundir)
         snap = json.loads(r.stdout) if r.returncode == 0 else {}  # not publishing yet
         lds = (snap.get("jobs") or [{}])[0].get("loaders") or []
         if lds and isinstance(lds[0].get("autotune"), dict) and ready(lds[0]["autotune"]):
