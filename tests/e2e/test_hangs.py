@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -378,7 +379,10 @@ def test_an_openmp_pool_inherited_across_fork_is_named_with_the_fix_and_figures_
     assert "spawn" in h["suggestion"] and "blocked in C" in h["message"]
     assert {w["kind"] for w in ev["workers_not_delivered"]} == {"native"}
     assert all("Matmuls.__getitem__" in w["blocked_at"] for w in ev["workers_not_delivered"])
-    assert any("blocked in C (0 % CPU, sleeping) in " in x for x in ev["lines"]), ev["lines"]
+    # Under the rule's 5 % (hang.NATIVE_CPU_MAX, rounded): 0 % on a quiet box, 1 % seen
+    # beside the parallel tier (the worker's start counted in its window).
+    blocked = re.compile(r"blocked in C \([0-5] % CPU, sleeping\) in ")
+    assert any(blocked.search(x) for x in ev["lines"]), ev["lines"]
     assert not any(": in " in x for x in ev["lines"] if x.startswith("worker")), ev["lines"]
     _no_advice_beside_the_stall(snap)
     # Every figure is the stall's age at the snapshot, not at the gathering.

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.e2e_util import Job, dlwatch, short_tmpdir, snapshot_json, stop_sessions
@@ -44,6 +45,13 @@ def wait_ready(job: subprocess.Popen, ready: str) -> None:
     while not os.path.exists(ready + ".ready"):
         assert job.poll() is None, job.stderr.read().decode()[-2000:]
         assert time.monotonic() < end, "the job never produced a batch"
+        time.sleep(0.05)
+
+
+def _wait(cond, timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, what
         time.sleep(0.05)
 
 
@@ -100,8 +108,13 @@ def test_persistent_fork_workers_two_stages_one_burst_at_a_time_and_every_monito
         stderr=subprocess.PIPE,
     )
     try:
+        workers = psutil.Process(job.pid).children()
+        threads = {w.pid: w.num_threads() for w in workers}
         first = profile(d, job.pid, "--seconds", "3", "--json")
-        time.sleep(0.8)
+        # The second asks once the first's burst runs (a worker runs one more
+        # thread, the sampler): 0.8 s after the first command started, on a
+        # loaded box, the second's request could come first and win.
+        _wait(lambda: any(w.num_threads() > threads[w.pid] for w in workers), 20, "no burst started")
         second = profile(d, job.pid, "--seconds", "3")
         r2, r1 = second.communicate(timeout=60), first.communicate(timeout=60)
         assert second.returncode == 1 and "busy" in r2[1] and "Traceback" not in r2[1], r2
