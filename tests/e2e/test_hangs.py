@@ -100,7 +100,10 @@ def hung():
 def test_a_hung_job_is_stalled_with_each_workers_frame_and_the_cause_in_snapshot_json(hung):
     job = hung.job
     ld = job["loaders"][0]
-    assert ld["stalled_s"] >= ld["stall_threshold_s"] == float(FLOOR_S) and ld["in_next"] is True
+    # The threshold is the floor or ten batch periods, whichever is longer
+    # (2.0 s seen beside the parallel tier, whose load stretched the periods).
+    assert ld["stall_threshold_s"] >= float(FLOOR_S), ld
+    assert ld["stalled_s"] >= ld["stall_threshold_s"] and ld["in_next"] is True
     assert job["stacks"]["reason"] == "stall"
     reader = summary_of(job, "worker", 0)
     assert reader["kind"] == "io" and reader["at"]["function"] == "read_remote_shard"
