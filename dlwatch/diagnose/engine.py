@@ -621,7 +621,7 @@ def _judging(
         tr = tracks.get(key)
         if key in done or tr is None or lv.phase == INACTIVE:
             continue
-        if key in shown or (lv.pid in critical_jobs and lv.pid is not None):
+        if key in shown or lv.pid in critical_jobs:
             done.add(key)
             continue
         about = {key, (lv.pid, None), (None, None)}

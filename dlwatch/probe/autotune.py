@@ -159,9 +159,12 @@ class LoaderTuner:
             return  # the first epoch: its iterator (and its counters) come next
         if self.state != "left alone" and getattr(st, "batch_on_device", False):
             # Known from the first batch: no epoch needs measuring to see it
-            # (a short first epoch used to be pooled with the next, and the
-            # decision, this one included, waited for it).
-            self._leave_alone_on_device()
+            # (a short first epoch is pooled with the next, and a decision
+            # made after measuring waited for it). Another worker count would
+            # put CUDA in a forked worker, which fails inside the training
+            # loop ("CUDA error: initialization error").
+            self.state = "left alone"
+            self.reason = "its batches come out already on the GPU: worker processes cannot make them"
         if self.state == "left alone":
             self._publish(st)
             return
@@ -269,16 +272,7 @@ class LoaderTuner:
         if len(self.history) and self.history[-1].get("batches_per_s") is None:
             self.history[-1]["batches_per_s"] = round(rate, 3)
 
-    def _leave_alone_on_device(self) -> None:
-        # Another worker count would put CUDA in a forked worker, which
-        # fails inside the training loop ("CUDA error: initialization error").
-        self.state = "left alone"
-        self.reason = "its batches come out already on the GPU: worker processes cannot make them"
-
     def _decide(self, loader, st) -> None:
-        if getattr(st, "batch_on_device", False):
-            self._leave_alone_on_device()
-            return
         measured = [t for t in self.trials if t["status"] == "ok"]
         if not measured:
             return  # a short first epoch: measure the next one too

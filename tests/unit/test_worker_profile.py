@@ -309,6 +309,24 @@ def test_w_key_shows_the_worker_profile_and_help_lists_it():
     asyncio.run(main())
 
 
+def _burst_the_worker_outlives_not(gen: int) -> None:
+    """A burst started in this process by a fetch, with a deadline 30 s off
+    (the worker exits long before); returns once the sampler runs."""
+    from dlwatch.probe import worker
+
+    slots = worker.make_slots(1)
+    row, frow = worker.as_int64_view(slots), worker.as_float64_view(slots)
+    fetch = worker._timed(lambda self, idx: _user_stage(0.005), row, frow, 0)
+    row[worker.BURST_HZ] = 50
+    frow[worker.BURST_END_S] = time.perf_counter() + 30
+    row[worker.BURST_GEN] = gen
+    fetch(None, [0])
+    for _ in range(200):
+        if row[worker.BURST_ACK] == gen:
+            break
+        time.sleep(0.01)
+
+
 def test_a_worker_exiting_mid_burst_reports_the_samplers_cpu_not_the_fetch_threads(tmp_path, monkeypatch):
     """A non-persistent worker exits before the deadline: the multiprocessing
     finalizer writes the result from the worker's main thread, which ran the
@@ -318,20 +336,10 @@ def test_a_worker_exiting_mid_burst_reports_the_samplers_cpu_not_the_fetch_threa
     import os
     from multiprocessing import util
 
-    from dlwatch.probe import worker, worker_sampler
+    from dlwatch.probe import worker_sampler
 
     monkeypatch.setenv("DLWATCH_DIR", str(tmp_path))
-    slots = worker.make_slots(1)
-    row, frow = worker.as_int64_view(slots), worker.as_float64_view(slots)
-    fetch = worker._timed(lambda self, idx: _user_stage(0.005), row, frow, 0)
-    row[worker.BURST_HZ] = 50
-    frow[worker.BURST_END_S] = time.perf_counter() + 30  # the worker exits long before
-    row[worker.BURST_GEN] = 78
-    fetch(None, [0])
-    for _ in range(200):
-        if row[worker.BURST_ACK] == 78:
-            break
-        time.sleep(0.01)
+    _burst_the_worker_outlives_not(78)
     burned0 = time.thread_time()
     _user_stage(0.4)  # this (the "fetch") thread's CPU, not the sampler's
     burned = time.thread_time() - burned0
@@ -354,7 +362,7 @@ def test_the_exit_hook_returns_only_once_the_result_is_written(tmp_path, monkeyp
     import os
     from multiprocessing import util
 
-    from dlwatch.probe import worker, worker_sampler
+    from dlwatch.probe import worker_sampler
 
     monkeypatch.setenv("DLWATCH_DIR", str(tmp_path))
     slow_document = worker_sampler._Sampler.document
@@ -365,16 +373,6 @@ def test_the_exit_hook_returns_only_once_the_result_is_written(tmp_path, monkeyp
         return slow_document(self)
 
     monkeypatch.setattr(worker_sampler._Sampler, "document", document)
-    slots = worker.make_slots(1)
-    row, frow = worker.as_int64_view(slots), worker.as_float64_view(slots)
-    fetch = worker._timed(lambda self, idx: _user_stage(0.005), row, frow, 0)
-    row[worker.BURST_HZ] = 50
-    frow[worker.BURST_END_S] = time.perf_counter() + 30
-    row[worker.BURST_GEN] = 79
-    fetch(None, [0])
-    for _ in range(200):
-        if row[worker.BURST_ACK] == 79:
-            break
-        time.sleep(0.01)
+    _burst_the_worker_outlives_not(79)
     util._run_finalizers(100)
     assert os.path.exists(worker_sampler.result_path(str(tmp_path), 79, os.getpid()))
