@@ -225,10 +225,29 @@ class Publisher:
         t = self._thread
         if t is not None and t.is_alive() and t is not threading.current_thread():
             t.join(timeout=1.0)
+        if t is not None and not t.is_alive():
+            self._greet_latecomers()
         self._last_frame()
         self._control.farewell()
         self._close_sockets()
         self._unlink_own()
+
+    def _greet_latecomers(self) -> None:
+        """At exit, once the thread has stopped: a monitor that connected in
+        the job's last moments (its hello not read yet) still gets the hello
+        and the last frame. Non-blocking, one pass; requests of monitors
+        already greeted are not served now (nothing is started at exit)."""
+        try:
+            sel = self._selector
+            for key, _mask in sel.select(0):
+                if key.data is None:
+                    self._accept()
+            for key, mask in sel.select(0):
+                c = key.data
+                if c is not None and not c.greeted:
+                    self._service(c, mask & selectors.EVENT_READ)
+        except Exception:
+            return
 
     def _last_frame(self) -> None:
         """At exit: one more frame, so that what ended the job (a worker

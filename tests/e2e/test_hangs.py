@@ -250,11 +250,17 @@ def watch_until_exit(p, d: str) -> dict:
 @sync
 async def test_a_worker_killed_by_sigkill_is_named_with_its_signal_rss_and_oom_count():
     """Watched by the live view from start to after the job's end: the exited
-    job keeps the death in the snapshot and on screen."""
-    p, d = start("kill")
+    job keeps the death in the snapshot and on screen. The worker dies once
+    the view shows the job live (its go file): under load the app can take
+    longer to start than the job takes to reach its kill."""
+    d = short_tmpdir()
+    go = os.path.join(d, "go")
+    p, d = start("kill", go, runtime_dir=d)
     try:
         app = DlwatchApp(Monitor(directory=d, window_s=1.0), interval=0.5, runtime_dir=d)
         async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: job_state_cell(app, p.pid) == "live", "the job live", LIMIT_S)
+            Path(go).touch()
             await wait_for(pilot, lambda: job_state_cell(app, p.pid) == "exited", "the job exited", LIMIT_S)
             await wait_for(
                 pilot, lambda: "was killed by SIGKILL" in text_of(app, "#loader-hang"), "the death", 10

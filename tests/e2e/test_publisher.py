@@ -502,6 +502,24 @@ def test_close_removes_the_socket_and_ends_connections(short_tmpdir):
     assert e.value.errno in (errno.ENOENT, errno.ECONNREFUSED)
 
 
+def test_a_monitor_that_connects_as_the_job_exits_gets_the_hello_and_the_last_frame(short_tmpdir):
+    """The job exits before its thread has read a new monitor's hello (a
+    worker died a moment after the monitor connected): the exit still greets
+    it and sends the last frame, which carries what ended the job."""
+    p = Publisher(directory=os.path.join(short_tmpdir, "rt"))
+    p.open()
+    p.start()
+    p._stop.set()  # the thread ends, as the interpreter's exit stops it
+    p._thread.join(5.0)
+    assert not p._thread.is_alive()
+    c = Client(p.path)  # connected and said hello; nobody has read it yet
+    p.close()
+    got = c.until_eof()
+    c.close()
+    assert [m["type"] for m in got][:1] == ["hello"] and got[0]["job"]["pid"] == os.getpid()
+    assert got[-1]["type"] == "window", got
+
+
 def test_close_leaves_a_file_that_is_not_ours(short_tmpdir):
     p = Publisher(directory=os.path.join(short_tmpdir, "rt"))
     p.open()
