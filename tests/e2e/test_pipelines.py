@@ -96,9 +96,11 @@ def _run(cases: dict, tmp: Path) -> dict[str, tuple[dict, list, list]]:
     try:
         for j in jobs.values():
             j.ready()
-        time.sleep(7.0)  # past warm-up (3 s steady), so one-shot hints are judged
+        # Each snapshot watches until its loaders are judged (warm-up and
+        # hold: ~7 s from the first batch), as the live view would.
         for name, j in jobs.items():
-            snaps[name] = snapshot_json(j.dir, "--window", "3")
+            snaps[name] = snapshot_json(j.dir, "--window", "3", "--judge", "20")
+            assert not snaps[name].get("judging"), (name, snaps[name].get("judging"))
         for name, j in jobs.items():
             spans[name] = j.finish()
     finally:
