@@ -62,7 +62,7 @@ def watch(
     pid: int | None,
     until_hint: str | None,
     patience: float,
-    linger: float = 4.0,
+    linger: float = 3.0,
     story: dict | None = None,
 ):
     """Follow the job with the live Monitor (``pid`` None: the only job in
