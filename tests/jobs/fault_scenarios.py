@@ -7,6 +7,7 @@ prints ``ready`` (with facts as JSON) on stdout once its loader produced
 batches, and communicates with the test over stdout only.
 """
 
+import atexit
 import json
 import os
 import sys
@@ -52,9 +53,14 @@ def train(it, n, step_s=0.01):
 
 
 def exit_attached(duration="2.0"):
-    """Train for a while, then fall off the end of the script normally."""
+    """Train for a while, then fall off the end of the script normally.
+    Exit handlers on either side of dlwatch's own (they run last in, first
+    out; dlwatch registers its handler at the first iterator) print the
+    clock before and after dlwatch's part of the exit."""
+    atexit.register(lambda: say("closed", time.perf_counter_ns()))
     dl = loader()
     it = iter(dl)
+    atexit.register(lambda: say("closing", time.perf_counter_ns()))
     train(it, 3)
     say("ready", json.dumps({"pid": os.getpid()}))
     end = time.monotonic() + float(duration)
