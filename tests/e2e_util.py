@@ -44,6 +44,7 @@ class Job:
         self.workdir = short_tmpdir("dlwout")
         self.out = os.path.join(self.workdir, "out.json")
         self.trace_dir = os.path.join(self.workdir, "trace")
+        self.stop_file = os.path.join(self.workdir, "stop")
         os.mkdir(self.trace_dir)
         e = dict(os.environ)
         e["DLWATCH_DIR"] = self.dir
@@ -53,7 +54,8 @@ class Job:
         e.update(env or {})
         self.env = e
         self.proc = subprocess.Popen(
-            [sys.executable, str(JOB), "--out", self.out, "--trace-dir", self.trace_dir, *args],
+            [sys.executable, str(JOB), "--out", self.out, "--trace-dir", self.trace_dir]
+            + ["--stop-file", self.stop_file, *args],
             env=e,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -86,6 +88,10 @@ class Job:
                 raise AssertionError("job never produced a batch")
             time.sleep(0.05)
         time.sleep(settle)
+
+    def stop(self) -> None:
+        """End the run after its current batch (no need to train to --duration)."""
+        open(self.stop_file, "w").close()
 
     def finish(self, timeout: float = 60.0) -> dict:
         out, err = self.proc.communicate(timeout=timeout)
@@ -151,6 +157,34 @@ def snapshot_json(runtime_dir: str, *extra: str) -> dict:
     r = dlwatch("snapshot", "--json", *extra, runtime_dir=runtime_dir)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
+
+
+def snapshots_json(runtime_dirs: dict, *extra: str, timeout: float = 60.0) -> dict:
+    """``dlwatch snapshot --json`` of each runtime dir, taken at the same time:
+    each snapshot watches its jobs from scratch until they are judged, so
+    one after the other they would take that warm-up once each."""
+    procs = {
+        key: subprocess.Popen(
+            [sys.executable, "-m", "dlwatch", "snapshot", "--json", *extra],
+            env=dict(os.environ, DLWATCH_DIR=d),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for key, d in runtime_dirs.items()
+    }
+    out = {}
+    try:
+        for key, p in procs.items():
+            stdout, stderr = p.communicate(timeout=timeout)
+            assert p.returncode == 0, (key, stderr)
+            out[key] = json.loads(stdout)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return out
 
 
 def overlap(a: int, b: int, s: int, e: int) -> int:

@@ -1,7 +1,7 @@
 """Each framework's own training loop, with the real package: the data wait
 dlwatch reports against the wait the framework's loop sees (measured in its
 callbacks/hooks), the workers found, the hints, and the user's dataset named
-beneath the framework's wrappers. One job per framework (their imports are slow).
+beneath the framework's wrappers. One job per framework, all side by side.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_interpreter import Proc, job_in
-from tests.e2e_util import snapshot_json, truth_in_window
+from tests.e2e_util import snapshots_json, truth_in_window
 
 pytestmark = pytest.mark.timing
 
@@ -23,30 +23,57 @@ JOBS = Path(__file__).resolve().parent.parent / "jobs" / "framework_jobs.py"
 WAIT_TOLERANCE = 0.03
 
 
-def _run(name: str, tmp: Path, settle_s: float = 3.0) -> tuple[dict, dict, dict, dict]:
-    """Run one framework job; snapshot it ``settle_s`` after its first batch.
-    Returns (ready info, the job's loader in the snapshot, the snapshot's
-    hints on it, the job's own measurements)."""
-    out, stop = tmp / "spans.json", tmp / "stop"
-    # It trains until the snapshot is taken (at most 5 minutes).
-    job = Proc(JOBS, name, str(out), env={"TRAIN_S": "300", "STOP_FILE": str(stop)})
+def _has(mod: str) -> bool:
+    return importlib.util.find_spec(mod) is not None
+
+
+# Each framework job and the package it needs; the installed ones run side by
+# side (their workers sleep: the loops leave the cores to each other).
+FRAMEWORKS = {
+    "lightning": "lightning",
+    "hf": "transformers",
+    "accelerate": "accelerate",
+    "stateful": "torchdata",
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, tuple[dict, dict, list, dict]]:
+    """Every installed framework's job, snapshotted ``SETTLE_S`` after the
+    last one's first batch, the snapshots taken side by side. For each:
+    (ready info, the job's loader in the snapshot, the snapshot's hints on
+    it, the job's own measurements)."""
+    tmp = tmp_path_factory.mktemp("frameworks")
+    names = [n for n, mod in FRAMEWORKS.items() if _has(mod)]
+    stop = tmp / "stop"
+    # They train until the snapshots are taken (at most 5 minutes).
+    env = {"TRAIN_S": "300", "STOP_FILE": str(stop)}
+    jobs = {n: Proc(JOBS, n, str(tmp / f"{n}.json"), env=env) for n in names}
     try:
-        info = job.json_line("ready", timeout=180)
-        time.sleep(settle_s)
-        snap = snapshot_json(job.dir, "--window", "2")
+        infos = {n: job.json_line("ready", timeout=180) for n, job in jobs.items()}
+        time.sleep(SETTLE_S)
+        snaps = snapshots_json({n: job.dir for n, job in jobs.items()}, "--window", "2")
         stop.touch()
-        rc, stdout, err = job.finish(timeout=120)
-        assert rc == 0, err[-3000:]
-        assert "fit-done" in stdout
-        own = json.loads(out.read_text())
+        for n, job in jobs.items():
+            rc, stdout, err = job.finish(timeout=120)
+            assert rc == 0, (n, err[-3000:])
+            assert "fit-done" in stdout, n
+        owns = {n: json.loads((tmp / f"{n}.json").read_text()) for n in names}
     finally:
-        job.cleanup()
-    j = job_in(snap, job.pid)
-    train = [ld for ld in j["loaders"] if ld["num_workers"] == 2 and ld.get("active")]
-    assert len(train) == 1, j["loaders"]
-    ld = train[0]
-    hints = [h for h in snap["hints"] if h["job_pid"] == job.pid and h["loader_id"] == ld["id"]]
-    return info, ld, hints, own
+        for job in jobs.values():
+            job.cleanup()
+    out = {}
+    for n, job in jobs.items():
+        j = job_in(snaps[n], job.pid)
+        train = [ld for ld in j["loaders"] if ld["num_workers"] == 2 and ld.get("active")]
+        assert len(train) == 1, (n, j["loaders"])
+        ld = train[0]
+        hints = [h for h in snaps[n]["hints"] if h["job_pid"] == job.pid and h["loader_id"] == ld["id"]]
+        out[n] = (infos[n], ld, hints, owns[n])
+    return out
+
+
+SETTLE_S = 3.0
 
 
 def _check(ld: dict, hints: list[dict], own: dict, dataset: str, batch_ms: float = 48) -> None:
@@ -68,13 +95,9 @@ def _check(ld: dict, hints: list[dict], own: dict, dataset: str, batch_ms: float
     assert all(w["fetch_ms_p50"] == pytest.approx(batch_ms, rel=0.25) for w in ld["workers"]), ld["workers"]
 
 
-def _has(mod: str) -> bool:
-    return importlib.util.find_spec(mod) is not None
-
-
 @pytest.mark.skipif(not _has("lightning"), reason="lightning not installed (the test extra has it)")
-def test_lightning_trainer_fit_with_a_datamodule(tmp_path):
-    _, ld, hints, own = _run("lightning", tmp_path)
+def test_lightning_trainer_fit_with_a_datamodule(runs):
+    _, ld, hints, own = runs["lightning"]
     _check(ld, hints, own, "SleepyVectors")
     # In Lightning's terms: its fit loop's loader, advice about the DataModule's.
     assert (ld["framework"], ld["role"]) == ("lightning", "train")
@@ -82,8 +105,8 @@ def test_lightning_trainer_fit_with_a_datamodule(tmp_path):
 
 
 @pytest.mark.skipif(not _has("transformers"), reason="transformers not installed (the test extra has it)")
-def test_transformers_trainer_with_a_tokenizing_collate(tmp_path):
-    _, ld, hints, own = _run("hf", tmp_path)
+def test_transformers_trainer_with_a_tokenizing_collate(runs):
+    _, ld, hints, own = runs["hf"]
     _check(ld, hints, own, "SleepyText", batch_ms=96)
     # In the Trainer's terms: its training loop's loader, its TrainingArguments knob.
     assert (ld["framework"], ld["role"]) == ("transformers", "train")
@@ -91,8 +114,8 @@ def test_transformers_trainer_with_a_tokenizing_collate(tmp_path):
 
 
 @pytest.mark.skipif(not _has("accelerate"), reason="accelerate not installed (the test extra has it)")
-def test_accelerate_prepared_loader_wait_matches_the_loop(tmp_path):
-    info, ld, hints, own = _run("accelerate", tmp_path)
+def test_accelerate_prepared_loader_wait_matches_the_loop(runs):
+    info, ld, hints, own = runs["accelerate"]
     assert info["loader_type"] == "DataLoaderShard"
     _check(ld, hints, own, "SleepyVectors")
     assert ld["framework"] == "accelerate"
@@ -100,8 +123,8 @@ def test_accelerate_prepared_loader_wait_matches_the_loop(tmp_path):
 
 
 @pytest.mark.skipif(not _has("torchdata"), reason="torchdata not installed (the test extra has it)")
-def test_stateful_dataloader_resumed_from_its_state_dict(tmp_path):
-    _, ld, hints, own = _run("stateful", tmp_path)
+def test_stateful_dataloader_resumed_from_its_state_dict(runs):
+    _, ld, hints, own = runs["stateful"]
     facts = own["facts"]
     # torchdata resumed where the state was taken; dlwatch counts the resumed
     # loader's own batches only (its fast-forward is not the loop's).

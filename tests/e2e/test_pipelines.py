@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e_util import short_tmpdir, snapshot_json, truth_in_window
+from tests.e2e_util import short_tmpdir, snapshots_json, truth_in_window
 
 pytestmark = pytest.mark.timing
 
@@ -97,9 +97,10 @@ def _run(cases: dict, tmp: Path) -> dict[str, tuple[dict, list, list]]:
         for j in jobs.values():
             j.ready()
         # Each snapshot watches until its loaders are judged (warm-up and
-        # hold: ~7 s from the first batch), as the live view would.
-        for name, j in jobs.items():
-            snaps[name] = snapshot_json(j.dir, "--window", "3", "--judge", "20")
+        # hold: ~7 s from the first batch), as the live view would; the
+        # jobs' snapshots are taken side by side.
+        snaps = snapshots_json({name: j.dir for name, j in jobs.items()}, "--window", "3", "--judge", "20")
+        for name in jobs:
             assert not snaps[name].get("judging"), (name, snaps[name].get("judging"))
         for name, j in jobs.items():
             spans[name] = j.finish()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_interpreter import Proc, job_in
-from tests.e2e_util import snapshot_json, truth_in_window
+from tests.e2e_util import snapshot_json, snapshots_json, truth_in_window
 
 pytestmark = pytest.mark.timing
 
@@ -39,7 +39,7 @@ def test_thread_fed_and_iterable_loaders(tmp_path):
     """Four jobs side by side (their datasets sleep: they do not compete for
     the CPU much), one snapshot of each after a few seconds of steady state."""
     modes = ("thread", "unsharded", "sharded", "duplicated")
-    # They train until the four snapshots, taken one after the other, are done.
+    # They train until the four snapshots, taken side by side, are done.
     stop = tmp_path / "stop"
     jobs = {m: _start(m, tmp_path / f"{m}.json", "--train-s", "300", "--stop-file", str(stop)) for m in modes}
     snaps = {}
@@ -47,8 +47,7 @@ def test_thread_fed_and_iterable_loaders(tmp_path):
         for m in modes:
             jobs[m].json_line("ready", timeout=120)
         time.sleep(3.5)
-        for m in modes:
-            snaps[m] = snapshot_json(jobs[m].dir, "--window", "2")
+        snaps = snapshots_json({m: jobs[m].dir for m in modes}, "--window", "2")
         stop.touch()
         own = {m: _finish(jobs[m], tmp_path / f"{m}.json") for m in modes}
     finally:
