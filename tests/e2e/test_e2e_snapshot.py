@@ -54,6 +54,7 @@ def test_snapshot_matches_the_loops_own_measurement(name, args, settle, busy):
     try:
         job.wait_ready(settle)
         snap = snapshot_json(job.dir, "--window", "2", "--judge", "0")
+        job.stop()
         result = job.finish()
     finally:
         job.cleanup()
@@ -92,6 +93,7 @@ def test_persistent_workers_over_several_epochs():
     try:
         job.wait_ready(4.0)
         snap = snapshot_json(job.dir, "--window", "2", "--judge", "0")
+        job.stop()
         result = job.finish()
     finally:
         job.cleanup()
@@ -114,6 +116,7 @@ def test_train_and_val_loaders_are_told_apart():
     try:
         job.wait_ready(3.5)
         snap = snapshot_json(job.dir, "--window", "2", "--judge", "0")
+        job.stop()
         job.finish()
     finally:
         job.cleanup()
@@ -131,6 +134,7 @@ def test_torchdata_stateful_dataloader_is_instrumented():
     try:
         job.wait_ready(2.5)
         snap = snapshot_json(job.dir, "--window", "2", "--judge", "0")
+        job.stop()
         result = job.finish()
     finally:
         job.cleanup()
@@ -189,6 +193,7 @@ def test_follow_streams_json_lines_until_count_a_closed_pipe_or_ctrl_c():
         rest, err = p.communicate(timeout=15)
         assert p.returncode == 0 and err == "", err
         assert all(json.loads(line) for line in [first, *rest.splitlines()])
+        job.stop()
         result = job.finish()
     finally:
         job.cleanup()

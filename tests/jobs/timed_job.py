@@ -151,6 +151,9 @@ def run_epoch(loader, rec, a, step_ms, deadline, digest, log=None):
             break
         if time.monotonic() > deadline[0]:
             break
+        if a.stop_file and os.path.exists(a.stop_file):
+            deadline[0] = 0.0  # the run is over: no later epoch either
+            break
     rec["epoch"] += 1
     del it
 
@@ -180,6 +183,7 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--trace-dir", help="log every train sample's span per worker PID here")
     p.add_argument("--batch-log", help="append each train batch's (epoch, t0, t1) here as it happens")
+    p.add_argument("--stop-file", help="end the run after the batch during which this file appears")
     a = p.parse_args()
 
     deadline = [None]
