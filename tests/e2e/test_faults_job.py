@@ -52,7 +52,7 @@ from tests.e2e_util import Job
 HERE = Path(__file__).resolve().parent.parent
 MONITOR = HERE / "jobs" / "fault_monitor.py"
 
-N_BATCHES = 1600
+N_BATCHES = 1450
 STEP_MS = 20
 JOB_ARGS = [
     "--workers",
