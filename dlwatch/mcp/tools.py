@@ -27,13 +27,15 @@ from dlwatch import rundir, wire
 from dlwatch.collect.control import ProfileError, request_profile, request_worker_profile
 from dlwatch.collect.hang import gather_stacks
 from dlwatch.collect.listing import list_jobs
-from dlwatch.collect.monitor import DEFAULT_WINDOW_S, take_snapshot
+from dlwatch.collect.monitor import DEFAULT_WINDOW_S, JUDGE_S, take_snapshot
 from dlwatch.record.fileformat import compact
 from dlwatch.snapshot import records, severity_rank
 
 # Jobs keep about two minutes of frames (collect/jobs.py MAX_FRAMES at 10 a
 # second): a longer window would cover less than it says.
 MAX_WINDOW_S = 120.0
+# As `dlwatch snapshot --judge`: a warm-up longer than this is the live view's to watch.
+MAX_JUDGE_S = 120.0
 # A tune call from an agent: shorter than the CLI's defaults (20 s trials, 8
 # of them), so that one call ends in minutes, not a quarter of an hour.
 TUNE_TRIAL_S = 10.0
@@ -86,11 +88,15 @@ class Tools:
             )
         return doc
 
-    def snapshot(self, pid: int | None = None, window_seconds: float = DEFAULT_WINDOW_S) -> dict[str, Any]:
-        return self._measure(pid, window_seconds)
+    def snapshot(
+        self, pid: int | None = None, window_seconds: float = DEFAULT_WINDOW_S, judge_seconds: float = JUDGE_S
+    ) -> dict[str, Any]:
+        return self._measure(pid, window_seconds, judge_seconds)
 
-    def hints(self, pid: int | None = None, window_seconds: float = DEFAULT_WINDOW_S) -> dict[str, Any]:
-        snap = self._measure(pid, window_seconds)
+    def hints(
+        self, pid: int | None = None, window_seconds: float = DEFAULT_WINDOW_S, judge_seconds: float = JUDGE_S
+    ) -> dict[str, Any]:
+        snap = self._measure(pid, window_seconds, judge_seconds)
         hints = sorted(records(snap.get("hints")), key=lambda h: severity_rank(h.get("severity")))
         if pid is not None:
             hints = [h for h in hints if h.get("job_pid") in (pid, None)]
@@ -111,7 +117,8 @@ class Tools:
         elif judging:
             doc["note"] = (
                 f"not judged yet: watched {snap.get('judged_s')} s, and the figures of "
-                f"{len(judging)} loader(s) are still settling (see judging); ask again in a few seconds"
+                f"{len(judging)} loader(s) are still settling (see judging); ask again with a longer "
+                "judge_seconds (each call watches from scratch)"
             )
         elif not hints:
             doc["note"] = "no hints: nothing in the input pipeline needs attention"
@@ -203,7 +210,7 @@ class Tools:
         if problem:
             raise ToolFailure(problem)
 
-    def _measure(self, pid: int | None, window_s: float) -> dict[str, Any]:
+    def _measure(self, pid: int | None, window_s: float, judge_s: float = JUDGE_S) -> dict[str, Any]:
         """One measurement, as ``dlwatch snapshot --json [--pid]`` takes it,
         in JSON's types and as a recording stores it (``compact``: without the
         120-point history series, which would fill the agent's context)."""
@@ -211,6 +218,8 @@ class Tools:
             _check_pid(pid)
         if not 0 < window_s <= MAX_WINDOW_S:
             raise ToolFailure(f"window_seconds must be in (0, {MAX_WINDOW_S:g}]")
+        if not 0 <= judge_s <= MAX_JUDGE_S:
+            raise ToolFailure(f"judge_seconds must be in [0, {MAX_JUDGE_S:g}]")
         self._usable_dir()
         directory = self.directory or rundir.runtime_dir()
         missing = ToolFailure(
@@ -218,7 +227,7 @@ class Tools:
         )
         if pid is not None and not os.path.exists(_socket_path(directory, pid)):
             raise missing  # (without measuring the host for a second first)
-        snap = dict(take_snapshot(window_s=window_s, directory=self.directory, only_pid=pid))
+        snap = dict(take_snapshot(window_s=window_s, directory=self.directory, only_pid=pid, judge_s=judge_s))
         if snap.get("runtime_dir_error"):
             raise ToolFailure(snap["runtime_dir_error"])
         if pid is not None and not snap["jobs"]:
@@ -263,7 +272,11 @@ def _check_pid(pid: int) -> None:
         raise ToolFailure(f"pid must be a process id (a positive integer), not {pid!r}")
 
 
-_COST_SNAPSHOT = "Cost: about 1 s; reads the job's own stream and /proc, asks the job for nothing."
+_COST_SNAPSHOT = (
+    "It watches until the hints are judged as the live view judges them (a condition shows once it "
+    "held 3 s), at most `judge_seconds` (default 7, at most 120; 0: one measurement, no judging). "
+    "Cost: 1-8 s; reads the job's own stream and /proc, asks the job for nothing."
+)
 
 TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(

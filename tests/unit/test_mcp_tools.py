@@ -72,6 +72,10 @@ def test_bounds_are_checked_before_anything_is_asked(empty_dir):
     for w in (0.0, -1.0, T.MAX_WINDOW_S + 1):
         with pytest.raises(T.ToolFailure, match="window_seconds must be in"):
             empty_dir.snapshot(window_seconds=w)
+    for j in (-1.0, T.MAX_JUDGE_S + 1):
+        for tool in (empty_dir.snapshot, empty_dir.hints):
+            with pytest.raises(T.ToolFailure, match="judge_seconds must be in"):
+                tool(judge_seconds=j)
     # A burst's bounds are control.py's (the CLI's), checked before the job is looked for.
     with pytest.raises(T.ToolFailure, match="--steps must be 1..200"):
         empty_dir.profile(pid=NO_SUCH_PID, steps=10_000)
@@ -211,10 +215,12 @@ def test_hints_while_a_loader_is_judging_say_so_rather_than_nothing_to_fix(empty
             {"job_pid": 12, "loader_id": 0, "judging_s": 5.0, "reason": "3 of the 20 batches"},
         ],
     }
-    monkeypatch.setattr(empty_dir, "_measure", lambda pid, window_s: snap)
+    monkeypatch.setattr(empty_dir, "_measure", lambda pid, window_s, judge_s: snap)
     doc = empty_dir.hints(pid=11)
     assert doc["judged_s"] == 7.1 and [j["job_pid"] for j in doc["judging"]] == [11]
     assert doc["note"].startswith("not judged yet: watched 7.1 s") and "nothing" not in doc["note"]
+    # Asking the same again watches from scratch: the way on is a longer watch.
+    assert "longer judge_seconds" in doc["note"]
     snap["judging"] = []
     doc = empty_dir.hints(pid=11)
     assert "judging" not in doc and doc["note"].startswith("no hints: nothing")
