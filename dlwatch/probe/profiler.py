@@ -44,8 +44,8 @@ TRACE_BYTES_PER_EVENT = 400
 MAX_RSS_GROWTH = 512 << 20
 ARMED, RUNNING, PROCESSING, DONE = "armed", "running", "processing", "done"
 # The loop's own pace and data wait, judged on steps the profiler does not
-# slow: a window of plain steps just before the profiled ones and one just
-# after. The profiler stretched a resnet's step 34 -> 45 ms and its wait fell
+# slow: a window of plain steps just before the profiled ones and one after
+# (once the events are read: see Burst._after). The profiler stretched a resnet's step 34 -> 45 ms and its wait fell
 # from 49-59 % to under 30 %; a 10-step burst of a 12-worker loader fit in
 # one wave of prefetched batches and read "0 % waiting". So each window lasts
 # at least this long and this many waves of the batches the workers keep in
@@ -132,6 +132,11 @@ class Burst:
         self.cpu_ns = 0  # the training thread's CPU time over the profiled steps
         self._cpu0 = 0
         self._after_done = threading.Event()
+        # Set once the burst's own thread has read the events and written the
+        # trace: the plain window after the burst opens at the loop's next
+        # batch from then on (processed_ns says when).
+        self._processed = False
+        self.processed_ns: int | None = None
 
     # --- publisher thread ---------------------------------------------------------
 
@@ -236,11 +241,11 @@ class Burst:
                 return None
             if self.steps_done >= self.steps:
                 self._stop()
-                return self._after_window()
+                return None
             if t0 >= self.deadline_ns:
                 self.stop_note = f"stopped at the {self.max_s:g} s bound after {self.steps_done} steps"
                 self._stop()
-                return self._after_window()
+                return None
             grown = _rss_bytes() - self._rss0
             if self._rss0 and grown > MAX_RSS_GROWTH:
                 self.stop_note = (
@@ -248,7 +253,7 @@ class Burst:
                     f"{grown >> 20} MiB (cap {MAX_RSS_GROWTH >> 20} MiB)"
                 )
                 self._stop()
-                return self._after_window()
+                return None
             self._prof.step()
             return self
         except Exception as e:  # whatever torch does, the loop goes on
@@ -275,15 +280,20 @@ class Burst:
         w.close(t0)
         return self._begin(t0)
 
-    def _after_window(self):
-        """The plain window that a stop opened, for the stopping call's wait."""
-        w = self.after
-        return w if self.state == PROCESSING and w.t0 is not None and w.t1 is None else None
-
     def _after(self, t0: int):
+        """The plain steps after the burst, once its events are read: while
+        the burst's own thread turns them into rows and writes the trace it
+        holds the GIL for most of a second or more, and a window that ran
+        meanwhile read our work as the loop's (an H100's MLP at batch 1
+        measured its main thread 70 % busy, a launch loop 40 %)."""
         w = self.after
-        if w.t0 is None or w.t1 is not None or threading.get_ident() != self._tid:
+        if w.t1 is not None or threading.get_ident() != self._tid:
             return None
+        if w.t0 is None:
+            if not self._processed:
+                return None
+            w.open(t0)
+            return w
         w.steps += 1
         if w.long_enough(t0, self.in_flight) or t0 - w.t0 >= AROUND_MAX_S * 1e9:
             w.close(t0)
@@ -351,10 +361,8 @@ class Burst:
             self._uninstall()
             self._finish(error="cancelled")
             return
-        # The plain window after the burst starts once the profiler has
-        # stopped (stopping takes the training thread up to seconds); the
-        # wrapper stays until it is long enough.
-        self.after.open(_clock())
+        # The plain window after the burst starts once the events are read
+        # (_process); the wrapper stays until that window is long enough.
         self.state = PROCESSING
         threading.Thread(target=self._process, args=(prof,), name="dlwatch-profile", daemon=True).start()
 
@@ -388,9 +396,12 @@ class Burst:
             error = str(e)
         except Exception as e:
             error = f"could not read the profile: {type(e).__name__}: {_short(e)}"
-        # The window after the burst: as long as it takes, within its bound (a
-        # loop that left this loader ends it here, as far as it got); a burst
-        # that failed ends it now. Either way the wrapper goes before the result.
+        # The window after the burst opens at the loop's next batch and runs as
+        # long as it takes, within its bound (a loop that left this loader ends
+        # it here, as far as it got); a burst that failed ends it now. Either
+        # way the wrapper goes before the result.
+        self.processed_ns = _clock()
+        self._processed = True
         if error is not None or not self._after_done.wait(AROUND_MAX_S + 1.0):
             self.after.close(_clock(), on_loop_thread=False)
             self._uninstall()

@@ -58,6 +58,31 @@ def test_cuda_job_with_and_without_pinned_memory(pin):
     assert "enable-pin-memory" not in ids, snap["hints"]
 
 
+def test_stacks_name_the_pin_memory_thread_of_a_cuda_job():
+    # CPU torch starts no pin-memory thread, so only a GPU shows that
+    # `dlwatch stacks` lists it (read in-process: no py-spy, no ptrace) and
+    # gives it a line of its own beside the main thread.
+    from dlwatch.diagnose.hang import is_pin_thread, summarize
+
+    job = Job("--cuda", "--pin-memory", "--start-method", "fork", "--duration", "60")
+    try:
+        job.wait_ready(1.0)
+        r = dlwatch("stacks", "--pid", str(job.proc.pid), "--json", "--no-py-spy", runtime_dir=job.dir)
+        job.stop()
+        job.finish()
+    finally:
+        job.cleanup()
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    trainer = [p for p in doc["processes"] if p.get("role") == "trainer"]
+    assert trainer, doc
+    pins = [t for t in trainer[0]["threads"] if is_pin_thread(t)]
+    assert len(pins) == 1, [t.get("name") for t in trainer[0]["threads"]]
+    lines = [s["line"] for s in summarize(doc) if s["thread"] == pins[0].get("name")]
+    assert lines and "thread" in lines[0], summarize(doc)
+    print(lines[0])
+
+
 TINY = Path(__file__).resolve().parents[1] / "jobs" / "tiny_ops_job.py"
 
 
