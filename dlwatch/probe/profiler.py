@@ -45,9 +45,10 @@ MAX_RSS_GROWTH = 512 << 20
 ARMED, RUNNING, PROCESSING, DONE = "armed", "running", "processing", "done"
 # The loop's own pace and data wait, judged on steps the profiler does not
 # slow: a window of plain steps just before the profiled ones and one after
-# (once the events are read: see Burst._after). The profiler stretched a resnet's step 34 -> 45 ms and its wait fell
-# from 49-59 % to under 30 %; a 10-step burst of a 12-worker loader fit in
-# one wave of prefetched batches and read "0 % waiting". So each window lasts
+# (once the events are read: see Burst._after). The profiler stretched a
+# resnet's step 34 -> 45 ms and its wait fell from 49-59 % to under 30 %; a
+# 10-step burst of a 12-worker loader fit in one wave of prefetched batches
+# and read "0 % waiting". So each window lasts
 # at least this long and this many waves of the batches the workers keep in
 # flight (num_workers x prefetch_factor) ...
 AROUND_MIN_S = 1.0
