@@ -69,7 +69,10 @@ def verdict(fig: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
         cuda = None
         blind = "; the profiler recorded no CUDA kernel or launch, so the GPU's side is not judged"
     per_step = f"over {steps} steps of {step_ms:.1f} ms"
-    wait, main_cpu, plain = _loop_figures(fig)
+    wait, main_cpu, autograd_cpu, plain = _loop_figures(fig)
+    # The host's share: the training thread's, and on CUDA autograd's device
+    # threads', which launch the backward pass while the training thread waits.
+    host_cpu = main_cpu + autograd_cpu if main_cpu is not None and autograd_cpu is not None else main_cpu
     where = plain or per_step
     around = f" ({plain})" if plain else ""
 
@@ -109,7 +112,7 @@ def verdict(fig: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
             and median <= SHORT_KERNEL_US
             and host_per_kernel is not None
             and host_per_kernel <= LAUNCH_HOST_US_PER_KERNEL
-            and (main_cpu is None or main_cpu >= MAIN_THREAD_BUSY)
+            and (host_cpu is None or host_cpu >= MAIN_THREAD_BUSY)
         )
         launching = launch is not None and launch >= LAUNCH_CPU_FRACTION
         if idle is not None and (many_short or launching or few_tiny):
@@ -123,7 +126,12 @@ def verdict(fig: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
                 if launch is not None
                 else ""
             )
-            if main_cpu is not None:
+            if host_cpu is not None and autograd_cpu is not None:
+                spent += (
+                    f"; the main thread and autograd's backward thread are {percent(host_cpu)} busy "
+                    f"between them ({percent(autograd_cpu)} backward)"
+                )
+            elif main_cpu is not None:
                 spent += f"; the main thread is {percent(main_cpu)} busy"
             return (
                 "launch-bound",
@@ -166,19 +174,29 @@ def verdict(fig: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
     )
 
 
-def _loop_figures(fig: dict[str, Any]) -> tuple[float, float | None, str | None]:
-    """(data wait, main thread's CPU share, where they come from): the plain
-    steps around the burst when there are enough of them (the third item
-    says so), else the profiled steps (None), which the profiler slows:
-    their wait share reads low."""
+def _loop_figures(fig: dict[str, Any]) -> tuple[float, float | None, float | None, str | None]:
+    """(data wait, main thread's CPU share, autograd's device threads' CPU
+    share, where they come from): the plain steps around the burst when there
+    are enough of them (the last item says so), else the profiled steps
+    (None), which the profiler slows: their wait share reads low."""
     plain = as_dict(fig.get("unprofiled"))
     n = as_int(plain.get("steps")) or 0
     wait = num(plain.get("data_wait_fraction"))
     if n >= UNPROFILED_MIN_STEPS and wait is not None:
         secs = num(plain.get("seconds"))
         span = f" over {secs:.1f} s" if secs is not None else ""
-        return wait, num(plain.get("main_thread_cpu_fraction")), f"{n} plain steps around the burst{span}"
-    return num(fig.get("data_wait_fraction")) or 0.0, num(fig.get("main_thread_cpu_fraction")), None
+        return (
+            wait,
+            num(plain.get("main_thread_cpu_fraction")),
+            num(plain.get("autograd_cpu_fraction")),
+            f"{n} plain steps around the burst{span}",
+        )
+    return (
+        num(fig.get("data_wait_fraction")) or 0.0,
+        num(fig.get("main_thread_cpu_fraction")),
+        num(fig.get("autograd_cpu_fraction")),
+        None,
+    )
 
 
 def _top_share(top: list[dict[str, Any]], step_ms: float, steps: int) -> str:
@@ -204,6 +222,7 @@ def summary(pid: int, result: dict[str, Any] | None, error: str | None) -> dict[
         "step_ms_mean": num(fig.get("step_ms_mean")),
         "data_wait_fraction": num(fig.get("data_wait_fraction")),
         "main_thread_cpu_fraction": num(fig.get("main_thread_cpu_fraction")),
+        "autograd_cpu_fraction": num(fig.get("autograd_cpu_fraction")),
         "unprofiled": as_dict(fig.get("unprofiled")) or None,
         "verdict": v,
         "reason": reason,

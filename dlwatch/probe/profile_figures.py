@@ -177,6 +177,9 @@ def unprofiled(windows: list[dict], in_flight: int) -> dict | None:
     wait = sum(w["wait_ns"] for w in used)
     cpu_known = [w for w in used if w.get("cpu_ns") is not None]
     cpu_wall = sum(w["wall_ns"] for w in cpu_known)
+    # autograd's device threads, read over the same windows as the training thread
+    ag_known = [w for w in cpu_known if w.get("autograd_cpu_ns") is not None]
+    ag_wall = sum(w["wall_ns"] for w in ag_known)
     return {
         "steps": steps,
         "seconds": round(wall / 1e9, 3),
@@ -184,6 +187,9 @@ def unprofiled(windows: list[dict], in_flight: int) -> dict | None:
         "data_wait_fraction": round(wait / wall, 4),
         "main_thread_cpu_fraction": round(sum(w["cpu_ns"] for w in cpu_known) / cpu_wall, 4)
         if cpu_wall > 0
+        else None,
+        "autograd_cpu_fraction": round(sum(w["autograd_cpu_ns"] for w in ag_known) / ag_wall, 4)
+        if ag_wall > 0
         else None,
         "batches_in_flight": in_flight,
         "windows": len(used),

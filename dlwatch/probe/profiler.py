@@ -31,7 +31,7 @@ from time import perf_counter_ns as _clock
 from typing import Any
 
 from dlwatch import wire
-from dlwatch.probe import loop_follow, profile_events, profile_figures
+from dlwatch.probe import autograd_threads, loop_follow, profile_events, profile_figures
 
 TARGET_MODULE = "torch.utils.data.dataloader"
 # The trace file is at most this big. Kineto writes ~260 bytes per CPU event
@@ -132,6 +132,11 @@ class Burst:
         self.after = _Window()
         self.cpu_ns = 0  # the training thread's CPU time over the profiled steps
         self._cpu0 = 0
+        # On CUDA the backward pass runs on autograd's device threads while the
+        # training thread waits (autograd_threads.py): their CPU time too.
+        self.autograd: tuple[int, ...] = autograd_threads.find()
+        self.autograd_ns: int | None = None
+        self._ag0: dict[int, int] = {}
         self._after_done = threading.Event()
         # Set once the burst's own thread has read the events and written the
         # trace: the plain window after the burst opens at the loop's next
@@ -269,7 +274,7 @@ class Burst:
             if t0 > self.deadline_ns:
                 return self._begin(t0)  # says why nothing was profiled
             self._tid = threading.get_ident()
-            w.open(t0)
+            w.open(t0, self.autograd)
             return w
         if threading.get_ident() != self._tid:
             return None
@@ -293,7 +298,7 @@ class Burst:
         if w.t0 is None:
             if not self._processed:
                 return None
-            w.open(t0)
+            w.open(t0, self.autograd)
             return w
         w.steps += 1
         if w.long_enough(t0, self.in_flight) or t0 - w.t0 >= AROUND_MAX_S * 1e9:
@@ -323,6 +328,7 @@ class Burst:
             # initialises Kineto: up to seconds, and none of it the loop's).
             self.bounds = [_clock()]
             self._cpu0 = time.thread_time_ns()
+            self._ag0 = autograd_threads.cpu_ns(self.autograd)
             self.state = RUNNING
             return self
 
@@ -351,6 +357,8 @@ class Burst:
 
     def _stop(self, discard: bool = False) -> None:
         self.cpu_ns = time.thread_time_ns() - self._cpu0
+        if self.autograd:
+            self.autograd_ns = autograd_threads.spent(self._ag0, autograd_threads.cpu_ns(self.autograd))
         prof, self._prof = self._prof, None
         try:
             prof.stop()
@@ -392,6 +400,8 @@ class Burst:
             result = profile_figures.summarize(rows, step_ns, self.wait_ns, self.cuda)
             total = sum(step_ns)
             result["main_thread_cpu_fraction"] = round(self.cpu_ns / total, 4) if total > 0 else None
+            ag = self.autograd_ns
+            result["autograd_cpu_fraction"] = round(ag / total, 4) if ag is not None and total > 0 else None
             result.update(self._write_trace(prof, rows))
         except profile_events.Unsupported as e:
             error = str(e)
@@ -401,6 +411,7 @@ class Burst:
         # long as it takes, within its bound (a loop that left this loader ends
         # it here, as far as it got); a burst that failed ends it now. Either
         # way the wrapper goes before the result.
+        self.autograd = autograd_threads.find()  # a device's first backward may have come since
         self.processed_ns = _clock()
         self._processed = True
         if error is not None or not self._after_done.wait(AROUND_MAX_S + 1.0):
@@ -484,7 +495,7 @@ class _Window:
     """Plain (unprofiled) steps of the target loader, on the burst's clock
     and the training thread's CPU clock."""
 
-    __slots__ = ("t0", "t1", "steps", "wait_ns", "cpu0", "cpu_ns")
+    __slots__ = ("t0", "t1", "steps", "wait_ns", "cpu0", "cpu_ns", "autograd", "ag0", "autograd_ns")
 
     def __init__(self) -> None:
         self.t0: int | None = None
@@ -493,10 +504,15 @@ class _Window:
         self.wait_ns = 0
         self.cpu0 = 0
         self.cpu_ns: int | None = 0
+        self.autograd: tuple[int, ...] = ()
+        self.ag0: dict[int, int] = {}
+        self.autograd_ns: int | None = None
 
-    def open(self, t0: int) -> None:
+    def open(self, t0: int, autograd: tuple[int, ...] = ()) -> None:
         self.t0 = t0
         self.cpu0 = time.thread_time_ns()
+        self.autograd = autograd
+        self.ag0 = autograd_threads.cpu_ns(autograd)
 
     def close(self, t1: int, on_loop_thread: bool = True) -> None:
         if self.t0 is not None and self.t1 is None:
@@ -504,6 +520,8 @@ class _Window:
             # thread_time is the calling thread's: closed from the burst's own
             # thread (a loop that left the loader) it says nothing of the loop.
             self.cpu_ns = time.thread_time_ns() - self.cpu0 if on_loop_thread else None
+            if self.autograd:
+                self.autograd_ns = autograd_threads.spent(self.ag0, autograd_threads.cpu_ns(self.autograd))
 
     def long_enough(self, t: int, in_flight: int) -> bool:
         assert self.t0 is not None
@@ -515,6 +533,7 @@ class _Window:
             "wall_ns": (self.t1 - self.t0) if self.t0 is not None and self.t1 is not None else 0,
             "wait_ns": self.wait_ns,
             "cpu_ns": self.cpu_ns,
+            "autograd_cpu_ns": self.autograd_ns,
         }
 
 
