@@ -228,6 +228,7 @@ class Job(_JobRequired, total=False):
     state_reason: str
     age_s: float
     main_thread_cpu_percent: float | None
+    autograd_cpu_percent: float | None  # torch's autograd device threads (CUDA backward); None without one
     main_runqueue_percent: float | None  # trainer threads runnable but waiting for a core
     threads: int | None
     rss_bytes: int | None

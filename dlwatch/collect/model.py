@@ -197,6 +197,8 @@ def job_dict(
         "age_s": round(max(0.0, now - float(job.get("started") or now)), 1),
         "main_cpu_percent": main.get("cpu_percent"),
         "main_thread_cpu_percent": main.get("main_thread_cpu_percent"),
+        # torch's autograd device threads (CUDA's backward pass): null without any
+        "autograd_cpu_percent": main.get("autograd_cpu_percent"),
         # Time the trainer's threads were runnable but waited for a core: with
         # main_cpu_percent, its CPU demand.
         "main_runqueue_percent": main.get("runqueue_percent"),

@@ -53,6 +53,12 @@ MAX_THREADS = 64
 # pools restart their threads every epoch (torchdata.nodes), and an epoch of
 # a second must still give its threads a figure.
 MIN_THREAD_LIFETIME_S = 0.2
+# torch names the autograd engine's thread for device N "pt_autograd_N".
+# Until one is found, the trainer's task list is searched for it on every
+# this-many-th sample (a CPU job never has one; a CUDA job has it from its
+# first backward on).
+AUTOGRAD_THREAD_PREFIX = b"pt_autograd_"
+AUTOGRAD_LOOK_EVERY = 5
 
 
 @dataclass
@@ -66,6 +72,8 @@ class _Tracked:
     thread_cpu_s: dict[int, float] = field(default_factory=dict)
     # tid -> user+system seconds of each of dlwatch's own threads at the previous sample
     own_cpu_s: dict[int, float] = field(default_factory=dict)
+    # tid -> user+system seconds of each of torch's autograd device threads at the previous sample
+    autograd_cpu_s: dict[int, float] = field(default_factory=dict)
     at: float = 0.0  # monotonic time of the previous sample
     uptime_at: float | None = None  # /proc/uptime at the previous sample
     calls: int = 0
@@ -149,6 +157,7 @@ def _empty(pid: int, state: str, error: str | None) -> dict[str, Any]:
         "own_threads": None,
         "state": state,
         "main_thread_cpu_percent": None,
+        "autograd_cpu_percent": None,
         "create_time": None,
         "error": error,
     }
@@ -359,6 +368,7 @@ class ProcSampler:
             res["cpu_interval_s"] = interval
         if main_s is not None:
             res["main_thread_cpu_percent"] = rate_percent(prev_main, main_s, interval)
+            res["autograd_cpu_percent"] = self._autograd(st, pid, interval)
         if want_threads:
             tc = self._threads(st, pid, interval, first=st.calls == 0)
             res["thread_cpu"] = {t: v for t, v in tc.items() if t not in own}
@@ -398,6 +408,32 @@ class ProcSampler:
                 used += ts.cpu_s
         st.own_cpu_s = seen
         return n, used
+
+    def _autograd(self, st: _Tracked, pid: int, interval: float) -> float | None:
+        """CPU % of torch's autograd device threads (``pt_autograd_N``) since
+        the previous sample: on CUDA they run the backward pass while the
+        training thread waits, so a host-bound step is the two threads' sum
+        (an H100's MLP at batch 1 read its training thread 70 % busy). None
+        without such a thread (CPU torch starts none) or on its first sight.
+        Looked for on every AUTOGRAD_LOOK_EVERY-th sample until found; once
+        found they live as long as the process."""
+        if not st.autograd_cpu_s and st.calls % AUTOGRAD_LOOK_EVERY != 0:
+            return None
+        tids = list(st.autograd_cpu_s) or _autograd_tids(pid)
+        seen: dict[int, float] = {}
+        used, known = 0.0, False
+        for tid in tids:
+            try:
+                ts = read_stat(pid, tid)
+            except _PSUTIL_ERRORS:
+                continue  # ended: looked for again below
+            seen[tid] = ts.cpu_s
+            prev = st.autograd_cpu_s.get(tid)
+            if prev is not None:
+                used += max(ts.cpu_s - prev, 0.0)
+                known = True
+        st.autograd_cpu_s = seen
+        return rate_percent(0.0, used, interval) if known else None
 
     def _threads(self, st: _Tracked, pid: int, interval: float, first: bool) -> dict[int, float | None]:
         """Each thread's CPU % since the last sample (a pipeline's worker
@@ -526,6 +562,25 @@ class ProcStat(NamedTuple):
     threads: int
     start_ticks: int  # clock ticks since boot: with the PID, the process's identity
     rss_bytes: int
+
+
+def _autograd_tids(pid: int, proc_path: str = "/proc") -> list[int]:
+    """The threads of ``pid`` named as torch names its autograd device
+    threads; none where the task list cannot be read."""
+    base = f"{proc_path}/{pid}/task"
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        try:
+            with open(f"{base}/{name}/comm", "rb") as f:
+                if f.read().startswith(AUTOGRAD_THREAD_PREFIX):
+                    found.append(int(name))
+        except (OSError, ValueError):
+            continue
+    return sorted(found)
 
 
 def read_stat(pid: int, tid: int | None = None, proc_path: str = "/proc") -> ProcStat:

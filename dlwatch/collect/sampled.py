@@ -383,6 +383,7 @@ def job_dict(
         "age_s": identity.get("age_s"),
         "main_cpu_percent": main.get("cpu_percent"),
         "main_thread_cpu_percent": main.get("main_thread_cpu_percent"),
+        "autograd_cpu_percent": main.get("autograd_cpu_percent"),
         "main_runqueue_percent": main.get("runqueue_percent"),
         "threads": main.get("threads"),
         "rss_bytes": main.get("rss_bytes"),

@@ -30,6 +30,7 @@ KEY_EVIDENCE = (
     "shm_free_bytes",
     "shm_needed_bytes",
     "main_thread_cpu_percent",
+    "autograd_cpu_percent",
     "gpu_util_percent",
 )
 MAX_EVIDENCE_ITEMS = 5

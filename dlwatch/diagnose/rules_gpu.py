@@ -122,7 +122,10 @@ def rule_main_loop_cpu_bound(ctx: Context) -> list[dict[str, Any]]:
         if wait >= MAIN_LOW_WAIT:
             continue
         main_cpu = num(job.get("main_thread_cpu_percent"))
-        if main_cpu is None or main_cpu < MAIN_THREAD_PEGGED_PERCENT:
+        # On CUDA the backward pass runs on autograd's device thread while the
+        # training thread waits: a host-bound step keeps the two busy in turn.
+        autograd = num(job.get("autograd_cpu_percent"))
+        if main_cpu is None or main_cpu + (autograd or 0.0) < MAIN_THREAD_PEGGED_PERCENT:
             continue
         util, gpu_name = ctx.gpu_util_for(job)
         if util is None or util >= GPU_UNDERUSED_UTIL:
@@ -130,8 +133,8 @@ def rule_main_loop_cpu_bound(ctx: Context) -> list[dict[str, Any]]:
         msg = (
             f"PID {pid}: the loop waits for data only {pct(wait)} of the time{window_note(ctx)}, "
             f"yet {gpu_name} "
-            f"is {util:.0f} % busy while the trainer's main thread uses {main_cpu:.0f} % of a "
-            f"core: the Python side cannot launch kernels fast enough."
+            f"is {util:.0f} % busy while {_host_words(main_cpu, autograd)}: "
+            "the Python side cannot launch kernels fast enough."
         )
         sugg = (
             f"profile a few steps: `dlwatch profile --pid {pid}` (or P in the live view); then use "
@@ -140,6 +143,7 @@ def rule_main_loop_cpu_bound(ctx: Context) -> list[dict[str, Any]]:
         ev = {
             "data_wait_fraction_max": r(wait),
             "main_thread_cpu_percent": r(main_cpu, 1),
+            "autograd_cpu_percent": r(autograd, 1),
             "gpu": gpu_name,
             "gpu_util_percent": r(util, 1),
             "loaders": [lv.lid for lv in steady],
@@ -152,3 +156,12 @@ RULES = (
     Rule("enable-pin-memory", rule_enable_pin_memory, "loader", rate=True),
     Rule("main-loop-cpu-bound", rule_main_loop_cpu_bound, "job", rate=True),
 )
+
+
+def _host_words(main_cpu: float, autograd: float | None) -> str:
+    if autograd is None or autograd < 1.0:
+        return f"the trainer's main thread uses {main_cpu:.0f} % of a core"
+    return (
+        f"the trainer's main thread and autograd's backward thread use {main_cpu + autograd:.0f} % "
+        f"of a core between them ({main_cpu:.0f} + {autograd:.0f} %)"
+    )

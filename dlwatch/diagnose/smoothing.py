@@ -20,7 +20,7 @@ from .facts import as_dict, as_int, as_list, num
 # collector builds for a job the rules still judge.
 KEEP_S = 60.0
 # Per-process figures averaged, job level then worker level.
-JOB_KEYS = ("main_cpu_percent", "main_thread_cpu_percent", "main_runqueue_percent")
+JOB_KEYS = ("main_cpu_percent", "main_thread_cpu_percent", "autograd_cpu_percent", "main_runqueue_percent")
 WORKER_KEYS = ("cpu_percent", "runqueue_percent")
 # Other processes' cores (host level, kept under a key no process has): the
 # busy cores minus the jobs' in one sample, set against the same window.

@@ -35,6 +35,18 @@ SPIN_IN_THREAD = (
     "time.sleep(60)\n"
 )
 
+# A thread named as torch names its autograd device threads (CUDA's backward
+# pass runs there); CPU torch starts none, so the name is given by hand.
+SPIN_AS_AUTOGRAD = (
+    "import ctypes, threading, time\n"
+    "def spin():\n"
+    "    ctypes.CDLL(None).prctl(15, b'pt_autograd_0', 0, 0, 0)\n"
+    "    print(threading.get_native_id(), flush=True)\n"
+    "    while True: pass\n"
+    "threading.Thread(target=spin, daemon=True).start()\n"
+    "time.sleep(60)\n"
+)
+
 
 @pytest.fixture
 def spawn():
@@ -137,6 +149,7 @@ def test_sleeping_child_is_idle(spawn):
     s = two_samples(ProcSampler(), [sleeper.pid])[sleeper.pid]
     assert s["cpu_percent"] < 5
     assert s["main_thread_cpu_percent"] < 5
+    assert s["autograd_cpu_percent"] is None  # no autograd device thread
     assert s["state"] == "sleeping"
 
 
@@ -155,6 +168,21 @@ def test_main_thread_cpu_excludes_other_threads(spawn):
     s, value, oracle = measured(ProcSampler(), p.pid, "cpu_percent")
     assert_spinning(value, oracle)
     assert s["main_thread_cpu_percent"] < 5
+
+
+@pytest.mark.timing
+def test_autograds_device_thread_is_read_apart_from_the_main_thread():
+    p = subprocess.Popen([sys.executable, "-c", SPIN_AS_AUTOGRAD], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        tid = int(p.stdout.readline())
+        # the first sample finds the thread (a baseline), the second reads it
+        s, value, oracle = measured(ProcSampler(), p.pid, "autograd_cpu_percent", tid=tid)
+        assert_spinning(value, oracle)
+        assert s["main_thread_cpu_percent"] < 5
+    finally:
+        p.kill()
+        p.wait()
 
 
 @pytest.mark.timing

@@ -571,6 +571,19 @@ CASES = [
         True,
     ),
     (
+        # the H100's MLP at batch 1: main thread 70 %, backward on autograd's thread
+        "main loop fires with autograd's backward thread",
+        one(job_kw={"main_thread_cpu": 70.0, "autograd_cpu_percent": 25.0}, gpus=[gpu(util=5.0)]),
+        "main-loop-cpu-bound",
+        True,
+    ),
+    (
+        "main loop silent when main and autograd stay under 80 %",
+        one(job_kw={"main_thread_cpu": 60.0, "autograd_cpu_percent": 15.0}, gpus=[gpu(util=5.0)]),
+        "main-loop-cpu-bound",
+        False,
+    ),
+    (
         "main loop silent when GPU busy",
         one(job_kw={"main_thread_cpu": 98.0}, gpus=[gpu(util=50.0)]),
         "main-loop-cpu-bound",
@@ -1155,3 +1168,16 @@ def test_the_gpu_that_lists_the_job_s_pid_wins():
     assert facts.job_gpu({"pid": 7, "local_rank": 0}, gpus)["index"] == 1
     assert facts.job_gpu({"pid": 8, "local_rank": 0}, gpus)["index"] == 0
     assert facts.job_gpu({"pid": 8}, gpus[:1])["index"] == 0  # the one GPU on the box
+
+
+def test_main_loop_hint_names_autograds_share_when_it_counts():
+    snap = one(job_kw={"main_thread_cpu": 70.0, "autograd_cpu_percent": 25.0}, gpus=[gpu(util=5.0)])
+    h = next(h for h in evaluate(snap) if h["id"] == "main-loop-cpu-bound")
+    assert (
+        "main thread and autograd's backward thread use 95 % of a core between them (70 + 25 %)"
+        in h["message"]
+    )
+    assert h["evidence"]["autograd_cpu_percent"] == 25.0
+    snap = one(job_kw={"main_thread_cpu": 97.0}, gpus=[gpu(util=5.0)])
+    h = next(h for h in evaluate(snap) if h["id"] == "main-loop-cpu-bound")
+    assert "main thread uses 97 % of a core" in h["message"]
