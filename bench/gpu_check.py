@@ -652,7 +652,7 @@ def check_pin(args) -> list[dict]:
     proc = subprocess.Popen(
         cmd, env=env_with(d), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
     )
-    hints, ld = [], {}
+    hints, ld, seen = [], {}, {}
     try:
         if not stepping(d, proc, 60):
             return [result("pin-memory hint vs plain runs", False, "the job never reached its first batch")]
@@ -663,6 +663,18 @@ def check_pin(args) -> list[dict]:
             job = next(j for j in doc["jobs"] if j["pid"] == proc.pid)
             ld = max(job["loaders"], key=lambda x: x.get("batches_total") or 0)
             hints = [h for h in doc["hints"] if h["id"] == "enable-pin-memory" and h.get("pid") == proc.pid]
+            # What the rule weighed, for a run where it stayed silent (the H100
+            # run of 2026-11-27 had no hint and kept none of this).
+            seen = {
+                "cuda_initialized": job.get("cuda_initialized"),
+                "gpu_status": doc.get("gpu_status"),
+                "pin_memory": ld.get("pin_memory"),
+                "batches_total": ld.get("batches_total"),
+                "wait_ms_mean": ld.get("wait_ms_mean"),
+                "step_ms_mean": ld.get("step_ms_mean"),
+                "batch_size": ld.get("batch_size"),
+                "hints": sorted({h["id"] for h in doc["hints"] if h.get("pid") == proc.pid}),
+            }
         except (ValueError, KeyError, StopIteration):
             why = f"no snapshot of the job: {snap.stderr[-300:]}"
             return [result("pin-memory hint vs plain runs", False, why)]
@@ -689,8 +701,10 @@ def check_pin(args) -> list[dict]:
             f"{ev.get('copy_share_of_batch_time')} of the batch time; batch {ld.get('batch_bytes')} bytes, "
             f"wait {ld.get('data_wait_fraction')}); plain runs: pin_memory=True gains {gain:.3f}x "
             f"({statistics.mean(pinned):.0f} vs {statistics.mean(plain):.0f} img/s) "
-            "(bar: a WARN needs >= 1.05x, a gain >= 1.10x needs a hint)",
+            "(bar: a WARN needs >= 1.05x, a gain >= 1.10x needs a hint)"
+            + ("" if hints else f"; the rule saw {seen}"),
             hint=hints[0] if hints else None,
+            seen=seen,
             gain=gain,
             plain=plain,
             pinned=pinned,
