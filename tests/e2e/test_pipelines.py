@@ -154,7 +154,11 @@ def test_a_data_bound_nodes_pipeline_is_advised_in_its_own_knob(tmp_path):
     """Alone on the box (a second worker needs a free core): one ParallelMapper
     thread, a short step, a long epoch. The loop waits most of its time on one
     saturated thread, and the advice is a second thread, in ParallelMapper's
-    words, as an upper bound (threads share the GIL)."""
+    words, as an upper bound (threads share the GIL). Batches of 64: at 16
+    the loop's and the graph's own threads took 0.3 core beside the worker's
+    0.95, leaving 0.69-0.73 core free on 2 cores against the 0.7 a second
+    worker needs (fresh-clone run 22 reran it); at 64 they take 0.2 and
+    0.82-0.86 is free."""
     args = [
         "--step",
         "idle",
@@ -163,7 +167,7 @@ def test_a_data_bound_nodes_pipeline_is_advised_in_its_own_knob(tmp_path):
         "--step-ms",
         "3",
         "--batch-size",
-        "16",
+        "64",
         "--epoch-samples",
         "100000",
     ]
