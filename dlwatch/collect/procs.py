@@ -39,6 +39,8 @@ from typing import Any, NamedTuple, TypeVar
 
 import psutil
 
+from dlwatch import autograd_threads
+
 T = TypeVar("T")
 
 # Below this age a first-sample lifetime average is too coarse to report.
@@ -53,11 +55,9 @@ MAX_THREADS = 64
 # pools restart their threads every epoch (torchdata.nodes), and an epoch of
 # a second must still give its threads a figure.
 MIN_THREAD_LIFETIME_S = 0.2
-# torch names the autograd engine's thread for device N "pt_autograd_N".
-# Until one is found, the trainer's task list is searched for it on every
-# this-many-th sample (a CPU job never has one; a CUDA job has it from its
-# first backward on).
-AUTOGRAD_THREAD_PREFIX = b"pt_autograd_"
+# Until one of torch's autograd device threads is found (autograd_threads.py),
+# the trainer's task list is searched for it on every this-many-th sample (a
+# CPU job never has one; a CUDA job has it from its first backward on).
 AUTOGRAD_LOOK_EVERY = 5
 
 
@@ -419,7 +419,7 @@ class ProcSampler:
         found they live as long as the process."""
         if not st.autograd_cpu_s and st.calls % AUTOGRAD_LOOK_EVERY != 0:
             return None
-        tids = list(st.autograd_cpu_s) or _autograd_tids(pid)
+        tids = list(st.autograd_cpu_s) or autograd_threads.find(f"/proc/{pid}/task")
         seen: dict[int, float] = {}
         used, known = 0.0, False
         for tid in tids:
@@ -562,25 +562,6 @@ class ProcStat(NamedTuple):
     threads: int
     start_ticks: int  # clock ticks since boot: with the PID, the process's identity
     rss_bytes: int
-
-
-def _autograd_tids(pid: int, proc_path: str = "/proc") -> list[int]:
-    """The threads of ``pid`` named as torch names its autograd device
-    threads; none where the task list cannot be read."""
-    base = f"{proc_path}/{pid}/task"
-    try:
-        names = os.listdir(base)
-    except OSError:
-        return []
-    found = []
-    for name in names:
-        try:
-            with open(f"{base}/{name}/comm", "rb") as f:
-                if f.read().startswith(AUTOGRAD_THREAD_PREFIX):
-                    found.append(int(name))
-        except (OSError, ValueError):
-            continue
-    return sorted(found)
 
 
 def read_stat(pid: int, tid: int | None = None, proc_path: str = "/proc") -> ProcStat:

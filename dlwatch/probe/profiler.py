@@ -30,8 +30,8 @@ import time
 from time import perf_counter_ns as _clock
 from typing import Any
 
-from dlwatch import wire
-from dlwatch.probe import autograd_threads, loop_follow, profile_events, profile_figures
+from dlwatch import autograd_threads, wire
+from dlwatch.probe import loop_follow, profile_events, profile_figures
 
 TARGET_MODULE = "torch.utils.data.dataloader"
 # The trace file is at most this big. Kineto writes ~260 bytes per CPU event

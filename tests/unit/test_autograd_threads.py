@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from dlwatch.probe import autograd_threads
+from dlwatch import autograd_threads
 
 PR_SET_NAME = 15
 

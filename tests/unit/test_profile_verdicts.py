@@ -190,7 +190,7 @@ def test_the_h100_mlp_is_launch_bound_once_autograds_thread_counts_and_cpu_bound
     assert summary(9, fig, None)["unprofiled"]["autograd_cpu_fraction"] == pytest.approx(0.2, abs=1e-3)
 
 
-def test_an_idle_host_stays_unjudged_launch_bound_with_autograds_share():
+def test_an_idle_host_is_not_launch_bound_with_autograds_share_either():
     # training thread 20 % and backward 10 %: the host is idle most of the step
     fig = gpu_burst(10, 1_700 * US, 29, 2_300, main_cpu=0.2)
     fig["unprofiled"] = plain(400, 1.7, 0.01, 0.2, autograd=0.1)

@@ -10,9 +10,11 @@ read its training thread 70 % busy in its plain steps and in its profiled
 ones, with nothing else running. CPU torch runs backward on the calling
 thread and starts no such thread.
 
-A profiler burst reads these threads' CPU at each window's edges (a few
-small reads, no ptrace, nothing of torch's imported). Nothing here raises:
-a thread that ended or a /proc that cannot be read is left out.
+Both sides use it: a profiler burst inside the job reads these threads'
+CPU at each window's edges (/proc/self/task, a few small reads, nothing of
+torch's imported), and the monitor finds them in the trainer's task list
+(/proc/PID/task). Nothing here raises: a thread that ended or a /proc that
+cannot be read is left out.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ TASKS = "/proc/self/task"
 
 
 def find(tasks: str = TASKS) -> tuple[int, ...]:
-    """The thread ids of this process's autograd device threads (none on
-    CPU torch, or before the first backward on a device)."""
+    """The thread ids of the autograd device threads in ``tasks`` (this
+    process's by default; none on CPU torch, or before the first backward
+    on a device)."""
     try:
         names = os.listdir(tasks)
     except OSError:
