@@ -393,11 +393,20 @@ def check_verdict(case: str, args) -> dict:
     if prof.returncode != 0:
         return result(f"verdict {case}", False, f"profile failed: {prof.stderr.strip()[-300:]}")
     doc = json.loads(prof.stdout)
-    loop_wait = None
+    loop_wait, live = None, {}
     try:
-        jobs = json.loads(snap.stdout)["jobs"]
+        sdoc = json.loads(snap.stdout)
+        jobs = sdoc["jobs"]
         loop_wait = max(ld["data_wait_fraction"] or 0.0 for j in jobs for ld in j["loaders"])
-    except (ValueError, KeyError, TypeError):
+        # What the live view said beside the burst: the host threads it read
+        # (autograd's backward thread is on its own on CUDA) and its hints.
+        job = next(j for j in jobs if j["pid"] == proc.pid)
+        live = {
+            "main_thread_cpu_percent": job.get("main_thread_cpu_percent"),
+            "autograd_cpu_percent": job.get("autograd_cpu_percent"),
+            "hints": sorted({h["id"] for h in sdoc["hints"] if h.get("pid") == proc.pid}),
+        }
+    except (ValueError, KeyError, TypeError, StopIteration):
         pass
     want = CASES[case][1]
     if want is not None and DEVICE == "cpu":
@@ -415,10 +424,12 @@ def check_verdict(case: str, args) -> dict:
         f"verdict {case}",
         ok,
         f"{got} (want {want}); loop wait before the burst {loop_wait}, around it "
-        f"{plain.get('data_wait_fraction')}, in it {doc.get('data_wait_fraction')}; {doc.get('reason')}",
+        f"{plain.get('data_wait_fraction')}, in it {doc.get('data_wait_fraction')}; {doc.get('reason')}; "
+        f"the live view: {live}",
         verdict=got,
         want=want,
         loop_wait=loop_wait,
+        live=live,
         doc=doc,
     )
 
@@ -761,7 +772,7 @@ def estimate_s(check: str, args) -> float:
     if check == "nvml":
         return args.seconds + start + 4
     if check == "verdicts":
-        return len(CASES) * (start + args.settle + 12)
+        return len(verdict_cases(args)) * (start + args.settle + 12)
     if check == "wait":
         return 2 * (15 + start)
     if check == "pin":
@@ -788,6 +799,7 @@ def main() -> int:
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--ready", help="job: the file to create at the first batch (internal)")
     ap.add_argument("--job-seconds", type=float, default=90.0, help="verdicts: longest a case job runs")
+    ap.add_argument("--cases", help=f"verdicts: these cases only, comma-separated ({', '.join(CASES)})")
     ap.add_argument("--settle", type=float, default=6.0, help="verdicts: seconds after the first batch")
     ap.add_argument("--pin-seconds", type=float, default=12.0, help="pin: seconds per plain run")
     ap.add_argument("--trial-seconds", type=float, default=10.0, help="tune: its --trial-seconds")
@@ -827,6 +839,8 @@ def main() -> int:
     else:
         # The order a lent session wants them in: what only a GPU can show first.
         wanted = ["verdicts", "nvml", "pin", "tune", "overhead", "pipelines", "wait"]
+    if args.cases and set(verdict_cases(args)) - set(CASES):
+        ap.error(f"--cases: unknown cases {sorted(set(verdict_cases(args)) - set(CASES))}")
     if DEVICE == "cpu" and "nvml" in wanted:
         wanted.remove("nvml")
         print("nvml: skipped in a rehearsal (no GPU)", flush=True)
@@ -873,11 +887,15 @@ def main() -> int:
     return 1 if any(r["passed"] is False for r in results) else 0
 
 
+def verdict_cases(args) -> list[str]:
+    return [c.strip() for c in args.cases.split(",") if c.strip()] if args.cases else list(CASES)
+
+
 def run_check(check: str, args) -> list[dict]:
     if check == "nvml":
         return check_nvml(args)
     if check == "verdicts":
-        return [check_verdict(c, args) for c in CASES]
+        return [check_verdict(c, args) for c in verdict_cases(args)]
     if check == "wait":
         return check_wait(args)
     if check == "pin":
