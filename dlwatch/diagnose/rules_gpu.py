@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dlwatch.thresholds import DATA_BOUND_WAIT
+
 from .facts import Context, hint, num, pct, r, window_note, window_phrase
 from .registry import Rule
 
@@ -38,8 +40,13 @@ PIN_INFO_SHARE = 0.05
 # GPU utilisation below this over the snapshot window is "under-used": under
 # 80 % is worth a look, 50 % keeps the hint for clear cases.
 GPU_UNDERUSED_UTIL = 50.0
-# main-loop-cpu-bound: the loop must practically never wait for data ...
-MAIN_LOW_WAIT = 0.05
+# main-loop-cpu-bound: the loop must not be data-bound: under the wait where
+# the worker hints start (DATA_BOUND_WAIT, 10 %), faster data could buy under
+# 10 % (1 / (1 - wait)). It was 5 % until the H100 run of 2026-11-28: a
+# 3-layer MLP at batch 1 (num_workers=0, so the wait is the loop's own loading)
+# waited 6.7 % with its GPU 95 % idle and the host 93 % busy, and the live
+# view named nothing ...
+MAIN_LOW_WAIT = DATA_BOUND_WAIT
 # ... while its Python thread is pegged: ≥ 80 % of one core, not 90 %: on an
 # H100 the demo's launch-bound loop measured 86 % on its main
 # thread (the rest is the batch hand-off and the GIL) with the GPU at 1 %.
