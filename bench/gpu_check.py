@@ -257,8 +257,14 @@ def check_nvml(args) -> list[dict]:
 # --------------------------------------------------------------------- the five verdict cases
 
 
-def run_case(case: str, seconds: float, ready: str) -> None:
-    """One verdict case's training loop (run as a child: `gpu_check.py job CASE`)."""
+def run_case(case: str, seconds: float, ready: str, meter: str | None = None) -> None:
+    """One verdict case's training loop (run as a child: `gpu_check.py job CASE`).
+
+    With ``meter``, the loop's own pace: steps per second after the first
+    third of the run (at most 8 s: CUDA, cudnn and the allocator settle),
+    written there as JSON when the run ends. The overhead check compares it
+    with and without the hook (``DLWATCH_DISABLE=1``).
+    """
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, Dataset, TensorDataset
@@ -269,13 +275,26 @@ def run_case(case: str, seconds: float, ready: str) -> None:
     # A rehearsal on a CPU runs the same loops at sizes a CPU gets through.
     small = DEVICE == "cpu"
     end = None
+    skip = min(8.0, seconds / 3)
+    counted, t_count = 0, None
 
     def started() -> bool:
-        nonlocal end
+        # Called once a step, before the step's work.
+        nonlocal end, counted, t_count
+        now = time.monotonic()
         if end is None:
-            end = time.monotonic() + seconds
+            end = now + seconds
             open(ready, "w").close()
-        return time.monotonic() < end
+        if now >= end:
+            if meter and t_count is not None and counted > 1:
+                with open(meter, "w") as f:
+                    json.dump({"steps_per_s": (counted - 1) / (now - t_count), "steps": counted - 1}, f)
+            return False
+        if now >= end - seconds + skip:
+            if t_count is None:
+                t_count = now
+            counted += 1
+        return True
 
     def train(net, opt, loader) -> None:
         while True:
@@ -371,7 +390,34 @@ def case_command(case: str, ready: str, seconds: float) -> list[str] | None:
     ]  # fmt: skip
 
 
-def check_verdict(case: str, args) -> dict:
+def job_hints(snapshot: dict, pid: int) -> list[dict]:
+    """A snapshot's hints about one job (a hint names its job as ``job_pid``).
+
+    Until 2026-11-28 this read ``pid``, which no hint has: the pin check and
+    the verdicts' live view saw no hint on either H100 run, whatever the rules said.
+    """
+    return [h for h in snapshot.get("hints") or [] if h.get("job_pid") == pid]
+
+
+def check_verdict(case: str, args) -> list[dict]:
+    """The burst's verdict and, for a launch-bound case, the live view's hint beside it."""
+    row = verdict_row(case, args)
+    if CASES[case][1] != "launch-bound" or "live" not in row:
+        return [row]
+    hints = row["live"].get("hints")
+    ok = None if DEVICE == "cpu" or hints is None else "main-loop-cpu-bound" in hints
+    return [
+        row,
+        result(
+            f"live hint {case}",
+            ok,
+            f"hints {hints} (want main-loop-cpu-bound: the loop hardly waits, the host is busy, "
+            f"the GPU idles); the live view read {row['live']}",
+        ),
+    ]
+
+
+def verdict_row(case: str, args) -> dict:
     d = tempfile.mkdtemp(prefix="dlw-gpu-")
     ready = os.path.join(d, "ready")
     cmd = case_command(case, ready, args.job_seconds)
@@ -402,9 +448,10 @@ def check_verdict(case: str, args) -> dict:
         # (autograd's backward thread is on its own on CUDA) and its hints.
         job = next(j for j in jobs if j["pid"] == proc.pid)
         live = {
+            "gpu_util_percent": [g.get("util_window_percent") for g in sdoc.get("gpus") or []],
             "main_thread_cpu_percent": job.get("main_thread_cpu_percent"),
             "autograd_cpu_percent": job.get("autograd_cpu_percent"),
-            "hints": sorted({h["id"] for h in sdoc["hints"] if h.get("pid") == proc.pid}),
+            "hints": sorted({h["id"] for h in job_hints(sdoc, proc.pid)}),
         }
     except (ValueError, KeyError, TypeError, StopIteration):
         pass
@@ -673,7 +720,7 @@ def check_pin(args) -> list[dict]:
             doc = json.loads(snap.stdout)
             job = next(j for j in doc["jobs"] if j["pid"] == proc.pid)
             ld = max(job["loaders"], key=lambda x: x.get("batches_total") or 0)
-            hints = [h for h in doc["hints"] if h["id"] == "enable-pin-memory" and h.get("pid") == proc.pid]
+            hints = [h for h in job_hints(doc, proc.pid) if h["id"] == "enable-pin-memory"]
             # What the rule weighed, for a run where it stayed silent (the H100
             # run of 2026-11-27 had no hint and kept none of this).
             seen = {
@@ -684,7 +731,7 @@ def check_pin(args) -> list[dict]:
                 "wait_ms_mean": ld.get("wait_ms_mean"),
                 "step_ms_mean": ld.get("step_ms_mean"),
                 "batch_size": ld.get("batch_size"),
-                "hints": sorted({h["id"] for h in doc["hints"] if h.get("pid") == proc.pid}),
+                "hints": sorted({h["id"] for h in job_hints(doc, proc.pid)}),
             }
         except (ValueError, KeyError, StopIteration):
             why = f"no snapshot of the job: {snap.stderr[-300:]}"
@@ -726,22 +773,49 @@ def check_pin(args) -> list[dict]:
 # --------------------------------------------------------------------- overhead
 
 
+def case_pace(case: str, seconds: float, hook: bool) -> float | None:
+    """Steps per second of a verdict case's loop, with the hook or without (``DLWATCH_DISABLE=1``)."""
+    d = tempfile.mkdtemp(prefix="dlw-gpu-")
+    meter = os.path.join(d, "meter.json")
+    cmd = case_command(case, os.path.join(d, "ready"), seconds) or []
+    env = env_with(d, **({} if hook else {"DLWATCH_DISABLE": "1"}))
+    subprocess.run([*cmd, "--meter", meter], env=env, capture_output=True, timeout=seconds + 300)
+    try:
+        with open(meter) as f:
+            return json.load(f)["steps_per_s"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def check_overhead(args) -> list[dict]:
-    if not have_pillow():
+    job = args.overhead_job
+    if job == "pipeline" and not have_pillow():
         return [result("hook overhead", None, "needs Pillow (bench/image_pipeline.py)")]
     workers = min(8, os.cpu_count() or 1)
-    pipeline_pace(workers, 15, False)  # JPEGs on disk and in the page cache, CUDA warm
+    if job == "pipeline":
+        unit, what = "img/s", f"the image pipeline, {workers} workers"
+
+        def pace_of(seconds: float, hook: bool) -> float | None:
+            return pipeline_pace(workers, seconds, hook)
+
+    else:
+        unit, what = "steps/s", f"the {job} loop"
+
+        def pace_of(seconds: float, hook: bool) -> float | None:
+            return case_pace(job, seconds, hook)
+
+    pace_of(15, False)  # JPEGs on disk and in the page cache, CUDA warm
     ratios = []
     for i in range(args.pairs):
         # Alternate which goes first: drift (clocks, page cache) falls on both sides.
         order = (False, True) if i % 2 == 0 else (True, False)
-        pace = {hook: pipeline_pace(workers, args.overhead_seconds, hook) for hook in order}
+        pace = {hook: pace_of(args.overhead_seconds, hook) for hook in order}
         plain, hooked = pace[False], pace[True]
         if not plain or not hooked:
             return [result("hook overhead", False, f"pair {i + 1} gave no meter")]
         ratios.append(plain / hooked - 1)  # slowdown with the hook
         print(
-            f"  pair {i + 1}: plain {plain:.1f}, hooked {hooked:.1f} img/s: {ratios[-1] * 100:+.2f} %",
+            f"  pair {i + 1}: plain {plain:.1f}, hooked {hooked:.1f} {unit}: {ratios[-1] * 100:+.2f} %",
             flush=True,
         )
     mean = statistics.mean(ratios)
@@ -755,7 +829,8 @@ def check_overhead(args) -> list[dict]:
             "hook overhead",
             mean + half <= 0.01 if math.isfinite(half) and DEVICE == "cuda" else None,
             f"{mean * 100:+.2f} % ± {half * 100:.2f} (95 %, {len(ratios)} paired alternating runs of "
-            f"{args.overhead_seconds:.0f} s, {workers} workers; goal: <= 1 %)",
+            f"{args.overhead_seconds:.0f} s, {what}; goal: <= 1 %)",
+            overhead_job=job,
             overhead_mean=mean,
             overhead_ci95=half,
             pairs=ratios,
@@ -798,6 +873,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=6.0, help="nvml: seconds of load; job: its duration")
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--ready", help="job: the file to create at the first batch (internal)")
+    ap.add_argument("--meter", help="job: where to write its steps per second (internal)")
     ap.add_argument("--job-seconds", type=float, default=90.0, help="verdicts: longest a case job runs")
     ap.add_argument("--cases", help=f"verdicts: these cases only, comma-separated ({', '.join(CASES)})")
     ap.add_argument("--settle", type=float, default=6.0, help="verdicts: seconds after the first batch")
@@ -808,6 +884,13 @@ def main() -> int:
     ap.add_argument("--sweep-seconds", type=float, default=15.0, help="tune: seconds per plain run")
     ap.add_argument("--sweep-top", action="store_true", help="tune: a plain run at one worker per core too")
     ap.add_argument("--pairs", type=int, default=4, help="overhead: paired runs")
+    ap.add_argument(
+        "--overhead-job",
+        default="pipeline",
+        choices=["pipeline", *(c for c, (argv, _) in CASES.items() if argv is not None)],
+        help="overhead: the image pipeline (8 workers) or a verdict case's loop (mlp-batch-1: the "
+        "hook's cost per step is largest where steps are shortest, and one thread sets the pace)",
+    )
     ap.add_argument("--overhead-seconds", type=float, default=15.0, help="overhead: seconds per run")
     ap.add_argument("--budget", type=float, help="skip a check whose estimate no longer fits (seconds)")
     ap.add_argument("--only", help="with `all`: these checks, comma-separated, in this order")
@@ -825,7 +908,7 @@ def main() -> int:
         print(f"torch {torch.__version__} sees no CUDA device (--rehearse runs on the CPU)", file=sys.stderr)
         return 2
     if args.check == "job":
-        run_case(args.case or "", args.seconds, args.ready or os.devnull)
+        run_case(args.case or "", args.seconds, args.ready or os.devnull, args.meter)
         return 0
     name = torch.cuda.get_device_name(args.device) if DEVICE == "cuda" else "a CPU rehearsal"
     print(f"torch {torch.__version__}, {name}, {os.cpu_count()} cores", flush=True)
@@ -895,7 +978,7 @@ def run_check(check: str, args) -> list[dict]:
     if check == "nvml":
         return check_nvml(args)
     if check == "verdicts":
-        return [check_verdict(c, args) for c in verdict_cases(args)]
+        return [r for c in verdict_cases(args) for r in check_verdict(c, args)]
     if check == "wait":
         return check_wait(args)
     if check == "pin":

@@ -6,9 +6,11 @@
 # installing: the device image has torch, psutil, nvidia-ml-py, pytest and
 # Pillow; nothing here needs textual or py-spy.
 #
-#   bench/gpu_session.sh 1 [SECONDS]   # ~7 min: the five verdicts, tune vs plain runs, NVML, the pin hint
-#   bench/gpu_session.sh 2 [SECONDS]   # ~5 min: the hook's overhead (paired runs), thread-fed pipelines
-#                                     # with a CUDA step (when the budget allows), then pytest -m gpu
+#   bench/gpu_session.sh 1 [SECONDS]   # ~7 min: the two launch-bound verdicts with the live hint beside
+#                                     # them, the hook's overhead on the MLP's loop (paired runs), the pin
+#                                     # hint, tune vs plain runs, NVML
+#   bench/gpu_session.sh 2 [SECONDS]   # ~5 min: thread-fed pipelines with a CUDA step, the five verdicts
+#                                     # (when the budget allows), then pytest -m gpu
 #
 # SECONDS: the phase's budget (default 420 and 290); a check that no longer
 # fits is skipped with a line saying so, so what is still unmeasured on a GPU
@@ -30,12 +32,13 @@ began=$(date +%s)
 } > "$OUT/env$phase.txt" 2>&1
 if [ "$phase" = 1 ]; then
   budget=${2:-420}
-  python3 bench/gpu_check.py all ${GPU_CHECK_ARGS:-} --only verdicts,tune,nvml,pin --budget "$budget" --json "$OUT/gpu_check_1.json" \
+  python3 bench/gpu_check.py all ${GPU_CHECK_ARGS:-} --only verdicts,overhead,pin,tune,nvml \
+    --cases mlp-batch-1,tiny-ops --overhead-job mlp-batch-1 --budget "$budget" --json "$OUT/gpu_check_1.json" \
     > "$OUT/gpu_check_1.txt" 2>&1
   echo "rc=$?" >> "$OUT/gpu_check_1.txt"
 else
   budget=${2:-290}
-  python3 bench/gpu_check.py all ${GPU_CHECK_ARGS:-} --only overhead,pipelines --budget "$((budget - 75))" --json "$OUT/gpu_check_2.json" \
+  python3 bench/gpu_check.py all ${GPU_CHECK_ARGS:-} --only pipelines,verdicts --budget "$((budget - 75))" --json "$OUT/gpu_check_2.json" \
     > "$OUT/gpu_check_2.txt" 2>&1
   echo "rc=$?" >> "$OUT/gpu_check_2.txt"
   # The GPU-marked tests (about a minute): NVML figures, memory as nvidia-smi
