@@ -195,11 +195,14 @@ def test_ctrl_c_mid_trial_stops_it_and_prints_what_was_measured():
 
 
 def test_two_loaders_only_the_busiest_changes():
-    # Train (2048 samples) is where the loop spends its time; val (64) is short.
+    # Train (512 samples, 64 batches) is where the loop spends its time; val
+    # (64 samples, 8 batches) is short. Epochs of 1-2 s put val in every trial
+    # several times: with 2048 samples the second trial's first epoch took
+    # about as long as the trial, and on a loaded box val never came.
     rc, doc, err = tune(
         "--trial-seconds", "3", "--workers", "2", "--max-trials", "2", "--no-ceiling", "--",
         *DEMO, "--num-workers", "1", "--sample-ms", "3", "--cost-kind", "sleep", "--batch-size", "8",
-        "--step-ms", "3", "--val", "--val-size", "64", "--seed", "1206",
+        "--step-ms", "3", "--dataset-size", "512", "--val", "--val-size", "64", "--seed", "1206",
     )  # fmt: skip
     assert rc == 0, err[-3000:]
     assert doc["loader_id"] == 0
