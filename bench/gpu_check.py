@@ -286,9 +286,10 @@ def run_case(case: str, seconds: float, ready: str, meter: str | None = None) ->
             end = now + seconds
             open(ready, "w").close()
         if now >= end:
-            if meter and t_count is not None and counted > 1:
+            if meter and t_count is not None and now > t_count:
                 with open(meter, "w") as f:
-                    json.dump({"steps_per_s": (counted - 1) / (now - t_count), "steps": counted - 1}, f)
+                    # `counted` steps began at or after t_count, and the last one has ended by now
+                    json.dump({"steps_per_s": counted / (now - t_count), "steps": counted}, f)
             return False
         if now >= end - seconds + skip:
             if t_count is None:
@@ -722,7 +723,8 @@ def check_pin(args) -> list[dict]:
             ld = max(job["loaders"], key=lambda x: x.get("batches_total") or 0)
             hints = [h for h in job_hints(doc, proc.pid) if h["id"] == "enable-pin-memory"]
             # What the rule weighed, for a run where it stayed silent (the H100
-            # run of 2026-11-27 had no hint and kept none of this).
+            # run of 2026-11-27 kept none of this, and read its hints under a
+            # key they do not have: job_hints).
             seen = {
                 "cuda_initialized": job.get("cuda_initialized"),
                 "gpu_status": doc.get("gpu_status"),
