@@ -18,6 +18,18 @@ import pytest
 
 E2E = Path(__file__).resolve().parent / "e2e"
 
+# Unit tests fork DataLoader workers from this long-lived process, and torch's
+# worker loop seeds numpy.random first thing: imported in the child unless the
+# parent has it, which depended on what earlier tests in the same xdist worker
+# happened to import. A forked worker once died in that import with a KeyError
+# from importlib's module-lock bookkeeping (CPython 3.11 does not survive a
+# re-entrant import there, gh-91351). Import it here, as any script that uses
+# numpy has, so every worker starts from the same imports whatever ran before.
+try:
+    import numpy.random  # noqa: F401
+except ImportError:  # the monitor-only tests run without numpy
+    pass
+
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items):

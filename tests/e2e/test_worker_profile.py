@@ -99,7 +99,11 @@ def wall_split(log_dir: str, window_ns: list[int]) -> tuple[float, float]:
 
 
 def test_persistent_fork_workers_two_stages_one_burst_at_a_time_and_every_monitor_hears_of_it():
-    job, d, ready = start_job("--workers", "2", "--persistent", "--duration", "60")
+    # The truth is the workers' own clocks over the burst's window: beside the
+    # parallel tier the wall-clock split drifts from the CPU's 3:1 (fresh-clone
+    # runs read 0.65 for the 3/4 stage).
+    log = short_tmpdir("stages")
+    job, d, ready = start_job("--workers", "2", "--persistent", "--duration", "60", "--stage-log", log)
     rec = ready + ".jsonl"
     recorder = subprocess.Popen(
         [sys.executable, "-m", "dlwatch", "record", "-o", rec, "--pid", str(job.pid), "--duration", "6"],
@@ -125,13 +129,15 @@ def test_persistent_fork_workers_two_stages_one_burst_at_a_time_and_every_monito
         assert "busy" in refused[0][1] and "Traceback" not in refused[0][1], refused
         assert [p.returncode for p, _ in asks if p.returncode != 0] == [1]
         doc = json.loads(ran[0][0])
-        assert_two_stages(doc)
+        assert_two_stages(doc, truth=wall_split(log, doc["window_mono_ns"]))
         assert len(doc["workers"]) == 2 and all(w["reported"] for w in doc["workers"])
         assert doc["seconds"] == 3 and doc["hz"] == 100 and doc["loader"]["name"].startswith("loader 0")
         # A monitor that connects later is told the last profile (hints, recordings).
         snap = snapshot_json(d, "--judge", "0")  # figures, not hints: one measurement
         wp = snap["jobs"][0]["worker_profile"]
-        assert wp["top_stage"] == "decode_like_stage" and abs(wp["top_share"] - 0.75) <= 0.10
+        shares = {s["stage"]: s["share"] for s in doc["stages"]}  # that burst's, as it was told
+        assert wp["top_stage"] == "decode_like_stage"
+        assert abs(wp["top_share"] - shares["decode_like_stage"]) < 1e-9
         # Text output, and the job trains on.
         r = dlwatch("profile", "--workers", "--pid", str(job.pid), "--seconds", "1", runtime_dir=d)
         assert r.returncode == 0 and "verdict: code-bound" in r.stdout and "decode_like_stage" in r.stdout
@@ -152,7 +158,11 @@ def test_persistent_fork_workers_two_stages_one_burst_at_a_time_and_every_monito
 def test_spawn_and_forkserver_workers():
     # Both jobs at once: their start-up (torch imported in every worker) overlaps.
     methods = ("spawn", "forkserver")
-    jobs = [launch("--workers", "2", "--start-method", m, "--duration", "60") for m in methods]
+    logs = [short_tmpdir("stages") for _ in methods]
+    jobs = [
+        launch("--workers", "2", "--start-method", m, "--duration", "60", "--stage-log", log)
+        for m, log in zip(methods, logs)
+    ]
     try:
         for job, _, ready in jobs:
             wait_ready(job, ready)
@@ -160,10 +170,11 @@ def test_spawn_and_forkserver_workers():
         # 5 s: beside the parallel tier's spawn storms a 3 s burst once
         # caught 43 samples in fetches, under the 50 the shares are read from.
         asks = [profile(d, job.pid, "--seconds", "5", "--json") for job, d, _ in jobs]
-        for ask in asks:
+        for ask, log in zip(asks, logs):
             out, err = ask.communicate(timeout=60)
             assert ask.returncode == 0, err
-            assert_two_stages(json.loads(out))
+            doc = json.loads(out)
+            assert_two_stages(doc, truth=wall_split(log, doc["window_mono_ns"]))
     finally:
         stop_sessions([job for job, _, _ in jobs])
 

@@ -115,13 +115,13 @@ class _NativeLock:
     def __init__(self):
         import ctypes
 
-        self.buf = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER
+        self.buf, self.held = ctypes.create_string_buffer(64), threading.Event()  # zeroed: unlocked
         self.libc = ctypes.CDLL(None)  # releases the GIL while it waits
         self.gil = ctypes.PyDLL(None)  # keeps it
 
     def hold_forever(self):
         self.libc.pthread_mutex_lock(self.buf)
-        time.sleep(DEADLINE_S)
+        self.held.set() or time.sleep(DEADLINE_S)
 
     def take_keeping_the_gil(self):
         self.gil.pthread_mutex_lock(self.buf)
@@ -145,7 +145,7 @@ def native_lock():
     global NATIVE
     NATIVE = _NativeLock()
     threading.Thread(target=NATIVE.hold_forever, name="native-cache", daemon=True).start()
-    time.sleep(0.1)
+    NATIVE.held.wait(30)  # held before both workers fork (a fixed sleep raced them on a busy box)
     for _ in DataLoader(NativeLocked(), batch_size=2, num_workers=2, multiprocessing_context="fork"):
         time.sleep(0.02)
 
