@@ -6,7 +6,9 @@ add-pipeline-workers, gil-bound-threads, no-worker-knob.
   ``ReadOptions(num_threads=…)``, ``MultiprocessingOptions(num_workers=…)``).
   Its workers' per-batch times are not timed (only a DataLoader's are), so
   the count comes from the wait: the pool must deliver ``1 / (1 − wait)``
-  times as fast; capped by the cores free when the workers are CPU-bound.
+  times as fast; capped by the cores free when the workers are CPU-bound
+  (0.8 core each; a worker thread from half a core when its process's
+  threads run at the GIL's one-core ceiling).
 
 - **gil-bound-threads**: the loop waits for data while the pipeline's
   worker *threads* (torchdata.nodes' ``ParallelMapper(method="thread")``,
@@ -154,6 +156,14 @@ def rule_no_worker_knob(ctx: Context) -> list[dict[str, Any]]:
 # for something else (a stage in the loop's process, the transfer from worker
 # processes, storage), and more of them would not help: nothing is said.
 PIPELINE_SATURATED = 0.8
+# ...except a worker *thread* in a process whose threads together run at the
+# GIL's one-core ceiling (this much, tick noise allowed for): its CPU is what
+# the GIL left it beside the loop's and the graph's own threads, not what it
+# would use. A ParallelMapper thread read 0.63-0.93 core so, and a second
+# thread still gave 1.23-1.32x (2-core box, 2026-11-28). It must still hold
+# this much of a core: a thread well below it waits on something else.
+GIL_PROCESS_CORES = 0.9
+GIL_CAPPED_THREAD = 0.5
 
 
 def _pool_cores(lv: LoaderView) -> tuple[float | None, str]:
@@ -176,6 +186,25 @@ def _pool_cores(lv: LoaderView) -> tuple[float | None, str]:
     return None, ""
 
 
+def _gil_note(capped: float | None) -> str:
+    if capped is None:
+        return ""
+    return (
+        f" as far as the GIL lets it (the process's threads use {_cores(capped)} together, the one-core "
+        f"ceiling of Python threads)"
+    )
+
+
+def _gil_capped(lv: LoaderView, per_worker: float) -> float | None:
+    """The trainer's CPU in cores when its worker threads are held under
+    PIPELINE_SATURATED by the GIL (see GIL_PROCESS_CORES), else None."""
+    whole = num(lv.job.get("main_cpu_percent"))
+    if whole is None or per_worker < GIL_CAPPED_THREAD:
+        return None
+    process = whole / PERCENT_PER_CORE
+    return process if process >= GIL_PROCESS_CORES else None
+
+
 def rule_add_pipeline_workers(ctx: Context) -> list[dict[str, Any]]:
     out = []
     for lv in ctx.loaders:
@@ -192,7 +221,8 @@ def rule_add_pipeline_workers(ctx: Context) -> list[dict[str, Any]]:
         threads = lv.loader.get("worker_kind") == "thread"
         if threads and n >= 2 and GIL_CORES_MIN <= pool <= GIL_CORES_MAX:
             continue  # gil-bound-threads: more threads add nothing
-        if per_worker < PIPELINE_SATURATED:
+        capped = _gil_capped(lv, per_worker) if threads and per_worker < PIPELINE_SATURATED else None
+        if per_worker < PIPELINE_SATURATED and capped is None:
             continue
         want = math.ceil(n / (1 - lv.wait) - 1e-9) if lv.wait < 1 else n * 4
         busy = num(ctx.host.get("busy_cores"))
@@ -212,7 +242,8 @@ def rule_add_pipeline_workers(ctx: Context) -> list[dict[str, Any]]:
             )
         msg = (
             f"{lv.title} waits for data {pct(lv.wait)} of the loop; its {workers} {_cores(pool)} "
-            f"({source}), busy on a CPU, with {_cores(ctx.usable_cores)} usable and {_cores(free)} free. "
+            f"({source}), busy on a CPU{_gil_note(capped)}, with {_cores(ctx.usable_cores)} usable and "
+            f"{_cores(free)} free. "
             f"To keep up, the pool must deliver {1 / (1 - lv.wait):.1f}× as fast: {rec} "
             f"worker{'s' if rec != 1 else ''} ({expect})."
         )
@@ -233,6 +264,7 @@ def rule_add_pipeline_workers(ctx: Context) -> list[dict[str, Any]]:
             "speedup_bound": "upper: threads share the GIL" if threads else "expected",
             "library": lib,
             "knob": knob,
+            "process_cpu_cores_gil_capped": r(capped, 2),
         }
         severity = "warn" if gain >= 1.10 else "info"
         out.append(hint("add-pipeline-workers", severity, lv.pid, lv.lid, msg, sugg, ev))

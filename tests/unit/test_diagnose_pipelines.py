@@ -131,3 +131,32 @@ def test_add_pipeline_workers_names_the_count_the_knob_and_its_bound():
     h = get(evaluate(one(g, usable=8.0, busy_cores=1.5)), "add-pipeline-workers")
     assert "num_workers=3 in MultiprocessingOptions(...)" in h["suggestion"]
     assert "expected ≈ 2.50× throughput" in h["message"] and h["evidence"]["speedup_bound"] == "expected"
+
+
+@pytest.mark.parametrize(
+    ("cpu", "process", "kind", "fires"),
+    [
+        (79.0, 104.0, "thread", True),  # the 2-core box's ParallelMapper thread (2026-11-28)
+        (63.0, 111.0, "thread", True),  # the lowest it read there
+        (79.0, 85.0, "thread", False),  # the process under the GIL's ceiling: it waits on something else
+        (40.0, 104.0, "thread", False),  # under half a core: the main thread holds the GIL, not the pool
+        (79.0, 104.0, "process", False),  # a process has a GIL of its own: 0.79 core is not saturated
+    ],
+)
+def test_a_worker_thread_held_under_the_bar_by_the_gil_is_still_the_limit(cpu, process, kind, fires):
+    """One worker thread whose process's threads use the GIL's one core
+    together: its CPU is what the GIL left it beside the loop's and the
+    graph's threads (a second thread measured 1.23-1.32x there)."""
+    s = one(
+        nodes(wait=0.93, cpus=(cpu,), kind=kind), usable=2.0, busy_cores=1.2, job_kw={"main_cpu": process}
+    )
+    hints = evaluate(s)
+    assert ("add-pipeline-workers" in ids(hints)) is fires, hints
+    if fires:
+        h = get(hints, "add-pipeline-workers")
+        assert "num_workers=2 in ParallelMapper(...)" in h["suggestion"]
+        assert "as far as the GIL lets it" in h["message"] and "up to ≈ 2.00×" in h["message"]
+        assert h["evidence"]["process_cpu_cores_gil_capped"] == round(process / 100, 2)
+    # Above the bar a thread is saturated on its own figure: nothing about the GIL.
+    h = get(evaluate(one(nodes(wait=0.93, cpus=(96.0,)), usable=2.0, busy_cores=1.2)), "add-pipeline-workers")
+    assert "GIL lets it" not in h["message"] and h["evidence"]["process_cpu_cores_gil_capped"] is None
