@@ -284,14 +284,33 @@ class LoaderStats:
 
     def counters(self, now: float) -> tuple[float, float, bool]:
         """(wait, step, inside ``__next__``) up to ``now``: the completed
-        sums plus the call or the step in progress."""
+        sums plus the call or the step in progress.
+
+        The loop adds a batch's wait, and the step before it, when the batch
+        returns; the four fields are read with no call in between, so no other
+        thread runs among them (they are one state). ``now`` is read a little
+        earlier, by the publisher: should the loop have returned a batch since
+        (a publisher descheduled on a busy box), that batch is taken back to
+        ``now`` (a frame once claimed 20 ms of wait it had not reached)."""
         wait = self.wait_s
         step = self.step_s
         t_enter = self.t_enter
         t_last = self.t_last
-        if t_enter > t_last and t_enter <= now:  # inside __next__
-            return wait + now - t_enter, step, True
-        if t_last and t_last <= now:  # between batches: the loop's work
+        if t_last > now and t_enter <= t_last:
+            # The last batch returned after `now`; t_enter is still its entry.
+            if t_enter <= now:  # waiting at `now`: its step before was complete
+                return wait - (t_last - now), step, True
+            # Begun after `now` too: between batches then (the step it closed
+            # ran from the batch before, which ended before `now`).
+            return wait - (t_last - t_enter), step - (t_enter - now), False
+        if t_enter > t_last:  # inside __next__ (or, past `now`, entered after it)
+            gap = t_enter - t_last if t_last else 0.0  # the step that ended there: not yet added
+            if t_enter <= now:
+                return wait + now - t_enter, step + gap, True
+            if t_last and t_last <= now:
+                return wait, step + now - t_last, False
+            return wait, step, False
+        if t_last:  # between batches: the loop's work
             step += now - t_last
         return wait, step, False
 
