@@ -506,6 +506,9 @@ def test_copy_on_read_growth_is_shown_live_and_carried_by_the_recording(short_tm
     assert spans[0].evidence and spans[0].suggestion
     warns = {h.id for h in s.hints if h.severity in ("warn", "critical")}
     # When (seconds into the recording) and what: the live watch ends at 88 s.
-    spans_seen = [(h.id, h.severity, round(h.start, 1), round(h.end, 1), h.message) for h in s.hints]
+    # A string: pytest cuts a list's repr at 240 characters (it hid the span that mattered).
+    spans_seen = "; ".join(
+        f"{h.id} {h.severity} {h.start:.1f}-{h.end:.1f} s: {h.message[:160]}" for h in s.hints
+    )
     assert warns == {"worker-memory-growth"}, spans_seen
     assert summary(s.main_loader())["worker_uss_growth_max"] > 32 * 2**20

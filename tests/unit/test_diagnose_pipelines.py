@@ -157,6 +157,8 @@ def test_a_worker_thread_held_under_the_bar_by_the_gil_is_still_the_limit(cpu, p
         assert "num_workers=2 in ParallelMapper(...)" in h["suggestion"]
         assert "as far as the GIL lets it" in h["message"] and "up to ≈ 2.00×" in h["message"]
         assert h["evidence"]["process_cpu_cores_gil_capped"] == round(process / 100, 2)
-    # Above the bar a thread is saturated on its own figure: nothing about the GIL.
+
+
+def test_a_worker_thread_over_the_bar_is_saturated_on_its_own_figure():
     h = get(evaluate(one(nodes(wait=0.93, cpus=(96.0,)), usable=2.0, busy_cores=1.2)), "add-pipeline-workers")
     assert "GIL lets it" not in h["message"] and h["evidence"]["process_cpu_cores_gil_capped"] is None
