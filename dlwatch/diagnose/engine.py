@@ -596,6 +596,7 @@ def _judging(
     hints: Mapping[HintKey, HintTrack],
     judged: frozenset[tuple[int, int]],
     t: float,
+    others_entering: bool = False,
 ) -> tuple[tuple[dict[str, Any], ...], frozenset[tuple[int, int]]]:
     """The live loaders not judged yet, and the loaders judged so far. A
     loader is judged once a hint about it (or its job, or the box) shows, or
@@ -606,9 +607,13 @@ def _judging(
     hint of the loader itself, or a critical one of its job, judges it
     whether or not its rates ever settled (a loader stalled at start-up
     never does). A job-level warning or a box hint judges only a loader
-    whose rates are steady: it says nothing about them."""
+    whose rates are steady: it says nothing about them. While the others'
+    state (others.py) is entering, the box has a condition pending: the
+    hints it decides come ENTER_S later, and a one-shot that stopped before
+    printed "no hints" beside a loop waiting 60 % for cores the others held
+    (fresh-clone CI of stop 50, test_mcp; reproduced beside six burners)."""
     shown: set[tuple[int | None, int | None]] = set()
-    pending: set[tuple[int | None, int | None]] = set()
+    pending: set[tuple[int | None, int | None]] = {(None, None)} if others_entering else set()
     critical_jobs: set[int | None] = set()
     for (_rid, pid, lid), ht in hints.items():
         (shown if ht.shown else pending).add((pid, lid))
@@ -739,7 +744,8 @@ def diagnose(
     quiet = quiet_beside_stall(hints, ctx)
     hints = {k: tr for k, tr in hints.items() if k not in quiet}
     hints = _end_with_their_jobs(hints, fired, snapshot)
-    judging_now, judged_loaders = _judging(ctx, tracks, hints, state.judged, t)
+    entering = not held_others.on and held_others.since is not None
+    judging_now, judged_loaders = _judging(ctx, tracks, hints, state.judged, t, entering)
     new_state = DiagnoseState(
         time=t,
         loaders=tracks,

@@ -298,9 +298,11 @@ def rule_worker_thread_oversubscription(ctx: Context) -> list[dict[str, Any]]:
 
 
 def rule_cores_shared_with_others(ctx: Context) -> list[dict[str, Any]]:
-    """A data-bound loader whose loading is on a CPU, on cores other
-    processes use (others.py): no count, since the best one moves with their
-    load; the figure, and the command that measures it."""
+    """A data-bound loader on cores other processes use (others.py): either
+    its loading is on a CPU (no count, since the best one moves with their
+    load: the figure, and the command that measures it), or its workers are
+    not its limit and the loop waits for cores (free them: the count is not
+    the fix)."""
     if ctx.usable_cores is None:
         return []
     out = []
@@ -308,17 +310,14 @@ def rule_cores_shared_with_others(ctx: Context) -> list[dict[str, Any]]:
         if not lv.steady or lv.num_workers is None or lv.wait is None or lv.wait < DATA_BOUND_WAIT:
             continue
         theirs = others.decide(ctx, lv)
+        saturated = theirs is not None
         if theirs is None:
-            continue
+            theirs = others.starve(ctx, lv)
         acc = capacity.account(ctx)
-        if acc is None:  # usable cores known: for the type checker
+        if theirs is None or acc is None:  # acc: usable cores known, for the type checker
             continue
         starved = others.starved_cores(ctx)
         nw = lv.num_workers
-        who = (
-            f"its {count_of(nw, 'worker')} {plural(nw, 'is')} busy {pct(lv.busy_mean)} "
-            f"of the time, loading on a CPU"
-        )
         usable = cores(ctx.usable_cores)
         peak = max(theirs, ctx.others_peak or 0.0)
         # Held after the others went quiet: their figure then is the most they used.
@@ -329,23 +328,42 @@ def rule_cores_shared_with_others(ctx: Context) -> list[dict[str, Any]]:
                 f"in the last minute "
                 f"({cores(round(theirs, 1))} now)"
             )
-        msg = (
-            f"{lv.title} waits for data {pct(lv.wait)} of the time{window_note(ctx)}; {who}, and "
-            f"other processes {use}: this job's "
-            f"processes waited {count_of(cores(round(starved, 1)), CORE_S)} worth for a CPU. "
-            f"More workers take "
-            f"more of the cores from the other processes, fewer load less at once: the best "
-            f"num_workers depends on what they do, and dlwatch does not predict it."
-        )
-        cmd = tune_command(lv.job, {}) or "dlwatch tune"
-        sugg = (
-            f"other processes use up to {cores(round(peak, 1))} of the {count_of(usable, 'core')}; the best "
-            f"num_workers depends on them: measure with `{cmd}` while they run, or make "
-            f"each batch cheaper (cache decoded samples)"
-        )
+        waited = f"this job's processes waited {count_of(cores(round(starved, 1)), CORE_S)} worth for a CPU"
+        head = f"{lv.title} waits for data {pct(lv.wait)} of the time{window_note(ctx)}; "
+        if saturated:
+            msg = (
+                f"{head}its {count_of(nw, 'worker')} {plural(nw, 'is')} busy {pct(lv.busy_mean)} "
+                f"of the time, loading on a CPU, and other processes {use}: {waited}. More workers take "
+                f"more of the cores from the other processes, fewer load less at once: the best "
+                f"num_workers depends on what they do, and dlwatch does not predict it."
+            )
+            cmd = tune_command(lv.job, {}) or "dlwatch tune"
+            sugg = (
+                f"other processes use up to {cores(round(peak, 1))} of the {count_of(usable, 'core')}; the "
+                f"best num_workers depends on them: measure with `{cmd}` while they run, or make "
+                f"each batch cheaper (cache decoded samples)"
+            )
+        else:
+            # Idle workers and a waiting loop on a quiet box are another
+            # story; here the others hold the cores the job waits for.
+            msg = (
+                f"{head}its {count_of(nw, 'worker')} {plural(nw, 'is')} busy only {pct(lv.busy_mean)} "
+                f"of the time, so {'they are' if nw > 1 else 'it is'} not what the loop waits for: other "
+                f"processes {use} and {waited}. A batch is late while its worker waits for a core to "
+                f"start it or the trainer waits for one to send the next index and take it in; the "
+                f"wait comes and goes with their load."
+            )
+            sugg = (
+                f"other processes use up to {cores(round(peak, 1))} of the {count_of(usable, 'core')}: "
+                f"give this job its cores (stop or renice the other work, or run it where the cores "
+                f"are its own); {setting(lv.loader, 'num_workers', nw)} is not the limit, its workers "
+                f"idle {pct(1 - (lv.busy_mean or 0.0))} of the time"
+            )
         ev = {
             "data_wait_fraction": r(lv.wait),
             "num_workers": nw,
+            "worker_busy_fraction": r(lv.busy_mean),
+            "workers_saturated": saturated,
             "other_cpu_cores": r(theirs, 2),
             "other_cpu_cores_peak": r(peak, 2),
             "usable_cores": ctx.usable_cores,

@@ -158,25 +158,48 @@ def test_the_hints_say_why_the_job_is_slow(agent, job):
     # story still settling after a load change showed no hint yet (fresh-clone
     # run 32 reran it: hints []).
     doc = agent.ok("hints", pid=pid, judge_seconds=30)
-    assert doc["judged_s"] > 0 and not doc.get("judging"), doc
+    # What the box was doing, said when the story is not the one expected.
+    why = lambda: (doc, _box(agent.ok("snapshot", pid=pid, judge_seconds=0)))  # noqa: E731
+    assert doc["judged_s"] > 0 and not doc.get("judging"), why()
     # The first hint about this job's loader (host-wide ones name no job).
     mine = [h for h in doc["hints"] if h.get("job_pid") is not None]
-    assert all(h["job_pid"] == pid for h in mine) and mine, doc
+    assert all(h["job_pid"] == pid for h in mine) and mine, why()
     top = mine[0]
+    assert top["job_pid"] == pid and top["loader_id"] == 0, top
+    ev = top["evidence"]
+    assert ev["data_wait_fraction"] > 0.3, top
+    if top["id"] == "cores-shared-with-others":
+        # The CI run of stop 50 had other work on the box in this test: the
+        # loop waited while its workers idled for cores (no hint then, the
+        # engine's fault). That story, with its figures, is the right one.
+        assert ev["others_decide"] is True and ev["recommended_num_workers"] is None, top
+        assert ev["other_cpu_cores"] >= 0.5 and ev["jobs_runqueue_cores"] >= 0.2, top
+        return
     # The workers sleep (off-CPU): more of them is the answer, with its figures.
     # (Its severity follows the gain the free cores allow: load-sensitive here.)
-    assert top["id"] in ("io-bound", "add-workers"), top
-    assert top["job_pid"] == pid and top["loader_id"] == 0
+    assert top["id"] in ("io-bound", "add-workers"), why()
     # A count when the gain is worth it; under 10 % no setting is advised and
     # the count weighed is `considered_num_workers` (issue 32's "no 1.00x advice").
-    ev = top["evidence"]
     count = (
         ev["recommended_num_workers"]
         if ev["recommended_num_workers"] is not None
         else ev.get("considered_num_workers")
     )
     assert count is not None and count >= 3 and "num_workers" in top["suggestion"], top
-    assert top["evidence"]["data_wait_fraction"] > 0.3
+
+
+def _box(snap: dict) -> dict:
+    """The figures a worker-count story is judged on, from a snapshot."""
+    (j,) = snap["jobs"]
+    (ld,) = j["loaders"]
+    keys = ("busy_fraction", "cpu_percent", "runqueue_percent")
+    return {
+        "data_wait_fraction": ld.get("data_wait_fraction"),
+        "workers": [{k: w.get(k) for k in keys} for w in ld["workers"]],
+        "main_cpu_percent": j.get("main_cpu_percent"),
+        "main_runqueue_percent": j.get("main_runqueue_percent"),
+        "host": {k: v for k, v in snap.get("host", {}).items() if "cpu" in k or "core" in k},
+    }
 
 
 # Within 2 points of the loop's own figure over the same window, as

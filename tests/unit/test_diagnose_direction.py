@@ -10,6 +10,7 @@ from dlwatch.diagnose import Diagnoser, evaluate, others
 from dlwatch.diagnose import direction as d
 from dlwatch.diagnose.facts import build_context
 from dlwatch.diagnose.smoothing import smooth_cpu
+from dlwatch.diagnose.story import says as story_says
 from tests.unit.test_diagnose_rules import T0, job, loader, snap, worker
 
 COUNT_HINTS = d.COUNT_HINTS
@@ -322,3 +323,61 @@ def test_io_bound_workers_that_oversubscribe_the_cores_themselves_still_hide_it(
     j = job(loaders=[ld], main_cpu=100.0, main_thread_cpu=100.0, cuda=False)
     got = {h["id"] for h in evaluate(snap([j], usable=2.0, logical=2, other_cpu_cores=0.0, gpus=[]))}
     assert "workers-oversubscribe-cores" in got and "io-bound" not in got, got
+
+
+def _starved_box(others_cores, *, rq=20.0, main_rq=30.0, busy=0.72, t=T0):
+    """test_mcp's job beside six CPU burners on 2 cores, as measured (stop 50's
+    CI failure, reproduced): the loop waits 60 % while its 2 sleeping workers
+    are busy only ~72 %, each of them and the trainer runnable without a core
+    a fifth to a third of the time."""
+    ws = [worker(i, cpu=8.0, busy=busy, fetch_ms=25.0, runqueue_percent=rq) for i in range(2)]
+    ld = loader(nw=2, wait=0.6, step_ms=6.0, workers=ws, worker_ms=25.0, batches=5000, window_s=3.0)
+    j = job(loaders=[ld], main_cpu=12.0, main_thread_cpu=12.0, main_runqueue_percent=main_rq, cuda=False)
+    return snap([j], t=t, usable=2.0, logical=2, other_cpu_cores=others_cores, gpus=[], gpu_status="n/a")
+
+
+def test_a_loop_that_waits_for_cores_the_others_hold_is_told_so_not_nothing():
+    # Before: workers under 80 % busy are no worker-count rule's premise, and
+    # "other processes decide" asked for saturated CPU-bound workers: no hint,
+    # "nothing in the input pipeline needs attention" beside a 60 % wait.
+    diag = Diagnoser()
+    for k in range(10):
+        hints = diag.update(_starved_box(1.8, t=T0 + k))
+        assert hints or diag.judging(), k  # never neither
+    (h,) = hints
+    assert h["id"] == "cores-shared-with-others" and h["severity"] == "warn"
+    ev = h["evidence"]
+    assert ev["workers_saturated"] is False and ev["worker_busy_fraction"] == 0.72
+    assert ev["others_decide"] is True and ev["recommended_num_workers"] is None
+    assert ev["jobs_runqueue_cores"] == pytest.approx(0.7)  # 2 × 0.2 + 0.3
+    assert "busy only 72 % of the time, so they are not what the loop waits for" in h["message"]
+    assert "other processes use 1.8 of the 2 usable cores" in h["message"]
+    assert "give this job its cores" in h["suggestion"] and "idle 28 % of the time" in h["suggestion"]
+    # Its direction is the others' (a profiler's "more workers" defers to it);
+    # the suggestion itself names no count to move to.
+    assert d._of_hint(h, 2) == d.OTHERS
+    assert story_says(h["suggestion"], 2) == set()
+
+
+def test_the_same_idle_workers_on_a_quiet_box_are_not_the_others_story():
+    for o, rq, main_rq in [(0.05, 1.0, 1.0), (1.8, 1.0, 1.0)]:
+        # Quiet, or others on the idle time the job does not wait for (nice 19).
+        diag = Diagnoser()
+        for k in range(10):
+            hints = diag.update(_starved_box(o, rq=rq, main_rq=main_rq, t=T0 + k))
+        assert "cores-shared-with-others" not in {h["id"] for h in hints}, (o, hints)
+
+
+def test_a_one_shot_on_a_steady_loader_waits_for_the_others_state_to_start():
+    # The one-shot (`dlwatch snapshot`, MCP `hints`) stops once no loader is
+    # judging: a loader steady from its first snapshot was judged after the
+    # 3 s hold, the same second the others' state (3 s to start) would have
+    # let its hint pend, and the answer was "no hints". Entering, the box has
+    # a condition pending: judging until the hint shows.
+    diag = Diagnoser()
+    states = []
+    for k in range(10):
+        hints = diag.update(_starved_box(1.8, t=T0 + k))
+        states.append(("hint" if hints else "") + ("judging" if diag.judging() else ""))
+    first = states.index("hint")
+    assert set(states[:first]) == {"judging"} and set(states[first:]) == {"hint"}, states
