@@ -325,13 +325,15 @@ def test_io_bound_workers_that_oversubscribe_the_cores_themselves_still_hide_it(
     assert "workers-oversubscribe-cores" in got and "io-bound" not in got, got
 
 
-def _starved_box(others_cores, *, rq=20.0, main_rq=30.0, busy=0.72, t=T0):
+def _starved_box(others_cores, *, rq=20.0, main_rq=30.0, busy=0.72, t=T0, tail=None, **loader_kw):
     """test_mcp's job beside six CPU burners on 2 cores, as measured (stop 50's
     CI failure, reproduced): the loop waits 60 % while its 2 sleeping workers
     are busy only ~72 %, each of them and the trainer runnable without a core
     a fifth to a third of the time."""
-    ws = [worker(i, cpu=8.0, busy=busy, fetch_ms=25.0, runqueue_percent=rq) for i in range(2)]
-    ld = loader(nw=2, wait=0.6, step_ms=6.0, workers=ws, worker_ms=25.0, batches=5000, window_s=3.0)
+    ws = [worker(i, cpu=8.0, busy=busy, fetch_ms=25.0, runqueue_percent=rq, **(tail or {})) for i in range(2)]
+    ld = loader(
+        nw=2, wait=0.6, step_ms=6.0, workers=ws, worker_ms=25.0, batches=5000, window_s=3.0, **loader_kw
+    )
     j = job(loaders=[ld], main_cpu=12.0, main_thread_cpu=12.0, main_runqueue_percent=main_rq, cuda=False)
     return snap([j], t=t, usable=2.0, logical=2, other_cpu_cores=others_cores, gpus=[], gpu_status="n/a")
 
@@ -381,3 +383,18 @@ def test_a_one_shot_on_a_steady_loader_waits_for_the_others_state_to_start():
         states.append(("hint" if hints else "") + ("judging" if diag.judging() else ""))
     first = states.index("hint")
     assert set(states[:first]) == {"judging"} and set(states[first:]) == {"hint"}, states
+
+
+def test_a_tail_beside_the_others_is_their_story_not_a_slow_sample():
+    # An in-order loader whose workers wait for cores with the next batch in
+    # line: the same blocked time and fetch-time tail as a rare slow sample
+    # (head-of-line-blocking's premise; the copy-on-read recording test beside
+    # the parallel tier warned so on a scenario with no slow samples).
+    tail = {"fetch_ms_p50": 20.0, "fetch_ms_p95": 45.0, "fetch_ms_p99": 90.0}
+    hol = {"in_order": True, "head_of_line_fraction": 0.25}
+    quiet = {h["id"] for h in evaluate(_starved_box(0.05, rq=1.0, main_rq=1.0, tail=tail, **hol))}
+    assert "head-of-line-blocking" in quiet and "cores-shared-with-others" not in quiet, quiet
+    diag = Diagnoser()
+    for k in range(10):
+        hints = diag.update(_starved_box(1.8, t=T0 + k, tail=tail, **hol))
+    assert [h["id"] for h in hints] == ["cores-shared-with-others"], hints
