@@ -94,7 +94,18 @@ class Job:
         open(self.stop_file, "w").close()
 
     def finish(self, timeout: float = 60.0) -> dict:
-        out, err = self.proc.communicate(timeout=timeout)
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # Slow or hung: what each process of the job was doing says which
+            # (fresh-clone run 36: a spawn job past 60 s, with nothing to read).
+            where = stacks_of_tree(self.proc.pid)
+            self.kill()
+            out, err = self.proc.communicate()
+            raise AssertionError(
+                f"the job did not end within {timeout:.0f} s; its stderr ends: "
+                f"{err.decode()[-2000:]}\nits processes then:\n{where}"
+            ) from None
         self.stdout, self.stderr = out.decode(), err.decode()
         assert self.proc.returncode == 0, self.stderr[-3000:]
         with open(self.out) as f:
@@ -120,6 +131,29 @@ class Job:
         self.kill()
         shutil.rmtree(self.workdir, ignore_errors=True)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def stacks_of_tree(pid: int, timeout: float = 20.0) -> str:
+    """``py-spy dump`` of a process and its descendants (a test's evidence
+    for a job that did not end: each process's Python stack, or why not)."""
+    import psutil
+
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error as e:
+        return f"(process {pid}: {e})"
+    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    out = []
+    for p in procs:
+        try:
+            r = subprocess.run(
+                [spy, "dump", "--pid", str(p.pid)], capture_output=True, text=True, timeout=timeout
+            )
+            text = (r.stdout or r.stderr)[-3000:]
+        except (OSError, subprocess.TimeoutExpired) as e:
+            text = f"py-spy: {e}"
+        out.append(f"--- {p.pid}:\n{text}")
+    return "\n".join(out)
 
 
 def stop_sessions(procs: list, grace: float = 10.0) -> None:

@@ -13,7 +13,10 @@ from tests.e2e_util import Job
 def _run(*args, disable):
     job = Job(*args, disable=disable)
     try:
-        result = job.finish()
+        # 7 s alone; beside the parallel tier's load 34 s for a spawn job (run
+        # 35), over 60 s once (run 36). The job ends itself at its --duration
+        # (60 s of batches): a slower one is not hung, a hung one is dumped.
+        result = job.finish(timeout=150)
         return result, job.stdout, job.stderr, sorted(os.listdir(job.dir))
     finally:
         job.cleanup()
