@@ -66,10 +66,15 @@ SPARE_FOR_ONE_MORE = 0.5
 MIN_WORTHWHILE_SPEEDUP = 1.10
 # pipeline-has-headroom: workers busier than this are not "mostly idle".
 HEADROOM_MAX_BUSY = 0.30
-# ... and the loop must practically never wait. Not 0: taking a ready batch
-# from the queue costs the loop 1-2 ms of IPC and unpickling (measured with
-# the demo), a few % of a 50 ms step, however fast the workers are.
-HEADROOM_MAX_WAIT = 0.05
+# ... and the loop must not be data-bound (its wait under DATA_BOUND_WAIT,
+# so no worker-count rule of the other direction fires beside it). Not 0, and
+# not a few %: taking a ready batch from the queue costs the loop IPC and
+# unpickling however fast the workers are: 1-2 ms on the reference box, 4-5 ms
+# a batch (32 images of 3x32x32) on a slower 2-core box, where the loop read
+# 6-10 % of a 50 ms step with its queue 7-8 of 8 full and its 4 workers 4 %
+# busy, and the old 5 % bar kept the hint off for 40 s of 40 (fresh-clone run
+# 37 reran its test).
+HEADROOM_MAX_WAIT = DATA_BOUND_WAIT
 # ... and the prefetch queue mostly full (mean over the window; the loop
 # takes one out at every step, so exactly full is never seen).
 HEADROOM_QUEUE_FULL = 0.75
@@ -606,7 +611,7 @@ def rule_pipeline_has_headroom(ctx: Context) -> list[dict[str, Any]]:
         nw = lv.num_workers
         if not lv.steady or nw is None or nw < 2:
             continue
-        if lv.wait is None or lv.wait > HEADROOM_MAX_WAIT:
+        if lv.wait is None or lv.wait >= HEADROOM_MAX_WAIT:
             continue
         if lv.busy_mean is None or lv.busy_mean >= HEADROOM_MAX_BUSY:
             continue

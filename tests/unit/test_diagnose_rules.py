@@ -663,10 +663,18 @@ CASES = [
         False,
     ),
     (
-        "headroom silent when waiting",
-        one(loader(nw=8, ready=16, wait=0.06, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0))),
+        "headroom silent when data-bound",
+        one(loader(nw=8, ready=16, wait=0.10, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0))),
         "pipeline-has-headroom",
         False,
+    ),
+    (
+        # The hand-over of ready batches alone (fresh-clone run 37's box: 6-10 %
+        # of a 50 ms step with the queue full and the workers 4 % busy).
+        "headroom beside a hand-over wait",
+        one(loader(nw=4, ready=8, wait=0.08, step_ms=50.0, worker_kw=dict(busy=0.04, cpu=4.0, fetch_ms=5.0))),
+        "pipeline-has-headroom",
+        True,
     ),
     (
         "headroom silent, queue unknown",
