@@ -135,7 +135,7 @@ def starve(ctx: Context, lv: LoaderView) -> float | None:
     send the next index and to take the batch in. Measured beside six
     CPU burners on 2 cores (the module test job of tests/e2e/test_mcp.py: 2
     sleeping workers, a 5 ms step): the loop waited 53-65 % with its workers
-    busy 63-89 %, workers and trainer each 13-29 % runnable without a core,
+    busy 63-89 %, workers 13-29 % and trainer 40-43 % runnable without a core,
     and no hint spoke ("nothing in the input pipeline needs attention"); with
     two to four burners the workers stayed busy 92-99 % (io-bound's case)."""
     if not _on(ctx) or not lv.num_workers or lv.busy_mean is None or lv.busy_mean >= SATURATED_BUSY:
