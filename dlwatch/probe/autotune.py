@@ -209,6 +209,12 @@ class LoaderTuner:
         # iterator's start from zero.
         same_iter = mark["iter"] is not None and mark["iter"] is cur["iter"]
         acc = mark.get("acc", {})
+        # Each new iterator's start is a stall more workers do not shorten;
+        # epochs pooled with this one had theirs too (the first job's first
+        # epoch, pooled for its first step, starts the slowest).
+        stall_s = acc.get("stall_s", 0.0)
+        if start_ms is not None and not getattr(loader, "persistent_workers", False):
+            stall_s += start_ms / 1e3
         return {
             "batches": batches,
             "seconds": seconds,
@@ -223,6 +229,7 @@ class LoaderTuner:
             "worker_busy_s": acc.get("busy_s", 0.0) + cur["busy_s"] - (mark["busy_s"] if same_iter else 0.0),
             "worker_cpu_s": cur["cpu_s"] - mark["cpu_s"],
             "epoch_start_ms": start_ms,
+            "stall_s": stall_s,
         }
 
     def _pool(self, st, figures: dict, now: float) -> None:
@@ -235,6 +242,7 @@ class LoaderTuner:
             "fetch_s": figures["worker_fetch_s"],
             "wbatches": figures["worker_batches"],
             "busy_s": figures["worker_busy_s"],
+            "stall_s": figures["stall_s"],
         }
         for k in ("iter", "fetch_s", "wbatches", "busy_s"):
             mark[k] = cur[k]
@@ -242,12 +250,9 @@ class LoaderTuner:
     def _record(self, f: dict, loader) -> None:
         nw = int(getattr(loader, "num_workers", 0) or 0)
         rate = f["batches"] / f["seconds"]
-        # Whether the loop waits is judged past the epoch's start (workers
-        # starting up): more workers do not shorten that stall. The pace keeps it.
-        stall = (
-            (f["epoch_start_ms"] or 0.0) / 1e3 if not getattr(loader, "persistent_workers", False) else 0.0
-        )
-        wait = max(0.0, f["wait_s"] - stall)
+        # Whether the loop waits is judged past the epochs' starts (workers
+        # starting up): more workers do not shorten those stalls. The pace keeps them.
+        wait = max(0.0, f["wait_s"] - f["stall_s"])
         loop = wait + f["step_s"]
         trial = {
             "status": "ok",
@@ -369,6 +374,11 @@ class LoaderTuner:
         if not ok:
             return None
         best = search.choose(ok)
+        if self.state == "converged":
+            # The setting the job runs with since it converged: the epochs
+            # measured after it may move choose()'s pick within noise (fresh-
+            # clone run 40: "converged to num_workers=6" for a job that ran on with 7).
+            best = self._running(ok) or best
         if best is None:
             return None
         s = best.settings
@@ -383,6 +393,14 @@ class LoaderTuner:
             f"{best.mean:.1f} batches/s vs {first:.1f} with the script's own setting "
             f"({best.mean / first:.2f}×, {len(ok)} epochs measured)"
         )
+
+    def _running(self, ok: list[dict]) -> search.Group | None:
+        """The measured setting the loader has now, if it has one."""
+        loader = self.loader_ref()
+        if loader is None:
+            return None
+        key = search.settings_key(_settings(loader))
+        return next((g for g in search.groups(ok) if g.key == key), None)
 
 
 # --------------------------------------------------------------------- helpers
