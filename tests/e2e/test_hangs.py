@@ -62,7 +62,21 @@ def wait_snapshot(d: str, done, what: str) -> dict:
         if done(snap):
             return snap
         time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}: {json.dumps(snap)[:3000]}")
+    raise AssertionError(f"timed out waiting for {what}: {_stall_parts(snap)}\n{json.dumps(snap)[:3000]}")
+
+
+def _stall_parts(snap: dict) -> str:
+    """What a stall's test waits for, part by part: which one was missing."""
+    parts = [f"hints {[h['id'] for h in snap.get('hints') or []]}"]
+    for j in snap.get("jobs") or []:
+        stacks = j.get("stacks") or {}
+        summary = [
+            {k: e.get(k) for k in ("role", "worker_id", "via", "kind", "error", "channel_error")}
+            for e in stacks.get("summary") or []
+        ]
+        stalled = [ld.get("stalled_s") for ld in j.get("loaders") or []]
+        parts.append(f"job {j.get('pid')}: stalled_s {stalled}, stacks {sorted(stacks)}, summary {summary}")
+    return "; ".join(parts)
 
 
 def stalled_with_stacks(snap: dict, pid: int | None = None) -> bool:
