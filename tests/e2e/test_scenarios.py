@@ -5,6 +5,7 @@ does. The healthy scenario raises none."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -235,16 +236,23 @@ def assert_only_its_hint(
     if beside_load:
         warns = {i for i in warns if not is_the_boxs_load(i, seen[i].get("evidence"))}
     if expected is None:
-        assert warns == set(), {i: seen[i]["message"] for i in warns}
+        assert warns == set(), _said(seen, warns)
         return
     why = {k: (snap or {}).get(k) for k in ("hints_error", "judging", "errors", "host")}
     assert expected in seen, (
         f"{expected} never shown; seen {sorted(seen)}; last snapshot's {why};"
         f" last jobs: {snap and snap['jobs']}"
     )
-    assert warns - {expected} == set(), {i: seen[i]["message"] for i in warns - {expected}}
+    assert warns - {expected} == set(), _said(seen, warns - {expected})
     h = seen[expected]
     assert h["message"] and h["suggestion"] and h["evidence"]
+
+
+def _said(seen: dict[str, dict], ids: set[str]) -> str:
+    """The hints in full, their figures too (a str: pytest would cut a dict's repr)."""
+    return "\n".join(
+        f"{i}: {seen[i]['message']}\n  evidence: {json.dumps(seen[i].get('evidence'))}" for i in sorted(ids)
+    )
 
 
 @pytest.mark.timing
