@@ -20,6 +20,7 @@ import os
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from dlwatch.collect import ptrace, spy
@@ -31,6 +32,12 @@ PY_SPY_TIMEOUT_S = 10.0
 # How long a thread's CPU time is watched to tell a call blocked in C (no CPU
 # time) from one that runs: 50 clock ticks of a busy thread at 100 Hz.
 CPU_SAMPLE_S = 0.5
+# py-spy dumps run at once for a stall's unanswered processes (each a
+# short-lived reader of one process's memory); more wait for a free slot.
+PY_SPY_PARALLEL = 8
+# What a one-shot snapshot waits for a stall's stacks to be completed: the
+# dumps (side by side, each bounded), then the threads' CPU sample.
+COMPLETE_BOUND_S = PY_SPY_TIMEOUT_S + CPU_SAMPLE_S + 1.0
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -70,17 +77,20 @@ def complete(doc: dict[str, Any], py_spy: bool = True, sample_s: float = CPU_SAM
     changed (a snapshot may be reading it)."""
     out = dict(doc)
     procs = [dict(p) for p in doc.get("processes") or [] if isinstance(p, dict)]
-    for p in procs:
-        pid = as_pid(p.get("pid"))
-        if p.get("error") and not p.get("threads") and py_spy and pid is not None and pid_alive(pid):
-            outside = _from_outside(pid, p.get("role") or "worker", str(p["error"]))
-            if outside.get("threads"):
-                p["channel_error"] = p.pop("error")
-                p["threads"], p["via"] = outside["threads"], outside["via"]
-            else:
-                p["error"] = outside.get("error") or p["error"]
-        elif p.get("error") and not p.get("threads") and pid is not None:
-            ended = how_it_ended(pid)
+    unanswered = [
+        p for p in procs if p.get("error") and not p.get("threads") and as_pid(p.get("pid")) is not None
+    ]
+    readable = [p for p in unanswered if py_spy and pid_alive(as_pid(p.get("pid")) or 0)]
+    for p, outside in zip(readable, _read_from_outside(readable)):
+        if outside.get("threads"):
+            p["channel_error"] = p.pop("error")
+            p["threads"], p["via"] = outside["threads"], outside["via"]
+        else:
+            p["error"] = outside.get("error") or p["error"]
+    read_ids = {id(p) for p in readable}
+    for p in unanswered:
+        if id(p) not in read_ids:
+            ended = how_it_ended(as_pid(p.get("pid")) or 0)
             if ended:
                 p["error"] = ended
     # The CPU sample is what tells a plain call blocked in C from one that
@@ -179,6 +189,23 @@ def annotate_threads(procs: list[dict[str, Any]], sample_s: float = CPU_SAMPLE_S
         t["state"] = b[0]
         if a is not None and sample_s > 0:
             t["cpu_percent"] = round(100.0 * (b[1] - a[1]) / _CLK_TCK / span, 1)
+
+
+def _read_from_outside(procs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``_from_outside`` for each process, side by side: one after the other,
+    a stall of many workers blocked in C took a dump's time per worker, and
+    on a loaded box a one-shot snapshot (which waits one dump's bound) went
+    out with the channel's errors instead."""
+    if not procs:
+        return []
+
+    def read(p: dict[str, Any]) -> dict[str, Any]:
+        return _from_outside(as_pid(p.get("pid")) or 0, p.get("role") or "worker", str(p["error"]))
+
+    if len(procs) == 1:
+        return [read(procs[0])]
+    with ThreadPoolExecutor(min(PY_SPY_PARALLEL, len(procs)), thread_name_prefix="dlwatch-py-spy") as pool:
+        return list(pool.map(read, procs))
 
 
 def _from_outside(pid: int, role: str, why_not_inside: str) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from typing import Any, Literal, TypeVar, cast
 
 from dlwatch import rundir
 from dlwatch.collect import model
-from dlwatch.collect.hang import PY_SPY_TIMEOUT_S, StacksCompleter
+from dlwatch.collect.hang import COMPLETE_BOUND_S, StacksCompleter
 from dlwatch.collect.jobs import ONE_SHOT_EVERY, JobConnection, discover, pid_alive
 from dlwatch.collect.samplers import GpuSource, HintSource, HostSource, ProcSource
 from dlwatch.collect.schedstat import SchedSampler, add_runqueue
@@ -428,7 +428,7 @@ class Monitor:
         while (left := deadline - time.monotonic()) > 0:
             self.poll(min(left, 0.1))
         self._stacks.step(self.conns.values())
-        self._stacks.wait(PY_SPY_TIMEOUT_S)
+        self._stacks.wait(COMPLETE_BOUND_S)
         self._last_gpu = 0.0
         return self.build(window_s)
 

@@ -154,6 +154,57 @@ def test_complete_replaces_the_channels_error_with_py_spys_threads_and_their_cpu
     assert entry["line"].startswith(f"worker 0 (pid {pid}): blocked in C (0 % CPU, sleeping) in <module>")
 
 
+def test_a_stalls_unanswered_workers_are_read_side_by_side_each_into_its_own_entry(monkeypatch):
+    # One after the other, a stall of many workers blocked in C took a dump's
+    # time per worker, past what a one-shot snapshot waits on a loaded box.
+    code = "import ctypes\nprint('ready', flush=True)\nctypes.PyDLL(None).sleep(30)\n"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(3)
+    ]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        if spy.find() is None or not ptrace.check(procs[0].pid).allowed:
+            pytest.skip("py-spy cannot read a process here")
+        spans: dict[int, tuple[float, float]] = {}
+        real = collect_hang._from_outside
+
+        def timed(pid: int, role: str, why: str) -> dict:
+            t0 = time.monotonic()
+            out = real(pid, role, why)
+            spans[pid] = (t0, time.monotonic())
+            return out
+
+        monkeypatch.setattr(collect_hang, "_from_outside", timed)
+        gone = 2**22 + 7
+        doc = {
+            "processes": [
+                {"role": "worker", "pid": p.pid, "worker_id": i, "error": f"no answer from {i}"}
+                for i, p in enumerate(procs)
+            ]
+            + [{"role": "worker", "pid": gone, "worker_id": 3, "error": "no answer from 3"}]
+        }
+        out = collect_hang.complete(doc, sample_s=0)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    read, dead = out["processes"][:3], out["processes"][3]
+    for i, (entry, p) in enumerate(zip(read, procs)):
+        assert (
+            entry["pid"] == p.pid
+            and entry["via"] == "py-spy"
+            and entry["channel_error"] == f"no answer from {i}"
+        )
+        # its own process's dump: its one thread is the process's main thread
+        assert [(t.get("tid"), t["main"]) for t in entry["threads"]] == [
+            (p.pid, True)
+        ] and "error" not in entry
+    assert dead["error"] == "no answer from 3" and "via" not in dead and gone not in spans
+    # side by side: every dump began before the first one ended
+    assert max(a for a, _ in spans.values()) < min(b for _, b in spans.values()), spans
+
+
 def test_a_process_py_spy_cannot_read_keeps_the_channels_error_with_why():
     doc = {"processes": [{"role": "worker", "pid": 2**22 + 7, "worker_id": 0, "error": "no answer"}]}
     out = collect_hang.complete(doc, sample_s=0)
