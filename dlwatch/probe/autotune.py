@@ -198,23 +198,26 @@ class LoaderTuner:
             # A first step of seconds is no setting's pace: one batch and its step fewer.
             seconds -= first_step
             batches -= 1
-        if getattr(loader, "persistent_workers", False) and start_ms is not None and batches > 1:
+        acc = mark.get("acc", {})
+        start_s = start_ms / 1e3 if start_ms is not None else 0.0
+        # Each epoch's start (its iterator to its first batch: workers
+        # starting) is a stall more workers do not shorten; epochs pooled with
+        # this one had theirs too (the job's first epoch, pooled for its first
+        # step, starts the slowest).
+        stall_s = acc.get("stall_s", 0.0) + start_s
+        skip_s, skip_n = acc.get("skip_s", 0.0), acc.get("skip_n", 0)
+        if getattr(loader, "persistent_workers", False) and start_ms is not None:
             # Persistent workers start once in a real run, not once an epoch:
-            # a setting is judged from the epoch's first batch on.
-            seconds -= start_ms / 1e3
-            batches -= 1
+            # a setting is judged from each epoch's first batch on.
+            skip_s, skip_n = skip_s + start_s, skip_n + 1
+            if batches > skip_n:
+                seconds -= skip_s
+                batches -= skip_n
         if batches <= 0 or seconds <= 0:
             return None
         # A persistent iterator's worker counters run on across epochs; a new
         # iterator's start from zero.
         same_iter = mark["iter"] is not None and mark["iter"] is cur["iter"]
-        acc = mark.get("acc", {})
-        # Each new iterator's start is a stall more workers do not shorten;
-        # epochs pooled with this one had theirs too (the first job's first
-        # epoch, pooled for its first step, starts the slowest).
-        stall_s = acc.get("stall_s", 0.0)
-        if start_ms is not None and not getattr(loader, "persistent_workers", False):
-            stall_s += start_ms / 1e3
         return {
             "batches": batches,
             "seconds": seconds,
@@ -230,6 +233,8 @@ class LoaderTuner:
             "worker_cpu_s": cur["cpu_s"] - mark["cpu_s"],
             "epoch_start_ms": start_ms,
             "stall_s": stall_s,
+            "skip_s": skip_s,
+            "skip_n": skip_n,
         }
 
     def _pool(self, st, figures: dict, now: float) -> None:
@@ -243,6 +248,8 @@ class LoaderTuner:
             "wbatches": figures["worker_batches"],
             "busy_s": figures["worker_busy_s"],
             "stall_s": figures["stall_s"],
+            "skip_s": figures["skip_s"],
+            "skip_n": figures["skip_n"],
         }
         for k in ("iter", "fetch_s", "wbatches", "busy_s"):
             mark[k] = cur[k]
