@@ -58,6 +58,11 @@ def start_scenario(name: str, d: str, *extra: str) -> subprocess.Popen:
     )
 
 
+# How much longer than its patience a ``watch(from_training=True)`` waits
+# for the job's training to start.
+STARTUP_CAP_S = 30.0
+
+
 def watch(
     d: str,
     pid: int | None,
@@ -65,12 +70,17 @@ def watch(
     patience: float,
     linger: float = 3.0,
     story: dict | None = None,
+    from_training: bool = False,
 ):
     """Follow the job with the live Monitor (``pid`` None: the only job in
     ``d``); return (hints seen by id, last snapshot). ``story``, if given,
     gets ``found_s`` (seconds from the start of the watch to ``until_hint``,
     or with none to the loaders' judgement) and ``dropped`` (times after
-    that when it was not shown: the screen must keep saying it)."""
+    that when it was not shown: the screen must keep saying it).
+    ``from_training``: ``patience`` counts from the first snapshot that lists
+    the job's loader (its training started), not from the call: a job whose
+    check needs a span of its own training gets it however long it took to
+    start (up to ``STARTUP_CAP_S`` more)."""
     m = Monitor(directory=d, interval=0.5)
     m.start()
     seen: dict[str, dict] = {}
@@ -78,13 +88,16 @@ def watch(
     found_at = None
     start = time.monotonic()
     dropped: list[float] = []
-    end = start + patience
+    end = start + patience + (STARTUP_CAP_S if from_training else 0.0)
     try:
         while time.monotonic() < end:
             time.sleep(0.5)
             snap = m.latest()
             if not snap:
                 continue
+            if from_training and any(j["loaders"] for j in snap["jobs"] if pid is None or j["pid"] == pid):
+                from_training = False
+                end = min(end, time.monotonic() + patience)
             mine = [h for h in snap["hints"] if pid is None or h.get("job_pid") in (pid, None)]
             now = {h["id"] for h in mine}
             for h in mine:
