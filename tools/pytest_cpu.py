@@ -37,6 +37,8 @@ def pytest_runtest_protocol(item, nextitem):
     (own1, kids1), wall = _cpu(), time.monotonic() - t0
     line = {
         "id": item.nodeid,
+        "start": round(time.time() - wall, 2),  # when it began: where a tier's tail idles
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
         "wall": round(wall, 2),
         "self": round(own1 - own0, 2),
         "children": round(kids1 - kids0, 2),

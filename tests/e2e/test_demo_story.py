@@ -32,7 +32,7 @@ pytestmark = pytest.mark.timing
 # its expected story first shows (it must hold that long, unchanged), or at
 # its limit, whichever is first.
 PHASES = (("quiet", None, 24.0), ("nice 19", 19, 12.0), ("nice 0", 0, 24.0))
-KEPT_S = 8.0
+KEPT_S = 6.0
 # The cause on each: the cores are taken by the job's CPU-bound workers (and,
 # at nice 19, by processes that give them back): cpu-bound-preprocessing, or,
 # should a busy trainer make the job alone overfill the cores, the
