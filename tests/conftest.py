@@ -59,6 +59,13 @@ def short_tmpdir():
         shutil.rmtree(d, ignore_errors=True)
 
 
+def pytest_sessionfinish(session):
+    from tests import e2e_util
+
+    for d in e2e_util.MADE_DIRS:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 # A timing-tier test that needed its one rerun is a defect to fix by design
 # (docs/development.md); pytest-rerunfailures lists it (-rR) but drops the
 # first failure's traceback. Keep each first failure and print its end in the

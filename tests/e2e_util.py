@@ -17,10 +17,17 @@ HERE = Path(__file__).resolve().parent
 JOB = HERE / "jobs" / "timed_job.py"
 
 
+# Every directory short_tmpdir made in this process: removed when the test
+# session ends (conftest.py), whether or not its test cleaned up (a suite run
+# left ~130 behind in /tmp).
+MADE_DIRS: list[str] = []
+
+
 def short_tmpdir(prefix: str = "dlw") -> str:
     # Unix socket paths are limited to 107 bytes: pytest's tmp_path is too long.
     d = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
     os.chmod(d, 0o700)
+    MADE_DIRS.append(d)
     return d
 
 

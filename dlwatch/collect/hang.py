@@ -80,19 +80,18 @@ def complete(doc: dict[str, Any], py_spy: bool = True, sample_s: float = CPU_SAM
     unanswered = [
         p for p in procs if p.get("error") and not p.get("threads") and as_pid(p.get("pid")) is not None
     ]
-    readable = [p for p in unanswered if py_spy and pid_alive(as_pid(p.get("pid")) or 0)]
+    readable: list[dict[str, Any]] = []
+    for p in unanswered:
+        if py_spy and pid_alive(as_pid(p.get("pid")) or 0):
+            readable.append(p)
+        elif ended := how_it_ended(as_pid(p.get("pid")) or 0):
+            p["error"] = ended
     for p, outside in zip(readable, _read_from_outside(readable)):
         if outside.get("threads"):
             p["channel_error"] = p.pop("error")
             p["threads"], p["via"] = outside["threads"], outside["via"]
         else:
             p["error"] = outside.get("error") or p["error"]
-    read_ids = {id(p) for p in readable}
-    for p in unanswered:
-        if id(p) not in read_ids:
-            ended = how_it_ended(as_pid(p.get("pid")) or 0)
-            if ended:
-                p["error"] = ended
     # The CPU sample is what tells a plain call blocked in C from one that
     # runs: without such a frame, /proc's state alone (no wait) will do.
     plain = any(
@@ -202,8 +201,6 @@ def _read_from_outside(procs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     def read(p: dict[str, Any]) -> dict[str, Any]:
         return _from_outside(as_pid(p.get("pid")) or 0, p.get("role") or "worker", str(p["error"]))
 
-    if len(procs) == 1:
-        return [read(procs[0])]
     with ThreadPoolExecutor(min(PY_SPY_PARALLEL, len(procs)), thread_name_prefix="dlwatch-py-spy") as pool:
         return list(pool.map(read, procs))
 
