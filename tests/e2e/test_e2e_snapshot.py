@@ -3,11 +3,15 @@ compared with what the job's own loop measured over the same window."""
 
 from __future__ import annotations
 
+import array
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
+import termios
+import time
 
 import pytest
 
@@ -158,6 +162,47 @@ def test_torchdata_stateful_dataloader_is_instrumented():
         assert w["batches"] > 0
         assert w["busy_fraction"] == pytest.approx(wt["busy_fraction"], abs=0.05), (w, wt)
         assert w["fetch_ms_mean"] == pytest.approx(wt["fetch_ms"], rel=0.10), (w, wt)
+
+
+def _queued(fd: int) -> int:
+    """Bytes written into a pipe and not yet read."""
+    buf = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, buf)
+    return buf[0]
+
+
+def test_follow_ends_on_sigterm_while_its_reader_does_not_read():
+    """A reader that stops reading fills the pipe, and the stream's next
+    write waits on it; SIGTERM must end the stream all the same (the
+    multi-node test's stream outlived its 10 s there, fresh-clone run 52)."""
+    p = subprocess.Popen(
+        [sys.executable, "-m", "dlwatch", "snapshot", "--follow", "--interval", "0.5"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        fd = p.stdout.fileno()  # type: ignore[union-attr]
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 4096)  # full after a few lines of ~0.5 KB
+        size, line = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ), 0
+        deadline = time.monotonic() + 60
+        # Full: the next line does not fit (a write of under 4 KiB to a pipe
+        # is whole or waits), and the stream has tried one more.
+        while _queued(fd) + max(line, 1) <= size or line == 0:
+            assert p.poll() is None and time.monotonic() < deadline, p.stderr.read().decode()  # type: ignore[union-attr]
+            time.sleep(0.2)
+            line = line or _queued(fd)
+        time.sleep(1.5)
+        p.send_signal(signal.SIGTERM)
+        try:
+            rc = p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the stream did not end on SIGTERM within 10 s ({_queued(fd)} bytes unread)")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    err = p.stderr.read().decode()  # type: ignore[union-attr]
+    assert rc == 0 and "Traceback" not in err, (rc, err)
 
 
 @pytest.mark.timing  # each line within 2 points of the loop: as above

@@ -164,6 +164,10 @@ def over_hosts(args) -> int:
     return EXIT_OK if any(h.get("state") == "ok" for h in snap["hosts"] if not h.get("local")) else EXIT_ERROR
 
 
+class _Stopped(Exception):
+    """A signal ended the stream in the middle of a write."""
+
+
 def follow(args) -> int:
     """Each snapshot the live collector builds, as one line of JSON: the
     document of ``snapshot --json`` as a recording stores it (no history
@@ -184,10 +188,17 @@ def follow(args) -> int:
             window=args.window or args.interval,
         )
     built, stop = threading.Event(), threading.Event()
+    writing = [False]
 
     def on_signal(*_):
         stop.set()
         built.set()
+        if writing[0]:
+            # A reader that stopped reading holds the write on a full pipe,
+            # and the interpreter retries a write a handler returns into: the
+            # stream would outlive Ctrl-C and SIGTERM for as long as the
+            # reader sleeps. Raised here, the write ends.
+            raise _Stopped
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
@@ -202,13 +213,19 @@ def follow(args) -> int:
             if snap is None or snap is last or stop.is_set():
                 continue
             last = snap
-            sys.stdout.write(json.dumps(compact(snap), separators=(",", ":"), default=str) + "\n")
-            sys.stdout.flush()
+            line = json.dumps(compact(snap), separators=(",", ":"), default=str) + "\n"
+            writing[0] = True
+            try:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            finally:
+                writing[0] = False
             written += 1
-    except BrokenPipeError:
-        # The reader is gone (`| head -1`): that is the end of the stream,
-        # not an error. Point stdout at /dev/null so the interpreter's own
-        # flush at exit does not hit the closed pipe again.
+    except (BrokenPipeError, _Stopped):
+        # The reader is gone (`| head -1`), or a signal ended a write it did
+        # not read: the end of the stream, not an error. Point stdout at
+        # /dev/null so the interpreter's own flush at exit does not hit the
+        # closed pipe again, nor wait on the full one.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
