@@ -10,13 +10,24 @@ one test starts is never seen by another's collector.
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 E2E = Path(__file__).resolve().parent / "e2e"
+
+# The suite starts some 500 Python processes (jobs, their spawn workers, the
+# CLI), each importing dlwatch from this checkout. A machine that sets
+# PYTHONDONTWRITEBYTECODE (CI's does) would have every one of them compile the
+# modules it imports anew (~0.1 s of CPU each), and every pytest process
+# rewrite the test modules' asserts anew (~7 s a collection). Byte-code is
+# written under __pycache__ (git ignores it); what runs is the same.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 # Unit tests fork DataLoader workers from this long-lived process, and torch's
 # worker loop seeds numpy.random first thing: imported in the child unless the
