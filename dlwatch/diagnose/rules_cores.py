@@ -98,6 +98,22 @@ def _waits_on_cpu_workers(lv: LoaderView) -> bool:
     return kind is not None and kind[0]
 
 
+def _busy_worker_wants(lv: LoaderView) -> list[float]:
+    """Cores each busy worker of this loader wants: the CPU it used plus the
+    time it waited for a CPU, at most one core; a whole core when its wait is
+    unknown. A worker that sleeps most of the time (I/O, a full prefetch
+    queue) wants the share it uses, not a core: counted as a core, six such
+    workers at 20 % read as six runnable things on two cores."""
+    wants = []
+    for w in lv.workers:
+        cpu = num(w.get("cpu_percent"))
+        if cpu is None or cpu < IDLE_WORKER_CPU_PERCENT:
+            continue
+        rq = num(w.get("runqueue_percent"))
+        wants.append(1.0 if rq is None else min(1.0, (cpu + rq) / 100.0))
+    return wants
+
+
 def _and_titles(views: list[LoaderView]) -> str:
     titles = [lv.title for lv in views]
     return titles[0] if len(titles) == 1 else ", ".join(titles[:-1]) + " and " + titles[-1]
@@ -107,33 +123,33 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
     if ctx.usable_cores is None:
         return []
     steady = [lv for lv in ctx.loaders if lv.steady]
-    busy_workers = 0
-    for lv in steady:
-        busy_workers += sum(
-            1 for v in worker_values(lv.workers, "cpu_percent") if v >= IDLE_WORKER_CPU_PERCENT
-        )
+    wants = [want for lv in steady for want in _busy_worker_wants(lv)]
+    busy_workers = len(wants)
+    workers_want = sum(wants)
     demand, acc = _demand(ctx, steady)
     if acc is None:
         return []
-    # Runnable things against cores: busy workers, plus the cores the trainers
-    # (all threads) and other processes measurably use. A trainer waiting on
-    # its GPU counts for the tenth of a core it uses, a CPU step with
-    # intra-op threads for all of them.
+    # Runnable things against cores: what the busy workers want, plus the
+    # cores the trainers (all threads) and other processes measurably use. A
+    # trainer waiting on its GPU counts for the tenth of a core it uses, a
+    # CPU step with intra-op threads for all of them.
     # Half a core of slack: a trainer's few percent next to fully busy
     # workers is not an oversubscription worth a line (the old rule counted a
     # trainer from 50 % of a core).
-    wanted = busy_workers + acc.trainers + acc.others
+    wanted = workers_want + acc.trainers + acc.others
     if wanted <= ctx.usable_cores + OVERSUB_SLACK_CORES or busy_workers == 0:
         return []
     if demand < OVERSUB_DEMAND_FRACTION * ctx.usable_cores:
         return []
     decided = [lv for lv in steady if lv.workers and others.decide(ctx, lv) is not None]
     with_workers = [lv for lv in steady if lv.workers and (lv.num_workers or 0) >= 1]
-    jobs_fit = busy_workers + acc.trainers <= ctx.usable_cores + OVERSUB_SLACK_CORES
-    if jobs_fit and decided:
+    jobs_fit = workers_want + acc.trainers <= ctx.usable_cores + OVERSUB_SLACK_CORES
+    starved = [lv for lv in steady if lv.workers and others.starve(ctx, lv) is not None]
+    if jobs_fit and (decided or starved):
         # The jobs alone fit the cores: the other processes oversubscribe
         # them, and cores-shared-with-others says so for each loader they
-        # decide, with one count that does not move with their load.
+        # decide (or whose idle workers wait for a core to start a batch),
+        # with one count that does not move with their load.
         return []
     if jobs_fit and not others.heavy(ctx):
         # ... and the others are light, or the jobs hardly wait for them:
@@ -224,6 +240,7 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
     ev = {
         "total_workers": total_workers,
         "busy_workers": busy_workers,
+        "busy_workers_want_cores": r(workers_want, 2),
         "main_loops": ctx.main_loops,
         "jobs": jobs,
         "usable_cores": ctx.usable_cores,

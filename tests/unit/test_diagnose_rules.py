@@ -1211,3 +1211,46 @@ def test_main_loop_hint_names_autograds_share_when_it_counts():
     snap = one(job_kw={"main_thread_cpu": 97.0}, gpus=[gpu(util=5.0)])
     h = next(h for h in evaluate(snap) if h["id"] == "main-loop-cpu-bound")
     assert "main thread uses 97 % of a core" in h["message"]
+
+
+def _headroom_beside_others(worker_cpu, worker_rq, busy, *, n=4, main_cpu=60.0, main_rq=10.0, others=1.2):
+    """``n`` workers of one loader on 2 cores, a trainer at ``main_cpu`` % of
+    a core (a sleeping step) and other processes using ``others`` cores."""
+    ws = [worker(i, cpu=worker_cpu, busy=busy, fetch_ms=5.0, runqueue_percent=worker_rq) for i in range(n)]
+    ld = loader(nw=n, wait=0.02, step_ms=50.0, workers=ws, worker_ms=5.0, ready=2 * n)
+    j = job(
+        loaders=[ld], main_cpu=main_cpu, main_thread_cpu=main_cpu, main_runqueue_percent=main_rq, cuda=False
+    )
+    return snap([j], usable=2.0, logical=2, other_cpu_cores=others, gpus=[], gpu_status="n/a")
+
+
+def test_oversubscribe_counts_what_a_worker_wants_not_a_core_each():
+    # Measured (the demo's pipeline-has-headroom with 6 workers at --sample-ms
+    # 1.2, beside one CPU burner on 2 cores): workers parked on a full queue
+    # at 12-16 % of a core, 15-19 % runnable without one; the trainer 11 %
+    # (12 % waiting); the others 1.0 core. Counted as a core each, six
+    # workers read as 7 cores wanted on 2, and the rule said "fully used" in
+    # 51 of 67 snapshots; each wants about 0.3 of a core.
+    measured = _headroom_beside_others(13.0, 17.0, 0.15, n=6, main_cpu=11.0, main_rq=12.0, others=1.0)
+    assert "workers-oversubscribe-cores" not in ids(evaluate(measured))
+    # Four such workers at a quarter of a core beside a trainer at 60 %: the
+    # job wants ~1.8 of the 2 cores, and with the jobs hardly waiting for a
+    # core (0.18 cores' worth) the others are not heavy: nothing to say.
+    got = {h["id"]: h for h in evaluate(_headroom_beside_others(25.0, 2.0, busy=0.3))}
+    assert "workers-oversubscribe-cores" not in got, sorted(got)
+    # ... and when the jobs measurably wait for the cores the others hold
+    # (0.3 cores' worth of run-queue wait), the loader's idle workers are
+    # starved by them: cores-shared-with-others' story, not this one.
+    got = {h["id"]: h for h in evaluate(_headroom_beside_others(25.0, 5.0, busy=0.3))}
+    assert "workers-oversubscribe-cores" not in got, sorted(got)
+    # The same four workers short of CPU (40 % of a core used, 60 % runnable
+    # without one) each want a whole core: the job alone overfills the cores.
+    h = get(evaluate(_headroom_beside_others(40.0, 60.0, busy=1.0)), "workers-oversubscribe-cores")
+    assert h["evidence"]["busy_workers"] == 4 and h["evidence"]["busy_workers_want_cores"] == 4.0
+    # A worker whose run-queue wait is unknown counts as a whole core.
+    ws = [worker(i, cpu=25.0, busy=0.3, fetch_ms=5.0) for i in range(4)]
+    ld = loader(nw=4, wait=0.02, step_ms=50.0, workers=ws, worker_ms=5.0, ready=8)
+    j = job(loaders=[ld], main_cpu=60.0, main_thread_cpu=60.0, main_runqueue_percent=10.0, cuda=False)
+    s = snap([j], usable=2.0, logical=2, other_cpu_cores=1.2, gpus=[], gpu_status="n/a")
+    h = get(evaluate(s), "workers-oversubscribe-cores")
+    assert h["evidence"]["busy_workers_want_cores"] == 4.0
