@@ -131,7 +131,14 @@ def watched():
         watch("quiet", QUIET_S)
         during("W", lambda: control.request_worker_profile(job.pid, 4.0, directory=d).get("error"))
         during("S", lambda: gather_stacks(job.pid, directory=d, py_spy=False).get("error"))
-        during("P", lambda: control.request_profile(job.pid, steps=10, max_s=10.0, directory=d).get("error"))
+        # The trace in the test's own directory: by default it lands in this
+        # process's working directory, the checkout (a file left in every run).
+        during(
+            "P",
+            lambda: control.request_profile(job.pid, steps=10, max_s=10.0, out_dir=d, directory=d).get(
+                "error"
+            ),
+        )
         assert job.poll() is None, job.stderr.read().decode()[-2000:]
     finally:
         m.stop()
