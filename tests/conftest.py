@@ -70,11 +70,36 @@ def short_tmpdir():
         shutil.rmtree(d, ignore_errors=True)
 
 
+# What a test run may add to the checkout's top level: pytest's and
+# hypothesis's caches. Anything else is a test's output written into the
+# working directory (a command's default: `dlwatch profile`'s trace, the
+# view's screenshot), which a test must direct into a directory of its own.
+ROOT = Path(__file__).resolve().parent.parent
+RUN_CACHES = {".pytest_cache", ".hypothesis", "__pycache__"}
+_ROOT_BEFORE: set[str] = set()
+_LEFT_IN_ROOT: list[str] = []
+
+
+def _is_controller(session) -> bool:
+    """The process that runs the whole session (not an xdist worker)."""
+    return not hasattr(session.config, "workerinput")
+
+
+def pytest_sessionstart(session):
+    if _is_controller(session):
+        _ROOT_BEFORE.update(os.listdir(ROOT))
+
+
 def pytest_sessionfinish(session):
     from tests import e2e_util
 
     for d in e2e_util.MADE_DIRS:
         shutil.rmtree(d, ignore_errors=True)
+    if not _is_controller(session) or not _ROOT_BEFORE:
+        return
+    _LEFT_IN_ROOT[:] = sorted(set(os.listdir(ROOT)) - _ROOT_BEFORE - RUN_CACHES)
+    if _LEFT_IN_ROOT:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 # A timing-tier test that needed its one rerun is a defect to fix by design
@@ -90,6 +115,11 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
+    if _LEFT_IN_ROOT:
+        terminalreporter.section("files the tests left in the checkout", red=True)
+        terminalreporter.write_line(
+            f"{', '.join(_LEFT_IN_ROOT)} in {ROOT}: a test's output belongs in its own directory"
+        )
     if not _RERUN_REPORTS:
         return
     terminalreporter.section("why each rerun was needed (the first failure's end)")
