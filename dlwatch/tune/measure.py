@@ -432,6 +432,12 @@ class TrialMeter:
             "epochs": (pts[-1].epoch - pts[0].epoch) if len(pts) >= 2 else 0,
             "batches": (pts[-1].batches - pts[0].batches) if len(pts) >= 2 else 0,
             "steady_s": _round(self.steady_s, 2),
+            # The measured window on the job's own monotonic clock (the frames'
+            # ``window_mono_ns``), so a pace can be checked against the loop's
+            # own record of the same seconds.
+            "window_mono_ns": [pts[0].mono_ns, pts[-1].mono_ns]
+            if len(pts) >= 2 and pts[0].mono_ns is not None and pts[-1].mono_ns is not None
+            else None,
             "warmup_s": _round(self.steady_from - self.started, 2)
             if self.steady_from is not None and self.started is not None
             else None,
