@@ -165,7 +165,9 @@ def test_a_crash_in_the_second_trial_is_reported_not_measured():
     assert not marked("tune_crash_job.py")
 
 
-@pytest.mark.timing
+# Parallel tier: nothing here is a rate or a share (the trial is told to
+# stop once it says it has measured; what it printed is checked, not its
+# figures), and the box's load only makes the trial slower to get there.
 def test_ctrl_c_mid_trial_stops_it_and_prints_what_was_measured():
     cmd = [sys.executable, "-m", "dlwatch", "tune", "--json", "--trial-seconds", "30", "--"]
     cmd += [*DEMO, "--num-workers", "1", "--sample-ms", "4", "--cost-kind", "sleep", "--batch-size", "8"]
