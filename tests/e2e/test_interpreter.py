@@ -21,7 +21,7 @@ import pytest
 
 from dlwatch.collect.jobs import JobConnection
 from dlwatch.collect.monitor import take_snapshot
-from tests.e2e_util import dlwatch, short_tmpdir
+from tests.e2e_util import dlwatch, kill_group, short_tmpdir
 
 HERE = Path(__file__).resolve().parent.parent
 SCEN = HERE / "jobs" / "fault_scenarios.py"
@@ -94,7 +94,7 @@ class Proc:
         if self.p.poll() is None:
             try:
                 if _is_leader(self.pid):
-                    os.killpg(self.pid, signal.SIGKILL)
+                    kill_group(self.pid)
                 else:
                     self.p.kill()
             except ProcessLookupError:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import signal
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e_util import short_tmpdir, snapshots_json, truth_in_window
+from tests.e2e_util import kill_group, short_tmpdir, snapshots_json, truth_in_window
 
 pytestmark = pytest.mark.timing
 
@@ -61,7 +60,7 @@ class DemoJob:
 
     def kill(self) -> None:
         if self.p.poll() is None:
-            os.killpg(self.p.pid, signal.SIGKILL)
+            kill_group(self.p.pid)
             self.p.wait()
 
 
