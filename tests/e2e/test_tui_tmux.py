@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -322,12 +323,17 @@ def test_the_demo_job_ends_with_the_monitor_whether_it_quits_or_its_terminal_clo
                 job = psutil.Process(jobs[0]["pid"])
                 procs = [job, *job.children(recursive=True)]
         assert len(procs) >= 5, procs  # the trainer and its 4 workers
+        monitor = job.ppid()  # `dlwatch demo`: the job's parent
         if how == "q":
             tmux("send-keys", "-t", "main", "q")
         else:
             tmux.kill()
         _gone, alive = psutil.wait_procs(procs, timeout=20)
         assert alive == [], [(p.pid, p.status()) for p in alive]
+        # Nor its log: a killed monitor left /tmp/dlwatch-demo-PID.log behind.
+        named = (f"dlwatch-demo-{monitor}.log", f"dlwatch-demo-{monitor}-")
+        left = [f for f in os.listdir(tempfile.gettempdir()) if f == named[0] or f.startswith(named[1])]
+        assert left == [], left
     finally:
         tmux.kill()
         for p in procs:

@@ -367,3 +367,40 @@ def test_snapshot_stall_stacks_after_the_stall_ended_say_so_and_a_live_stall_kee
     snap["jobs"][0]["loaders"][0]["stalled_s"] = 81.0
     out = render_snapshot(snap)
     assert "stacks (stall, taken 80 s ago; dlwatch stacks" in out and "(pid 4301): sleeping" in out
+
+
+def test_the_demo_jobs_output_is_named_only_when_the_job_failed(tmp_path, monkeypatch):
+    """`dlwatch demo` writes its job's output to a file without a name: a
+    monitor killed before its clean-up (its terminal closed) leaves nothing in
+    the temp dir. A job that failed has its output saved under a name, which
+    the monitor prints; one that was stopped, or an unwritable temp dir, no
+    file (and no traceback)."""
+    import signal
+    import tempfile
+
+    from dlwatch.cli.commands.demo import keep_log
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def job(code: str) -> tuple[subprocess.Popen, object]:
+        log = tempfile.TemporaryFile()
+        p = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT)
+        p.wait(timeout=30)
+        return p, log
+
+    p, log = job("import sys; print('epoch 0: loss nan'); sys.exit(3)")
+    assert os.listdir(tmp_path) == []  # nothing named while it ran
+    path = keep_log(p, log)
+    assert os.path.dirname(path) == str(tmp_path) and os.path.basename(path).startswith(
+        f"dlwatch-demo-{os.getpid()}-"
+    )
+    assert open(path).read() == "epoch 0: loss nan\n" and oct(os.stat(path).st_mode & 0o777) == "0o600"
+    os.unlink(path)
+    for code in ("print('fine')", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"):
+        p, log = job(code)
+        assert p.returncode in (0, -signal.SIGTERM) and keep_log(p, log) == ""
+    assert os.listdir(tmp_path) == []
+    # Nowhere to save it: said, not raised.
+    p, log = job("raise SystemExit(3)")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))
+    assert keep_log(p, log).startswith("(not saved: ")

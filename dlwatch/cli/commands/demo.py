@@ -5,16 +5,20 @@ the demo) in its own session, so quitting the TUI stops it and its workers.
 A monitor that dies without quitting (its terminal closed: SIGHUP; killed)
 takes the demo with it: the job is started with the kernel's parent-death
 signal, and its workers follow their parent as torch's always do. Without
-that, closing the SSH window left the demo spinning on the cores.
+that, closing the SSH window left the demo spinning on the cores. Nor does it
+leave a file: the job's output goes to a file without a name, saved under
+one only when the job failed.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+from typing import IO
 
 from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, bootstrap_env, fail, open_live_view
 
@@ -63,20 +67,39 @@ def _die_with_parent(parent: int):
     return arm
 
 
-def start_demo(name: str, log_path: str) -> subprocess.Popen:
-    log = open(log_path, "ab")
+def start_demo(name: str, log: IO[bytes]) -> subprocess.Popen:
+    """The demo job, its output into ``log`` (an open file)."""
+    return subprocess.Popen(
+        demo_command(name),
+        env=bootstrap_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=_die_with_parent(os.getpid()),
+    )
+
+
+# How a demo that was stopped ends (not one that failed).
+STOPPED = (0, None, -signal.SIGINT, -signal.SIGTERM, -signal.SIGKILL, 130)
+
+
+def keep_log(proc: subprocess.Popen, log: IO[bytes]) -> str:
+    """Save a failed job's output under a name and return it; "" when the
+    job did not fail. The output goes to a file without a name until then, so
+    a monitor killed before it could clean up (its terminal closed) leaves
+    nothing behind: a named log was left in /tmp every such time."""
+    if proc.returncode in STOPPED:
+        return ""
     try:
-        return subprocess.Popen(
-            demo_command(name),
-            env=bootstrap_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent(os.getpid()),
-        )
-    finally:
-        log.close()
+        fd, path = tempfile.mkstemp(prefix=f"dlwatch-demo-{os.getpid()}-", suffix=".log")
+        with os.fdopen(fd, "wb") as out:
+            log.flush()
+            log.seek(0)
+            shutil.copyfileobj(log, out)
+    except OSError as e:
+        return f"(not saved: {e})"
+    return path
 
 
 def stop_demo(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
@@ -121,23 +144,19 @@ def run(args) -> int:
         return EXIT_USAGE
     if args.no_tui:
         os.execvpe(sys.executable, demo_command(args.scenario), bootstrap_env())
-    log_path = os.path.join(tempfile.gettempdir(), f"dlwatch-demo-{os.getpid()}.log")
-    proc = start_demo(args.scenario, log_path)
-    # The view is for this demo: it selects the demo's job as soon as it is
-    # listed, not whichever other job of this user's happens to run too.
-    args.follow_pid = proc.pid
-    try:
-        rc = open_live_view(args)
-    finally:
-        stop_demo(proc)
-    if proc.returncode not in (0, None, -signal.SIGINT, -signal.SIGTERM, -signal.SIGKILL, 130):
+    with tempfile.TemporaryFile(prefix="dlwatch-demo-") as log:  # no name (O_TMPFILE)
+        proc = start_demo(args.scenario, log)
+        # The view is for this demo: it selects the demo's job as soon as it is
+        # listed, not whichever other job of this user's happens to run too.
+        args.follow_pid = proc.pid
+        try:
+            rc = open_live_view(args)
+        finally:
+            stop_demo(proc)
+        saved = keep_log(proc, log)
+    if saved:
         print(
-            f"dlwatch demo: the demo job exited with status {proc.returncode}; its log: {log_path}",
+            f"dlwatch demo: the demo job exited with status {proc.returncode}; its log: {saved}",
             file=sys.stderr,
         )
-    else:
-        try:
-            os.unlink(log_path)
-        except OSError:
-            pass
     return rc
