@@ -102,14 +102,23 @@ def marker_command(path: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
+
+
 def test_the_read_only_server_lists_its_tools_and_starts_nothing(agent, job):
     tools = agent.tools()
     assert sorted(tools) == sorted(READ_ONLY)
     for t in tools.values():
         assert "Cost:" in t.description and t.annotations.read_only_hint is True, t
     assert tools["profile"].input_schema["required"] == ["pid"]
-    # stdio only: the server process has no network socket at all.
-    (server,) = [p for p in psutil.Process().children(recursive=True) if p.cmdline()[1:4] == MCP_CMD]
+    # stdio only: the server process has no network socket at all. (A child
+    # that has just exited, such as the job's worker at an epoch's end, is a
+    # zombie a moment: it has no command line to read, and is not the server.)
+    (server,) = [p for p in psutil.Process().children(recursive=True) if _cmdline(p)[1:4] == MCP_CMD]
     assert server.net_connections(kind="inet") == []
     marker = os.path.join(job.workdir, "ran-read-only")
     r = agent.call("tune", command=marker_command(marker), trial_seconds=1, max_trials=1)
