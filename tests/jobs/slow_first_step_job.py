@@ -7,7 +7,7 @@ Usage: slow_first_step_job.py [--num-workers N[,N...]] [--first-step-s S] [--ste
 
 With --report, writes {"batches_per_s": [...]} over its steady steps (after the
 first step, past one second of warm-up) when --duration has passed since the
-first step ended: the plain run's pace that a tune baseline must match. Each
+first step ended: the plain runs' paces, whose ratio tune's speed-up must match. Each
 count of --num-workers is one such run with a loader of its own, one after the
 other in this process (torch imported once: the test's plain runs took ~2 s
 each to start).
