@@ -490,6 +490,10 @@ class Monitor:
             ),
             {},
         )
+        # The threads found by name since (a burst's sampler before a frame lists it).
+        named = getattr(sampler, "named_own", None)
+        for pid, tids in (named() if callable(named) else {}).items():
+            own.setdefault(pid, []).extend(tids)
         if sched is not None:
             if (
                 not reuse

@@ -21,7 +21,10 @@ dlwatch's own threads inside a process (``own_tids``: the ids the job's
 frames list, its publisher, a worker's stack watcher, a burst's sampler) are
 left out of its thread count and CPU: the monitor must not measure its own
 probe as the job's work (pressing W once made a 1-worker job's worker run
-"5 threads" and raised worker-thread-oversubscription). A thread's memory
+"5 threads" and raised worker-thread-oversubscription). A frame comes after
+the thread it lists has started, so the threads are also found by their
+kernel names (``own_threads``), looked for when a process's thread count
+changes: no extra read while it does not. A thread's memory
 cannot be told from its process's; its stack is small and a burst's
 sampler keeps at most a few thousand stacks.
 
@@ -39,7 +42,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import psutil
 
-from dlwatch import autograd_threads
+from dlwatch import autograd_threads, own_threads
 
 T = TypeVar("T")
 
@@ -72,6 +75,10 @@ class _Tracked:
     thread_cpu_s: dict[int, float] = field(default_factory=dict)
     # tid -> user+system seconds of each of dlwatch's own threads at the previous sample
     own_cpu_s: dict[int, float] = field(default_factory=dict)
+    # dlwatch's threads found by their kernel name (own_threads.find), and
+    # the thread count when they were looked for: looked for again when it changes.
+    named_own: frozenset[int] = frozenset()
+    named_at_threads: int = -1
     # tid -> user+system seconds of each of torch's autograd device threads at the previous sample
     autograd_cpu_s: dict[int, float] = field(default_factory=dict)
     at: float = 0.0  # monotonic time of the previous sample
@@ -258,6 +265,11 @@ class ProcSampler:
         }
         return out
 
+    def named_own(self) -> dict[int, frozenset[int]]:
+        """dlwatch's threads per process as their kernel names tell
+        (``own_threads``), for the other samplers: as of the last sample."""
+        return {pid: st.named_own for pid, st in self._tracked.items() if st.named_own}
+
     def _budgeted(self) -> bool:
         return self.uss_policy.cpu_budget is not None and self.uss_policy.interval_s is not None
 
@@ -345,6 +357,11 @@ class ProcSampler:
         if res["state"] == "zombie" and not any("zombie" in e for e in errors):
             errors.insert(0, f"process {pid} is a zombie (exited, not yet reaped by its parent)")
 
+        if stat.threads != st.named_at_threads:
+            # A thread came or went: one of ours, named so, is left out from
+            # this sample on, before the job's frames list it.
+            st.named_own, st.named_at_threads = own_threads.find(pid), stat.threads
+        own = own | st.named_own
         own_n, own_cpu = self._own(st, pid, own, uptime) if own or st.own_cpu_s else (0, 0.0)
         res["threads"] = max(stat.threads - own_n, 1)
         res["own_threads"] = own_n

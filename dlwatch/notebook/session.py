@@ -14,6 +14,8 @@ import sys
 import threading
 from collections.abc import Callable
 
+from dlwatch import own_threads
+
 STOP_WAIT_S = 3.0
 DEFAULT_INTERVAL_S = 1.0
 DISABLED = "DLWATCH_DISABLE is set in this kernel: dlwatch.hook is a no-op, so there is nothing to show."
@@ -109,8 +111,7 @@ class PanelSession:
             return
         # A plain thread: ipykernel tags its messages with the cell running
         # now, so the saved notebook and nbclient see the updates in order.
-        self.thread = threading.Thread(target=self._read, name="dlwatch-panel", daemon=True)
-        self.thread.start()
+        self.thread = own_threads.start(self._read, "dlwatch-panel")
 
     def _read(self) -> None:
         proc = self.proc

@@ -30,7 +30,7 @@ import time
 from time import perf_counter_ns as _clock
 from typing import Any
 
-from dlwatch import autograd_threads, wire
+from dlwatch import autograd_threads, own_threads, wire
 from dlwatch.probe import loop_follow, profile_events, profile_figures
 
 TARGET_MODULE = "torch.utils.data.dataloader"
@@ -374,7 +374,7 @@ class Burst:
         # The plain window after the burst starts once the events are read
         # (_process); the wrapper stays until that window is long enough.
         self.state = PROCESSING
-        threading.Thread(target=self._process, args=(prof,), name="dlwatch-profile", daemon=True).start()
+        own_threads.start(self._process, "dlwatch-profile", (prof,))
 
     def _abort(self, reason: str) -> None:
         self._uninstall()

@@ -21,7 +21,7 @@ import time
 from collections import deque
 from typing import Any
 
-from dlwatch import rundir, wire
+from dlwatch import own_threads, rundir, wire
 from dlwatch.probe import control, handover, patches, stall, trainthread
 from dlwatch.probe.identity import job_identity, learn_ranks
 
@@ -36,7 +36,7 @@ HELLO_TIMEOUT_S = 5.0
 # watcher and a burst's sampler, listed in their rows instead): the frame
 # lists their native ids (``own_tids``) and the monitor leaves them out of
 # the job's threads, CPU and run-queue wait.
-OWN_THREAD_PREFIX = "dlwatch-"
+OWN_THREAD_PREFIX = own_threads.PREFIX
 # A client whose backlog has not shrunk for this long is stopped or gone
 # (SIGSTOP, a frozen terminal): drop it long before it reaches the backlog cap.
 STALL_TIMEOUT_S = 30.0
@@ -217,8 +217,7 @@ class Publisher:
     def start(self) -> None:
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listener, selectors.EVENT_READ, None)
-        self._thread = threading.Thread(target=self._run, name="dlwatch-publisher", daemon=True)
-        self._thread.start()
+        self._thread = own_threads.start(self._run, "dlwatch-publisher")
 
     def close(self) -> None:
         self._stop.set()

@@ -29,7 +29,7 @@ import time
 from time import perf_counter as _clock
 from types import CodeType
 
-from dlwatch import rundir, wire
+from dlwatch import own_threads, rundir, wire
 from dlwatch.probe.worker_row import BURST_ACK, BURST_END_S, BURST_GEN, BURST_HZ, claim_tid, release_tid
 
 # Distinct stacks kept per worker; later new ones are counted as "other".
@@ -58,7 +58,7 @@ def start(row, frow, base: int, gen: int, fetch_code, start_code=None) -> None:
             return
         _running.add(gen)
     s = _Sampler(row, frow, base, gen, fetch_code, threading.get_ident(), start_code)
-    threading.Thread(target=s.run, name="dlwatch-worker-sampler", daemon=True).start()
+    own_threads.start(s.run, "dlwatch-worker-sampler")
 
 
 class _Sampler:

@@ -22,7 +22,7 @@ import os
 import threading
 import time
 
-from dlwatch import rundir
+from dlwatch import own_threads, rundir
 from dlwatch.probe import thread_stacks
 from dlwatch.probe.worker_row import STACK_ACK, STACK_REQ, claim_tid
 
@@ -46,8 +46,7 @@ def start(row, base: int) -> None:
         if pid in _started:
             return
         _started.add(pid)
-    t = threading.Thread(target=_watch, args=(row, base), name="dlwatch-stack-watch", daemon=True)
-    t.start()
+    own_threads.start(_watch, "dlwatch-stack-watch", (row, base))
 
 
 def _watch(row, base: int) -> None:

@@ -137,6 +137,13 @@ class NativeLocked(Dataset):
 
     def __getitem__(self, i):
         if i >= FIRST_GOOD:
+            # The worker's previous batch is still being written to the
+            # result queue that all workers share, by its queue's feeder
+            # thread: blocked with the GIL at once, the worker would keep
+            # the queue's write lock and freeze the other worker's results
+            # too (the trainer then starves with worker 1 idle, not blocked
+            # in C: a run of the parallel tier). A moment of I/O first.
+            time.sleep(0.3)
             NATIVE.take_keeping_the_gil()  # held at fork by a thread the worker does not have
         return torch.zeros(4)
 
