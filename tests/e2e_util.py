@@ -43,29 +43,14 @@ OWN_PROCESS_GROUP: dict = {"process_group": 0} if sys.version_info >= (3, 11) el
 
 def kill_group(pgid: int, grace: float = 2.0) -> None:
     """SIGKILL every process of group ``pgid`` (a job, its DataLoader
-    workers, a forkserver), multiprocessing's resource tracker last: once the
-    others are gone it unlinks the named semaphores they held and exits.
-    Killed with them, it left those of every live spawn or forkserver
-    loader in /dev/shm (3 a queue, 14 for a loader of 2 workers: 28 at a
-    time, three times a suite run)."""
-    import psutil
+    workers, a forkserver), multiprocessing's resource tracker last, as
+    ``dlwatch demo`` and ``tune`` stop theirs: killed with the others, the
+    tracker left the semaphores of every live spawn or forkserver loader in
+    /dev/shm (3 a queue, 14 for a loader of 2 workers: 28 at a time, three
+    times a suite run)."""
+    from dlwatch.collect import process_group
 
-    trackers = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if os.getpgid(p.pid) != pgid:
-                continue
-            if any("resource_tracker" in part for part in p.info["cmdline"] or []):
-                trackers.append(p)
-            else:
-                p.kill()
-        except (psutil.Error, ProcessLookupError, PermissionError):
-            pass
-    psutil.wait_procs(trackers, timeout=grace)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    process_group.kill(pgid, grace)
 
 
 class Job:

@@ -18,10 +18,11 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dlwatch import overrides
+from dlwatch.collect import process_group
 from dlwatch.snapshot import SnapshotSource
 from dlwatch.tune.measure import TrialMeter
 
@@ -188,25 +189,28 @@ def stop_group(proc: subprocess.Popen) -> list[str]:
         (signal.SIGTERM, SIGTERM_GRACE_S),
         (signal.SIGKILL, 5.0),
     ):
-        if not group_members(pgid) and proc.poll() is not None:
+        if not process_group.members(pgid) and proc.poll() is not None:
             break
         if sig != signal.SIGINT:
             notes.append(f"sent {sig.name}")
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if sig == signal.SIGKILL:
+            process_group.kill(pgid)  # its resource tracker last: nothing left in /dev/shm
+        else:
+            try:
+                os.killpg(pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
         end = time.monotonic() + grace
         while time.monotonic() < end:
             proc.poll()
-            if proc.returncode is not None and not group_members(pgid):
+            if proc.returncode is not None and not process_group.members(pgid):
                 break
             time.sleep(0.05)
     try:
         proc.wait(timeout=1.0)
     except subprocess.TimeoutExpired:
         notes.append("the command did not exit")
-    left = group_members(pgid)
+    left = process_group.members(pgid)
     if left:
         notes.append(f"{len(left)} process(es) of the group still running: {sorted(left)}")
     return notes
@@ -226,7 +230,7 @@ class _GroupCpu:
         self.last: tuple[float, float] | None = None
 
     def sample(self, pgid: int) -> None:
-        v = group_cpu_s(pgid)
+        v = process_group.cpu_s(pgid)
         if v is None:
             return
         now = time.monotonic()
@@ -239,40 +243,6 @@ class _GroupCpu:
         if self.first is None or self.last is None or self.last[0] - self.first[0] < 0.5:
             return None
         return max(0.0, (self.last[1] - self.first[1]) / (self.last[0] - self.first[0]))
-
-
-_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _proc_stats() -> Iterator[tuple[int, list[bytes]]]:
-    """(pid, fields from 3 on) of every readable /proc/PID/stat."""
-    for name in _listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        yield int(name), stat[stat.rfind(b")") + 2 :].split()
-
-
-def group_cpu_s(pgid: int) -> float | None:
-    """Cumulative CPU seconds of the process group ``pgid`` (see ``_GroupCpu``)."""
-    total = 0
-    found = False
-    for _pid, rest in _proc_stats():
-        # rest[0] is field 3 (state); utime..cstime are fields 14-17.
-        if len(rest) > 14 and int(rest[2]) == pgid:
-            total += sum(int(x) for x in rest[11:15])
-            found = True
-    return total / _TICKS if found else None
-
-
-def group_members(pgid: int) -> set[int]:
-    """PIDs whose process group is ``pgid`` (zombies not counted: the kernel
-    reaps them with their parent)."""
-    return {pid for pid, rest in _proc_stats() if len(rest) > 2 and rest[0] != b"Z" and int(rest[2]) == pgid}
 
 
 def _listdir(path: str) -> list[str]:

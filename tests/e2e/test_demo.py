@@ -461,3 +461,66 @@ def test_dlwatch_demo_asks_its_view_to_follow_the_demos_own_job(tmp_path, monkey
     assert seen.get("pid") is not None, seen
     assert "dlwatch.demo.train" in seen["cmdline"], seen
     assert not psutil.pid_exists(seen["pid"]) or psutil.Process(seen["pid"]).status() == "zombie"
+
+
+# A job whose processes all ignore Ctrl-C and SIGTERM (a worker killed by
+# one would fail the trainer, which then exits cleanly), holding a spawn
+# loader of 2 workers: its queues' locks are named semaphores, in /dev/shm
+# until unlinked.
+_STUBBORN = """
+import signal, sys, time
+import torch
+from torch.utils.data import DataLoader
+
+class Items(torch.utils.data.Dataset):
+    def __len__(self):
+        return 10_000
+    def __getitem__(self, i):
+        return torch.zeros(2)
+
+def deaf(*_):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+if __name__ == "__main__":
+    deaf()
+    loader = DataLoader(Items(), batch_size=4, num_workers=2, multiprocessing_context="spawn", worker_init_fn=deaf)
+    it = iter(loader)
+    next(it)
+    queues = [it._worker_result_queue, *it._index_queues]
+    names = [lock._semlock.name for q in queues for lock in (q._rlock, q._wlock) if lock is not None]
+    print(" ".join(names), flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_demo_that_must_be_killed_leaves_no_semaphore_behind(tmp_path):
+    """`dlwatch demo`'s stop: a job deaf to SIGINT and SIGTERM is killed with
+    its workers, and multiprocessing's resource tracker outlives them long
+    enough to unlink their queues' semaphores (killed with the group at once,
+    it left them in /dev/shm for good)."""
+    from dlwatch.cli.commands.demo import stop_demo
+    from dlwatch.collect import process_group
+
+    script = tmp_path / "stubborn.py"
+    script.write_text(_STUBBORN)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        line = proc.stdout.readline().decode()  # type: ignore[union-attr]
+        names = line.split()
+        assert names, proc.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
+        files = [f"/dev/shm/sem.{n.lstrip('/')}" for n in names]
+        assert all(os.path.exists(f) for f in files), files  # the check can fail
+        t0 = time.monotonic()
+        stop_demo(proc, grace_s=0.3, term_s=0.3)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            process_group.kill(proc.pid)
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not process_group.members(proc.pid), "the group outlived its stop"
+    assert [f for f in files if os.path.exists(f)] == []
+    assert took < 0.3 + 0.3 + process_group.TRACKER_GRACE_S + 2.5, took

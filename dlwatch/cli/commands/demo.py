@@ -21,6 +21,7 @@ import tempfile
 from typing import IO
 
 from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, bootstrap_env, fail, open_live_view
+from dlwatch.collect import process_group
 
 NAME = "demo"
 HELP = "start the bundled demo training job and watch it"
@@ -102,11 +103,13 @@ def keep_log(proc: subprocess.Popen, log: IO[bytes]) -> str:
     return path
 
 
-def stop_demo(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
-    """SIGTERM the demo's process group (workers included), SIGKILL stragglers."""
+def stop_demo(proc: subprocess.Popen, grace_s: float = 5.0, term_s: float = 2.0) -> None:
+    """SIGINT the demo's process group (workers included), then SIGTERM;
+    whatever is left of the group is killed, its resource tracker last (it
+    unlinks the semaphores of a spawn loader's queues)."""
     if proc.poll() is not None:
         return
-    for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
+    for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, term_s)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -116,9 +119,11 @@ def stop_demo(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
             break
         except subprocess.TimeoutExpired:
             continue
-    try:  # workers left behind in the group
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
+    # Workers left behind, or a job that ignored both signals.
+    process_group.kill(proc.pid)
+    try:
+        proc.wait(timeout=2.0)
+    except subprocess.TimeoutExpired:
         pass
 
 
