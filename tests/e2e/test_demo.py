@@ -484,7 +484,9 @@ def deaf(*_):
 
 if __name__ == "__main__":
     deaf()
-    loader = DataLoader(Items(), batch_size=4, num_workers=2, multiprocessing_context="spawn", worker_init_fn=deaf)
+    loader = DataLoader(
+        Items(), batch_size=4, num_workers=2, multiprocessing_context="spawn", worker_init_fn=deaf
+    )
     it = iter(loader)
     next(it)
     queues = [it._worker_result_queue, *it._index_queues]
