@@ -50,15 +50,61 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.e2e)
 
 
+# A hooked job recreates its runtime directory when it is deleted under it
+# (probe/publisher.py: REBIND_CHECK_S): one that is back after its test
+# removed it belongs to a job that outlived its test (an empty dlwrun*
+# directory was left in /tmp by every fresh-clone run up to 65: the probe's
+# publisher that a unit test had started in an xdist worker). Each test's
+# directory is logged here, with the test's id, and the controller looks for
+# them again at the end.
+_RUNDIR_LOG = "DLWATCH_TEST_RUNDIR_LOG"
+_RUNDIRS_BACK: list[tuple[str, str]] = []
+
+
+def pytest_configure(config):
+    # Before xdist starts its workers: they inherit the variable.
+    if not hasattr(config, "workerinput") and _RUNDIR_LOG not in os.environ:
+        fd, path = tempfile.mkstemp(prefix="dlwtest-rundirs-", dir="/tmp")
+        os.close(fd)
+        os.environ[_RUNDIR_LOG] = path
+
+
 @pytest.fixture(autouse=True)
-def private_runtime_dir(monkeypatch):
+def private_runtime_dir(monkeypatch, request):
     """A fresh DLWATCH_DIR for each test (its subprocesses inherit it)."""
     d = tempfile.mkdtemp(prefix="dlwrun", dir="/tmp")
+    log = os.environ.get(_RUNDIR_LOG)
+    if log:
+        with open(log, "a") as f:  # one short append per test: whole lines under xdist
+            f.write(f"{d}\t{request.node.nodeid}\n")
     monkeypatch.setenv("DLWATCH_DIR", d)
     try:
         yield d
     finally:
+        # A test that trained in this process started the probe's publisher
+        # here, in this directory: stopped, or it would recreate it.
+        publisher = sys.modules.get("dlwatch.probe.publisher")
+        if publisher is not None:
+            publisher.stop()
         shutil.rmtree(d, ignore_errors=True)
+
+
+def _rundirs_back() -> list[tuple[str, str]]:
+    """(directory, test id) of the tests' runtime directories that exist
+    again, each removed; the log too."""
+    log = os.environ.get(_RUNDIR_LOG)
+    if not log:
+        return []
+    try:
+        with open(log) as f:
+            rows = [line.rstrip("\n").split("\t", 1) for line in f if "\t" in line]
+        os.unlink(log)
+    except OSError:
+        return []
+    back = [(d, nodeid) for d, nodeid in rows if os.path.isdir(d)]
+    for d, _ in back:
+        shutil.rmtree(d, ignore_errors=True)
+    return back
 
 
 @pytest.fixture
@@ -99,7 +145,8 @@ def pytest_sessionfinish(session):
     if not _is_controller(session):
         return
     _LEFT_IN_ROOT[:] = sorted(set(os.listdir(ROOT)) - _ROOT_BEFORE - RUN_CACHES)
-    if _LEFT_IN_ROOT:
+    _RUNDIRS_BACK[:] = _rundirs_back()
+    if _LEFT_IN_ROOT or _RUNDIRS_BACK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -121,6 +168,10 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(
             f"{', '.join(_LEFT_IN_ROOT)} in {ROOT}: a test's output belongs in its own directory"
         )
+    if _RUNDIRS_BACK:
+        terminalreporter.section("jobs that outlived their test", red=True)
+        for d, nodeid in _RUNDIRS_BACK:
+            terminalreporter.write_line(f"{nodeid}: a job of this test recreated its runtime directory {d}")
     if not _RERUN_REPORTS:
         return
     terminalreporter.section("why each rerun was needed (the first failure's end)")

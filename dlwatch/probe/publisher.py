@@ -98,6 +98,20 @@ def current() -> Publisher | None:
     return _publisher
 
 
+def stop() -> None:
+    """Close this process's publisher now (its last frame, its socket file);
+    the next iterator starts a new one, in the runtime directory of that
+    moment. For a process that hosts one job after another, each with a
+    runtime directory of its own (a test runner): left running, the
+    publisher would rebind in the first one's directory whenever it was
+    deleted, for the life of the process."""
+    global _publisher
+    with _lock:
+        pub, _publisher = _publisher, None
+    if pub is not None:
+        pub.close()
+
+
 def _after_fork_in_child() -> None:
     # The child inherits our socket fds but not our thread. Close the copies
     # (the file belongs to the parent: never unlink it) and forget everything;

@@ -233,3 +233,26 @@ def test_the_monitor_reads_own_ids_from_the_last_frame_and_drops_junk():
     live = SimpleNamespace(live=True, frames=[{"main": {"own_tids": [1]}, "loaders": []}, frame], pid=10)
     gone = SimpleNamespace(live=False, frames=[frame], pid=40)
     assert Monitor._own_tids([live, gone]) == {10: [11], 20: [21, 22]}
+
+
+def test_a_stopped_publisher_is_gone_and_the_next_iterator_starts_a_new_one(tmp_path, monkeypatch):
+    # A process that hosts one job after another (this test runner): each
+    # has its publisher in its own runtime directory, and none outlives it.
+    first, second = tmp_path / "a", tmp_path / "b"
+    monkeypatch.setenv("DLWATCH_DIR", str(first))
+    publisher.ensure_started()
+    pub = publisher.current()
+    assert pub is not None and pub.path is not None and os.path.exists(pub.path)
+    thread = pub._thread
+    publisher.stop()
+    assert publisher.current() is None and not os.path.exists(pub.path)
+    assert thread is not None and not thread.is_alive()
+    # Its thread, which would have rebound in the first directory once it
+    # was deleted, has ended; the next iterator's publisher is in the second.
+    monkeypatch.setenv("DLWATCH_DIR", str(second))
+    publisher.ensure_started()
+    try:
+        new = publisher.current()
+        assert new is not None and new is not pub and os.path.dirname(new.path) == str(second)
+    finally:
+        publisher.stop()
