@@ -10,12 +10,13 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
+from dlwatch.collect import control
 from tests.e2e_util import Job, dlwatch, short_tmpdir, snapshot_json, stop_sessions
 
 STAGES = Path(__file__).resolve().parents[1] / "jobs" / "stages_job.py"
@@ -48,11 +49,16 @@ def wait_ready(job: subprocess.Popen, ready: str) -> None:
         time.sleep(0.05)
 
 
-def _wait(cond, timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, what
-        time.sleep(0.05)
+# `dlwatch ARGS` in a process that has imported the CLI and waits for a line
+# on stdin first: the command runs at once on cue, whatever the box's load.
+_CLI_ON_CUE = (
+    "import sys\n"
+    "from dlwatch.cli.main import main\n"
+    "import dlwatch.cli.commands.profile, dlwatch.collect.control, dlwatch.diagnose.worker_profile\n"
+    "print('ready', file=sys.stderr, flush=True)\n"
+    "sys.stdin.readline()\n"
+    "raise SystemExit(main(sys.argv[1:]))\n"
+)
 
 
 def profile(d: str, pid: int, *args: str) -> subprocess.Popen:
@@ -112,29 +118,46 @@ def test_persistent_fork_workers_two_stages_one_burst_at_a_time_and_every_monito
         stderr=subprocess.PIPE,
     )
     try:
-        workers = psutil.Process(job.pid).children()
-        threads = {w.pid: w.num_threads() for w in workers}
-        # The first asks for 8 s so the second, asked once it runs, lands
-        # inside it even when the second's command is slow to start: asked for
-        # 3 s, both ran one after the other beside the parallel tier.
-        first = profile(d, job.pid, "--seconds", "8", "--json")
-        # The second asks once a worker runs one more thread (the first's
-        # sampler), so that the two overlap. Which reaches the job first is
-        # the scheduler's business on a loaded box (a worker's thread count
-        # can also rise on its own): one burst runs, the other is told the
-        # job is busy.
-        _wait(lambda: any(w.num_threads() > threads[w.pid] for w in workers), 20, "no burst started")
-        second = profile(d, job.pid, "--seconds", "3", "--json")
-        asks = [(p, p.communicate(timeout=60), secs) for p, secs in ((second, 3), (first, 8))]
-        ran = [out for p, out, _ in asks if p.returncode == 0]
-        refused = [out for p, out, _ in asks if p.returncode != 0]
-        assert len(ran) == 1 and len(refused) == 1, [(p.returncode, out[1][-500:]) for p, out, _ in asks]
-        assert "busy" in refused[0][1] and "Traceback" not in refused[0][1], refused
-        assert [p.returncode for p, _, _ in asks if p.returncode != 0] == [1]
-        doc = json.loads(ran[0][0])
+        # The first burst is asked for from here, 8 s; the second, `dlwatch
+        # profile`, once the job says the first runs. The second's interpreter
+        # is started and its modules imported beforehand: a command started
+        # then took over 8 s to reach the job on a loaded box, and asked once a
+        # worker's thread count had risen the two ran one after the other
+        # beside the parallel tier (fresh-clone run 66).
+        second = subprocess.Popen(
+            [sys.executable, "-c", _CLI_ON_CUE, "profile", "--workers", "--pid", str(job.pid)]
+            + ["--seconds", "3", "--json"],
+            env=dict(os.environ, DLWATCH_DIR=d),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert second.stderr.readline() == "ready\n"  # type: ignore[union-attr]
+        first: dict = {}
+        running = threading.Event()
+
+        def on_status(msg: dict) -> None:
+            if msg.get("state") == "running":
+                running.set()
+
+        def ask_first() -> None:
+            try:
+                first["doc"] = control.request_worker_profile(job.pid, 8.0, directory=d, on_status=on_status)
+            except Exception as e:  # the assertion below says what failed
+                first["error"] = f"{type(e).__name__}: {e}"
+                running.set()
+
+        asking = threading.Thread(target=ask_first)
+        asking.start()
+        assert running.wait(30) and "error" not in first, first or "the first burst never ran"
+        _, err = second.communicate("go\n", timeout=60)
+        asking.join(60)
+        assert second.returncode == 1 and "busy" in err and "Traceback" not in err, (second.returncode, err)
+        doc = first["doc"]
         assert_two_stages(doc, truth=wall_split(log, doc["window_mono_ns"]))
         assert len(doc["workers"]) == 2 and all(w["reported"] for w in doc["workers"])
-        assert doc["seconds"] == next(secs for p, _, secs in asks if p.returncode == 0)
+        assert doc["seconds"] == 8
         assert doc["hz"] == 100 and doc["loader"]["name"].startswith("loader 0")
         # A monitor that connects later is told the last profile (hints, recordings).
         snap = snapshot_json(d, "--judge", "0")  # figures, not hints: one measurement
