@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import os
 
+from dlwatch import own_threads
+
 PREFIX = "pt_autograd_"
 TASKS = "/proc/self/task"
 
@@ -29,19 +31,7 @@ def find(tasks: str = TASKS) -> tuple[int, ...]:
     """The thread ids of the autograd device threads in ``tasks`` (this
     process's by default; none on CPU torch, or before the first backward
     on a device)."""
-    try:
-        names = os.listdir(tasks)
-    except OSError:
-        return ()
-    found = []
-    for name in names:
-        try:
-            with open(os.path.join(tasks, name, "comm")) as f:
-                if f.read().startswith(PREFIX):
-                    found.append(int(name))
-        except (OSError, ValueError):
-            continue
-    return tuple(sorted(found))
+    return own_threads.named(tasks, PREFIX)
 
 
 def cpu_ns(tids: tuple[int, ...], tasks: str = TASKS) -> dict[int, int]:

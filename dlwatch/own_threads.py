@@ -62,24 +62,29 @@ def start(target: Callable[..., object], name: str, args: tuple = ()) -> threadi
     return t
 
 
-def find(pid: int | str = "self", proc: str = "/proc") -> frozenset[int]:
-    """The native ids of the threads in process ``pid`` whose kernel name
-    starts with ``PREFIX``; the main thread never (its name is the
-    process's, which a user may have chosen). Empty when /proc cannot tell."""
-    tasks = f"{proc}/{pid}/task"
-    main = str(os.getpid() if pid == "self" else pid)
+def named(tasks: str, prefix: str) -> tuple[int, ...]:
+    """The ids, sorted, of the threads in the task list ``tasks``
+    (/proc/PID/task) whose kernel name starts with ``prefix``: ours, or
+    torch's autograd threads (autograd_threads.py). Empty when /proc cannot
+    tell; a thread that ends meanwhile is left out."""
     try:
         names = os.listdir(tasks)
     except OSError:
-        return frozenset()
+        return ()
     found = []
+    want = prefix.encode()
     for name in names:
-        if name == main:
-            continue
         try:
-            with open(f"{tasks}/{name}/comm", "rb") as f:
-                if f.read().startswith(PREFIX.encode()):
+            with open(os.path.join(tasks, name, "comm"), "rb") as f:
+                if f.read().startswith(want):
                     found.append(int(name))
         except (OSError, ValueError):
-            continue  # a thread that just ended
-    return frozenset(found)
+            continue
+    return tuple(sorted(found))
+
+
+def find(pid: int | str = "self", proc: str = "/proc") -> frozenset[int]:
+    """dlwatch's threads in process ``pid``; the main thread never (its name
+    is the process's, which a user may have chosen)."""
+    main = os.getpid() if pid == "self" else int(pid)
+    return frozenset(named(f"{proc}/{pid}/task", PREFIX)) - {main}

@@ -13,6 +13,10 @@ import tempfile
 import time
 from pathlib import Path
 
+# Jobs are killed with their resource tracker last (it unlinks their
+# loaders' semaphores): as `dlwatch demo` and `tune` stop theirs.
+from dlwatch.collect import process_group
+
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "jobs" / "timed_job.py"
 
@@ -39,18 +43,6 @@ def short_tmpdir(prefix: str = "dlw") -> str:
 # weighs as much as a whole test process tree beside it (the one fresh-clone
 # run that did so, test_record's 95 s job missed its hint in the recording).
 OWN_PROCESS_GROUP: dict = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
-
-
-def kill_group(pgid: int, grace: float = 2.0) -> None:
-    """SIGKILL every process of group ``pgid`` (a job, its DataLoader
-    workers, a forkserver), multiprocessing's resource tracker last, as
-    ``dlwatch demo`` and ``tune`` stop theirs: killed with the others, the
-    tracker left the semaphores of every live spawn or forkserver loader in
-    /dev/shm (3 a queue, 14 for a loader of 2 workers: 28 at a time, three
-    times a suite run)."""
-    from dlwatch.collect import process_group
-
-    process_group.kill(pgid, grace)
 
 
 class Job:
@@ -138,7 +130,7 @@ class Job:
         return result
 
     def kill(self) -> None:
-        kill_group(self.proc.pid)
+        process_group.kill(self.proc.pid)
         self.proc.wait()
 
     def cleanup(self) -> None:
@@ -186,7 +178,7 @@ def stop_sessions(procs: list, grace: float = 10.0) -> None:
             p.wait(timeout=max(0.1, end - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
-        kill_group(p.pid)
+        process_group.kill(p.pid)
         if p.poll() is None:
             p.wait()
 

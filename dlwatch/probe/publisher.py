@@ -31,12 +31,6 @@ HISTORY_FRAMES = 600  # one minute at 10 Hz
 # buffer without bound (history on attach is ~2 MB at most).
 MAX_CLIENT_BACKLOG = 8 << 20
 HELLO_TIMEOUT_S = 5.0
-# Every thread dlwatch starts in a job is named so (this publisher, the
-# profiler's processing thread, a notebook's reader; in workers the stack
-# watcher and a burst's sampler, listed in their rows instead): the frame
-# lists their native ids (``own_tids``) and the monitor leaves them out of
-# the job's threads, CPU and run-queue wait.
-OWN_THREAD_PREFIX = own_threads.PREFIX
 # A client whose backlog has not shrunk for this long is stopped or gone
 # (SIGSTOP, a frozen terminal): drop it long before it reaches the backlog cap.
 STALL_TIMEOUT_S = 30.0
@@ -51,9 +45,13 @@ _disabled_reason: str | None = None
 
 
 def own_tids() -> list[int]:
-    """The native ids of dlwatch's threads in this process (named ``OWN_THREAD_PREFIX``)."""
+    """The native ids of dlwatch's threads in this process (this publisher,
+    the profiler's processing thread, a notebook's reader; in workers the
+    stack watcher and a burst's sampler, listed in their rows instead), all
+    named ``own_threads.PREFIX``…: the frame lists them (``own_tids``) and
+    the monitor leaves them out of the job's threads, CPU and run-queue wait."""
     return [
-        t.native_id for t in threading.enumerate() if t.native_id and t.name.startswith(OWN_THREAD_PREFIX)
+        t.native_id for t in threading.enumerate() if t.native_id and t.name.startswith(own_threads.PREFIX)
     ]
 
 

@@ -19,9 +19,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from dlwatch.collect import process_group
 from dlwatch.collect.jobs import JobConnection
 from dlwatch.collect.monitor import take_snapshot
-from tests.e2e_util import dlwatch, kill_group, short_tmpdir
+from tests.e2e_util import dlwatch, short_tmpdir
 
 HERE = Path(__file__).resolve().parent.parent
 SCEN = HERE / "jobs" / "fault_scenarios.py"
@@ -94,7 +95,7 @@ class Proc:
         if self.p.poll() is None:
             try:
                 if _is_leader(self.pid):
-                    kill_group(self.pid)
+                    process_group.kill(self.pid)
                 else:
                     self.p.kill()
             except ProcessLookupError:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e_util import kill_group, short_tmpdir, snapshots_json, truth_in_window
+from dlwatch.collect import process_group
+from tests.e2e_util import short_tmpdir, snapshots_json, truth_in_window
 
 pytestmark = pytest.mark.timing
 
@@ -60,7 +61,7 @@ class DemoJob:
 
     def kill(self) -> None:
         if self.p.poll() is None:
-            kill_group(self.p.pid)
+            process_group.kill(self.p.pid)
             self.p.wait()
 
 
