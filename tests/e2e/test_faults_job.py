@@ -2,10 +2,11 @@
 garbage on the socket, the runtime directory deleted under it.
 
 Every case runs two identical instrumented jobs side by side (same seed,
-same fixed number of batches, sleep-based costs, each with its own runtime
-directory): job A is abused, twin B is left alone. Then:
+sleep-based costs, each with its own runtime directory): job A is abused,
+twin B is left alone, and both are stopped once the last fault is over. Then:
 
-- A's batch checksums equal B's (the probe never changes what is trained);
+- A's batch checksums equal B's over every batch both trained, which spans
+  every fault (the probe never changes what is trained);
 - A's pace (batches/s from its own per-batch records, counted over the
   abuse window on the shared monotonic clock) is within PACE_TOL of B's over
   the same window;
@@ -18,10 +19,13 @@ On this shared 2-core box, with 6+ processes of the two jobs and the abusers
 competing, wake-up latency differs between two *identical untouched* jobs:
 measured over one 3 s window, up to ~4 % on a normally loaded box and up to
 ~15 % with three extra busy loops (the ``control`` window shows that noise
-floor); over all 8 windows (~26 s) it averages out to within ~2 %. So the
-total ratio must stay >= 1 - 5 %, and each window's >= 1 - 15 % (it catches
-any stall of more than ~0.45 s in a 3 s window; a probe that waited for a
-stopped client would stall the loop completely). The bounds are one-sided:
+floor); over all 8 windows it averages out to within ~2 %. So the total
+ratio must stay >= 1 - 5 %, and each window's >= 1 - 15 % (it catches any
+stall of more than ~0.3 s in a 2 s window; a probe that waited for a
+stopped client would stall the loop completely). The windows are 2 s: in
+the timing tier, on a box with nothing else running, each window's ratio
+read 0.989-1.014 (two runs, ~90 batches a window) and the total 0.999 and
+1.002 over ~21 s. The bounds are one-sided:
 the abused job running *faster* than its twin is noise, never harm. The
 measured ratios are printed (run with -s); on a quiet box they are within
 0.1 % of 1 in total.
@@ -52,7 +56,9 @@ from tests.e2e_util import Job
 HERE = Path(__file__).resolve().parent.parent
 MONITOR = HERE / "jobs" / "fault_monitor.py"
 
-N_BATCHES = 1450
+# A cap: the jobs are stopped once the faults are over (~21 s, ~950 batches
+# of ~22 ms on a quiet box); a job that reaches it first fails the test.
+N_BATCHES = 4000
 STEP_MS = 20
 JOB_ARGS = [
     "--workers",
@@ -76,7 +82,7 @@ JOB_ARGS = [
     "7",
     "--checksum",
 ]
-ABUSE_S = 3.0
+ABUSE_S = 2.0
 PACE_TOL = 0.05
 PACE_TOL_WINDOW = 0.15
 RSS_BOUND = 20 << 20
@@ -383,19 +389,25 @@ def test_job_survives_every_fault():
             windows.append((case, w0, w1, r1 - r0, notes))
             assert_live_frames(a, after_ns=w1)
         rss_a1, rss_b1 = _rss(a.proc.pid), _rss(b.proc.pid)
+        a.stop()
+        b.stop()
         ra, rb = a.finish(), b.finish()
     finally:
         a.cleanup()
         b.cleanup()
 
-    # Same batches, in the same order, as the undisturbed twin; not a word from the probe.
+    # Same batches, in the same order, as the undisturbed twin, over every
+    # batch both trained (the twins start and stop a few batches apart),
+    # through every fault; not a word from the probe.
     assert ra["error"] is None and rb["error"] is None
     assert (a.stdout, a.stderr) == (b.stdout, b.stderr)
-    assert len(ra["digest"]) == N_BATCHES
-    assert ra["digest"] == rb["digest"]
     ba, bb = ra["recs"]["train"]["batches"], rb["recs"]["train"]["batches"]
     first, last = windows[0][1], windows[-1][2]
     assert ba[-1][2] > last and bb[-1][2] > last, "both jobs must train through every window"
+    common = min(len(ra["digest"]), len(rb["digest"]))
+    assert len(ra["digest"]) == len(ba) and len(rb["digest"]) == len(bb)
+    assert common < N_BATCHES
+    assert ra["digest"][:common] == rb["digest"][:common]
     failures = []
     print()
     for case, w0, w1, growth, notes in windows:
