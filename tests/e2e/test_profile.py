@@ -143,9 +143,10 @@ def test_batches_and_pace_after_a_burst_match_an_untouched_twin():
     # Sleep-paced steps (5 ms), no workers: the pace is the loop's own, the
     # batches a pure function of the seed.
     args = ("--workers", "0", "--sample-ms", "0", "--step-ms", "5", "--shuffle", "--seed", "3")
-    # 14 s: the burst's first Kineto start-up and trace writing took over 6 s
-    # once on the 2-core box, and the job must outlive them.
-    args += ("--checksum", "--duration", "14", "--size", "20000")
+    # Both stop 1.5 s after the burst is done (its first Kineto start-up and
+    # trace writing took over 6 s once on the 2-core box: a fixed duration
+    # had to outlast that every time); 60 s is a cap.
+    args += ("--checksum", "--duration", "60", "--size", "20000")
     d = short_tmpdir()
     profiled, twin = Job(*args, runtime_dir=d), Job(*args, runtime_dir=short_tmpdir())
     try:
@@ -163,6 +164,9 @@ def test_batches_and_pace_after_a_burst_match_an_untouched_twin():
         )
         assert r.returncode == 0, r.stderr
         doc = json.loads(r.stdout)
+        time.sleep(1.5)  # the pace after the burst
+        profiled.stop()
+        twin.stop()
         a, b = profiled.finish(), twin.finish()
     finally:
         profiled.cleanup()
