@@ -46,10 +46,11 @@ def test_a_slow_step_job_without_workers_gets_no_workers_and_a_true_figure():
         job.wait_socket()
         found = None
         while time.monotonic() - started < 35 and job.proc.poll() is None:
-            # One snapshot watches until the loader is judged (its default
+            # One snapshot watches until the loader is judged (the default
             # 7 s cap ended each call before a batch every 2 s could be:
-            # found at the third call, 24 s, where one watch finds it at 16 s);
-            # again only while the job has no loader yet.
+            # found at the third call, 24 s, where one watch finds it at
+            # 16 s); another only should one end without the hint (a job
+            # with no loader yet is not being judged).
             snap = snapshot_json(job.dir, "--judge", "35")
             h = _hint(snap, "no-workers", job.proc.pid)
             if h is not None:
