@@ -1,8 +1,6 @@
 """``python -m dlwatch.demo``: the demo training job (same flags as ``dlwatch.demo.train``)."""
 
-import sys
-
-from .train import main
+from .train import run_and_exit
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_and_exit()
