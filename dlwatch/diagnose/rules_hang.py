@@ -33,21 +33,45 @@ from .registry import Rule
 # /dev/shm with less than this free cannot take a batch of any size that
 # matters (a 224 px RGB uint8 batch of 32 is 4.8 MB).
 SHM_FULL_BYTES = 4 << 20
-# Stacks older than the stall's start (plus the job's gathering time) are
-# an earlier episode's.
+# Stacks a monitor asked for (no stall's batch count to tell them by) older
+# than the stall's start, give or take the gathering and the frames' age,
+# are an earlier episode's.
 STACKS_SLACK_S = 5.0
 # Threads of the trainer that are the machinery's, not the user's.
 _MACHINERY = ("QueueFeederThread", "pt_data_pin", "pt_autograd", "dlwatch-")
 
 
-def _fresh_stacks(ctx: Context, job: dict[str, Any], stalled_s: float) -> dict[str, Any] | None:
+def _fresh_stacks(
+    ctx: Context, job: dict[str, Any], ld: dict[str, Any], stalled_s: float
+) -> dict[str, Any] | None:
     st = job.get("stacks")
     if not isinstance(st, dict) or not isinstance(st.get("summary"), list):
         return None
+    at = _stalled_at(st, as_int(ld.get("id")))
+    if at is not None:
+        # Gathered when this loader stalled: they are this stall's only if no
+        # batch came since, however recent they are. On a loaded box a rank
+        # waited 2 s inside next() (the loop in the queue, its workers idle
+        # once they answered), trained on, and hung in a collective 3 s
+        # later; within the slack below, a snapshot read the first stall's
+        # stacks as the hang's (fresh-clone run 72).
+        return st if at == (as_int(ld.get("epoch")), as_int(ld.get("batches_total"))) else None
     t, now = num(st.get("t")), ctx.time
     if t is None or now is None or t < now - stalled_s - STACKS_SLACK_S:
         return None
     return st
+
+
+def _stalled_at(st: dict[str, Any], lid: int | None) -> tuple[int | None, int | None] | None:
+    """(epoch, batches) of loader ``lid`` when the job gathered ``st`` for its
+    stall (the frame that showed the stall, ``probe/publisher.py``); None
+    for stacks a monitor asked for, or gathered for another loader's stall."""
+    if st.get("reason") != "stall" or lid is None:
+        return None
+    for e in st.get("loaders") or ():
+        if isinstance(e, dict) and as_int(e.get("id")) == lid and as_int(e.get("batches")) is not None:
+            return as_int(e.get("epoch")), as_int(e.get("batches"))
+    return None
 
 
 Entry = dict[str, Any]
@@ -423,7 +447,7 @@ def rule_loader_stalled(ctx: Context) -> list[dict[str, Any]]:
         stalled = num(ld.get("stalled_s"))
         if stalled is None:
             continue
-        stacks = _fresh_stacks(ctx, lv.job, stalled)
+        stacks = _fresh_stacks(ctx, lv.job, ld, stalled)
         entries = stacks.get("summary") if stacks else []
         main, workers, others = _mine(entries or [], lv.lid)
         # Each worker as it is now: its process sample (CPU, state: a plain

@@ -51,6 +51,8 @@ class Control:
         self._stacks: stack_request.StackGather | None = None
         self._sclients: list[Any] = []
         self._last_stacks: bytes | None = None
+        # Loaders that stalled while a gathering was in progress: theirs follows.
+        self._stalls_next: dict[Any, dict] = {}
 
     def replay(self) -> list[bytes]:
         """What a newly greeted client gets after the history."""
@@ -165,12 +167,17 @@ class Control:
             self._sclients.append(c)
 
     def on_stall(self, loaders: list[dict]) -> None:
-        """A loader has just stalled (publisher): gather the stacks for every monitor."""
-        if self._stacks is None:
-            try:
-                self._stacks = stack_request.StackGather("stall", loaders)
-            except Exception:
-                self._stacks = None
+        """A loader has just stalled (publisher): gather the stacks for every
+        monitor; after the gathering in progress, if there is one."""
+        if self._stacks is not None:
+            # That one shows the threads before this stall (an earlier stall's
+            # gathering, or a monitor's request): this stall gets its own.
+            self._stalls_next.update((ld.get("id"), ld) for ld in loaders)
+            return
+        try:
+            self._stacks = stack_request.StackGather("stall", loaders)
+        except Exception:
+            self._stacks = None
 
     def _poll_stacks(self) -> None:
         g = self._stacks
@@ -191,6 +198,9 @@ class Control:
         copy = _encode_stacks(result, broadcast=True)
         self._last_stacks = copy
         self.pub.broadcast(copy, skip_all=asked)
+        if self._stalls_next:
+            stalled, self._stalls_next = list(self._stalls_next.values()), {}
+            self.on_stall(stalled)
 
     def farewell(self) -> None:
         """The job is exiting mid-burst: tell the monitor that asked, best effort."""

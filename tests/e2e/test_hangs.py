@@ -80,11 +80,17 @@ def _stall_parts(snap: dict) -> str:
 
 
 def stalled_with_stacks(snap: dict, pid: int | None = None) -> bool:
+    """A stall judged on its own stacks: the hint's evidence quotes them (an
+    earlier stall's stacks, still the job's last while this one's are
+    gathered, are not its evidence)."""
     for j in snap["jobs"]:
         if pid is not None and j["pid"] != pid:
             continue
         if any(ld.get("stalled_s") for ld in j["loaders"]) and (j.get("stacks") or {}).get("summary"):
-            return any(h["id"] == "loader-stalled" for h in snap["hints"])
+            return any(
+                h["id"] == "loader-stalled" and h.get("job_pid") == j["pid"] and h["evidence"].get("lines")
+                for h in snap["hints"]
+            )
     return False
 
 

@@ -423,6 +423,26 @@ def test_idle_workers_while_the_loop_waits_in_a_collective_name_the_rank_that_ra
     assert _cause([alone])["evidence"]["cause"] == "loop-stuck"
 
 
+def test_stacks_of_an_earlier_stall_are_not_this_ones_however_recent():
+    # Fresh-clone run 72: rank 0 waited 2 s inside next() on a loaded box (its
+    # workers idle once they answered), trained on to its 13th batch and hung
+    # in a collective; the first stall's stacks, 3 s old, read as the hang's.
+    def rank0(stacks_at_batches):
+        r0 = _stalled_job([IDLE_WORKER, IDLE_WORKER], run_id="r", rank=0, pid=1000, batches=13, epoch=0)
+        ld = r0["loaders"][0]
+        ld.update(in_next=False, stalled_s=2.0)
+        r0["stacks"].update(t=T0 - 4.0, loaders=[{"id": 0, "epoch": 0, "batches": stacks_at_batches}])
+        return r0
+
+    r1 = job(1001, loaders=[loader(batches=12, epoch_batches=[12])], run_id="r", rank=1)
+    earlier = _cause([rank0(5), r1])
+    assert earlier["evidence"]["cause"] == "uneven-ranks" and earlier["evidence"]["lines"] == []
+    assert "rank 1 (pid 1001) has finished its epoch" in earlier["message"]
+    # Gathered for this stall (no batch since): they are its evidence.
+    this = _cause([rank0(13), r1])
+    assert this["evidence"]["cause"] == "workers-idle" and this["evidence"]["lines"]
+
+
 def test_a_loop_without_workers_stuck_in_its_own_fetch():
     main = _thread(
         [("<module>", "/job/t.py", 9), ("__getitem__", "/job/ds.py", 12)], "with open(self.path) as f:"

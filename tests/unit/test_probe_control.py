@@ -4,6 +4,7 @@ publisher's frames, real DataLoaders through the probe's patches."""
 from __future__ import annotations
 
 import gc
+import json
 import time
 
 import torch
@@ -82,3 +83,24 @@ def test_a_frames_counters_stop_at_the_frames_time(probe, tmp_path, monkeypatch)
     assert ld["batches"] == 1
     # The counters cover at most the time from before the first batch to the frame's time.
     assert ld["wait_ns"] + ld["step_ns"] <= frame["mono_ns"] - t_before, (ld, frame["mono_ns"] - t_before)
+
+
+def test_a_stall_that_starts_during_a_gathering_gets_stacks_of_its_own(probe, tmp_path):
+    # Fresh-clone run 72: a rank's loader stalled for 2 s inside next(), trained
+    # on, and hung 3 s later while the first stall's stacks were still the
+    # job's last; the second stall must get its own, after the first's.
+    ctl = Publisher(directory=str(tmp_path))._control
+    ctl.on_stall([{"id": 0, "epoch": 0, "batches": 5}])
+    ctl.on_stall([{"id": 0, "epoch": 0, "batches": 13}])
+    answers: list[bytes] = []
+    deadline = time.monotonic() + 10
+    while len(answers) < 2 and time.monotonic() < deadline:
+        ctl.poll()
+        last = ctl._last_stacks
+        if last is not None and (not answers or last is not answers[-1]):
+            answers.append(last)
+        time.sleep(0.01)
+    docs = [json.loads(a)["result"] for a in answers]
+    assert [(d["reason"], d["loaders"][0]["batches"]) for d in docs] == [("stall", 5), ("stall", 13)]
+    ctl.poll()
+    assert ctl._stacks is None, "one gathering per stall, none after"
