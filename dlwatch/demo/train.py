@@ -494,14 +494,15 @@ def run_and_exit(argv: list[str] | None = None) -> None:
     garbage collections over torch's objects."""
     code = main(argv)
     # When main returns the run is over: its report written, its loaders'
-    # workers shut down. What is left is the atexit handlers (the hook's
-    # among them) and the interpreter's teardown, whose collections walk every object torch
-    # made: 0.5 s of the demo's 0.8 s from SIGTERM to its exit on the 2-core
-    # box (medians of three runs each: 0.82 -> 0.31 s with the data-bound
-    # scenario's two workers, 0.75 -> 0.24 s without workers). Frozen
-    # objects are left to the exit; the atexit handlers, the threads' end
-    # and the modules' teardown still run. Every `dlwatch tune` trial of
-    # the demo and every `dlwatch demo` that is quit ends that much sooner.
+    # workers shut down (70 ms after a SIGTERM, strace says). What is left
+    # is the atexit handlers (the hook's among them) and the interpreter's
+    # teardown, whose collections walk every object torch made: over half
+    # a second on the 2-core box. Frozen, those objects are left to the
+    # exit; the atexit handlers, the threads' end and the modules' teardown
+    # still run. SIGTERM to exit, medians of three runs: 0.82 -> 0.29 s with
+    # the data-bound scenario's two workers, 0.75 -> 0.21 s without. Every
+    # `dlwatch tune` trial of the demo and every `dlwatch demo` that is quit
+    # ends that much sooner.
     gc.freeze()
     sys.exit(code)
 
