@@ -50,11 +50,12 @@ def _fresh_stacks(
     at = _stalled_at(st, as_int(ld.get("id")))
     if at is not None:
         # Gathered when this loader stalled: they are this stall's only if no
-        # batch came since, however recent they are. On a loaded box a rank
-        # waited 2 s inside next() (the loop in the queue, its workers idle
-        # once they answered), trained on, and hung in a collective 3 s
-        # later; within the slack below, a snapshot read the first stall's
-        # stacks as the hang's (fresh-clone run 72).
+        # batch came since, however recent they are. On a loaded box a rank's
+        # first batch came past the epoch-start threshold (a stall: the loop
+        # in next(), its workers idle once they answered); it trained 13
+        # batches and hung in a collective seconds later, and within the
+        # slack below a snapshot read the first stall's stacks as the hang's
+        # (fresh-clone run 72).
         return st if at == (as_int(ld.get("epoch")), as_int(ld.get("batches_total"))) else None
     t, now = num(st.get("t")), ctx.time
     if t is None or now is None or t < now - stalled_s - STACKS_SLACK_S:

@@ -424,9 +424,10 @@ def test_idle_workers_while_the_loop_waits_in_a_collective_name_the_rank_that_ra
 
 
 def test_stacks_of_an_earlier_stall_are_not_this_ones_however_recent():
-    # Fresh-clone run 72: rank 0 waited 2 s inside next() on a loaded box (its
-    # workers idle once they answered), trained on to its 13th batch and hung
-    # in a collective; the first stall's stacks, 3 s old, read as the hang's.
+    # Fresh-clone run 72: on a loaded box rank 0's first batch came past the
+    # epoch-start threshold (the loop in next(), its workers idle once they
+    # answered); it trained 13 batches and hung in a collective, and that
+    # first stall's stacks, seconds old, were read as the hang's.
     def rank0(stacks_at_batches):
         r0 = _stalled_job([IDLE_WORKER, IDLE_WORKER], run_id="r", rank=0, pid=1000, batches=13, epoch=0)
         ld = r0["loaders"][0]

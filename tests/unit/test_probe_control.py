@@ -86,9 +86,9 @@ def test_a_frames_counters_stop_at_the_frames_time(probe, tmp_path, monkeypatch)
 
 
 def test_a_stall_that_starts_during_a_gathering_gets_stacks_of_its_own(probe, tmp_path):
-    # Fresh-clone run 72: a rank's loader stalled for 2 s inside next(), trained
-    # on, and hung 3 s later while the first stall's stacks were still the
-    # job's last; the second stall must get its own, after the first's.
+    # Fresh-clone run 72: a rank's loader stalled before its first batch,
+    # trained on, and hung seconds later while the first stall's stacks were
+    # still the job's last; the second stall must get its own, after the first's.
     ctl = Publisher(directory=str(tmp_path))._control
     ctl.on_stall([{"id": 0, "epoch": 0, "batches": 5}])
     ctl.on_stall([{"id": 0, "epoch": 0, "batches": 13}])
