@@ -639,8 +639,23 @@ def _judging(
         why = f"a condition must hold {HOLD_ON_S:.0f} s before its hint shows" if tr.was_steady else None
         out.append(judging_entry(lv.pid, lv.lid, t - since, lv.loader, why))
     judged_now = frozenset(k for k in done if k in tracks)
-    named = {pid for (pid, _lid) in shown}
+    named = {pid for (pid, _lid) in shown} | _named_finished(hints)
     return (*out, *between_epochs(ctx.snapshot, judged_now, named)), judged_now
+
+
+def _named_finished(hints: Mapping[HintKey, HintTrack]) -> set[int | None]:
+    """The jobs a shown hint names as ranks that finished their epoch
+    (``uneven-ranks``' ``finished_ranks``): their verdict is that hint. A
+    one-shot of a DDP hang otherwise listed the finished rank as judging
+    ("no epoch open") beside the hint that explains it, and watched the
+    whole judge cap (7 s) for an epoch that never begins."""
+    out: set[int | None] = set()
+    for ht in hints.values():
+        ev = ht.hint.get("evidence") if ht.shown else None
+        for r in as_list(ev.get("finished_ranks")) if isinstance(ev, Mapping) else []:
+            if isinstance(r, Mapping) and isinstance(r.get("pid"), int):
+                out.add(r["pid"])
+    return out
 
 
 def between_epochs(

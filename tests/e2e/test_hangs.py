@@ -515,4 +515,6 @@ def test_ranks_started_by_mp_spawn_are_named_from_torch_distributed():
     assert h["evidence"]["cause"] == "uneven-ranks", (h, r0["stacks"]["summary"])
     assert f"rank 1 (pid {r1['pid']}) has finished its epoch" in h["message"]
     assert "Join" in h["suggestion"] and "drop_last" in h["suggestion"]
+    # The hint is rank 1's verdict: not also "judging" (no epoch open).
+    assert all(e["job_pid"] != r1["pid"] for e in snap.get("judging") or []), snap["judging"]
     _no_advice_beside_the_stall(snap)
