@@ -16,6 +16,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -166,16 +167,21 @@ def test_a_stalls_unanswered_workers_are_read_side_by_side_each_into_its_own_ent
             assert p.stdout is not None and p.stdout.readline().strip() == "ready"
         if spy.find() is None or not ptrace.check(procs[0].pid).allowed:
             pytest.skip("py-spy cannot read a process here")
-        spans: dict[int, tuple[float, float]] = {}
+        read_pids: list[int] = []
         real = collect_hang._from_outside
+        # Side by side: each read waits here until all three have begun. One
+        # after the other, the first would wait alone and break the barrier.
+        # (Comparing the reads' start and end times failed on a loaded box:
+        # a dump took 22 ms and the third thread was scheduled 40 µs after
+        # the first one's end, fresh-clone run 78.)
+        met = threading.Barrier(len(procs))
 
-        def timed(pid: int, role: str, why: str) -> dict:
-            t0 = time.monotonic()
-            out = real(pid, role, why)
-            spans[pid] = (t0, time.monotonic())
-            return out
+        def side_by_side(pid: int, role: str, why: str) -> dict:
+            read_pids.append(pid)
+            met.wait(timeout=30)
+            return real(pid, role, why)
 
-        monkeypatch.setattr(collect_hang, "_from_outside", timed)
+        monkeypatch.setattr(collect_hang, "_from_outside", side_by_side)
         gone = 2**22 + 7
         doc = {
             "processes": [
@@ -200,9 +206,8 @@ def test_a_stalls_unanswered_workers_are_read_side_by_side_each_into_its_own_ent
         assert [(t.get("tid"), t["main"]) for t in entry["threads"]] == [
             (p.pid, True)
         ] and "error" not in entry
-    assert dead["error"] == "no answer from 3" and "via" not in dead and gone not in spans
-    # side by side: every dump began before the first one ended
-    assert max(a for a, _ in spans.values()) < min(b for _, b in spans.values()), spans
+    assert dead["error"] == "no answer from 3" and "via" not in dead
+    assert sorted(read_pids) == sorted(p.pid for p in procs) and met.n_waiting == 0 and not met.broken
 
 
 def test_a_process_py_spy_cannot_read_keeps_the_channels_error_with_why():
