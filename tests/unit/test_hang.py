@@ -405,13 +405,19 @@ def test_a_full_dev_shm_and_a_dead_worker_come_first():
     assert _cause([dead])["evidence"]["cause"] == "worker-died"
 
 
-def test_idle_workers_while_the_loop_waits_in_a_collective_name_the_rank_that_ran_out():
+def _rank0_in_a_collective() -> dict:
+    """Rank 0 of run "r" stalled: its workers idle, its loop in all_reduce."""
     coll = _thread(
         [("<module>", "/job/t.py", 40), ("all_reduce", "/v/site-packages/torch/distributed/c10d.py", 2)],
         "work.wait()",
     )
     r0 = _stalled_job([IDLE_WORKER, IDLE_WORKER], main=coll, run_id="r", rank=0, pid=1000)
     r0["loaders"][0]["in_next"] = False
+    return r0
+
+
+def test_idle_workers_while_the_loop_waits_in_a_collective_name_the_rank_that_ran_out():
+    r0 = _rank0_in_a_collective()
     r1 = job(1001, loaders=[loader(batches=80, epoch_batches=[80])], run_id="r", rank=1)
     h = _cause([r0, r1])
     ev = h["evidence"]
@@ -427,25 +433,23 @@ def test_the_rank_a_shown_hint_names_as_finished_is_not_listed_as_judging():
     # A one-shot of the k2-fsa/snowfall#152 hang listed rank 1 ("no epoch
     # open") as judging beside the hint that names it, and watched the
     # judge cap to the end for an epoch that never begins.
-    coll = _thread(
-        [("<module>", "/job/t.py", 40), ("all_reduce", "/v/site-packages/torch/distributed/c10d.py", 2)],
-        "work.wait()",
-    )
-    r0 = _stalled_job([IDLE_WORKER, IDLE_WORKER], main=coll, run_id="r", rank=0, pid=1000)
-    r0["loaders"][0]["in_next"] = False
+    r0 = _rank0_in_a_collective()
 
     def judging_of(jobs):
         d = Diagnoser()
         hints = d.update(snap(jobs))
         return hints, {e["job_pid"]: e["reason"] for e in d.judging()}
 
-    r1 = job(1001, loaders=[loader(batches=80, epoch_batches=[80], epoch_open=False)], run_id="r", rank=1)
-    hints, judging = judging_of([r0, r1])
+    def finished():
+        return job(
+            1001, loaders=[loader(batches=80, epoch_batches=[80], epoch_open=False)], run_id="r", rank=1
+        )
+
+    hints, judging = judging_of([r0, finished()])
     assert get(hints, "loader-stalled")["evidence"]["finished_ranks"][0]["pid"] == 1001
     assert 1001 not in judging, judging
     # Without the hint that names it, the same rank has no verdict yet.
-    alone = job(1001, loaders=[loader(batches=80, epoch_batches=[80], epoch_open=False)], run_id="r", rank=1)
-    assert "no epoch open" in judging_of([alone])[1][1001]
+    assert "no epoch open" in judging_of([finished()])[1][1001]
 
 
 def test_stacks_of_an_earlier_stall_are_not_this_ones_however_recent():
