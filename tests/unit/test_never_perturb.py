@@ -54,11 +54,13 @@ class Spinner:
 SPUN_S = 0.5
 
 
-def until_spun(spin: Spinner, timeout: float = 30.0) -> None:
+def until_spun(spin: Spinner, since: float = 0.0, timeout: float = 30.0) -> None:
+    """Until the spinner has run SPUN_S of CPU past ``since`` (its cpu_s)."""
     end = time.monotonic() + timeout
-    while spin.cpu_s < SPUN_S and time.monotonic() < end:
+    while spin.cpu_s < since + SPUN_S and time.monotonic() < end:
         time.sleep(0.05)
-    assert spin.cpu_s >= SPUN_S, f"the spinner ran {spin.cpu_s:.3f} s of CPU in {timeout:.0f} s"
+    ran = spin.cpu_s - since
+    assert ran >= SPUN_S, f"the spinner ran {ran:.3f} s of CPU in {timeout:.0f} s"
 
 
 def test_own_threads_are_left_out_of_the_thread_count_and_cpu():
@@ -146,22 +148,38 @@ def test_a_named_thread_is_left_out_before_any_frame_lists_it():
 
 def test_an_own_thread_seen_late_starts_a_baseline_not_a_dip():
     # Its id arrives with a frame after it has run for a while: its past CPU
-    # is not subtracted from one interval (the figure would drop to 0).
+    # is not subtracted from one interval (the figure would drop to 0). Each
+    # figure is set against this process's own CPU over its interval
+    # (time.process_time, every thread), each interval holding SPUN_S of the
+    # spinner's: not a bar over fixed windows, which load can starve.
     pid = os.getpid()
     spin = Spinner("dlwatch-test-late")
     s = ProcSampler()
+    own = {pid: [spin.tid]}
     try:
         s.sample([pid])
-        time.sleep(0.3)
+        until_spun(spin)  # its past, before its id is known
         s.sample([pid])
-        time.sleep(0.3)
-        late = s.sample([pid], own_tids={pid: [spin.tid]})[pid]
-        time.sleep(0.3)
-        after = s.sample([pid], own_tids={pid: [spin.tid]})[pid]
+        p0, c0 = time.process_time(), spin.cpu_s
+        until_spun(spin, since=c0)
+        late = s.sample([pid], own_tids=own)[pid]
+        p1, c1 = time.process_time(), spin.cpu_s
+        until_spun(spin, since=c1)
+        after = s.sample([pid], own_tids=own)[pid]
+        p2, c2 = time.process_time(), spin.cpu_s
     finally:
         spin.join()
-    assert late["cpu_percent"] > 20, late  # the interval still holds the spinner's CPU
-    assert after["cpu_percent"] < late["cpu_percent"] - 15, (late, after)
+
+    def cpu_s(figure: dict) -> float:
+        return figure["cpu_percent"] * figure["cpu_interval_s"] / 100.0
+
+    # Slack: /proc's 10 ms ticks and the CPU run between a sample's read and
+    # the clock read after it; the spinner's share of each interval is 0.5 s.
+    slack = 0.1
+    # Its first interval as ours still counts its CPU: the process's all.
+    assert abs(cpu_s(late) - (p1 - p0)) < slack, (late, p1 - p0, c1 - c0)
+    # From the next one it is left out: the process's CPU less the spinner's.
+    assert abs(cpu_s(after) - ((p2 - p1) - (c2 - c1))) < slack, (after, p2 - p1, c2 - c1)
 
 
 def test_ids_that_are_not_threads_of_the_process_change_nothing():
