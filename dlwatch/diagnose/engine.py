@@ -649,13 +649,13 @@ def _named_finished(hints: Mapping[HintKey, HintTrack]) -> set[int | None]:
     one-shot of a DDP hang otherwise listed the finished rank as judging
     ("no epoch open") beside the hint that explains it, and watched the
     whole judge cap (7 s) for an epoch that never begins."""
-    out: set[int | None] = set()
-    for ht in hints.values():
-        ev = ht.hint.get("evidence") if ht.shown else None
-        for r in as_list(ev.get("finished_ranks")) if isinstance(ev, Mapping) else []:
-            if isinstance(r, Mapping) and isinstance(r.get("pid"), int):
-                out.add(r["pid"])
-    return out
+    return {
+        pid
+        for ht in hints.values()
+        if ht.shown
+        for r in as_list(as_dict(ht.hint.get("evidence")).get("finished_ranks"))
+        if isinstance(pid := as_dict(r).get("pid"), int)
+    }
 
 
 def between_epochs(
