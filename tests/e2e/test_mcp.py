@@ -11,6 +11,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import psutil
@@ -135,6 +136,17 @@ def test_list_jobs_is_ls_json(agent, job):
     assert row["state"] == "live" and "timed_job.py" in row["cmdline"] and row["loaders"] == 1
 
 
+def _logged(job) -> list[tuple[int, ...]]:
+    """The batches the loop has logged: (epoch, next() began, it returned), its monotonic ns."""
+    with open(job.batch_log) as f:
+        return [tuple(map(int, line.split())) for line in f if line.count(" ") == 2]
+
+
+def _loops_own(job, start: int, end: int) -> float:
+    """The loop's own data-wait fraction over [start, end] (monotonic ns)."""
+    return truth_in_window(_logged(job), start, end)["data_wait_fraction"]
+
+
 def test_the_snapshot_and_hints_are_about_the_job(agent, job):
     pid = job.proc.pid
     snap = agent.ok("snapshot", pid=pid)
@@ -142,16 +154,25 @@ def test_the_snapshot_and_hints_are_about_the_job(agent, job):
     (j,) = snap["jobs"]
     (ld,) = j["loaders"]
     assert j["pid"] == pid and ld["num_workers"] == 2 and len(ld["workers"]) == 2
-    assert 0.3 < ld["data_wait_fraction"] < 0.7, ld  # ~50 % by the costs
+    # The job's figure: the loop's own over the same window. Not a fixed
+    # 0.3-0.7 around the ~50 % its costs give on a quiet box: beside the
+    # parallel tier its sleeping workers wake late and the loop really
+    # waited 70 % (README run of 2026-11-30). 10 points: this tier's
+    # preemptions; the 2-point accuracy is the timing tier's test below.
+    assert ld["data_wait_fraction"] == pytest.approx(_loops_own(job, *ld["window_mono_ns"]), abs=0.1), ld
     # Judged as the live view judges (held 3 s): beside the parallel tier's
     # load "other processes decide" may be the held story and no hint about
     # the job shows; that the hints say why is the timing tier's test below.
     # There, a story that changes as the load does may take longer than the
     # default 7 s to hold (fresh-clone run 17): the agent's longer watch.
     doc = agent.ok("hints", pid=pid, judge_seconds=30)
+    answered = time.monotonic_ns()
     (headline,) = doc["jobs"]
     assert headline["pid"] == pid and headline["state"] == "live", doc
-    assert 0.3 < headline["loaders"][0]["data_wait_fraction"] < 0.7, headline
+    # Its window (3 s, not in the headline) ended by the answer: the loop's
+    # own figure over the 3.5 s before it.
+    own = _loops_own(job, answered - 3_500_000_000, answered)
+    assert headline["loaders"][0]["data_wait_fraction"] == pytest.approx(own, abs=0.1), (headline, own)
     assert doc["judged_s"] > 0 and not doc.get("judging"), doc
     assert {h.get("job_pid") for h in doc["hints"]} <= {pid, None}, doc["hints"]
 
@@ -221,8 +242,7 @@ def test_the_data_wait_is_the_loops_own(agent, job):
     (ld,) = snap["jobs"][0]["loaders"]
     start, end = ld["window_mono_ns"]
     assert end - start > 1.5e9, "the window should cover about 2 s"
-    with open(job.batch_log) as f:
-        batches = [tuple(map(int, line.split())) for line in f if line.count(" ") == 2]
+    batches = _logged(job)
     assert batches and batches[-1][2] >= end, "the loop logged past the window"
     truth = truth_in_window(batches, start, end)
     why = ({k: v for k, v in ld.items() if k != "workers"}, truth)
