@@ -270,8 +270,35 @@ def threads_from_py_spy(dump: Any, pid: int | None = None) -> list[dict[str, Any
         if as_pid(t.get("os_thread_id")) is not None:
             rec["tid"] = t["os_thread_id"]
         threads.append(rec)
+    if pid is not None:
+        _main_of_a_job_without_thread_ids(threads, pid)
     threads.sort(key=lambda th: (not th["main"], th["name"]))
     return threads
+
+
+def _main_of_a_job_without_thread_ids(threads: list[dict[str, Any]], pid: int) -> None:
+    """py-spy gives no OS thread ids for a Python 3.10 job (its thread
+    states keep no native id; py-spy then calls every thread active). The
+    main thread's OS id is the process's, so /proc still gives its state
+    and CPU. Which thread is main: the one named so, or, in a process that
+    never imported ``threading`` (no names), the one thread not started
+    by it (an outermost frame other than ``threading``'s ``_bootstrap``)."""
+    mains = [th for th in threads if th["main"]]
+    if not mains:
+        mains = [th for th in threads if not _started_by_threading(th["frames"])]
+        if len(mains) != 1:
+            return
+        mains[0]["main"] = True
+    for th in mains:
+        th.setdefault("tid", pid)
+
+
+def _started_by_threading(frames: list[list[Any]]) -> bool:
+    return (
+        bool(frames)
+        and frames[0][0] in ("_bootstrap", "Thread._bootstrap")
+        and os.path.basename(frames[0][1]) == "threading.py"
+    )
 
 
 class StacksCompleter:

@@ -7,7 +7,9 @@ figures live at the snapshot's time, the ranks of a job started by
 
 The py-spy dumps in tests/data/pyspy/dump_*.json were taken with
 ``py-spy dump --json --nonblocking`` from a DataLoader worker of each
-tests/jobs/hang_jobs.py mode while it hung.
+tests/jobs/hang_jobs.py mode while it hung; dump_py310_threads.json from a
+Python 3.10 process (its main thread asleep in C, two threads in
+``time.sleep``, one named ``dlwatch-x``), with py-spy 0.4.3.
 """
 
 from __future__ import annotations
@@ -78,6 +80,29 @@ def test_a_worker_blocked_in_c_holding_the_gil_reads_from_py_spy_as_blocked_in_c
     text = hang.render(doc)
     assert f"== worker 0 (pid {pid}) (read by py-spy from outside)" in text
     assert "  thread MainThread (main) (idle to py-spy):" in text
+
+
+def test_a_python_310_jobs_main_thread_gets_the_processs_os_id_from_py_spy():
+    # py-spy 0.4 reads no OS thread ids from a Python 3.10 process and calls
+    # every thread active (this dump: the main thread asleep in C, two
+    # threads in time.sleep). The main thread's id is the process's, so
+    # /proc can still say it sleeps; the others stay without one.
+    pid, dump = _dump("py310_threads")
+    assert all(t["os_thread_id"] is None and t["active"] is True for t in dump)
+    threads = collect_hang.threads_from_py_spy(dump, pid)
+    assert [(t["name"], t["main"], t.get("tid")) for t in threads] == [
+        ("MainThread", True, pid),
+        ("user", False, None),
+    ]
+    # A process that never imported threading has no names either: its one
+    # thread not started by threading is the main one.
+    anonymous = [dict(t, thread_name=None) for t in dump]
+    by_root = collect_hang.threads_from_py_spy(anonymous, pid)
+    assert [(t["main"], t.get("tid"), t["frames"][0][0]) for t in by_root][0] == (True, pid, "<module>")
+    assert sum(t["main"] for t in by_root) == 1
+    # Two threads not started by threading: which is main is not guessed.
+    two_roots = [dict(t, thread_name=None, frames=t["frames"][:1]) for t in dump]
+    assert not any(t["main"] or "tid" in t for t in collect_hang.threads_from_py_spy(two_roots, pid))
 
 
 def test_stacks_come_before_an_error_and_an_error_without_stacks_still_says_why():
