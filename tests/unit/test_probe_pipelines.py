@@ -154,6 +154,63 @@ def test_grain_is_measured_on_every_epoch_not_only_the_first():
     assert isinstance(iter(ds), grain.DatasetIterator)
 
 
+def test_grain_before_its_output_stage_is_measured_at_the_outermost_iter():
+    # Grain < 0.2.16 (0.2.13 is the last for Python 3.10) has no output
+    # stage to patch. Its path, forced on the installed Grain: every
+    # IterDataset class's own __iter__ wrapped, the outermost call a loop's
+    # epoch; the parents' iterators, made inside it, are not loaders.
+    import grain
+    from grain._src.python.dataset import dataset as gd
+
+    from dlwatch.probe.adapters import grain as adapter
+
+    import dlwatch.hook  # noqa: F401
+
+    meta = type(gd.IterDataset)
+    had_init = "__init__" in meta.__dict__
+    adapter.uninstall()
+    legacy = adapter._BeforeOutputStage()
+    try:
+        legacy.install_on(gd.IterDataset)
+        assert legacy.wrapped and "__init__" in meta.__dict__
+
+        class DoubledIterator(grain.DatasetIterator):
+            def __next__(self):
+                return 2 * next(self._parent)
+
+            def get_state(self):
+                return self._parent.get_state()
+
+            def set_state(self, state):
+                self._parent.set_state(state)
+
+        class Doubled(grain.IterDataset):  # defined after: wrapped as it is made
+            def __iter__(self):
+                return DoubledIterator(self._parent.__iter__())
+
+        patches.registry.clear()
+        ds = grain.MapDataset.source(range(32)).to_iter_dataset(grain.ReadOptions(num_threads=2)).batch(8)
+        for _ in range(3):
+            it = iter(ds)  # the last epoch's iterator, alive, is what is described
+            assert len(_drain(it)) == 4
+        (f,) = _frames()
+        assert f["library"] == "grain" and f["epoch"] == 3 and f["batches"] == 12
+        assert f["knobs"]["ReadOptions.num_threads"] == 2 and f["worker_kind"] == "thread"
+        # the parents' iterators, made inside the loop's iter(), are left as Grain made them
+        assert it._parents and not any(hasattr(p, "_dlw_stats") for p in it._parents)
+        patches.registry.clear()
+        assert sum(_drain(iter(Doubled(grain.MapDataset.source(range(4)).to_iter_dataset())))) == 12
+        (g,) = _frames()
+        assert g["dataset"] == "Doubled" and g["batches"] == 4
+    finally:
+        legacy.uninstall()
+        adapter.install()
+    # Grain's own methods are back, and the metaclass as it was.
+    assert not legacy.wrapped and ("__init__" in meta.__dict__) == had_init
+    assert not hasattr(gd.IterDataset.__dict__.get("__iter__"), "_dlwatch_orig")
+    patches.registry.clear()
+
+
 def test_a_dataloader_inside_a_measured_next_is_a_stage_of_it():
     import dlwatch.hook  # noqa: F401
 

@@ -8,14 +8,22 @@
   processes (``MultiprocessingOptions(num_workers=…)``);
 - buffer: the prefetch buffer against ``ReadOptions(prefetch_buffer_size=…)``;
 - in Grain's own worker processes nothing is measured (they are not the loop).
+
+Grain before 0.2.16 (the last for Python 3.10 is 0.2.13) has no output
+stage: there every ``IterDataset`` class's own ``__iter__`` is wrapped, and
+the outermost call on a thread (the loop's ``iter(ds)``; the parents'
+``__iter__`` run inside it) is the epoch's iterator.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
+import weakref
 from typing import Any
 
-from dlwatch.probe.adapters.common import iter_patch, iter_wrapper, start_epoch, walk, workers_of
+from dlwatch.probe import postimport
+from dlwatch.probe.adapters.common import MethodPatch, iter_patch, iter_wrapper, start_epoch, walk, workers_of
 
 LIBRARY = "grain"
 # Parents, and mp_prefetch's per-worker iterators (``_iterators_in_use`` of
@@ -28,9 +36,51 @@ _INTERNAL = ("ProcessPrefetchIterDataset",)
 _WORKER_FLAG = "grain._src.python.dataset.transformations.process_prefetch"
 
 
+# Grain < 0.2.16's mp_prefetch: its worker processes run this function.
+_POOL = "grain._src.python.grain_pool"
+
+
 def _in_grain_worker() -> bool:
     mod = sys.modules.get(_WORKER_FLAG)
-    return bool(getattr(mod, "_is_in_worker_process", False))
+    if getattr(mod, "_is_in_worker_process", False):
+        return True
+    # Grain < 0.2.16 keeps no flag: a worker is a process whose thread runs
+    # the pool's worker loop below this call (read once an epoch).
+    loop = getattr(getattr(sys.modules.get(_POOL), "_worker_loop", None), "__code__", None)
+    f = sys._getframe(1) if loop is not None else None
+    while f is not None:
+        if f.f_code is loop:
+            return True
+        f = f.f_back
+    return False
+
+
+# Grain < 0.2.16's mp_prefetch pools, as they are made: a pool is a local
+# of the pipeline's reader thread, out of the graph's reach.
+_pools: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _register_pool(orig_init: Any) -> Any:
+    def __init__(pool: Any, *args: Any, **kwargs: Any) -> None:
+        orig_init(pool, *args, **kwargs)
+        try:
+            _pools.add(pool)
+        except Exception:
+            pass
+
+    return __init__
+
+
+_pool_patch = MethodPatch(_POOL, "GrainPool", "__init__", _register_pool)
+
+
+def _pool_processes() -> list[Any]:
+    """The worker processes of the live pools (two mp_prefetch pipelines at
+    once would list each other's too)."""
+    out: list[Any] = []
+    for pool in list(_pools):
+        out.extend(getattr(pool, "processes", None) or ())
+    return out
 
 
 def _on_output_iter(output: Any, it: Any) -> Any:
@@ -50,8 +100,106 @@ def _start(src: Any, it: Any) -> None:
     start_epoch(it, it, _config(src), describe_graph, fresh=True, key=_shape(src))
 
 
-_patch = iter_patch("grain._src.python.dataset.dataset", "_OutputIterDataset", _on_output_iter)
-install, uninstall = _patch.install, _patch.uninstall
+_MODULE = "grain._src.python.dataset.dataset"
+_patch = iter_patch(_MODULE, "_OutputIterDataset", _on_output_iter)
+
+
+def install() -> None:
+    _patch.install()
+    _legacy.finder = postimport.now_or_on_import(_MODULE, "IterDataset", _legacy.install, _legacy.finder)
+
+
+def uninstall() -> None:
+    _patch.uninstall()
+    _legacy.uninstall()
+
+
+class _BeforeOutputStage:
+    """Grain < 0.2.16: each ``IterDataset`` class's own ``__iter__`` wrapped
+    (those defined later too, through the metaclass's ``__init__``); only
+    the outermost call on a thread starts an epoch, so the parents'
+    iterators, made inside it, are not loaders of their own."""
+
+    def __init__(self) -> None:
+        self.finder: postimport.PostImportFinder | None = None
+        self.meta: Any = None
+        self.meta_init: Any = None  # the metaclass's own __init__, if it had one
+        self.wrapped: dict[Any, Any] = {}  # class -> its own __iter__, as Grain wrote it
+        self.depth = threading.local()
+
+    def install(self, mod: Any) -> None:
+        base = getattr(mod, "IterDataset", None)
+        if base is not None and not hasattr(mod, "_OutputIterDataset"):
+            self.install_on(base)
+
+    def install_on(self, base: Any) -> None:
+        """Every class under ``base`` (``IterDataset``), now and later."""
+        meta = type(base)
+        if self.meta is not None or meta is type:
+            return
+        own_init = meta.__dict__.get("__init__")
+        legacy = self
+
+        def __init__(cls: Any, name: str, bases: tuple, ns: dict, **kw: Any) -> None:
+            if own_init is not None:
+                own_init(cls, name, bases, ns, **kw)
+            else:
+                type.__init__(cls, name, bases, ns, **kw)
+            try:
+                legacy.wrap(cls)
+            except Exception:
+                pass
+
+        self.meta, self.meta_init = meta, own_init
+        meta.__init__ = __init__
+        _pool_patch.install()
+        todo = [base]
+        while todo:
+            cls = todo.pop()
+            self.wrap(cls)
+            todo.extend(cls.__subclasses__())
+
+    def wrap(self, cls: Any) -> None:
+        orig = cls.__dict__.get("__iter__")
+        if orig is None or cls in self.wrapped or getattr(orig, "__isabstractmethod__", False):
+            return
+        depth = self.depth
+
+        def __iter__(ds: Any, *args: Any, **kwargs: Any) -> Any:
+            d = getattr(depth, "n", 0)
+            depth.n = d + 1
+            try:
+                it = orig(ds, *args, **kwargs)
+            finally:
+                depth.n = d
+            if d == 0:
+                try:
+                    _on_later_iter(ds, it)
+                except Exception:
+                    pass
+            return it
+
+        __iter__._dlwatch_orig = orig  # type: ignore[attr-defined]
+        __iter__.__doc__ = getattr(orig, "__doc__", None)
+        self.wrapped[cls] = orig
+        cls.__iter__ = __iter__
+
+    def uninstall(self) -> None:
+        postimport.disarm(self.finder)
+        self.finder = None
+        _pool_patch.uninstall()
+        for cls, orig in self.wrapped.items():
+            cls.__iter__ = orig
+        self.wrapped.clear()
+        if self.meta is not None:
+            if self.meta_init is not None:
+                self.meta.__init__ = self.meta_init
+            else:
+                del self.meta.__init__
+            self.meta = self.meta_init = None
+
+
+_legacy = _BeforeOutputStage()
 
 
 def _shape(src: Any) -> tuple[str, ...]:
@@ -79,8 +227,9 @@ def describe_graph(it: Any) -> dict:
     for node in walk(it, _GRAPH):
         name = type(node).__name__
         if name == "PrefetchDatasetIterator":
-            n = getattr(node, "_target_num_threads", None)
-            b = getattr(node, "_target_prefetch_buffer_size", None)
+            # Grain < 0.2.16 names them without "_target".
+            n = getattr(node, "_target_num_threads", getattr(node, "_num_threads", None))
+            b = getattr(node, "_target_prefetch_buffer_size", getattr(node, "_prefetch_buffer_size", None))
             if isinstance(n, int):
                 knobs["ReadOptions.num_threads"] = n
             if isinstance(b, int):
@@ -98,6 +247,8 @@ def describe_graph(it: Any) -> dict:
             b = getattr(node, "_target_prefetch_buffer_size", None)
             if isinstance(b, int):
                 knobs["ThreadPrefetchIterDataset.prefetch_buffer_size"] = b
+        elif name == "_MultiprocessPrefetchDatasetIterator":
+            procs.extend(_pool_processes())
         p = getattr(node, "_prefetch_process", None)
         if p is not None:
             procs.append(p)
