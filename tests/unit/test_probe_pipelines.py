@@ -162,9 +162,8 @@ def test_grain_before_its_output_stage_is_measured_at_the_outermost_iter():
     import grain
     from grain._src.python.dataset import dataset as gd
 
-    from dlwatch.probe.adapters import grain as adapter
-
     import dlwatch.hook  # noqa: F401
+    from dlwatch.probe.adapters import grain as adapter
 
     meta = type(gd.IterDataset)
     had_init = "__init__" in meta.__dict__
