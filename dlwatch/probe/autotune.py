@@ -29,7 +29,6 @@ import resource
 import sys
 import threading
 import time
-import warnings
 import weakref
 from typing import Any
 
@@ -48,7 +47,16 @@ MEM_SHARE = 0.5
 # /dev/shm carries the prefetched batches of every worker.
 SHM_MIN_FREE_PER_WORKER = 64 << 20
 HISTORY = 32
-WORKER_COUNT_WARNING = "This DataLoader will create"
+# The DataLoader method that warns "This DataLoader will create N worker
+# processes ..." when the workers outnumber the cores.
+RATIONALITY_CHECK = "check_worker_number_rationality"
+_UNSET = object()
+
+
+def _no_check() -> None:
+    return None
+
+
 # persistent_workers cannot change after DataLoader.__init__ (torch refuses),
 # and pinned batches are a property of what the model receives.
 AUTOTUNE_KNOBS = ("num_workers", "prefetch_factor")
@@ -89,10 +97,22 @@ def _patch(mod) -> None:
         if not changed:
             return orig(self)
         # torch warns when workers outnumber the cores; past them is autotune's
-        # own measured choice for I/O-bound loading, not the script's.
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=WORKER_COUNT_WARNING, category=UserWarning)
+        # own measured choice for I/O-bound loading, not the script's. Its
+        # check is skipped for this loader's new iterator alone (an instance
+        # attribute over torch's method while it is made): catching the
+        # warning would swap the process's filters, which shows every
+        # once-shown warning again after it (a fork warning per epoch under
+        # Python 3.12) and races with other threads' filters.
+        own = self.__dict__
+        had = own.get(RATIONALITY_CHECK, _UNSET)
+        own[RATIONALITY_CHECK] = _no_check
+        try:
             return orig(self)
+        finally:
+            if had is _UNSET:
+                own.pop(RATIONALITY_CHECK, None)
+            else:
+                own[RATIONALITY_CHECK] = had
 
     __iter__.__doc__ = orig.__doc__
     __iter__._dlwatch_orig = orig  # type: ignore[attr-defined]  # what uninstall restores

@@ -242,3 +242,52 @@ def test_a_loader_whose_batches_come_out_on_a_device_is_left_alone(probe, monkey
         assert "already on the GPU" in t.reason and dl.num_workers == 0
     finally:
         autotune.uninstall()
+
+
+def _warn_once_here() -> None:
+    import warnings
+
+    warnings.warn("a warning the job has seen", UserWarning, stacklevel=1)
+
+
+def test_workers_past_the_cores_start_without_torchs_warning_or_touching_the_filters(probe, monkeypatch):
+    # Autotune may pick more workers than cores (I/O-bound loading): torch's
+    # "This DataLoader will create N worker processes" is not the script's.
+    # Silenced for that loader's iterator alone: catching it swapped the
+    # process's warning filters, and every warning the job had seen once was
+    # shown again after each autotuned epoch.
+    import os
+    import warnings
+
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from dlwatch.probe import patches
+
+    many = (os.cpu_count() or 1) + 1
+    dl = DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=2, num_workers=1)
+
+    def more_workers(loader):
+        loader.num_workers = many
+        return True
+
+    monkeypatch.setattr(autotune, "before_epoch", more_workers)
+    monkeypatch.setattr(patches, "after_new_iterator", lambda *a, **k: None)
+    autotune.install()
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("default")
+            _warn_once_here()
+            assert len(list(iter(dl))) == 4 and dl.num_workers == many
+            _warn_once_here()  # the same place: shown once, as without autotune
+    finally:
+        autotune.uninstall()
+    texts = [str(w.message) for w in seen]
+    assert texts.count("a warning the job has seen") == 1, texts
+    assert not [t for t in texts if "This DataLoader will create" in t], texts
+    # torch's own check is the class's method again, on this loader too
+    assert "check_worker_number_rationality" not in vars(dl)
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        dl.check_worker_number_rationality()
+    assert [w for w in again if "This DataLoader will create" in str(w.message)]
