@@ -244,8 +244,9 @@ def test_iterable_shards_cover_every_sample_once():
     assert first != [_digest(*s) for batch in loader for s in batch]  # reshuffled
 
 
-# Each 0.3 s run must reach a batch: forking 6 workers takes longer than that on a loaded box.
-@pytest.mark.timing
+# Each scenario runs two batches and stops: not a fixed time, which its start
+# can outlast (a 0.3 s run reached no batch where forking 6 workers beside
+# the CUDA build of torch took longer: Python 3.12, 2026-11-30).
 def test_every_scenario_parses_and_starts(tmp_path):
     SCENARIOS = _catalog().SCENARIOS
     assert {
@@ -279,8 +280,10 @@ def test_every_scenario_parses_and_starts(tmp_path):
         name: [
             "--scenario",
             name,
-            "--duration",
-            "0.3",
+            "--epochs",
+            "1",
+            "--steps-per-epoch",
+            "2",
             "--dataset-size",
             "256",
             "--checksum-batches",
@@ -304,8 +307,7 @@ def test_every_scenario_parses_and_starts(tmp_path):
     reports = {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in SCENARIOS}
     for name, r in reports.items():
         assert r["config"]["scenario"] == name
-        assert r["batches"] >= 1, name
-        assert r["stop_reason"] == "duration", name
+        assert r["batches"] == 2 and r["stop_reason"] is None, (name, r["batches"], r["stop_reason"])
         # The scenario's own flags took effect under the overrides.
         args = SCENARIOS[name].args
         workers = int(args[args.index("--num-workers") + 1])
