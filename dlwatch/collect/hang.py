@@ -23,6 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from dlwatch import qualnames
 from dlwatch.collect import ptrace, spy
 from dlwatch.collect.control import ProfileError, request_stacks
 from dlwatch.collect.jobs import pid_alive
@@ -248,7 +249,9 @@ def threads_from_py_spy(dump: Any, pid: int | None = None) -> list[dict[str, Any
         leaf: tuple[str, int] | None = None
         for f in t.get("frames") or []:  # innermost first
             if isinstance(f, dict):
-                frames.append([str(f.get("name")), str(f.get("filename")), int(f.get("line") or 0)])
+                fn, line = str(f.get("filename")), int(f.get("line") or 0)
+                # A Python 3.10 job's frames carry bare names: qualified from the source.
+                frames.append([qualnames.qualify(str(f.get("name")), fn, line), fn, line])
                 if leaf is None:
                     leaf = (str(f.get("filename")), int(f.get("line") or 0))
         frames.reverse()

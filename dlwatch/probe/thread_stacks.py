@@ -22,6 +22,8 @@ import threading
 from types import FrameType
 from typing import Any
 
+from dlwatch import qualnames
+
 MAX_THREADS = 64
 MAX_FRAMES = 48
 MAX_SRC_CHARS = 160
@@ -49,7 +51,7 @@ def capture() -> list[dict]:
             code = f.f_code
             if leaf is None:
                 leaf = (code.co_filename, f.f_lineno or 0)
-            chain.append([getattr(code, "co_qualname", code.co_name), code.co_filename, f.f_lineno or 0])
+            chain.append([qualnames.of_code(code), code.co_filename, f.f_lineno or 0])
             f = f.f_back
         chain.reverse()
         src = linecache.getline(leaf[0], leaf[1]).strip()[:MAX_SRC_CHARS] if leaf else ""

@@ -29,7 +29,7 @@ import time
 from time import perf_counter as _clock
 from types import CodeType
 
-from dlwatch import own_threads, rundir, wire
+from dlwatch import own_threads, qualnames, rundir, wire
 from dlwatch.probe.worker_row import BURST_ACK, BURST_END_S, BURST_GEN, BURST_HZ, claim_tid, release_tid
 
 # Distinct stacks kept per worker; later new ones are counted as "other".
@@ -221,7 +221,7 @@ class _Sampler:
                 if i is None:
                     code = self.codes[cid]
                     i = index[cid] = len(frames)
-                    name = getattr(code, "co_qualname", code.co_name)
+                    name = qualnames.of_code(code)
                     frames.append([name, code.co_filename, code.co_firstlineno])
                 idx.append(i)
             line = key[-1]
