@@ -127,13 +127,24 @@ def _kinds(frames: Iterable[str]) -> set[str]:
     return out
 
 
+# What only the multi-process iterator calls (its queues and indices).
+_MULTI_ONLY = frozenset({"_get_data", "_try_get_data", "_try_put_index", "_process_data"})
+
+
 def _iterator_class(frames: Iterable[str]) -> str | None:
-    for fr in frames:
-        func = parse_frame(fr).func
-        if "SingleProcessDataLoaderIter" in func:
+    parsed = [parse_frame(fr) for fr in frames]
+    for f in parsed:
+        if "SingleProcessDataLoaderIter" in f.func:
             return "single-process"
-        if "MultiProcessingDataLoaderIter" in func:
+        if "MultiProcessingDataLoaderIter" in f.func:
             return "multi-process"
+    # A Python 3.10 job's frames name no class: what the iterator calls tells
+    # them apart (the single-process one fetches in the loop's own thread).
+    calls = {(_funcname(f.func), f.file.replace("\\", "/")) for f in parsed}
+    if any(n in _MULTI_ONLY and any(d in p for d in _DATA_FILES) for n, p in calls):
+        return "multi-process"
+    if any(n == "fetch" and p.endswith(_FETCH_FILE) for n, p in calls):
+        return "single-process"
     return None
 
 

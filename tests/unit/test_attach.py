@@ -10,6 +10,7 @@ the whole run: 50 % data wait), ``noworkers`` num_workers=0 (67 %), ``spawn2``
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -467,3 +468,22 @@ def test_a_launcher_points_at_the_ranks_that_iterate():
     assert s.data_wait is None and s.workers == [] and s.child_loops == {2} and s.foreign == 90
     job = sampled.job_dict({"cmdline": "torchrun t.py"}, s, {}, span_s=3.0)
     assert job["loaders"] == [] and "`dlwatch attach --pid 2`" in job["state_reason"]
+
+
+@pytest.mark.parametrize("name, kind", [("noworkers", "single-process"), ("fork1", "multi-process")])
+def test_a_python_310_jobs_frames_without_class_names_still_tell_the_iterator(name, kind):
+    # py-spy reads a 3.10 frame's bare name ("_next_data", not
+    # "_SingleProcessDataLoaderIter._next_data"): the same recordings, their
+    # names stripped so, give the same iterator kind.
+    text = (DATA / f"{name}.txt").read_text()
+    root = int(re.match(r"process (\d+)", text).group(1))
+    stacks, _ = parse_raw(text)
+    bare = []
+    for st in stacks:
+        frames = []
+        for fr in st.frames:
+            f = parse_frame(fr)
+            frames.append(fr.replace(f.func, f.func.rsplit(".", 1)[-1], 1) if f.file else fr)
+        bare.append(dataclasses.replace(st, frames=tuple(frames)))
+    assert not any("DataLoaderIter" in fr for st in bare for fr in st.frames)
+    assert sampled.summarize(bare, root).iterator == kind
