@@ -8,7 +8,9 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import types
 
+import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -208,6 +210,73 @@ def test_grain_before_its_output_stage_is_measured_at_the_outermost_iter():
     assert not legacy.wrapped and ("__init__" in meta.__dict__) == had_init
     assert not hasattr(gd.IterDataset.__dict__.get("__iter__"), "_dlwatch_orig")
     patches.registry.clear()
+
+
+def _shaped_like_grain_0_2_13(event):
+    # Grain < 0.2.16's mp_prefetch iterator, as far as the adapter reads it:
+    # its raw MultiProcessIterator holds the event it hands to its GrainPool.
+    class _MultiprocessPrefetchDatasetIterator:
+        pass
+
+    it = _MultiprocessPrefetchDatasetIterator()
+    it._raw_iterator = types.SimpleNamespace(_termination_event=event)
+    return it
+
+
+def test_two_mp_prefetch_pipelines_of_old_grain_list_only_their_own_workers():
+    # Grain < 0.2.16 keeps its pools out of the graph's reach (a local of the
+    # reader thread): each is tied to its iterator by the reader's event.
+    from dlwatch.probe.adapters import grain as adapter
+
+    class GrainPool:  # kept in a weak set, as Grain's are
+        def __init__(self, event, *pids):
+            self._reader_termination_event = event
+            self.processes = [types.SimpleNamespace(pid=p) for p in pids]
+
+    ev_train, ev_eval = threading.Event(), threading.Event()
+    pools = [GrainPool(ev_train, 101, 102), GrainPool(ev_eval, 201)]
+    for pool in pools:
+        adapter._pools.add(pool)
+    try:
+        train = adapter.describe_graph(_shaped_like_grain_0_2_13(ev_train))
+        evals = adapter.describe_graph(_shaped_like_grain_0_2_13(ev_eval))
+        unstarted = adapter.describe_graph(_shaped_like_grain_0_2_13(None))
+    finally:
+        for pool in pools:
+            adapter._pools.discard(pool)
+    assert [w["pid"] for w in train["pipeline_workers"]] == [101, 102]
+    assert train["knobs"]["MultiprocessingOptions.num_workers"] == 2
+    assert [w["pid"] for w in evals["pipeline_workers"]] == [201] and evals["num_workers"] == 1
+    assert "pipeline_workers" not in unstarted  # no pool yet: no one else's workers
+
+
+def test_two_real_mp_prefetch_pipelines_of_old_grain_list_only_their_own_workers():
+    # The same on a Grain that has the pool (0.2.13 on Python 3.10; newer
+    # Grain starts its workers another way and is covered end to end).
+    pytest.importorskip("grain._src.python.grain_pool")
+    import grain
+
+    import dlwatch.hook  # noqa: F401
+    from dlwatch.probe.adapters import grain as adapter
+    from dlwatch.probe.adapters.common import walk
+
+    def build(n):
+        ds = grain.MapDataset.source(range(1000)).repeat().map(abs).to_iter_dataset().batch(4)
+        return ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=n))
+
+    a, b = iter(build(2)), iter(build(1))
+    try:
+        for _ in range(3):
+            next(a), next(b)
+        pids_a = [w["pid"] for w in adapter.describe_graph(a)["pipeline_workers"]]
+        pids_b = [w["pid"] for w in adapter.describe_graph(b)["pipeline_workers"]]
+        assert len(pids_a) == 2 and len(pids_b) == 1 and not set(pids_a) & set(pids_b)
+    finally:
+        for it in (a, b):
+            for node in walk(it, adapter._GRAPH):
+                close = getattr(getattr(node, "_raw_iterator", None), "stop_prefetch", None)
+                if close is not None:
+                    close()
 
 
 def test_a_dataloader_inside_a_measured_next_is_a_stage_of_it():

@@ -74,12 +74,20 @@ def _register_pool(orig_init: Any) -> Any:
 _pool_patch = MethodPatch(_POOL, "GrainPool", "__init__", _register_pool)
 
 
-def _pool_processes() -> list[Any]:
-    """The worker processes of the live pools (two mp_prefetch pipelines at
-    once would list each other's too)."""
+def _pool_processes(node: Any) -> list[Any]:
+    """The worker processes of the pool that feeds this mp_prefetch iterator.
+
+    The pool is a local of the iterator's reader thread; what ties the two is
+    the reader's termination event, which the iterator makes and hands to the
+    pool. Two mp_prefetch pipelines at once (train and eval) each list their
+    own workers."""
+    event = getattr(getattr(node, "_raw_iterator", None), "_termination_event", None)
+    if event is None:
+        return []
     out: list[Any] = []
     for pool in list(_pools):
-        out.extend(getattr(pool, "processes", None) or ())
+        if getattr(pool, "_reader_termination_event", None) is event:
+            out.extend(getattr(pool, "processes", None) or ())
     return out
 
 
@@ -248,7 +256,7 @@ def describe_graph(it: Any) -> dict:
             if isinstance(b, int):
                 knobs["ThreadPrefetchIterDataset.prefetch_buffer_size"] = b
         elif name == "_MultiprocessPrefetchDatasetIterator":
-            procs.extend(_pool_processes())
+            procs.extend(_pool_processes(node))
         p = getattr(node, "_prefetch_process", None)
         if p is not None:
             procs.append(p)
