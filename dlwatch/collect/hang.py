@@ -218,12 +218,17 @@ def _from_outside(pid: int, role: str, why_not_inside: str) -> dict[str, Any]:
         out["error"] = f"{why_not_inside}; py-spy may not read it: {access.line()}"
         return out
     try:
-        proc = subprocess.run(
-            [binary, "dump", "--pid", str(pid), "--json", "--nonblocking"],
-            capture_output=True,
-            text=True,
-            timeout=PY_SPY_TIMEOUT_S,
-        )
+        for _ in range(2):
+            proc = subprocess.run(
+                [binary, "dump", "--pid", str(pid), "--json", "--nonblocking"],
+                capture_output=True,
+                text=True,
+                timeout=PY_SPY_TIMEOUT_S,
+            )
+            # py-spy's version heuristic misses now and then on a Python
+            # process (pyenv's 3.10): one more dump usually reads it.
+            if proc.returncode == 0 or not spy.missed_the_version(proc.stderr):
+                break
     except (OSError, subprocess.TimeoutExpired) as e:
         out["error"] = f"{why_not_inside}; py-spy dump failed: {e}"
         return out

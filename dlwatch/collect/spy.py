@@ -59,6 +59,12 @@ def record_command(binary: str, pid: int, seconds: float, out: str, rate: int = 
     ]
 
 
+def missed_the_version(stderr: str) -> bool:
+    """py-spy could not tell the target's Python version: on a Python
+    process that is worth one more try (see ``failure``)."""
+    return "failed to find python version" in stderr.lower()
+
+
 def failure(stderr: str, pid: int, access: ptrace.Access | None = None) -> tuple[int, str]:
     """(exit code, one line) for a py-spy run that produced no recording;
     ``access``: the permission check's verdict, which explains a refusal
@@ -73,7 +79,16 @@ def failure(stderr: str, pid: int, access: ptrace.Access | None = None) -> tuple
     if "failed to get process executable name" in text or "no such process" in text:
         return ptrace.EXIT_NO_PROCESS, f"no process with PID {pid} (it may have exited)"
     if "failed to find python version" in text or "no python processes found" in text:
-        return ptrace.EXIT_NOT_PYTHON, f"PID {pid} is not a Python process: nothing to attach to"
+        if not ptrace.looks_like_python(pid):
+            return ptrace.EXIT_NOT_PYTHON, f"PID {pid} is not a Python process: nothing to attach to"
+        # A Python process all the same: py-spy reads the version from the
+        # interpreter's memory by a heuristic that now and then misses (seen
+        # with pyenv's static 3.10 builds, uv's and other standalone builds).
+        return 1, (
+            f"py-spy did not find the Python version in PID {pid}'s memory, though it runs Python "
+            "(py-spy's known limit with some interpreter builds): try again; a job started under "
+            "`dlwatch run` or with `import dlwatch.hook` needs no py-spy"
+        )
     last = next((ln.strip() for ln in reversed(stderr.splitlines()) if ln.strip().startswith("Error")), "")
     return 1, f"py-spy could not sample PID {pid}: {last or 'no output'}"
 

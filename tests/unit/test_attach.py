@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -277,13 +278,28 @@ def test_status_ids_read_from_a_status_file(tmp_path):
     [
         ("Error: Permission denied (os error 13)", 4, "--check"),
         ("Error: Failed to get process executable name. Check that the process is running.", 3, "no process"),
-        ("Error: Failed to find python version from target process", 5, "not a Python process"),
         ("Error: something new", 1, "something new"),
     ],
 )
 def test_py_spy_failures_are_one_line(stderr, code, words):
     c, line = spy.failure(stderr + "\n\nStack backtrace:\n   0: x\n", 42)
     assert c == code and words in line and "\n" not in line
+
+
+def test_py_spy_missing_the_version_of_a_python_process_is_not_called_not_python():
+    # py-spy's version heuristic can miss on a Python process: the line says
+    # so and asks for another try; only a process that runs no Python is "not
+    # a Python process".
+    err = "Error: Failed to find python version from target process\n"
+    code, line = spy.failure(err, os.getpid())
+    assert code == 1 and "runs Python" in line and "try again" in line
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        code, line = spy.failure(err, sleeper.pid)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert code == 5 and "not a Python process" in line
 
 
 # ------------------------------------------------------------- the live view

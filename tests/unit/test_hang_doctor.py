@@ -180,6 +180,28 @@ def test_complete_replaces_the_channels_error_with_py_spys_threads_and_their_cpu
     assert entry["line"].startswith(f"worker 0 (pid {pid}): blocked in C (0 % CPU, sleeping) in <module>")
 
 
+def test_a_py_spy_that_misses_the_python_version_once_is_asked_again(gil_held_in_c, monkeypatch, tmp_path):
+    # py-spy's version heuristic now and then misses on a Python process
+    # (pyenv's 3.10): the first dump here fails as it did there, the second
+    # is the real py-spy's.
+    pid = gil_held_in_c.pid
+    real = spy.find()
+    if real is None or not ptrace.check(pid).allowed:
+        pytest.skip("py-spy cannot read a process here")
+    flaky = tmp_path / "py-spy"
+    flaky.write_text(
+        "#!/bin/sh\n"
+        f"if [ ! -e {tmp_path}/missed ]; then touch {tmp_path}/missed\n"
+        "  echo 'Error: Failed to find python version from target process' >&2; exit 1; fi\n"
+        f'exec {real} "$@"\n'
+    )
+    flaky.chmod(0o755)
+    monkeypatch.setattr(spy, "find", lambda: str(flaky))
+    out = collect_hang._from_outside(pid, "worker", "no answer")
+    assert (tmp_path / "missed").exists() and "error" not in out and out["via"] == "py-spy"
+    assert _main(out["threads"])["frames"]  # the real dump's main thread, frames and all
+
+
 def test_a_stalls_unanswered_workers_are_read_side_by_side_each_into_its_own_entry(monkeypatch):
     # One after the other, a stall of many workers blocked in C took a dump's
     # time per worker, past what a one-shot snapshot waits on a loaded box.
