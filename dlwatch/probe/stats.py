@@ -29,6 +29,7 @@ from typing import Any
 from dlwatch.probe import deaths
 from dlwatch.probe import framework as _framework
 from dlwatch.probe import handover as _handover
+from dlwatch.probe import iter_in_next as _iter_in_next
 from dlwatch.probe import trainthread as _trainthread
 from dlwatch.probe import worker as _worker
 
@@ -63,6 +64,7 @@ class LoaderStats:
         "teardown_s",
         "t_enter",
         "t_last",
+        "iter_t0",
         "epoch_t0",
         "first_pending",
         "epoch_start_ms",
@@ -108,6 +110,10 @@ class LoaderStats:
         self.teardown_s = 0.0  # __next__ calls that ended the epoch
         self.t_enter = 0.0  # clock at the last entry into __next__ (in progress if > t_last)
         self.t_last = 0.0  # clock when the last batch was returned; 0 until an epoch's first
+        # Clock at iter() when that ran inside the loop's next() (a generator
+        # around the DataLoader's __iter__: probe/iter_in_next.py), until the
+        # epoch's first batch folds it into the wait; else 0.
+        self.iter_t0 = 0.0
         self.epoch_t0 = 0.0
         self.first_pending = False
         self.epoch_start_ms: deque[float] = deque(maxlen=EPOCH_HISTORY)
@@ -189,6 +195,13 @@ class LoaderStats:
         self.first_pending = True
         self.t_last = 0.0
         self.t_enter = 0.0
+        self.iter_t0 = 0.0
+        try:
+            if _iter_in_next.called_from_a_generator(3):
+                # The loop is already inside its next(): waiting from now.
+                self.iter_t0 = self.t_enter = t0
+        except Exception:
+            pass
         self.iter_ref = _weak(it, self._iterator_dropped)
 
     def _iterator_dropped(self, ref) -> None:
@@ -216,6 +229,7 @@ class LoaderStats:
         self.t_last = 0.0
         self.t_enter = 0.0
         self.epoch_t0 = 0.0
+        self.iter_t0 = 0.0
 
     def pause(self, t: float) -> None:
         """Another loader of the job (an evaluation) starts iterating while
@@ -233,6 +247,12 @@ class LoaderStats:
         # that a custom iterator answered). Only the first is a start stall.
         if self.first_pending:
             self.first_pending = False
+            if self.iter_t0:
+                # iter() ran inside the loop's next(): from there to this
+                # __next__'s entry (t_enter) the loop waited too. Two stores,
+                # no call between them: a publisher reads both or neither.
+                self.wait_s += max(0.0, self.t_enter - self.iter_t0)
+                self.iter_t0 = 0.0
             self.epoch_start_ms.append((t1 - self.epoch_t0) * 1e3)
             if data is not None:
                 self.batch_bytes, self.batch_on_device = batch_footprint(data)
@@ -264,6 +284,7 @@ class LoaderStats:
         self.t_enter = 0.0
         self.epoch_t0 = 0.0
         self.first_pending = False
+        self.iter_t0 = 0.0
 
     def raised(self, it, e: BaseException) -> None:
         """``__next__`` raised ``e`` (not StopIteration): a worker's exception
@@ -296,6 +317,11 @@ class LoaderStats:
         step = self.step_s
         t_enter = self.t_enter
         t_last = self.t_last
+        iter_t0 = self.iter_t0
+        if iter_t0:
+            # iter() ran inside the loop's next() and the first batch has not
+            # folded that wait in yet: the part of it before `now`.
+            wait += max(0.0, min(t_enter, now) - iter_t0)
         if t_last > now and t_enter <= t_last:
             # The last batch returned after `now`; t_enter is still its entry.
             if t_enter <= now:  # waiting at `now`: its step before was complete
@@ -612,6 +638,10 @@ def loader_config(loader, it) -> dict:
         if wrappers:
             cfg["dataset_wrappers"] = wrappers
         cfg["iterator"] = type(it).__name__
+        if type(loader).__name__ != "DataLoader":
+            # A subclass: the class the script builds, named in advice
+            # (litdata's StreamingDataLoader, torchdata's StatefulDataLoader).
+            cfg["loader_class"] = type(loader).__name__[:80]
         special = LOADER_KNOBS.get(type(loader).__name__)
         if special is not None:
             cfg["library"] = special[0]
