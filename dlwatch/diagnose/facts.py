@@ -416,7 +416,9 @@ def setting(loader: Mapping[str, Any], name: str, value: Any) -> str:
     """A DataLoader setting in the words of the framework that builds the
     loader (its ``framework``, from the code that iterates it): the HF
     Trainer's TrainingArguments, a Lightning DataModule's loader, the loader
-    given to Accelerate's prepare(); else ``DataLoader(...)``."""
+    given to Accelerate's prepare(); else the class the script builds (a
+    subclass's own name: litdata's or Mosaic's ``StreamingDataLoader``,
+    torchdata's ``StatefulDataLoader``), else ``DataLoader(...)``."""
     own = knob(loader, name)
     if own is not None:
         cls, arg = own.split(".", 1)
@@ -432,6 +434,9 @@ def setting(loader: Mapping[str, Any], name: str, value: Any) -> str:
         return f"{name}={value} in the DataLoader your LightningDataModule's {which}_dataloader() returns"
     if fw == "accelerate":
         return f"{name}={value} in the DataLoader you pass to accelerator.prepare()"
+    built = loader.get("loader_class")
+    if isinstance(built, str) and built.isidentifier():
+        return f"{name}={value} in {built}(...)"
     return f"{name}={value} in DataLoader(...)"
 
 

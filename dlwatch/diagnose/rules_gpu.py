@@ -17,7 +17,7 @@ from typing import Any
 
 from dlwatch.thresholds import DATA_BOUND_WAIT
 
-from .facts import Context, hint, num, pct, r, window_note, window_phrase
+from .facts import Context, hint, num, pct, r, setting, window_note, window_phrase
 from .registry import Rule
 
 # Data wait that makes a pageable host-to-device copy worth fixing: the copy
@@ -98,7 +98,7 @@ def rule_enable_pin_memory(ctx: Context) -> list[dict[str, Any]]:
             f"{' and '.join(reasons)}; {cost}. A pageable .to('cuda') makes an extra CPU copy "
             f"and cannot overlap with compute."
         )
-        sugg = "set pin_memory=True in DataLoader(...) and copy with .to(device, non_blocking=True)"
+        sugg = f"set {setting(lv.loader, 'pin_memory', True)} and copy with .to(device, non_blocking=True)"
         ev = {
             "pin_memory": False,
             "cuda_initialized": True,

@@ -39,6 +39,7 @@ from .facts import (
     pct,
     plural,
     r,
+    setting,
     whole_cores,
 )
 from .registry import Rule
@@ -168,7 +169,7 @@ def rule_sampled_worker_count(ctx: Context) -> list[dict[str, Any]]:
             f"workers ({span(est)} within the sampling's 95 % intervals)"
         )
         msg += capped(est, cap, rec, f", and the free cores ({cores(cap)}) allow {rec}")
-        sugg = f"set num_workers={rec} in DataLoader(...)"
+        sugg = f"set {setting(lv.loader, 'num_workers', rec)}"
         ev = (
             _sampling_evidence(lv)
             | est

@@ -106,3 +106,23 @@ def test_the_advice_names_the_frameworks_knob():
     (h,) = [h for h in evaluate(s) if h["id"] == "no-workers"]
     assert h["message"].startswith("Loader 0 (eval) of PID 1000")
     assert "set dataloader_num_workers=" in h["suggestion"] and "in DataLoader(...)" not in h["suggestion"]
+
+
+def test_the_advice_names_the_loader_class_the_script_builds(probe):
+    # A DataLoader subclass (litdata's and Mosaic's StreamingDataLoader,
+    # torchdata's StatefulDataLoader) is what the script writes; a framework's
+    # own wrapper (Accelerate's DataLoaderShard) is not, and its terms win.
+    from torch.utils.data import DataLoader
+
+    class StreamingDataLoader(DataLoader):
+        pass
+
+    for cls, named in ((StreamingDataLoader, "StreamingDataLoader"), (DataLoader, None)):
+        dl = cls(list(range(4)), batch_size=2)
+        list(dl)
+        (st,) = [s for s in probe.snapshot() if s.loader_ref() is dl]
+        assert st.config.get("loader_class") == named
+    ld = {"loader_class": "StreamingDataLoader"}
+    assert setting(ld, "persistent_workers", True) == "persistent_workers=True in StreamingDataLoader(...)"
+    assert "accelerator.prepare()" in setting(ld | {"framework": "accelerate"}, "num_workers", 2)
+    assert setting({"loader_class": "not a name()"}, "num_workers", 2) == "num_workers=2 in DataLoader(...)"
