@@ -417,6 +417,9 @@ class TrialMeter:
                 # What feeds the loop: tune sets a torch DataLoader's settings only.
                 "library": ld.get("library") or "torch",
                 "knobs": as_dict(ld.get("knobs")) or None,
+                # The class the script builds, where no framework builds it
+                # (Accelerate's DataLoaderShard is not the user's to write).
+                "loader_class": None if ld.get("framework") else ld.get("loader_class"),
             }
             if ld
             else None,

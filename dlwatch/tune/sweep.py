@@ -223,7 +223,13 @@ class Sweep:
         loader = fig.pop("loader", None) or {}
         settings = {k: loader.get(k) for k in search.KNOBS} if loader else {}
         pipeline = (
-            {"library": loader.get("library") or "torch", "knobs": loader.get("knobs")} if loader else {}
+            {
+                "library": loader.get("library") or "torch",
+                "knobs": loader.get("knobs"),
+                "loader_class": loader.get("loader_class"),
+            }
+            if loader
+            else {}
         )
         return {
             "pipeline": pipeline,
@@ -285,7 +291,9 @@ class Sweep:
             )
             speedup = round(chosen.mean / base_group.mean, 3) if base_group.mean > 0 else None
             spread = _r(search.measured_noise(search.groups(self.trials)), 4)
-            rec = code_line(chosen.settings, base["settings"])
+            rec = code_line(
+                chosen.settings, base["settings"], (base.get("pipeline") or {}).get("loader_class")
+            )
         return {
             "schema_version": SCHEMA_VERSION,
             "command": list(self.cmd),
@@ -394,14 +402,17 @@ def speedup_notes(base: dict | None, best: dict | None) -> list[str]:
     return notes
 
 
-def code_line(settings: dict, base: dict) -> str:
+def code_line(settings: dict, base: dict, loader_class: str | None = None) -> str:
     """What to write in the script: num_workers always, the other knobs where
-    they differ from the script's own."""
+    they differ from the script's own; in the class the script builds (a
+    DataLoader subclass: litdata's StreamingDataLoader, MONAI's
+    ThreadDataLoader)."""
     parts = [f"num_workers={settings.get('num_workers') or 0}"]
     for k in ("persistent_workers", "prefetch_factor", "pin_memory"):
         if settings.get(k) != base.get(k) and settings.get(k) is not None:
             parts.append(f"{k}={settings[k]}")
-    return f"DataLoader(..., {', '.join(parts)})"
+    cls = loader_class if isinstance(loader_class, str) and loader_class.isidentifier() else "DataLoader"
+    return f"{cls}(..., {', '.join(parts)})"
 
 
 def _fmt_settings(s: dict) -> str:

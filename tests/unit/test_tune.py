@@ -312,6 +312,9 @@ def test_code_line_names_what_changed():
     assert (
         code_line(best, base) == "DataLoader(..., num_workers=6, persistent_workers=True, prefetch_factor=4)"
     )
+    # In the class the script builds; a framework's wrapper is never named (measure leaves it out).
+    assert code_line(best, base, "StreamingDataLoader").startswith("StreamingDataLoader(..., num_workers=6")
+    assert code_line(best, base, "no name()").startswith("DataLoader(..., num_workers=6")
 
 
 # --- the hint's verify command -------------------------------------------------------
