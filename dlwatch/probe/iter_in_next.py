@@ -51,9 +51,12 @@ def called_from_a_generator(skip: int = 2) -> bool:
         for _ in range(MAX_FRAMES):
             if up is None:
                 return False
-            if _is_generator(up):
+            name = up.f_code.co_name
+            # A generator expression is drained where it is made
+            # (``tuple(iter(x) for x in loaders)``): plumbing too.
+            if _is_generator(up) and name != "<genexpr>":
                 return True
-            if not (_module(up).startswith("dlwatch.") or up.f_code.co_name == "__iter__"):
+            if not (_module(up).startswith("dlwatch.") or name in ("__iter__", "<genexpr>")):
                 return False
             up = up.f_back
     except Exception:

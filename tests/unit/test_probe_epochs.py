@@ -200,7 +200,11 @@ def test_iter_plumbing_is_passed_over_to_the_code_that_asked(probe):
     it = iter(direct)
     own_direct = _loop_waits(it)
     own_in_gen = _loop_waits(batches())
-    assert own_direct < start_s <= own_in_gen
-    for loader, own in ((direct, own_direct), (in_gen, own_in_gen)):
+    # A generator expression drained where it is made is iter()'s plumbing.
+    drained = _PassOn(ds, batch_size=None, sampler=_SlowStart(4, start_s))
+    (it,) = tuple(iter(x) for x in [drained])
+    own_drained = _loop_waits(it)
+    assert own_direct < start_s <= own_in_gen and own_drained < start_s
+    for loader, own in ((direct, own_direct), (in_gen, own_in_gen), (drained, own_drained)):
         st = _stats(probe, loader)
         assert abs(st.wait_s - own) < 0.02, (st.wait_s, own)
