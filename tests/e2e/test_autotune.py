@@ -82,9 +82,18 @@ def test_io_bound_loader_reaches_the_pace_with_the_same_batches(short_tmpdir):
     print(f"twin {twin:.2f} s/epoch, autotuned last epochs {last:.2f} s: {twin / last:.2f}×; {nw} workers")
     assert twin / last >= 2.5
     assert res["num_workers"] > 1
-    # one line on stderr at exit, the setting to paste; nothing else of ours
+    # one line on stderr at exit, the setting to paste; nothing else of ours.
+    # Converged: the setting the job ran on with. Twelve short epochs may end
+    # mid-search (a last epoch trying a deeper queue or another count, as in
+    # fresh-clone run 87): then the best setting it measured, one it ran.
     lines = _autotune_lines(err)
-    assert len(lines) == 1 and f"num_workers={res['num_workers']}" in lines[0], err[-2000:]
+    assert len(lines) == 1, err[-2000:]
+    named = int(re.search(r"num_workers=(\d+)", lines[0]).group(1))
+    if "converged to" in lines[0]:
+        assert named == res["num_workers"], lines[0]
+    else:
+        assert "did not converge; the best so far is" in lines[0], lines[0]
+        assert named > 1 and named in res["workers_seen"], (lines[0], res["workers_seen"])
     assert "dlwatch" not in err.replace(lines[0], "")
     # ... and the decisions in the snapshot while it ran
     ld = snap["jobs"][0]["loaders"][0]
