@@ -17,10 +17,27 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
+import threading
 from types import CodeType
 
 # Files parsed and kept (their defs: a few hundred tuples each at most).
 MAX_FILES = 256
+# One parse at a time: CPython 3.11's ast.parse keeps its recursion depth in
+# interpreter state, and two threads parsing at once (the hang doctor reads
+# its py-spy dumps side by side) can fail with "SystemError: AST constructor
+# recursion depth mismatch" (fresh-clone run 88, Python 3.11.7).
+_PARSE = threading.Lock()
+
+
+def _fresh_lock_in_child() -> None:
+    # A DataLoader worker forked while a dlwatch thread of the job parsed
+    # would inherit the lock held, and its own sampler would wait forever.
+    global _PARSE
+    _PARSE = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
 def of_code(code: CodeType) -> str:
@@ -51,8 +68,10 @@ def _defs(filename: str) -> tuple[tuple[int, int, str, str], ...]:
     the first line is its first decorator's, as ``co_firstlineno`` is."""
     try:
         with open(filename, encoding="utf-8", errors="replace") as f:
-            tree = ast.parse(f.read(), filename)
-    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+            text = f.read()
+        with _PARSE:
+            tree = ast.parse(text, filename)
+    except Exception:  # unreadable, not Python, too deep: the bare name stays
         return ()
     out: list[tuple[int, int, str, str]] = []
 

@@ -80,3 +80,80 @@ def test_what_cannot_be_qualified_keeps_its_name(tmp_path):
     assert qualnames.qualify("f", str(bad), 1) == "f"  # not Python
     assert qualnames.qualify("<module>", str(src), 1) == "<module>"
     assert qualnames.qualify("Barrier.wait", str(src), 1) == "Barrier.wait"  # already qualified
+
+
+def _ast_with(parse):
+    """The ast module as qualnames sees it, with another parse (pytest's own
+    parsing, for assertion rewriting, keeps the real one)."""
+    import ast
+    import types
+
+    fake = types.ModuleType("ast")
+    fake.__dict__.update(ast.__dict__)
+    fake.parse = parse
+    return fake
+
+
+def test_files_are_parsed_one_at_a_time(tmp_path, monkeypatch):
+    # The hang doctor qualifies py-spy dumps side by side; two ast.parse at
+    # once on CPython 3.11 can raise "AST constructor recursion depth
+    # mismatch" (fresh-clone run 88). Each parse here holds the floor a while.
+    import ast
+    import threading
+    import time
+
+    real, inside, most = ast.parse, [0], [0]
+
+    def slow_parse(*a, **kw):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        time.sleep(0.02)
+        try:
+            return real(*a, **kw)
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(qualnames, "ast", _ast_with(slow_parse))
+    files = []
+    for i in range(6):
+        f = tmp_path / f"m{i}.py"
+        f.write_text(f"class C{i}:\n    def run(self):\n        return {i}\n")
+        files.append(str(f))
+    got: dict = {}
+    threads = [
+        threading.Thread(target=lambda f=f: got.__setitem__(f, qualnames.qualify("run", f, 2))) for f in files
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == 1
+    assert [got[f] for f in files] == [f"C{i}.run" for i in range(6)]
+
+
+def test_a_parser_failure_keeps_the_bare_name(tmp_path, monkeypatch):
+    def broken(*a, **kw):
+        raise SystemError("AST constructor recursion depth mismatch (before=39, after=35)")
+
+    monkeypatch.setattr(qualnames, "ast", _ast_with(broken))
+    src = tmp_path / "job.py"
+    src.write_text("class C:\n    def run(self):\n        pass\n")
+    assert qualnames.qualify("run", str(src), 2) == "run"
+
+
+def test_a_child_forked_while_a_file_is_parsed_can_parse(tmp_path):
+    # A worker forked while a thread of the job holds the parse lock gets a
+    # lock of its own, not one held forever.
+    import os
+
+    src = tmp_path / "w.py"
+    src.write_text("class W:\n    def step(self):\n        pass\n")
+    with qualnames._PARSE:
+        pid = os.fork()
+        if pid == 0:  # the child: qualify within a second, or fail
+            import signal
+
+            signal.alarm(5)
+            os._exit(0 if qualnames.qualify("step", str(src), 2) == "W.step" else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
