@@ -27,8 +27,12 @@ def sample(i: int) -> dict:
     return {"index": i, "jpeg": _common.jpegs()[i % _common.N_IMAGES], "label": i % 10}
 
 
-def decode(s: dict):
-    return _common.decode_sample(s["jpeg"], int(s["index"])), int(s["label"])
+class Decoding:
+    """Put before a library's StreamingDataset: its samples, decoded."""
+
+    def __getitem__(self, index):
+        s = super().__getitem__(index)
+        return _common.decode_sample(s["jpeg"], int(s["index"])), int(s["label"])
 
 
 try:
@@ -37,9 +41,8 @@ except ImportError:
     litdata = None
 else:
 
-    class LitdataDecoded(litdata.StreamingDataset):
-        def __getitem__(self, index):
-            return decode(super().__getitem__(index))
+    class LitdataDecoded(Decoding, litdata.StreamingDataset):
+        pass
 
 
 try:
@@ -48,9 +51,8 @@ except ImportError:
     streaming = None
 else:
 
-    class MosaicDecoded(streaming.StreamingDataset):
-        def __getitem__(self, index):
-            return decode(super().__getitem__(index))
+    class MosaicDecoded(Decoding, streaming.StreamingDataset):
+        pass
 
 
 def with_litdata(args, root: str):

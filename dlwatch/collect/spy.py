@@ -78,7 +78,7 @@ def failure(stderr: str, pid: int, access: ptrace.Access | None = None) -> tuple
         )
     if "failed to get process executable name" in text or "no such process" in text:
         return ptrace.EXIT_NO_PROCESS, f"no process with PID {pid} (it may have exited)"
-    if "failed to find python version" in text or "no python processes found" in text:
+    if missed_the_version(text) or "no python processes found" in text:
         if not ptrace.looks_like_python(pid):
             return ptrace.EXIT_NOT_PYTHON, f"PID {pid} is not a Python process: nothing to attach to"
         # A Python process all the same: py-spy reads the version from the

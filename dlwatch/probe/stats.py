@@ -196,12 +196,9 @@ class LoaderStats:
         self.t_last = 0.0
         self.t_enter = 0.0
         self.iter_t0 = 0.0
-        try:
-            if _iter_in_next.called_from_a_generator(3):
-                # The loop is already inside its next(): waiting from now.
-                self.iter_t0 = self.t_enter = t0
-        except Exception:
-            pass
+        if _iter_in_next.called_from_a_generator(3):  # never raises
+            # The loop is already inside its next(): waiting from now.
+            self.iter_t0 = self.t_enter = t0
         self.iter_ref = _weak(it, self._iterator_dropped)
 
     def _iterator_dropped(self, ref) -> None:
@@ -645,7 +642,6 @@ def loader_config(loader, it) -> dict:
         special = LOADER_KNOBS.get(type(loader).__name__)
         if special is not None:
             cfg["library"] = special[0]
-            cfg["loader_class"] = type(loader).__name__
             cfg["knobs"] = special[1](loader)
         rep = getattr(loader, "_dlw_replay", None)  # only with DLWATCH_OVERRIDES' replay
         if rep is not None:

@@ -76,19 +76,17 @@ def test_an_iterator_dropped_before_its_first_batch_is_no_epoch(probe):
 
 
 class _SlowStart:
-    """A sampler whose ``iter()`` takes ``seconds`` (or waits for ``gate``):
-    with ``batch_size=None`` torch calls it while it makes the epoch's
-    iterator, as it forks workers there."""
+    """A sampler whose ``iter()`` takes ``seconds``: with ``batch_size=None``
+    torch calls it while it makes the epoch's iterator, as it forks workers
+    there."""
 
-    def __init__(self, n: int, seconds: float = 0.0, gate=None) -> None:
-        self.n, self.seconds, self.gate = n, seconds, gate
+    def __init__(self, n: int, seconds: float) -> None:
+        self.n, self.seconds = n, seconds
 
     def __len__(self) -> int:
         return self.n
 
     def __iter__(self):
-        if self.gate is not None:
-            self.gate.wait(10)
         time.sleep(self.seconds)
         return iter(range(self.n))
 
