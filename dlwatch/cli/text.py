@@ -250,6 +250,13 @@ def _role(ld: dict) -> str:
     return f"{role} ({fw}), " if fw else f"{role}, "
 
 
+def _built_as(ld: dict) -> str:
+    """ ", StreamingDataLoader": the DataLoader subclass the script builds, where
+    it is one (a plain DataLoader, or a library's own loader, adds nothing)."""
+    cls = ld.get("loader_class")
+    return f", {cls}" if isinstance(cls, str) and cls and ld.get("library") in (None, "torch") else ""
+
+
 def _loader_lines(ld: dict) -> list[str]:
     batch = ld.get("batch_size") if ld.get("batch_size") is not None else "n/a"
     cfg = (
@@ -263,8 +270,9 @@ def _loader_lines(ld: dict) -> list[str]:
     start = _num(ld.get("epoch_start_ms_last"), "{:.0f}", " ms")
     if num(ld.get("epoch_start_ms_last")) is None:
         start = epoch_start_missing(ld)
+    what = f"{ld.get('dataset') or '?'}{_built_as(ld)}"
     lines = [
-        f"  loader {ld['id']} ({_role(ld)}{ld.get('kind', 'map')}, {ld.get('dataset') or '?'}): {cfg}",
+        f"  loader {ld['id']} ({_role(ld)}{ld.get('kind', 'map')}, {what}): {cfg}",
         f"    data wait {_pct(ld.get('data_wait_fraction'))}   {ld.get('batches_per_s', 0):.1f} batches/s   "
         f"wait {wait}   step {step}   epoch {ld.get('epoch')}   epoch start {start}",
     ]

@@ -53,9 +53,11 @@ def loader_title(ld: dict, pal: fmt.Palette) -> Text:
     ds = fmt.s(ld.get("dataset"))
     if ds:
         parts.append(ds)
-    lib = fmt.s(ld.get("library"))
-    if lib and lib != "torch":
-        parts.append(Text(fmt.s(ld.get("loader_class")) or lib, pal.info))
+    lib, cls = fmt.s(ld.get("library")), fmt.s(ld.get("loader_class"))
+    if (lib and lib != "torch") or cls:
+        # The class the script builds (litdata's StreamingDataLoader, an
+        # Accelerate shard): the name the user looks for in their code.
+        parts.append(Text(cls or lib, pal.info))
     fd = ld.get("feeder")
     if ld.get("loop_role") == "stage":
         parts.append(Text(f"stage of loader {fmt.count(ld.get('nested_in'))}", pal.dim))

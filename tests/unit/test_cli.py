@@ -404,3 +404,25 @@ def test_the_demo_jobs_output_is_named_only_when_the_job_failed(tmp_path, monkey
     p, log = job("raise SystemExit(3)")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))
     assert keep_log(p, log).startswith("(not saved: ")
+
+
+def test_a_dataloader_subclass_is_named_where_the_loader_is_listed():
+    # The class the script builds (litdata's StreamingDataLoader, an
+    # Accelerate shard) is what the user looks for in their code; a plain
+    # DataLoader adds nothing, and a library's own loader keeps its name.
+    from dlwatch.cli.text import render_snapshot
+    from dlwatch.tui import fmt
+    from dlwatch.tui.loader import loader_title
+    from tests import tui_fixtures as F
+
+    snap = F.data_bound()
+    ld = snap["jobs"][0]["loaders"][0]
+    head = render_snapshot(snap).splitlines()
+    (plain_line,) = [ln for ln in head if ln.startswith("  loader 0 (")]
+    assert "DataLoader" not in plain_line and "DataLoader" not in loader_title(ld, fmt.Palette()).plain
+    ld["loader_class"] = "StreamingDataLoader"
+    (line,) = [ln for ln in render_snapshot(snap).splitlines() if ln.startswith("  loader 0 (")]
+    assert line == plain_line.replace("): ", ", StreamingDataLoader): ", 1)
+    assert "StreamingDataLoader" in loader_title(ld, fmt.Palette()).plain
+    ld.update(library="monai", loader_class="ThreadDataLoader")
+    assert "ThreadDataLoader" in loader_title(ld, fmt.Palette()).plain
