@@ -243,6 +243,11 @@ class Job(_JobRequired, total=False):
     # Threads that step a torch optimizer (the training threads), most steps
     # first: [{"thread", "steps", "main"}]; a job listed without a loader says so.
     train_threads: list[dict[str, Any]]
+    # Loaders one loop takes from together (zip(a, b), FixMatch's two iterators, a
+    # validation pass inside the loop): [{"thread", "main", "loaders": [ids], "shares":
+    # [each one's part of the loop's time], "data_wait_fraction"}], that last the
+    # loop's wait, their sum (collect/co_iterated.py); empty with one loader a loop.
+    loops: list[dict[str, Any]]
     sampled: bool  # attached without the hook, sampled from outside
     sampling: dict[str, Any]  # tool, span_s, samples, rate_hz, training thread
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dlwatch.collect.co_iterated import describe as describe_loop
 from dlwatch.collect.loop_role import no_loader_yet
 from dlwatch.snapshot import count_of, epoch_start_missing, num, percent
 
@@ -128,6 +129,9 @@ def render_snapshot(snap: dict, title: str = "dlwatch snapshot") -> str:
             lines.append(f"  {j['state_reason']}")
         if not j.get("loaders"):
             lines.append(f"  {no_loader_yet(j)}")
+        for loop in j.get("loops") or []:
+            # zip(a, b): the loop waits for each in turn, its wait is theirs summed.
+            lines.append(f"  {describe_loop(loop)}")
         for ld in j.get("loaders", []):
             lines.extend(_sampled_loader_lines(ld, j) if ld.get("sampled") is True else _loader_lines(ld))
         lines.extend(_stacks_lines(j, snap))

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 from dlwatch.collect import window as win
+from dlwatch.collect.co_iterated import loops
 from dlwatch.collect.jobs import JobConnection
 from dlwatch.collect.loop_role import LOOP, loop_role
 from dlwatch.collect.totals import Totals
@@ -241,6 +242,8 @@ def job_dict(
             loader["epoch_open"] = False
         out["loaders"].append(loader)
     lend_stage_workers(out["loaders"])
+    # Loaders one loop takes from together (zip, FixMatch): the loop's wait is theirs summed.
+    out["loops"] = loops(out["loaders"])
     return cast(Job, out)  # checked: snapshot.problems, in the tests
 
 

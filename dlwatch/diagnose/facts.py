@@ -146,6 +146,22 @@ def is_loop_wait(loader: Mapping[str, Any]) -> bool:
     return bool(loader.get("loop_role", "loop") == "loop")
 
 
+@dataclass(frozen=True)
+class Partner:
+    """Another loader one loop takes from with this one, per batch of this one.
+
+    ``wait_ms``: the loop's wait on it. ``floor_ms``: the least time its
+    workers need per step (their busy fraction of the cycle: busy 50 % means
+    they could keep a loop twice as fast fed); None where it has no workers
+    (the loop loads its batches itself, inside this loader's step) or their
+    busy time is not measured."""
+
+    lid: int
+    num_workers: int | None
+    wait_ms: float
+    floor_ms: float | None
+
+
 @dataclass
 class LoaderView:
     """One loader of one live job, with the figures most rules need."""
@@ -165,7 +181,10 @@ class LoaderView:
     rq_sum: float  # cores' worth of time the workers spent runnable but not
     # running (run-queue wait: starved of CPU), 0 when unknown
     worker_ms: float | None  # fetch time per batch in one worker
-    step_ms: float | None  # loop compute time per batch
+    step_ms: float | None  # loop time per batch outside this loader's next() (partners' waits included)
+    # The other loaders the loop takes from in the same steps (zip, FixMatch:
+    # the job's ``loops``), each priced per batch of this one.
+    partners: tuple[Partner, ...] = ()
 
     @property
     def steady(self) -> bool:
@@ -324,6 +343,50 @@ def window_util(history: Any, window_s: float | None) -> tuple[float | None, flo
     return round(sum(last) / len(last), 1), min(last), max(last)
 
 
+def partner_phrase(lv: LoaderView) -> str:
+    """ "; the loop also takes from loader 1 every step, and waits 63 ms a
+    batch on it": where the step figure a message quotes holds another
+    loader's wait (zip, FixMatch), the message says so."""
+    if not lv.partners:
+        return ""
+    ids = [str(p.lid) for p in lv.partners]
+    waits = " and ".join(f"{p.wait_ms:.0f} ms" for p in lv.partners)
+    if len(ids) == 1:
+        return f"; the loop also takes from loader {ids[0]} every step, and waits {waits} a batch on it"
+    return (
+        f"; the loop also takes from loaders {', '.join(ids[:-1])} and {ids[-1]} every step, and waits "
+        f"{waits} a batch on them"
+    )
+
+
+def partners_of(lv: LoaderView, views: Sequence[LoaderView]) -> tuple[Partner, ...]:
+    """The loaders ``lv``'s loop takes from in the same steps (the job's
+    ``loops``, collect/co_iterated.py), priced per batch of ``lv``."""
+    ids: list[int] = []
+    for loop in as_list(lv.job.get("loops")):
+        group = as_list(as_dict(loop).get("loaders"))
+        if lv.lid in group:
+            ids = [i for i in group if isinstance(i, int) and i != lv.lid]
+    rate = num(lv.loader.get("batches_per_s"))
+    wait, step = num(lv.loader.get("wait_ms_mean")), lv.step_ms
+    if not ids or not rate or wait is None or step is None:
+        return ()
+    out = []
+    for other in views:
+        if other.pid != lv.pid or other.lid not in ids:
+            continue
+        o_rate, o_wait = num(other.loader.get("batches_per_s")), num(other.loader.get("wait_ms_mean"))
+        if not o_rate or o_wait is None:
+            continue
+        per = o_rate / rate  # its batches per batch of this one
+        nw = as_int(other.loader.get("num_workers"))
+        floor = None
+        if nw and other.busy_mean is not None:
+            floor = other.busy_mean * (wait + step)
+        out.append(Partner(other.lid, nw, o_wait * per, floor))
+    return tuple(out)
+
+
 def build_context(
     snapshot: Mapping[str, Any],
     phase_of: Mapping[tuple[int, int], str],
@@ -372,6 +435,8 @@ def build_context(
                     step_ms=num(ld.get("step_ms_mean")),
                 )
             )
+    for lv in views:
+        lv.partners = partners_of(lv, views)
     return Context(
         snapshot=dict(snapshot),
         time=num(snapshot.get("time")),

@@ -41,6 +41,7 @@ from .facts import (
     ms,
     num,
     others_cores,
+    partner_phrase,
     pct,
     plural,
     r,
@@ -263,7 +264,8 @@ def rule_no_workers(ctx: Context) -> list[dict[str, Any]]:
             f"with num_workers=0: the training loop loads every batch itself"
         )
         if wait_ms is not None and lv.step_ms is not None:
-            msg += f" ({ms(wait_ms)} loading vs {ms(lv.step_ms)} computing per batch)"
+            rest = "for the rest of the loop" if lv.partners else "computing"
+            msg += f" ({ms(wait_ms)} loading vs {ms(lv.step_ms)} {rest} per batch{partner_phrase(lv)})"
         msg += "."
         if free is not None and rec is not None and little is not None and rec < little:
             msg += f" The free cores ({cores(round(max(free, 0.0), 1))}) allow {rec}."
@@ -295,6 +297,16 @@ def rule_no_workers(ctx: Context) -> list[dict[str, Any]]:
             ev["cpu_accounting"] = acc.evidence()
         out.append(_nothing_to_gain(hint("no-workers", severity, lv.pid, lv.lid, msg, sugg, ev), pred, lv))
     return out
+
+
+def fewest_with_partners(ctx: Context, lv: LoaderView, rec: int, nw: int) -> int:
+    """``rec``, or fewer where another loader the loop takes from in the same
+    steps sets the pace first (zip: past its workers' pace, more here buy
+    nothing): the fewest above ``nw`` the cycle model prices as good."""
+    if not lv.partners or rec <= nw + 1:
+        return rec
+    best = capacity.best_count(ctx, lv, rec)
+    return rec if best is None else max(nw + 1, best)
 
 
 def _sizable(ctx: Context, cpu_bound: bool) -> Iterator[tuple[LoaderView, str, int]]:
@@ -359,7 +371,7 @@ def _weigh_raise(ctx: Context, lv: LoaderView, little: int) -> _Raise | None:
     # next step.
     needed = max(little, nw + 1)
     cap = max(whole_cores(free), nw + 1 if spare >= SPARE_FOR_ONE_MORE else 0)
-    rec = min(needed, cap)
+    rec = fewest_with_partners(ctx, lv, min(needed, cap), nw)
     return _Raise(rec, little, free, spare, acc, capacity.predict(ctx, lv, rec))
 
 
@@ -378,7 +390,7 @@ def rule_add_workers(ctx: Context) -> list[dict[str, Any]]:
             f"{lv.title} waits for data {pct(lv.wait)} of the time{window_phrase(lv)}; its "
             f"{count_of(nw, 'worker')} {plural(nw, 'is')} busy {pct(lv.busy_mean)} of the time "
             f"and one batch costs a worker {ms(lv.worker_ms)} while the loop uses one every "
-            f"{ms(lv.step_ms)}"
+            f"{ms(lv.step_ms)}{partner_phrase(lv)}"
         )
         if little > nw:
             msg += f": keeping up needs {little} workers"
@@ -424,8 +436,9 @@ def rule_io_bound(ctx: Context) -> list[dict[str, Any]]:
             f"{count_of(nw, 'worker')} {plural(nw, 'is')} busy {pct(lv.busy_mean)} of the time but on a "
             f"CPU only {pct(min(share, 1.0))} of it: loading waits on storage or network. "
             f"One batch takes a worker {ms(lv.worker_ms)} and the loop uses one every "
-            f"{ms(lv.step_ms)}."
+            f"{ms(lv.step_ms)}{partner_phrase(lv)}."
         )
+        rec = fewest_with_partners(ctx, lv, rec, nw)
         pred = capacity.predict(ctx, lv, rec)
         worth, gain_text = _gain(pred)
         msg += gain_text

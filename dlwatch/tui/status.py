@@ -7,6 +7,7 @@ from typing import Any
 
 from rich.text import Text
 
+from dlwatch.collect.co_iterated import describe as describe_loop
 from dlwatch.tui import fmt
 from dlwatch.tui.jobs import JobRow, stalled
 
@@ -108,4 +109,9 @@ def job_header(job: Any, pal: fmt.Palette, wide: bool) -> Text:
     if wide:
         out.append("\n")
         out.append(fmt.s(job.get("cmdline"), fmt.NA), pal.dim)
+    for loop in fmt.lst(job.get("loops")):
+        if isinstance(loop, dict):
+            # zip(a, b): each loader's gauge is its own share, the loop's wait their sum.
+            out.append("\n")
+            out.append(describe_loop(loop), f"bold {pal.info}")
     return out

@@ -12,6 +12,9 @@ MODE:
               yields the whole stream
   slow-tail   a map dataset where 1 batch in 20 takes 300 ms (the others 12
               ms), 4 workers, in_order as given: head-of-line blocking
+  zip         two DataLoaders taken together every step, zip(a, b) as in
+              semi-supervised training: a loads 40 ms a batch, b 80 ms, each
+              on 2 workers (b on --workers-b): the loop waits for b, then a
 
 Prints ``ready {json}`` at the first batch and writes OUT.json at the end:
 ``spans`` (the main loop's own [epoch, wait start, wait end] per batch,
@@ -59,6 +62,18 @@ class Slow(Dataset):
 
     def __getitem__(self, i):
         time.sleep(SAMPLE_S)
+        return torch.tensor([i], dtype=torch.float32)
+
+
+class Sleepy(Dataset):
+    def __init__(self, sample_s: float) -> None:
+        self.sample_s = sample_s
+
+    def __len__(self):
+        return 100000
+
+    def __getitem__(self, i):
+        time.sleep(self.sample_s)
         return torch.tensor([i], dtype=torch.float32)
 
 
@@ -140,6 +155,7 @@ def main() -> None:
     p.add_argument("mode")
     p.add_argument("out")
     p.add_argument("--in-order", type=int, default=1)
+    p.add_argument("--workers-b", type=int, default=2)
     p.add_argument("--train-s", type=float, default=6.0)
     # Train until this file exists (or --train-s passes): a test that takes
     # several snapshots on a loaded box says when it is done.
@@ -156,6 +172,11 @@ def main() -> None:
     elif a.mode == "slow-tail":
         dl = DataLoader(RareSlow(), num_workers=4, in_order=bool(a.in_order), **kw)
         res = loop(dl, a, spans, step_s=0.020)
+    elif a.mode == "zip":
+        # next() of the zip is the loop's wait on both loaders, one after the other.
+        a_dl = DataLoader(Sleepy(0.010), num_workers=2, **kw)
+        b_dl = DataLoader(Sleepy(0.020), num_workers=a.workers_b, **kw)
+        res = loop(map(lambda ab: ab[1], zip(a_dl, b_dl)), a, spans, step_s=0.008)
     else:
         raise SystemExit(f"unknown mode {a.mode}")
     res["spans"] = spans
