@@ -10,6 +10,7 @@ CLI has no import cycles and a new subcommand is one module in
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -20,6 +21,20 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 EXIT_REGRESSION = 3
 # As shells report them: 126 not executable, 127 not found, 130 interrupted.
 EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_INTERRUPTED = 126, 127, 130
+
+
+def number(text: str) -> float:
+    """argparse's ``type`` for a figure in seconds, a speed, a percentage:
+    ``float()`` reads "nan" and "inf" too, and NaN passes every ``<= 0``
+    check after it (a QA run: ``--window nan`` ended in a traceback, ``record
+    --duration nan`` never stopped), so neither gets past the parser."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number, not {text!r}")
+    return v
 
 
 def fail(message: str, code: int = EXIT_ERROR, prog: str = "dlwatch") -> int:

@@ -20,6 +20,7 @@ from dlwatch.cli.common import (
     dir_problem,
     fail,
     hosts_of,
+    number,
     open_live_view,
 )
 
@@ -72,7 +73,7 @@ def add_view_arguments(p: argparse.ArgumentParser) -> None:
     that open it inherit them from the top level)."""
     p.add_argument(
         "--interval",
-        type=float,
+        type=number,
         default=0.5,
         metavar="S",
         help="seconds between the live view's updates: the collector builds a model "
@@ -80,7 +81,7 @@ def add_view_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--window",
-        type=float,
+        type=number,
         default=1.0,
         metavar="S",
         help="seconds the live figures cover (default 1, so a change in the job "

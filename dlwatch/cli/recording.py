@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, fail
+from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, fail, number
 
 # Each line's figures cover its own interval: below half a second a window
 # holds too few of the job's frames (10/s) to be a rate; above a minute, more
@@ -38,7 +38,7 @@ def add_record_arguments(p, output_flags: tuple[str, ...]) -> None:
     p.add_argument(
         "--interval",
         dest="record_interval",
-        type=float,
+        type=number,
         default=1.0,
         metavar="S",
         help="seconds between recorded snapshots; each covers the S seconds before it (default 1)",

@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=1.0, help="seconds between frames (default 1)")
     p.add_argument("--dir", default=None, help="runtime directory (default: as dlwatch)")
     args = p.parse_args(argv)
-    if args.interval <= 0:
+    if not 0 < args.interval < float("inf"):  # NaN fails this too
         p.error("--interval must be > 0")
     return run(args.pid, args.interval, args.dir)
 

@@ -426,3 +426,39 @@ def test_a_dataloader_subclass_is_named_where_the_loader_is_listed():
     assert "StreamingDataLoader" in loader_title(ld, fmt.Palette()).plain
     ld.update(library="monai", loader_class="ThreadDataLoader")
     assert "ThreadDataLoader" in loader_title(ld, fmt.Palette()).plain
+
+
+def _number_options(parser) -> list[tuple[list[str], str]]:
+    """(command words, option) for every option that takes a number of
+    seconds, a speed or a percentage, in every command's parser."""
+    import argparse
+
+    from dlwatch.cli.common import number
+
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out += [([name, *words], opt) for words, opt in _number_options(sub)]
+        elif action.option_strings:
+            assert action.type is not float, f"{action.option_strings}: type=float lets nan through"
+            if action.type is number:
+                out.append(([], action.option_strings[-1]))
+    return out
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf"])
+def test_no_number_option_takes_nan_or_infinity(bad, capsys):
+    # A QA run: `snapshot --window nan` ended in a traceback, `record
+    # --duration nan` never stopped, the live view's collector died on it.
+    from dlwatch.cli.main import build_parser, main
+
+    options = _number_options(build_parser())
+    assert len(options) >= 12 and (["snapshot"], "--window") in options, options
+    for words, opt in options:
+        argv = [*words, f"{opt}={bad}"] + (["a", "b"] if words[:1] == ["compare"] else [])
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2, argv
+        err = capsys.readouterr().err
+        assert f"argument {opt}: must be a finite number, not '{bad}'" in err, (argv, err)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from dlwatch.cli.common import EXIT_OK, EXIT_USAGE, fail
+from dlwatch.cli.common import EXIT_OK, EXIT_USAGE, fail, number
 
 NAME = "attach"
 HELP = "measure a PyTorch job started without the hook, by sampling it from outside (py-spy)"
@@ -36,7 +36,7 @@ def add_arguments(p) -> None:
         metavar="P",
         help="the job's trainer PID; repeat for several (the ranks of a torchrun run)",
     )
-    p.add_argument("--seconds", type=float, default=3.0, metavar="S", help="how long to sample (default 3)")
+    p.add_argument("--seconds", type=number, default=3.0, metavar="S", help="how long to sample (default 3)")
     p.add_argument("--json", action="store_true", help="print the snapshot as JSON")
     check = "only say whether PID P can be sampled: which permission allows it, or what to do"
     p.add_argument("--check", type=int, metavar="P", help=check)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, fail
+from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, fail, number
 from dlwatch.cli.recording import load, write_html
 
 NAME = "compare"
@@ -33,13 +33,13 @@ def add_arguments(p) -> None:
     )
     p.add_argument(
         "--max-regression",
-        type=float,
+        type=number,
         metavar="PCT",
         help="exit 3 when B's throughput is more than PCT %% below A's",
     )
     p.add_argument(
         "--max-wait-increase",
-        type=float,
+        type=number,
         metavar="POINTS",
         help="exit 3 when B's mean data wait is more than POINTS percentage points above A's",
     )

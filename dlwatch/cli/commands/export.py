@@ -8,7 +8,7 @@ import sys
 import threading
 
 from dlwatch import rundir
-from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, dir_problem, fail
+from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, dir_problem, fail, number
 
 NAME = "export"
 HELP = "serve every job's figures as Prometheus metrics (/metrics)"
@@ -39,21 +39,21 @@ def add_arguments(p) -> None:
     )
     p.add_argument(
         "--interval",
-        type=float,
+        type=number,
         default=1.0,
         metavar="S",
         help="seconds between the collector's snapshots, which scrapes read (default 1)",
     )
     p.add_argument(
         "--window",
-        type=float,
+        type=number,
         default=3.0,
         metavar="S",
         help="seconds dlwatch_data_wait_ratio covers (default 3; the counters need no window: use rate())",
     )
     p.add_argument(
         "--grace",
-        type=float,
+        type=number,
         default=60.0,
         metavar="S",
         help="seconds an exited job's series stay, so its last counters get scraped (default 60)",

@@ -8,7 +8,7 @@ import os
 import sys
 
 from dlwatch import wire
-from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, dir_problem, fail, no_jobs_message
+from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, dir_problem, fail, no_jobs_message, number
 
 NAME = "profile"
 HELP = "profile a job: torch.profiler over a few steps, or (--workers) what its workers' fetches cost"
@@ -45,7 +45,7 @@ def add_arguments(p) -> None:
         ),
         (
             "--max-seconds",
-            float,
+            number,
             wire.PROFILE_MAX_SECONDS,
             "S",
             "stop after this long even if fewer steps ran "
@@ -61,7 +61,7 @@ def add_arguments(p) -> None:
     )
     p.add_argument(
         "--seconds",
-        type=float,
+        type=number,
         default=wire.WORKER_PROFILE_DEFAULT_SECONDS,
         metavar="S",
         help=f"with --workers: how long to sample (default {wire.WORKER_PROFILE_DEFAULT_SECONDS:g}, "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from dlwatch import rundir
-from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, dir_problem, fail
+from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, dir_problem, fail, number
 from dlwatch.cli.recording import (
     add_record_arguments,
     check_interval,
@@ -30,7 +30,9 @@ ORDER = 50
 
 def add_arguments(p) -> None:
     add_record_arguments(p, output_flags=("-o", "--output"))
-    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
+    p.add_argument(
+        "--duration", type=number, metavar="S", help="stop after S seconds (default: until Ctrl-C)"
+    )
     p.add_argument(
         "--pid", type=int, help="only the job with this trainer PID; the recording ends when it exits"
     )

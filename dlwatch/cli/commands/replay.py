@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dlwatch.cli.common import EXIT_USAGE, fail
+from dlwatch.cli.common import EXIT_USAGE, fail, number
 from dlwatch.cli.recording import add_recording_argument, open_recording
 
 NAME = "replay"
@@ -20,7 +20,7 @@ ORDER = 60
 def add_arguments(p) -> None:
     add_recording_argument(p)
     p.add_argument(
-        "--speed", type=float, default=1.0, metavar="X", help="play X times as fast as recorded (default 1)"
+        "--speed", type=number, default=1.0, metavar="X", help="play X times as fast as recorded (default 1)"
     )
     p.add_argument("--loop", action="store_true", help="start over at the end")
 

@@ -20,6 +20,7 @@ from dlwatch.cli.common import (
     fail,
     hosts_of,
     no_jobs_message,
+    number,
 )
 from dlwatch.cli.recording import MAX_INTERVAL_S, MIN_INTERVAL_S
 
@@ -41,7 +42,7 @@ def add_arguments(p) -> None:
     p.add_argument("--pid", type=int, help="only the job with this trainer PID")
     p.add_argument(
         "--window",
-        type=float,
+        type=number,
         metavar="S",
         help=f"seconds the rates cover (default {DEFAULT_WINDOW_S:g}; with --follow, the interval)",
     )
@@ -53,7 +54,7 @@ def add_arguments(p) -> None:
     )
     p.add_argument(
         "--interval",
-        type=float,
+        type=number,
         default=1.0,
         metavar="S",
         help=f"with --follow: seconds between snapshots (default 1, {MIN_INTERVAL_S:g}-{MAX_INTERVAL_S:g})",
@@ -61,7 +62,7 @@ def add_arguments(p) -> None:
     p.add_argument("--count", type=int, metavar="N", help="with --follow: stop after N snapshots")
     p.add_argument(
         "--judge",
-        type=float,
+        type=number,
         metavar="S",
         help="seconds at most to watch so that the hints are judged as the live view judges them "
         "(a condition shows once it held 3 s; default 7, collect.monitor.JUDGE_S; 0: one measurement, "
