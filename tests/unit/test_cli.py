@@ -27,7 +27,7 @@ def test_version_and_help():
 def test_usage_error_exits_2():
     d = short_tmpdir()
     r = dlwatch("snapshot", "--window", "abc", runtime_dir=d)
-    assert r.returncode == 2 and "invalid float" in r.stderr
+    assert r.returncode == 2 and "argument --window: not a number: 'abc'" in r.stderr
     r = dlwatch("nonsense", runtime_dir=d)
     assert r.returncode == 2
     r = dlwatch("run", runtime_dir=d)
