@@ -9,9 +9,10 @@ snapshot the code did not expect costs a status line, not the screen.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from rich.style import Style
 from rich.text import Text
@@ -708,6 +709,28 @@ class DlwatchApp(App):
             yield SystemCommand(key.command, key.command_help, getattr(self, key.method))
 
 
+LIVE_INSTEAD = (
+    "for figures in a pipe or a file use `dlwatch snapshot` (text, or --json), "
+    "`dlwatch snapshot --follow` (JSON Lines) or `dlwatch record`"
+)
+
+
+def terminal_problem(stdin: Any = None, stdout: Any = None, instead: str = LIVE_INSTEAD) -> str | None:
+    """Why the live view cannot draw here, or None. It draws a full screen
+    and reads keys: into a pipe or a file it would write escape codes until
+    killed (a QA run: ``dlwatch > out.txt`` grew forever)."""
+    stdin = sys.stdin if stdin is None else stdin
+    stdout = sys.stdout if stdout is None else stdout
+    for name, stream in (("output", stdout), ("input", stdin)):
+        try:
+            tty = stream is not None and stream.isatty()
+        except (AttributeError, ValueError, OSError):
+            tty = False
+        if not tty:
+            return f"the live view needs a terminal, and its {name} is not one: {instead}"
+    return None
+
+
 def run_tui(
     source: SnapshotSource,
     interval: float = 0.5,
@@ -720,6 +743,10 @@ def run_tui(
     runs a burst on a job, ``worker_profiler`` a worker profile (the CLI
     passes the collector's; None: no bursts). ``follow_pid``: the job to
     select whenever it is listed (``dlwatch demo``'s own)."""
+    problem = terminal_problem()
+    if problem is not None:
+        print(f"dlwatch: {problem}", file=sys.stderr)
+        return 2
     app = DlwatchApp(
         source,
         interval=interval,

@@ -26,10 +26,13 @@ class Key:
     replay_only: bool = False  # check_action hides these for a live source
     display: str | None = None
     command: str = ""  # its title in the command palette ("" = not there)
+    priority: bool = False  # also on the help screen and in the command palette
 
     def binding(self) -> Binding:
         # Textual's own footer is not used (``footer_text`` draws ours).
-        return Binding(self.keys, self.action, self.label, show=False, key_display=self.display)
+        return Binding(
+            self.keys, self.action, self.label, show=False, key_display=self.display, priority=self.priority
+        )
 
     @property
     def method(self) -> str:
@@ -72,7 +75,11 @@ SCREEN_KEYS = [
 ]
 
 APP_KEYS = [
-    Key("q", "quit", "quit", 9, "q", "quit"),
+    Key("q", "quit", "quit", 9, "q / ctrl+c", "quit"),
+    # Ctrl-C quits wherever the view is: over SSH it is what people press, and
+    # Textual's own binding of it only says "press ctrl+q" (a QA run typed on
+    # into the view). q closes the help screen instead.
+    Key("ctrl+c", "quit", "quit", priority=True),
     Key("question_mark", "help", "keys", 1, "?", "the keys and the legend", display="?", command="Keys"),
     Key(
         "p",

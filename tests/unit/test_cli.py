@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -462,3 +463,43 @@ def test_no_number_option_takes_nan_or_infinity(bad, capsys):
         assert e.value.code == 2, argv
         err = capsys.readouterr().err
         assert f"argument {opt}: must be a finite number, not '{bad}'" in err, (argv, err)
+
+
+def test_the_live_view_refuses_a_pipe_or_a_file_and_says_what_to_use(tmp_path):
+    """A QA run: `dlwatch > out.txt` and `dlwatch | cat` wrote escape codes
+    until killed. The view and a replay now say what to use instead, at once."""
+    import pty
+
+    from dlwatch.tui.app import terminal_problem
+
+    master, slave = pty.openpty()
+    try:
+        with (
+            open(slave, "w", closefd=False) as tty,
+            open(os.devnull) as devnull,
+            open(tmp_path / "f", "w") as f,
+        ):
+            assert terminal_problem(tty, tty) is None
+            assert "its output is not one" in (terminal_problem(tty, f) or "")
+            assert "its input is not one" in (terminal_problem(devnull, tty) or "")
+            f.close()  # a closed stream: isatty() raises ValueError
+            assert terminal_problem(tty, f) is not None
+    finally:
+        os.close(master)
+        os.close(slave)
+    recording = Path(__file__).resolve().parent.parent / "data" / "recorded_stream.jsonl"
+    for argv, prog, instead in (
+        ([], "dlwatch", "`dlwatch snapshot`"),
+        (["replay", str(recording)], "dlwatch replay", f"`dlwatch report {recording}`"),
+    ):
+        r = subprocess.run(
+            [sys.executable, "-m", "dlwatch", *argv],
+            env=dict(os.environ, DLWATCH_DIR=short_tmpdir()),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert r.returncode == 2 and r.stdout == "", (argv, r.stdout[:200])
+        said = f"{prog}: the live view needs a terminal, and its output is not one"
+        assert r.stderr.startswith(said), r.stderr
+        assert instead in r.stderr and "Traceback" not in r.stderr

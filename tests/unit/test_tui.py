@@ -15,6 +15,7 @@ from textual.widgets import Digits, Static
 
 from dlwatch.diagnose.render import evidence_value, hint_reference
 from dlwatch.snapshot import SnapshotSource
+from dlwatch.tui import app as tui_app
 from dlwatch.tui import fmt
 from dlwatch.tui.app import DlwatchApp, run_tui
 from dlwatch.tui.help import HelpScreen
@@ -653,16 +654,27 @@ async def test_question_mark_opens_help_and_escape_closes():
         assert app.is_running
 
 
+@pytest.mark.parametrize(
+    ("keys", "why"),
+    [
+        (("q",), "the footer's key"),
+        # Over SSH Ctrl-C is what people press; Textual's own binding only
+        # said "press ctrl+q", and a QA run typed on into the view.
+        (("ctrl+c",), "Ctrl-C"),
+        (("question_mark", "ctrl+c"), "Ctrl-C on the help screen"),
+    ],
+)
 @sync
-async def test_q_quits():
+async def test_q_and_ctrl_c_quit(keys, why):
     source = StaticSource([F.data_bound()])
     app = make_app(source)
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
         assert source.started
-        await pilot.press("q")
-        await settle(pilot)
-        assert not app.is_running
+        for key in keys:
+            await pilot.press(key)
+            await settle(pilot)
+        assert not app.is_running, why
     assert source.stopped
 
 
@@ -877,6 +889,10 @@ def test_run_tui_returns_exit_code(monkeypatch):
         ran["interval"] = self.interval
 
     monkeypatch.setattr(DlwatchApp, "run", fake_run)
+    # pytest's stdout is no terminal: the view refuses to draw into it.
+    assert run_tui(StaticSource([F.data_bound()]), interval=0.25) == 2
+    assert ran == {}
+    monkeypatch.setattr(tui_app, "terminal_problem", lambda: None)
     assert run_tui(StaticSource([F.data_bound()]), interval=0.25) == 0
     assert ran["interval"] == 0.25
 

@@ -29,7 +29,12 @@ def run(args) -> int:
     prog = "dlwatch replay"
     if not 1 / 16 <= args.speed <= 64:
         return fail("--speed must be between 1/16 and 64", EXIT_USAGE, prog)
+    from dlwatch.tui.app import terminal_problem
     from dlwatch.tui.sources import ReplaySource
+
+    problem = terminal_problem(instead=f"`dlwatch report {args.recording}` writes it as one HTML page")
+    if problem is not None:
+        return fail(problem, EXIT_USAGE, prog)
 
     source = open_recording(
         args.recording, prog, lambda path: ReplaySource.from_file(path, speed=args.speed, loop=args.loop), len
