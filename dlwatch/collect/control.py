@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypedDict
 
 from dlwatch import __version__, rundir, wire
-from dlwatch.collect.jobs import pid_alive
+from dlwatch.collect import whose
+from dlwatch.collect.jobs import discover, pid_alive
 from dlwatch.diagnose import worker_profile
 from dlwatch.diagnose.profile import summary
 
@@ -136,13 +137,13 @@ def _request(pid: int, ask: _Ask, via: Via) -> dict:
 
 def _connect(pid: int, path: str, directory: str) -> socket.socket:
     if not os.path.exists(path):
-        if pid_alive(pid):
-            raise ProfileError(
-                f"PID {pid} is not instrumented by dlwatch (no socket in {directory}): a job started "
-                "with DLWATCH_DISABLE=1 or without the hook cannot be profiled (profiling not supported)",
-                "unsupported",
-            )
-        raise ProfileError(f"no dlwatch job with PID {pid} in {directory}", "not-found")
+        # A wrapper's, a worker's or another user's PID: the sentence names the
+        # PID to use; only a process without the hook is "unsupported" (stacks
+        # then reads it from outside).
+        kind, why = whose.explain(pid, {p for p, _ in discover(directory)}, directory)
+        raise ProfileError(
+            why, {whose.GONE: "not-found", whose.NOT_HOOKED: "unsupported"}.get(kind, "not-a-job")
+        )
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(HELLO_TIMEOUT_S)
     try:

@@ -14,13 +14,14 @@ import sys
 import tempfile
 import time
 
+import psutil
 import pytest
 
 from dlwatch.record import reader
 from dlwatch.record.compare import compare
 from dlwatch.record.series import build, summary
 from dlwatch.record.svgchart import COLORS
-from tests.e2e_util import JOB, Job, truth_in_window
+from tests.e2e_util import JOB, Job, dlwatch, truth_in_window
 
 
 def dlwatch_proc(*args: str, runtime_dir: str, cwd: str | None = None) -> subprocess.Popen:
@@ -141,17 +142,31 @@ def test_record_pid_of_a_jobs_parent_says_it_is_no_job_and_names_the_job(short_t
     # The job's parent (this test process, as a `dlwatch run` wrapper would
     # be) is no job: before, its recording ran to "0 jobs … has exited".
     job = Job("--duration", "20", "--sample-ms", "5", "--step-ms", "5")
+    others = {}
     try:
-        job.wait_socket()
+        job.wait_ready(0.5)
         path = os.path.join(short_tmpdir, "parent.jsonl")
         rec = dlwatch_proc("record", "-o", path, "--pid", str(os.getpid()), runtime_dir=job.dir)
         _, err = rec.communicate(timeout=30)
+        # Every command that takes --pid says the same of a wrapper's PID, and
+        # of a worker's names its job (a QA run: "no dlwatch job with PID",
+        # "not instrumented … without the hook", and stacks printed the
+        # wrapper's own stack as the trainer's, exit 0).
+        worker = psutil.Process(job.proc.pid).children()[0].pid
+        for pid in (os.getpid(), worker):
+            for cmd in ("snapshot", "stacks", "profile"):
+                others[cmd, pid] = dlwatch(cmd, "--pid", str(pid), runtime_dir=job.dir, timeout=60)
     finally:
         job.kill()
     assert rec.returncode != 0, err
     assert f"PID {os.getpid()} is not a dlwatch job" in err
     assert f"use --pid {job.proc.pid}" in err and "dlwatch ls" in err
     assert not os.path.exists(path)
+    for (cmd, pid), r in others.items():
+        assert r.returncode == 1 and "Traceback" not in r.stderr, (cmd, pid, r.stdout[-500:], r.stderr[-500:])
+        said = "it started the job" if pid == os.getpid() else f"it is a process of job {job.proc.pid}"
+        assert f"PID {pid} is not a dlwatch job: {said}" in r.stderr, (cmd, r.stderr)
+        assert f"use --pid {job.proc.pid}" in r.stderr and r.stdout == "", (cmd, r.stdout[-500:])
 
 
 def test_ctrl_c_ends_a_recording_cleanly_and_a_killed_one_still_reads(short_tmpdir):

@@ -305,7 +305,7 @@ def test_record_pid_of_a_process_that_is_no_job_says_so_up_front():
         p.kill()
         p.wait()
     assert problem is not None
-    assert f"PID {p.pid} is not a dlwatch job" in problem and "dlwatch ls" in problem
+    assert f"PID {p.pid} is not instrumented by dlwatch" in problem and "dlwatch ls" in problem
 
 
 def test_snapshot_text_epoch_start_in_a_first_epoch_hang_is_under_way_not_unstarted():

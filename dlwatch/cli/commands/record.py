@@ -92,42 +92,37 @@ JOB_START_WAIT_S = 10.0
 def not_a_job_problem(pid: int, directory: str, wait_s: float) -> str | None:
     """Why ``pid`` is not a dlwatch job (with the PID to use instead), or None
     when it is one. Recording a PID that never publishes would only end with
-    "0 jobs" once it exits (the ``dlwatch run`` wrapper's PID was given)."""
+    "0 jobs" once it exits (the ``dlwatch run`` wrapper's PID was given). A
+    process younger than ``wait_s`` may be a job still importing torch: it
+    gets the rest of that time to publish; an older one is answered at once
+    (a QA run waited 10 s in silence for a worker's PID)."""
     import time
 
+    import psutil
+
+    from dlwatch.collect import whose
     from dlwatch.collect.jobs import discover, pid_alive
 
-    end = time.monotonic() + wait_s
+    try:
+        end = psutil.Process(pid).create_time() + wait_s
+    except psutil.Error:
+        end = 0.0
+    told = False
     while True:
         jobs = {p for p, _ in discover(directory)}
         if pid in jobs:
             return None
-        below = _jobs_below(pid, jobs)
-        if below:
-            # The wrapper (or a launcher) of jobs: its children are what to record.
-            use = " or ".join(f"--pid {p}" for p in below)
-            return (
-                f"PID {pid} is not a dlwatch job: it started the job{'s' if len(below) > 1 else ''} "
-                f"{', '.join(map(str, below))} (a `dlwatch run` wrapper or a launcher); use {use} "
-                "(`dlwatch ls` lists the jobs)"
+        kind, why = whose.explain(pid, jobs, directory)
+        if kind != whose.NOT_HOOKED or time.time() >= end or not pid_alive(pid):
+            return why
+        if not told:
+            print(
+                f"dlwatch record: PID {pid} started {time.time() - end + wait_s:.0f} s ago and has no "
+                f"dlwatch socket yet; waiting up to {end - time.time():.0f} s for it",
+                file=sys.stderr,
             )
-        if time.monotonic() >= end or not pid_alive(pid):
-            break
+            told = True
         time.sleep(0.2)
-    return (
-        f"PID {pid} is not a dlwatch job: it has no dlwatch socket in {directory}; "
-        "`dlwatch ls` lists the jobs' PIDs (under `dlwatch run`, the job is the wrapper's child)"
-    )
-
-
-def _jobs_below(pid: int, jobs: set[int]) -> list[int]:
-    import psutil
-
-    try:
-        below = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
-    return sorted(c.pid for c in below if c.pid in jobs)
 
 
 def _until_exited(pid: int):

@@ -101,7 +101,12 @@ def run(args) -> int:
         window_s=args.window or DEFAULT_WINDOW_S, only_pid=args.pid, uss=args.uss, judge_s=_judge_s(args)
     )
     if args.pid is not None and not snap["jobs"]:
-        return fail(f"no dlwatch job with PID {args.pid} in {rundir.runtime_dir()}")
+        from dlwatch.collect import whose
+        from dlwatch.collect.jobs import discover
+
+        directory = rundir.runtime_dir()
+        _, why = whose.explain(args.pid, {p for p, _ in discover(directory)}, directory)
+        return fail(why)
     if args.json:
         print(json.dumps(snap, indent=2, default=str))
         return EXIT_OK

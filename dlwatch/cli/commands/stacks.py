@@ -18,7 +18,7 @@ DESCRIPTION = (
     "is read with `py-spy dump --nonblocking` when py-spy is installed and the kernel allows "
     "it; otherwise the output says which permission is missing."
 )
-EPILOG = "Exit codes: 0 stacks printed, 1 the job could not be asked, 2 usage."
+EPILOG = "Exit codes: 0 stacks printed, 1 the job could not be asked and no process could be read, 2 usage."
 
 
 def add_arguments(p) -> None:
@@ -47,7 +47,10 @@ def run(args) -> int:
     elif doc.get("processes"):
         print("\n".join(render(doc, full=not args.brief)))
     if doc.get("error") and not doc.get("processes"):
-        return fail(f"PID {pid}: {doc['error']}", EXIT_ERROR, prog)
+        return fail(str(doc["error"]), EXIT_ERROR, prog)
+    if not any(p.get("threads") for p in doc.get("processes") or [] if isinstance(p, dict)):
+        # Each process's line says why it could not be read; none was: a failure.
+        return EXIT_ERROR
     return EXIT_OK
 
 

@@ -1,0 +1,75 @@
+"""A PID that is no dlwatch job, named for what it is, with the PID to use
+(collect/whose.py): real processes, a synthetic set of job PIDs."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from dlwatch.collect import whose
+
+
+@pytest.fixture
+def tree():
+    """A shell (the wrapper) and its child (the job)."""
+    sh = subprocess.Popen(["sh", "-c", "sleep 30; :"])
+    try:
+        end = time.monotonic() + 10
+        while not psutil.Process(sh.pid).children() and time.monotonic() < end:
+            time.sleep(0.01)
+        (child,) = psutil.Process(sh.pid).children()
+        yield sh.pid, child.pid
+    finally:
+        for p in psutil.Process(sh.pid).children(recursive=True):
+            p.kill()
+        sh.kill()
+        sh.wait()
+
+
+def test_a_wrappers_pid_names_the_job_below_it(tree):
+    wrapper, job = tree
+    kind, why = whose.explain(wrapper, {job}, "/run/d")
+    assert kind == whose.WRAPPER
+    assert why.startswith(f"PID {wrapper} is not a dlwatch job: it started the job {job} ")
+    assert f"use --pid {job}" in why
+
+
+def test_a_workers_pid_names_its_job(tree):
+    job, worker = tree
+    kind, why = whose.explain(worker, {job}, "/run/d")
+    assert kind == whose.WORKER and f"it is a process of job {job}" in why and f"use --pid {job}" in why
+
+
+def test_a_process_without_the_hook_and_a_gone_one(tree):
+    _, plain = tree
+    kind, why = whose.explain(plain, set(), "/run/d")
+    assert kind == whose.NOT_HOOKED and why.startswith(f"PID {plain} is not instrumented by dlwatch")
+    assert "dlwatch ls" in why
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    kind, why = whose.explain(gone.pid, set(), "/run/d")
+    assert kind == whose.GONE and why == f"no dlwatch job with PID {gone.pid} in /run/d"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start a process as another user")
+def test_another_users_process_says_whose_it_is():
+    def as_nobody():
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(65534)
+
+    p = subprocess.Popen(["sleep", "30"], preexec_fn=as_nobody)
+    try:
+        kind, why = whose.explain(p.pid, set(), "/tmp/dlwatch-0")
+    finally:
+        p.kill()
+        p.wait()
+    name = pwd.getpwuid(65534).pw_name
+    assert kind == whose.OTHER_USER
+    assert why.startswith(f"PID {p.pid} runs as user {name}, and dlwatch shows each user only their own jobs")
+    assert f"run dlwatch as {name}" in why
