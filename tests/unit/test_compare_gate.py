@@ -128,9 +128,12 @@ def test_cli_exits_1_when_a_recording_cannot_say(pair, tmp_path, capsys):
     assert last.startswith("dlwatch compare: cannot judge: B has no throughput figure"), err
     # Usage.
     assert main(["compare", fast, slow, "--max-regression", "-1"]) == 2
-    assert main(["compare", fast, slow, "--max-wait-increase", "nan"]) == 2
     err = capsys.readouterr().err
-    assert "--max-regression must be between 0 and 100" in err and "--max-wait-increase" in err
+    assert "--max-regression must be between 0 and 100" in err
+    with pytest.raises(SystemExit) as e:
+        main(["compare", fast, slow, "--max-wait-increase", "nan"])
+    assert e.value.code == 2
+    assert "argument --max-wait-increase: must be a finite number, not 'nan'" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         main(["compare", fast, slow, "--max-regression", "abc"])
     assert e.value.code == 2

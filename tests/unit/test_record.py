@@ -269,6 +269,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys, monkeypatch):
 
     seen = {}
     monkeypatch.setattr(tui_app, "run_tui", lambda source, interval: seen.update(n=len(source)) or 0)
+    monkeypatch.setattr(tui_app, "terminal_problem", lambda **kw: None)  # pytest's stdout is no terminal
     assert main(["replay", rec]) == 0 and seen == {"n": 3}
     assert main(["report", rec, "-o", str(tmp_path / "r.html")]) == 0
     html = (tmp_path / "r.html").read_text(encoding="utf-8")

@@ -32,15 +32,14 @@ def run(args) -> int:
     from dlwatch.tui.app import terminal_problem
     from dlwatch.tui.sources import ReplaySource
 
-    problem = terminal_problem(instead=f"`dlwatch report {args.recording}` writes it as one HTML page")
-    if problem is not None:
-        return fail(problem, EXIT_USAGE, prog)
-
     source = open_recording(
         args.recording, prog, lambda path: ReplaySource.from_file(path, speed=args.speed, loop=args.loop), len
     )
     if isinstance(source, int):
         return source
+    problem = terminal_problem(instead=f"`dlwatch report {args.recording}` writes it as one HTML page")
+    if problem is not None:
+        return fail(problem, EXIT_USAGE, prog)
     from dlwatch.tui.app import run_tui
 
     return run_tui(source, interval=0.5)
