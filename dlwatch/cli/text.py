@@ -283,6 +283,9 @@ def _loader_lines(ld: dict) -> list[str]:
     span, n = num(ld.get("window_s")), ld.get("window_batches")
     if span is not None and isinstance(n, int):
         lines[-1] += f"   (over {span:.0f} s, {count_of(n, 'batch')})"
+    if ld.get("active") is False and num(ld.get("data_wait_fraction")) is not None:
+        # The window reaches back to its last batches (at least 5): not the loop's now.
+        lines.append("    idle: no iterator now; these figures are from its last batches")
     if num(ld.get("data_wait_fraction")) is None and ld.get("no_batch_reason"):
         lines.append(f"    data wait n/a: {ld['no_batch_reason']}")
     lines.extend(_pipeline_lines(ld))

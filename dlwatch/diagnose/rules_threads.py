@@ -1,4 +1,5 @@
-"""A loader fed to the loop by another thread: thread-fed-loader.
+"""Which thread trains, and what it takes its batches from: thread-fed-loader,
+loop-off-its-loaders.
 
 The wait that matters is the training thread's ``next()``. When a loader is
 iterated on a feeder thread and its batches reach the loop through a
@@ -55,4 +56,66 @@ def rule_feeder_not_the_loop(ctx: Context) -> list[dict[str, Any]]:
     return out
 
 
-RULES = (Rule("thread-fed-loader", rule_feeder_not_the_loop, "loader"),)
+# The training thread stepped this many times more often than its loaders
+# delivered batches, all told: not gradient accumulation (fewer steps than
+# batches), not a GAN's two optimizers (two steps a batch).
+OFF_LOADER_STEP_RATIO = 3.0
+OFF_LOADER_MIN_STEPS = 50
+
+
+def rule_loop_off_its_loaders(ctx: Context) -> list[dict[str, Any]]:
+    """A training thread that keeps stepping the optimizer while none of the
+    loaders it iterated has an iterator: it trains on batches that come from
+    elsewhere, and those loaders' figures are from their last batches. The
+    classic: ``itertools.cycle(loader)``, which replays the first epoch's
+    batches from memory once it is exhausted (a QA run: 1201 steps on 16
+    batches, the view still showing the first epoch's 54 % wait)."""
+    out = []
+    for job in ctx.live_jobs:
+        views = [lv for lv in ctx.loaders if lv.job is job and lv.loader.get("loop_role", "loop") == "loop"]
+        for t in job.get("train_threads") or []:
+            if not isinstance(t, dict) or not isinstance(t.get("steps"), int):
+                continue
+            mine = [
+                lv
+                for lv in views
+                if as_dict(lv.loader.get("iterated_on")).get("thread") == t.get("thread")
+                and as_dict(lv.loader.get("iterated_on")).get("main") == t.get("main")
+            ]
+            if not mine or any(lv.loader.get("active") is not False for lv in mine):
+                continue
+            batches = sum(int(num(lv.loader.get("batches_total")) or 0) for lv in mine)
+            steps = t["steps"]
+            if batches <= 0 or steps < OFF_LOADER_MIN_STEPS or steps < OFF_LOADER_STEP_RATIO * batches:
+                continue
+            lv = max(mine, key=lambda v: num(v.loader.get("batches_total")) or 0)
+            ids = ", ".join(str(v.lid) for v in mine)
+            which = f"loader {ids}" if len(mine) == 1 else f"loaders {ids}"
+            it = "it" if len(mine) == 1 else "they"
+            msg = (
+                f"Thread '{t.get('thread')}' of PID {lv.pid} has stepped the optimizer {steps} times, while "
+                f"{which} delivered {batches} batches in all, and none has an iterator now: the loop trains "
+                f"on batches that come from somewhere else, and the figures shown are from the last batches "
+                f"{it} delivered. itertools.cycle(loader) does this: after the first pass it replays that "
+                f"pass's batches from memory, in the same order, without a new shuffle or new augmentation."
+            )
+            sugg = (
+                "to go over a loader again, start a new epoch (`while True: for batch in loader: ...`, or a "
+                "generator that does that), not itertools.cycle(loader); if the loop takes its batches from "
+                "something else on purpose, wrap that with dlwatch.watch(...) so its wait is measured"
+            )
+            ev = {
+                "thread": t.get("thread"),
+                "optimizer_steps": steps,
+                "loader_batches_total": batches,
+                "loaders": [v.lid for v in mine],
+                "steps_per_batch": r(steps / batches, 1),
+            }
+            out.append(hint("loop-off-its-loaders", "warn", lv.pid, lv.lid, msg, sugg, ev))
+    return out
+
+
+RULES = (
+    Rule("thread-fed-loader", rule_feeder_not_the_loop, "loader"),
+    Rule("loop-off-its-loaders", rule_loop_off_its_loaders, "loader"),
+)

@@ -5,6 +5,9 @@ or not at all, and rare slow samples behind in-order delivery."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -187,3 +190,33 @@ def test_two_loaders_taken_together_are_one_loop_and_the_advice_prices_the_other
     rate = {k: o["batches"] / o["seconds"] for k, o in (("before", own), ("after", after))}
     measured = rate["after"] / rate["before"]
     assert measured == pytest.approx(predicted, rel=GAIN_TOLERANCE), (measured, predicted, rate)
+
+
+def test_a_loop_over_itertools_cycle_is_said_to_train_off_its_loader(tmp_path):
+    """itertools.cycle(loader) replays its first pass from memory: the loop
+    steps on while the loader has no iterator. The snapshot says so, and says
+    the loader's figures are its last batches' (a QA run: the view kept
+    showing the first epoch's 54 % wait while the loop's meter read 0.7 %)."""
+    out, stop = tmp_path / "cycle.json", tmp_path / "cycle-stop"
+    job = _start("cycle", out, "--train-s", "300", "--stop-file", str(stop))
+    try:
+        job.json_line("ready", timeout=120)
+        time.sleep(2.5)  # the 16 batches take ~1 s; then 10 ms steps on the cache
+        snap = snapshot_json(job.dir, "--window", "2", "--judge", "6")  # shown after 3 s held
+        text = subprocess.run(
+            [sys.executable, "-m", "dlwatch", "snapshot", "--window", "2", "--judge", "0"],
+            env=dict(os.environ, DLWATCH_DIR=job.dir),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+        stop.touch()
+        _finish(job, out)
+    finally:
+        job.cleanup()
+    ld, hints = _the_loader(snap, job.pid)
+    assert ld["active"] is False and ld["batches_total"] == 16, ld
+    (h,) = [h for h in hints if h["id"] == "loop-off-its-loaders"]
+    assert h["severity"] == "warn" and h["evidence"]["loader_batches_total"] == 16
+    assert h["evidence"]["optimizer_steps"] >= 3 * 16 and "itertools.cycle(loader)" in h["message"]
+    assert "idle: no iterator now; these figures are from its last batches" in text, text

@@ -12,6 +12,8 @@ MODE:
               yields the whole stream
   slow-tail   a map dataset where 1 batch in 20 takes 300 ms (the others 12
               ms), 4 workers, in_order as given: head-of-line blocking
+  cycle       itertools.cycle over a 64-sample DataLoader (16 batches): after
+              the first pass the loop trains on cached batches
   zip         two DataLoaders taken together every step, zip(a, b) as in
               semi-supervised training: a loads 40 ms a batch, b 80 ms, each
               on 2 workers (b on --workers-b): the loop waits for b, then a
@@ -22,6 +24,7 @@ perf_counter_ns), ``batches`` and ``seconds`` (of the measured loop).
 """
 
 import argparse
+import itertools
 import json
 import os
 import queue
@@ -29,7 +32,7 @@ import threading
 import time
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, get_worker_info
 
 import dlwatch.hook  # noqa: F401  (the one line)
 
@@ -172,6 +175,19 @@ def main() -> None:
     elif a.mode == "slow-tail":
         dl = DataLoader(RareSlow(), num_workers=4, in_order=bool(a.in_order), **kw)
         res = loop(dl, a, spans, step_s=0.020)
+    elif a.mode == "cycle":
+        small = DataLoader(Subset(Sleepy(0.005), range(64)), num_workers=2, **kw)
+        model = torch.nn.Linear(1, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        def train_step(seconds: float) -> None:
+            # An optimizer step: how dlwatch knows the training thread.
+            opt.zero_grad()
+            model(torch.ones(1, 1)).sum().backward()
+            opt.step()
+            time.sleep(seconds)
+
+        res = loop(itertools.cycle(small), a, spans, step_s=0.010, step=train_step)
     elif a.mode == "zip":
         # next() of the zip is the loop's wait on both loaders, one after the other.
         a_dl = DataLoader(Sleepy(0.010), num_workers=2, **kw)

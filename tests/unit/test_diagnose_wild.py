@@ -8,7 +8,7 @@ import pytest
 
 from dlwatch.diagnose import evaluate
 from dlwatch.diagnose.rules_order import predicted_speedup
-from tests.unit.test_diagnose_rules import get, ids, io_bound_loader, loader, one, worker
+from tests.unit.test_diagnose_rules import get, ids, io_bound_loader, job, loader, one, snap, worker
 
 # --- factories ------------------------------------------------------------------
 
@@ -264,3 +264,31 @@ def test_views_name_the_dataset_and_a_producer_thread():
     main = producer(main=True)
     assert "thread" not in loader_title(main, DEFAULT_PALETTE).plain
     assert "feeder" not in "\n".join(_loader_lines(main))
+
+
+@pytest.mark.parametrize(
+    ("steps", "batches", "active", "fires", "why"),
+    [
+        (1201, 16, False, True, "itertools.cycle: 75 steps a batch, no iterator"),
+        (1201, 16, True, False, "an iterator is alive: the loop takes from it"),
+        (78, 314, False, False, "gradient accumulation: fewer steps than batches"),
+        (600, 300, False, False, "a GAN: two optimizers step twice a batch"),
+        (40, 5, False, False, "too early to say"),
+    ],
+)
+def test_a_loop_that_steps_on_without_its_loaders(steps, batches, active, fires, why):
+    ld = loader(
+        0,
+        wait=0.54,
+        active=active,
+        batches_total=batches,
+        iterated_on={"thread": "MainThread", "main": True},
+        epoch_open=active,
+    )
+    s = snap([job(loaders=[ld], train_threads=[{"thread": "MainThread", "steps": steps, "main": True}])])
+    got = [h for h in evaluate(s) if h["id"] == "loop-off-its-loaders"]
+    assert bool(got) is fires, why
+    if fires:
+        assert got[0]["evidence"]["steps_per_batch"] == round(steps / batches, 1)
+        said = "Thread 'MainThread' of PID 1000 has stepped the optimizer 1201 times"
+        assert got[0]["message"].startswith(said)
