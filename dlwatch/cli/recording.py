@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 from dlwatch.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, fail, number
+from dlwatch.snapshot import count_of
 
 # Each line's figures cover its own interval: below half a second a window
 # holds too few of the job's frames (10/s) to be a rate; above a minute, more
@@ -87,9 +88,12 @@ def summary(path: str, stats, prog: str = "dlwatch record") -> str:
     except OSError:
         size = stats.bytes
     jobs = len(stats.jobs)
+    # A command that failed before its job published records nothing worth a
+    # report: said here, where the user looks (a QA run: "1 snapshots of 0 jobs").
+    none = " (no dlwatch job was seen: it holds no figures)" if not jobs else ""
     return (
-        f"{prog}: {stats.lines} snapshots of {jobs} job{'s' if jobs != 1 else ''} over "
-        f"{stats.elapsed_s:.0f} s in {path} ({size / 1024:.1f} KiB); {stats.reason}"
+        f"{prog}: {count_of(stats.lines, 'snapshot')} of {count_of(jobs, 'job')} over "
+        f"{stats.elapsed_s:.0f} s in {path} ({size / 1024:.1f} KiB){none}; {stats.reason}"
     )
 
 
@@ -116,7 +120,13 @@ def load(path: str, prog: str):
     from dlwatch.record import reader, series
 
     rec = open_recording(path, prog, reader.read, lambda r: len(r.snapshots))
-    return rec if isinstance(rec, int) else series.build(rec)
+    if isinstance(rec, int):
+        return rec
+    if not any(s.get("jobs") for s in rec.snapshots):
+        return fail(
+            f"{path} holds {count_of(len(rec.snapshots), 'snapshot')} but no job's figures", EXIT_ERROR, prog
+        )
+    return series.build(rec)
 
 
 def add_recording_argument(p) -> None:

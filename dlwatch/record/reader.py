@@ -53,9 +53,12 @@ def read(path: str) -> Recording:
         pending = (n, line)
     if pending is not None:
         _take(rec, *pending, last=True)
+    if n == 0:
+        notes.append("the file is empty")
     rec.warnings.extend(notes)
     if not rec.header:
-        rec.warnings.append("no header line: not written by `dlwatch record`; read as plain snapshots")
+        if n:
+            rec.warnings.append("no header line: not written by `dlwatch record`; read as plain snapshots")
     else:
         version = as_int(rec.header.get(fileformat.HEADER_KEY))
         if version is None or version > fileformat.FORMAT_VERSION:
@@ -82,7 +85,11 @@ def _take(rec: Recording, n: int, line: bytes, last: bool) -> None:
         obj = None
     if not isinstance(obj, dict):
         where = "the last line" if last else f"line {n}"
-        what = "torn (the recording was cut short)" if last else "not a JSON object"
+        # A last line cut mid-write is what a killed recorder leaves; a file
+        # with nothing readable before it was never a recording (a QA run:
+        # "hello" read as a torn recording).
+        torn = last and (rec.header or rec.snapshots)
+        what = "torn (the recording was cut short)" if torn else "not a JSON object"
         rec.warnings.append(f"{where} is {what}: skipped")
         return
     if fileformat.is_header(obj):
@@ -90,6 +97,11 @@ def _take(rec: Recording, n: int, line: bytes, last: bool) -> None:
             rec.header = obj
         else:
             rec.warnings.append(f"line {n}: a second header (files joined?): ignored")
+        return
+    if not isinstance(obj.get("jobs"), list):
+        # Every snapshot has its jobs, if none: a JSON object without is
+        # something else (a QA run's {"a": 1} made an empty report, exit 0).
+        rec.warnings.append(f'line {n} is a JSON object but no snapshot (no "jobs" list): skipped')
         return
     rec.snapshots.append(obj)
 

@@ -274,3 +274,47 @@ def test_cli_errors_are_one_line(tmp_path, capsys, monkeypatch):
     assert main(["report", rec, "-o", str(tmp_path / "r.html")]) == 0
     html = (tmp_path / "r.html").read_text(encoding="utf-8")
     assert html.count("<svg") == 6 and "No hint was shown" in html  # no hint: no timeline
+
+
+def test_what_is_no_recording_is_said_so_and_not_reported(tmp_path, capsys):
+    """A QA run: `report` of `{"a": 1}` wrote an empty report (exit 0), a
+    line of text was "torn (the recording was cut short)", an empty file was
+    "not written by `dlwatch record`", a recording of no job reported."""
+    cases = {
+        "object.jsonl": ('{"a": 1}\n', 'line 1 is a JSON object but no snapshot (no "jobs" list): skipped'),
+        "text.jsonl": ("hello, not json\n", "the last line is not a JSON object: skipped"),
+        "empty.jsonl": ("", "the file is empty"),
+    }
+    for name, (content, said) in cases.items():
+        path = tmp_path / name
+        path.write_text(content, encoding="utf-8")
+        assert main(["report", str(path), "-o", str(tmp_path / "r.html")]) == 1
+        err = capsys.readouterr().err
+        assert said in err and err.strip().endswith("holds no snapshots"), (name, err)
+        assert "torn" not in err and ("no header" in err) is (name != "empty.jsonl"), (name, err)
+    # Snapshots of no job (a command that failed before its job published).
+    nothing = [dict(s, jobs=[]) for s in stream(2)]
+    path = write(tmp_path / "none.jsonl", nothing)
+    assert main(["report", path, "-o", str(tmp_path / "r.html")]) == 1
+    assert capsys.readouterr().err.strip().endswith("holds 2 snapshots but no job's figures")
+    assert not (tmp_path / "r.html").exists()
+    # A torn last line after real snapshots is still a cut recording.
+    whole = tmp_path / "cut.jsonl"
+    whole.write_text("".join(json.dumps(s) + "\n" for s in stream(2)) + '{"time": 1', encoding="utf-8")
+    assert main(["report", str(whole), "-o", str(tmp_path / "r.html")]) == 0
+    assert "the last line is torn (the recording was cut short): skipped" in capsys.readouterr().err
+
+
+def test_the_recorders_summary_counts_in_words():
+    from types import SimpleNamespace
+
+    from dlwatch.cli.recording import summary
+
+    one = SimpleNamespace(
+        jobs=set(), lines=1, elapsed_s=1.2, bytes=300, reason="the command exited with status 2"
+    )
+    said = summary("/nonexistent/x.jsonl", one, "dlwatch run")
+    assert said.startswith("dlwatch run: 1 snapshot of 0 jobs over 1 s in /nonexistent/x.jsonl (0.3 KiB)")
+    assert "(no dlwatch job was seen: it holds no figures); the command exited with status 2" in said
+    two = SimpleNamespace(jobs={1}, lines=7, elapsed_s=3.0, bytes=2048, reason="Ctrl-C")
+    assert summary("/nonexistent/y", two).startswith("dlwatch record: 7 snapshots of 1 job over 3 s")
