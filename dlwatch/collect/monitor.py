@@ -453,7 +453,10 @@ class Monitor:
             if not live <= _live_pids(later):
                 # A job ended while it was watched: its last live figures,
                 # with the hints judged on them, are the measurement asked
-                # for (a job's exit is `ls`'s and the live view's news).
+                # for, and it says that the job ended and what its loaders
+                # reported on the way out (a QA run: a worker killed during
+                # the watch left "[live]" and "judging…", and nothing else).
+                ended_while_watched(snap, later, live - _live_pids(later))
                 break
             snap = later
         snap["judged_s"] = round(time.monotonic() - began, 1)
@@ -670,6 +673,24 @@ def _default_diagnoser() -> HintSource:
     from dlwatch.diagnose import Diagnoser
 
     return Diagnoser()
+
+
+def ended_while_watched(snap: Snapshot, later: Snapshot, ended: set[Any]) -> None:
+    """In ``snap``, the jobs of ``ended`` as ``later`` found them: their state
+    and its reason, the worker deaths their loaders reported; their figures
+    stay ``snap``'s. No loader of theirs is left judging."""
+    after: dict[Any, Any] = {j.get("pid"): j for j in later.get("jobs") or [] if isinstance(j, dict)}
+    for job in cast(list[dict[str, Any]], snap.get("jobs") or []):
+        gone = after.get(job.get("pid"))
+        if job.get("pid") not in ended or gone is None:
+            continue
+        job["state"] = gone.get("state") or "exited"
+        job["state_reason"] = f"{gone.get('state_reason') or 'the process has exited'} while it was watched"
+        deaths = {ld.get("id"): ld.get("worker_deaths") for ld in gone.get("loaders") or []}
+        for ld in job.get("loaders") or []:
+            if deaths.get(ld.get("id")):
+                ld["worker_deaths"] = deaths[ld.get("id")]
+    snap["judging"] = [j for j in snap.get("judging") or [] if j.get("job_pid") not in ended]
 
 
 def take_snapshot(

@@ -98,3 +98,46 @@ def test_the_collectors_reuse_path_keeps_the_diagnosis_one_state(ticking, monkey
     again = m.build(3.0, reuse_procs=True)
     assert again["hints"] is snap0["hints"]  # the reuse path indeed
     assert again["judging"] == snap0["judging"]
+
+
+def test_a_job_that_ends_while_a_snapshot_watches_it_says_so():
+    """A QA run killed a worker during `dlwatch snapshot`'s watch: it printed
+    the job "[live]", "judging…" and nothing of the death. The last live
+    figures stay; the state, its reason and the reported deaths come along."""
+    from dlwatch.collect.monitor import ended_while_watched
+
+    death = {"id": 0, "pid": 16607, "signal": 9, "exit_code": None, "exception": None, "t": 1.0}
+    snap = {
+        "jobs": [
+            {
+                "pid": 1,
+                "state": "live",
+                "state_reason": "",
+                "loaders": [{"id": 0, "data_wait_fraction": 0.49}],
+            },
+            {
+                "pid": 2,
+                "state": "live",
+                "state_reason": "",
+                "loaders": [{"id": 0, "data_wait_fraction": 0.1}],
+            },
+        ],
+        "judging": [{"job_pid": 1, "loader_id": 0}, {"job_pid": 2, "loader_id": 0}],
+    }
+    later = {
+        "jobs": [
+            {
+                "pid": 1,
+                "state": "exited",
+                "state_reason": "the process has exited",
+                "loaders": [{"id": 0, "data_wait_fraction": None, "worker_deaths": [death]}],
+            },
+            {"pid": 2, "state": "live", "state_reason": "", "loaders": [{"id": 0}]},
+        ]
+    }
+    ended_while_watched(snap, later, {1})
+    one, two = snap["jobs"]
+    assert one["state"] == "exited" and one["state_reason"] == "the process has exited while it was watched"
+    assert one["loaders"][0]["data_wait_fraction"] == 0.49 and one["loaders"][0]["worker_deaths"] == [death]
+    assert two["state"] == "live" and "worker_deaths" not in two["loaders"][0]
+    assert snap["judging"] == [{"job_pid": 2, "loader_id": 0}]
