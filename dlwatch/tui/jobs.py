@@ -39,6 +39,17 @@ def primary_loader(job: Any) -> dict:
     return max(loaders, key=lambda ld: fmt.num(ld.get("batches_per_s")) or -1.0)
 
 
+def job_wait(job: Any) -> float | None:
+    """The job's data wait in one figure: the loop's where it takes from
+    several loaders at once (zip: the sum of their parts, the job's
+    ``loops``), else its primary loader's."""
+    ld = primary_loader(job)
+    for loop in fmt.lst(fmt.d(job).get("loops")):
+        if isinstance(loop, dict) and ld.get("id") in fmt.lst(loop.get("loaders")):
+            return fmt.num(loop.get("data_wait_fraction"))
+    return fmt.num(ld.get("data_wait_fraction"))
+
+
 def stalled(job: Any) -> bool:
     """Some loader of the job has delivered no batch past its stall threshold."""
     return any(
@@ -73,14 +84,14 @@ class JobRow:
         """The job's figure; for a run, its slowest rank's (the one every rank
         waits for at the collective), not a mean that hides it."""
         slowest = self.slowest
-        return None if slowest is None else fmt.num(primary_loader(slowest).get("data_wait_fraction"))
+        return None if slowest is None else job_wait(slowest)
 
     @property
     def slowest(self) -> dict | None:
         """The job whose loader waits the most (None: no figure anywhere)."""
         best, best_v = None, None
         for j in self.jobs:
-            v = fmt.num(primary_loader(j).get("data_wait_fraction"))
+            v = job_wait(j)
             if v is not None and (best_v is None or v > best_v):
                 best, best_v = j, v
         return best
@@ -89,9 +100,7 @@ class JobRow:
     def data_wait_mean(self) -> float | None:
         """The mean wait of a run's ranks: beside the slowest's, it says how
         much the slowest stands out."""
-        vals = [
-            v for j in self.jobs if (v := fmt.num(primary_loader(j).get("data_wait_fraction"))) is not None
-        ]
+        vals = [v for j in self.jobs if (v := job_wait(j)) is not None]
         return sum(vals) / len(vals) if vals else None
 
     @property

@@ -138,3 +138,16 @@ def test_the_views_show_the_loops_wait_above_the_loaders():
         assert said in job_header(job, fmt.Palette(), wide).plain
     job["loops"] = []
     assert "loop on thread" not in render_snapshot(snap) + job_header(job, fmt.Palette(), True).plain
+
+
+def test_the_job_list_shows_the_loops_wait_not_one_loaders():
+    # A tmux run of the zip job: the list said "2 %" (the busier loader's
+    # own), the loop waited 80 %.
+    from dlwatch.tui.jobs import JobRow, job_wait
+
+    (job,) = _real("fixmatch_uneven.snap.json")["jobs"]
+    assert job_wait(job) == job["loops"][0]["data_wait_fraction"] == 0.6789
+    assert JobRow("j", "job", [job]).data_wait == 0.6789
+    alone = dict(job, loops=[])
+    busiest = max(job["loaders"], key=lambda ld: ld["batches_per_s"])
+    assert job_wait(alone) == busiest["data_wait_fraction"]
