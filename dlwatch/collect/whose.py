@@ -69,6 +69,6 @@ def explain(pid: int, jobs: set[int], directory: str) -> tuple[str, str]:
         )
     return NOT_HOOKED, (
         f"PID {pid} is not instrumented by dlwatch (no socket in {directory}): a job started with "
-        "DLWATCH_DISABLE=1 or without the hook cannot be asked for figures, profiles or stacks "
-        "(`dlwatch attach` samples one from outside; `dlwatch ls` lists the jobs)"
+        "DLWATCH_DISABLE=1 or without the hook cannot be asked for figures, profiles or stacks (not "
+        "supported; `dlwatch attach` samples one from outside; `dlwatch ls` lists the jobs)"
     )

@@ -172,9 +172,11 @@ def test_dlwatch_stacks_names_the_blocking_frame_of_each_process(hung):
 
 
 def test_stacks_of_a_process_that_is_not_a_dlwatch_job_say_why(hung):
+    # This test's process started the hung job: the job's PID is the one to use.
     r = dlwatch("stacks", "--pid", str(os.getpid()), "--no-py-spy", runtime_dir=hung.dir)
     assert r.returncode == 1 and r.stdout == ""
-    assert "is not instrumented by dlwatch" in r.stderr and "Traceback" not in r.stderr
+    assert f"PID {os.getpid()} is not a dlwatch job: it started the job" in r.stderr, r.stderr
+    assert "use --pid " in r.stderr and "Traceback" not in r.stderr
 
 
 def test_a_job_without_the_hook_is_read_with_py_spy_or_says_which_permission_is_missing():

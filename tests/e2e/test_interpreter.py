@@ -393,7 +393,9 @@ def _framework_snapshot(name: str) -> tuple[dict, str]:
         time.sleep(1.0)  # a second of steady training for the rates
         snap = take_snapshot(directory=job.dir, settle_s=0.5)
         j = job_in(snap, job.pid)
-        assert j["state"] == "live"
+        # Live, or ended during the snapshot's watch (6 s of training): then
+        # its last live figures, said to be so.
+        assert j["state"] == "live" or j["state_reason"].endswith("while it was watched"), j["state_reason"]
         train = [ld for ld in j["loaders"] if ld["num_workers"] == 2]
         assert train, j["loaders"]
         ld = train[0]
