@@ -256,6 +256,8 @@ def test_snapshot_follow_usage_errors(capsys):
 
     for argv, why in (
         (["snapshot", "--count", "2"], "--count needs --follow"),
+        # A QA run: --interval without --follow was silently ignored.
+        (["snapshot", "--interval", "5"], "--interval needs --follow (one snapshot's span is --window)"),
         (["snapshot", "--follow", "--count", "0"], "--count must be 1 or more"),
         (["snapshot", "--follow", "--interval", "0.1"], "--interval must be between 0.5 and 60 seconds"),
         (["snapshot", "--follow", "--window", "0"], "--window must be positive"),

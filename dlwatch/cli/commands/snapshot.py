@@ -55,7 +55,7 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--interval",
         type=number,
-        default=1.0,
+        default=None,  # 1 s with --follow; given without it, a usage error
         metavar="S",
         help=f"with --follow: seconds between snapshots (default 1, {MIN_INTERVAL_S:g}-{MAX_INTERVAL_S:g})",
     )
@@ -135,7 +135,12 @@ def _usage_problem(args) -> str | None:
     if not args.follow:
         if args.count is not None:
             return "--count needs --follow"
+        if args.interval is not None:
+            # One snapshot has no interval: --window is the span it covers.
+            return "--interval needs --follow (one snapshot's span is --window)"
         return None
+    if args.interval is None:
+        args.interval = 1.0
     if not MIN_INTERVAL_S <= args.interval <= MAX_INTERVAL_S:
         return f"--interval must be between {MIN_INTERVAL_S:g} and {MAX_INTERVAL_S:g} seconds"
     if args.count is not None and args.count < 1:
