@@ -59,7 +59,12 @@ def cannot_start(cmd: list[str], error: OSError, prog: str) -> int:
     exec or Popen), after a one-line message."""
     if isinstance(error, FileNotFoundError):
         return fail(f"command not found: {cmd[0]}", EXIT_NOT_FOUND, prog)
-    return fail(f"permission denied: {cmd[0]}", EXIT_NOT_EXECUTABLE, prog)
+    if os.path.isdir(cmd[0]):
+        # exec says EACCES for a directory, as for a file without its x bit (bash: "Is a directory").
+        return fail(f"{cmd[0]} is a directory, not a command", EXIT_NOT_EXECUTABLE, prog)
+    if isinstance(error, PermissionError):
+        return fail(f"permission denied: {cmd[0]}", EXIT_NOT_EXECUTABLE, prog)
+    return fail(f"cannot run {cmd[0]}: {error.strerror or error}", EXIT_NOT_EXECUTABLE, prog)
 
 
 def dir_problem(directory: str | None = None) -> str | None:

@@ -202,6 +202,19 @@ def test_run_passes_exit_status_and_reports_missing_command():
         timeout=30,
     )
     assert r.returncode == 127 and "command not found" in r.stderr
+    # A directory: exec says "permission denied", as a shell would not.
+    script = os.path.join(d, "train.py")
+    with open(script, "w") as f:
+        f.write("print('hi')\n")
+    for cmd, said in ((d, f"{d} is a directory, not a command"), (script, f"permission denied: {script}")):
+        r = subprocess.run(
+            [sys.executable, "-m", "dlwatch", "run", "--", cmd],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert r.returncode == 126 and r.stderr.strip() == f"dlwatch run: {said}", r.stderr
 
 
 def test_hook_import_is_light_and_side_effect_free():
