@@ -715,7 +715,9 @@ LIVE_INSTEAD = (
 )
 
 
-def terminal_problem(stdin: Any = None, stdout: Any = None, instead: str = LIVE_INSTEAD) -> str | None:
+def terminal_problem(
+    stdin: Any = None, stdout: Any = None, instead: str = LIVE_INSTEAD, term: str | None = None
+) -> str | None:
     """Why the live view cannot draw here, or None. It draws a full screen
     and reads keys: into a pipe or a file it would write escape codes until
     killed (a QA run: ``dlwatch > out.txt`` grew forever)."""
@@ -728,6 +730,10 @@ def terminal_problem(stdin: Any = None, stdout: Any = None, instead: str = LIVE_
             tty = False
         if not tty:
             return f"the live view needs a terminal, and its {name} is not one: {instead}"
+    term = os.environ.get("TERM", "") if term is None else term
+    if term == "dumb":
+        # An editor's shell buffer: escape codes would show as text.
+        return f"the live view needs a terminal that draws, and TERM is 'dumb' here: {instead}"
     return None
 
 

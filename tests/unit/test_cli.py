@@ -493,7 +493,8 @@ def test_the_live_view_refuses_a_pipe_or_a_file_and_says_what_to_use(tmp_path):
             open(os.devnull) as devnull,
             open(tmp_path / "f", "w") as f,
         ):
-            assert terminal_problem(tty, tty) is None
+            assert terminal_problem(tty, tty, term="xterm-256color") is None
+            assert "TERM is 'dumb' here" in (terminal_problem(tty, tty, term="dumb") or "")
             assert "its output is not one" in (terminal_problem(tty, f) or "")
             assert "its input is not one" in (terminal_problem(devnull, tty) or "")
             f.close()  # a closed stream: isatty() raises ValueError
