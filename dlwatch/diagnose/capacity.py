@@ -244,7 +244,7 @@ def cycle_model(ctx: Context, lv: LoaderView) -> tuple[CycleModel | None, str]:
     blind = [p.lid for p in fed if p.floor_ms is None]
     if blind:
         return None, (
-            f"the loop also takes from loader {blind[0]} every step, and its workers' busy time is not "
+            f"the same loop also takes from loader {blind[0]}, and its workers' busy time is not "
             f"measured, so how fast it could go is not known"
         )
     step = step - sum(p.wait_ms for p in fed)
@@ -334,7 +334,7 @@ class Prediction:
                 f"it can have, so the workers' {m.load_cpu:.0f} ms of CPU per batch stretch its step"
             ),
             "loop loads": "the loop then loads every batch itself",
-        }.get(self.bound) or f"{self.bound}'s workers then set the pace: the loop takes from both every step"
+        }.get(self.bound) or f"{self.bound}'s workers then set the pace: the same loop takes from it"
         return f"expected ≈ {self.speedup:.2f}× throughput ({why})"
 
 

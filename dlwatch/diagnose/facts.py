@@ -344,18 +344,18 @@ def window_util(history: Any, window_s: float | None) -> tuple[float | None, flo
 
 
 def partner_phrase(lv: LoaderView) -> str:
-    """ "; the loop also takes from loader 1 every step, and waits 63 ms a
-    batch on it": where the step figure a message quotes holds another
+    """ "; the same loop also takes from loader 1, and waits 63 ms on it a
+    batch of this one": where the step figure a message quotes holds another
     loader's wait (zip, FixMatch), the message says so."""
     if not lv.partners:
         return ""
     ids = [str(p.lid) for p in lv.partners]
     waits = " and ".join(f"{p.wait_ms:.0f} ms" for p in lv.partners)
     if len(ids) == 1:
-        return f"; the loop also takes from loader {ids[0]} every step, and waits {waits} a batch on it"
+        return f"; the same loop also takes from loader {ids[0]}, and waits {waits} on it a batch of this one"
     return (
-        f"; the loop also takes from loaders {', '.join(ids[:-1])} and {ids[-1]} every step, and waits "
-        f"{waits} a batch on them"
+        f"; the same loop also takes from loaders {', '.join(ids[:-1])} and {ids[-1]}, and waits "
+        f"{waits} on them a batch of this one"
     )
 
 

@@ -177,7 +177,7 @@ def test_two_loaders_taken_together_are_one_loop_and_the_advice_prices_the_other
     hints = [h for h in job["hints"] if h["job_pid"] == job["pid"] and h["loader_id"] == 1]
     (h,) = [h for h in hints if h["id"] in ("io-bound", "add-workers")]
     ev = h["evidence"]
-    assert "the loop also takes from loader 0 every step" in h["message"], h["message"]
+    assert "the same loop also takes from loader 0, and waits" in h["message"], h["message"]
     # a's 2 workers are busy about half the time: they keep up with a loop
     # twice as fast, so b needs 4 workers (80 ms / 4), not the 10 that its
     # 8 ms step alone would ask for.

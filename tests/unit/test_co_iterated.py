@@ -108,7 +108,7 @@ def test_advice_on_one_loader_is_priced_against_the_other(name, measured, gain_i
     ev = h["evidence"]
     assert ev["expected_bound"] == f"loader {other}", ev
     assert ev["expected_speedup"] == pytest.approx(measured, abs=0.08), ev
-    assert f"the loop also takes from loader {other} every step" in h["message"]
+    assert f"the same loop also takes from loader {other}, and waits" in h["message"]
     assert (h["severity"] == "warn") is gain_is_worth_it, h
 
 
