@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from dlwatch import rundir, wire
+from dlwatch.collect import whose
 from dlwatch.collect.control import ProfileError, request_profile, request_worker_profile
 from dlwatch.collect.hang import gather_stacks
+from dlwatch.collect.jobs import discover
 from dlwatch.collect.listing import list_jobs
 from dlwatch.collect.monitor import DEFAULT_WINDOW_S, JUDGE_S, take_snapshot
 from dlwatch.record.fileformat import compact
@@ -144,10 +146,7 @@ class Tools:
         if not os.path.exists(_socket_path(directory, pid)):
             # Only this user's dlwatch jobs: `dlwatch stacks` may read an
             # unhooked process with py-spy, the agent's server does not.
-            raise ToolFailure(
-                f"PID {pid} is not instrumented by dlwatch (no socket in {directory}): "
-                "list_jobs gives the PIDs of your jobs"
-            )
+            raise _not_a_job(pid, directory)
         return self._burst(pid, lambda: gather_stacks(pid, directory=self.directory))
 
     def explain(self, hint_id: str) -> dict[str, Any]:
@@ -222,11 +221,11 @@ class Tools:
             raise ToolFailure(f"judge_seconds must be in [0, {MAX_JUDGE_S:g}]")
         self._usable_dir()
         directory = self.directory or rundir.runtime_dir()
+        if pid is not None and not os.path.exists(_socket_path(directory, pid)):
+            raise _not_a_job(pid, directory)  # (without measuring the host for a second first)
         missing = ToolFailure(
             f"no dlwatch job with PID {pid} in {directory} (list_jobs lists this user's jobs)"
         )
-        if pid is not None and not os.path.exists(_socket_path(directory, pid)):
-            raise missing  # (without measuring the host for a second first)
         snap = dict(take_snapshot(window_s=window_s, directory=self.directory, only_pid=pid, judge_s=judge_s))
         if snap.get("runtime_dir_error"):
             raise ToolFailure(snap["runtime_dir_error"])
@@ -264,6 +263,14 @@ def _socket_path(directory: str, pid: int) -> str:
         return rundir.socket_path(directory, pid)
     except rundir.RuntimeDirError as e:  # a directory too long for a Unix socket's path
         raise ToolFailure(str(e)) from None
+
+
+def _not_a_job(pid: int, directory: str) -> ToolFailure:
+    """What ``pid`` is, with the PID to use (a wrapper's names its job, a
+    worker's its job: collect/whose.py), as the CLI says it."""
+    _, why = whose.explain(pid, {p for p, _ in discover(directory)}, directory)
+    # The tools take the PID as an argument, not as the CLI's option.
+    return ToolFailure(f"{why.replace('--pid ', 'pid=')} (list_jobs lists this user's jobs)")
 
 
 def _check_pid(pid: int) -> None:

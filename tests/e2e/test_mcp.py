@@ -277,7 +277,7 @@ def test_the_stacks_of_the_job_name_every_process(agent, job):
     "tool,arguments,why",
     [
         ("snapshot", {"pid": NO_SUCH_PID}, f"no dlwatch job with PID {NO_SUCH_PID}"),
-        ("hints", {"pid": 1}, "no dlwatch job with PID 1 "),
+        ("hints", {"pid": 1}, "PID 1 is not instrumented by dlwatch"),
         ("profile", {"pid": 1}, "PID 1 is not instrumented by dlwatch"),
         ("worker_profile", {"pid": NO_SUCH_PID}, f"no dlwatch job with PID {NO_SUCH_PID}"),
         ("stacks", {"pid": 1}, "PID 1 is not instrumented by dlwatch"),

@@ -224,3 +224,30 @@ def test_hints_while_a_loader_is_judging_say_so_rather_than_nothing_to_fix(empty
     snap["judging"] = []
     doc = empty_dir.hints(pid=11)
     assert "judging" not in doc and doc["note"].startswith("no hints: nothing")
+
+
+def test_a_wrappers_pid_names_the_job_to_ask(empty_dir, private_runtime_dir):
+    # The agent was given the `dlwatch run` wrapper's PID (the one it started):
+    # the failure names the job below it, as the CLI does (collect/whose.py).
+    import subprocess
+    import time
+
+    import psutil
+
+    sh = subprocess.Popen(["sh", "-c", "sleep 30; :"])
+    try:
+        end = time.monotonic() + 10
+        while not psutil.Process(sh.pid).children() and time.monotonic() < end:
+            time.sleep(0.01)
+        (child,) = psutil.Process(sh.pid).children()
+        # A socket file named for the child: what discover() lists as a job.
+        open(os.path.join(private_runtime_dir, f"{child.pid}.sock"), "w").close()
+        for call in (empty_dir.snapshot, empty_dir.stacks):
+            with pytest.raises(T.ToolFailure, match=f"use pid={child.pid} ") as e:
+                call(pid=sh.pid)
+            assert f"PID {sh.pid} is not a dlwatch job: it started the job {child.pid}" in str(e.value)
+    finally:
+        for p in psutil.Process(sh.pid).children(recursive=True):
+            p.kill()
+        sh.kill()
+        sh.wait()
