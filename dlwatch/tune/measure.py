@@ -249,6 +249,11 @@ class TrialMeter:
     # --- state -----------------------------------------------------------------
 
     @property
+    def batches_seen(self) -> int:
+        """The most batches the watched loader had delivered in any snapshot."""
+        return self._count
+
+    @property
     def phase(self) -> str:
         if self.first_batch_at is None:
             return "starting"

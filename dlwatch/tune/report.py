@@ -156,6 +156,29 @@ def _replay_note(c: dict) -> str:
     return note
 
 
+def no_recommendation(doc: dict) -> str | None:
+    """When no setting but the baseline's was measured: why, in place of "keep
+    your settings … no setting tried was faster" (a QA run: every setting with
+    workers crashed, and Ctrl-C before a second trial, both read as advice)."""
+    trials = [t for t in doc.get("trials") or [] if t.get("index") != 0]
+    base = (doc.get("baseline") or {}).get("settings")
+    if any(t.get("status") == "ok" and t.get("settings") != base for t in trials):
+        return None
+    failed = [t for t in trials if t.get("status") in ("crashed", "exited", "no-batches", "failed")]
+    if failed:
+        which = ", ".join(
+            f"trial {t.get('index', 0) + 1} ({config_text(t.get('config') or {})})" for t in failed
+        )
+        return (
+            f"No recommendation: every other setting tried failed: {which}. The last lines of their stderr "
+            f"are above: the script breaks with those settings (a worker that cannot start or load), not "
+            f"on speed. Fix that, then tune again."
+        )
+    if doc.get("interrupted"):
+        return "No recommendation: no setting but your own was measured before Ctrl-C."
+    return None  # the search saw nothing likely faster: "keep your settings" is its verdict
+
+
 def summary(doc: dict) -> str:
     lines = [table(doc), ""]
     for t in doc.get("trials", []):
@@ -168,7 +191,10 @@ def summary(doc: dict) -> str:
         sp = doc.get("speedup")
         n = len(best.get("repeats") or [])
         same = best.get("settings") == (doc.get("baseline") or {}).get("settings")
-        if same:
+        unmeasured = no_recommendation(doc)
+        if same and unmeasured:
+            lines.append(unmeasured)
+        elif same:
             lines.append(
                 f"Recommendation: keep your settings, {doc['recommendation']}: no setting tried was "
                 "faster beyond noise."

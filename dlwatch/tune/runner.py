@@ -121,7 +121,7 @@ def run_trial(
                     break
             time.sleep(0.1)
     except KeyboardInterrupt as e:
-        outcome = _finish(proc, monitor, err, err_path, workdir, meter, "interrupted", "interrupted", t0, cpu)
+        outcome = _finish(proc, monitor, err, err_path, workdir, meter, "interrupted", "by Ctrl-C", t0, cpu)
         e.outcome = outcome  # type: ignore[attr-defined]
         raise
     return _finish(proc, monitor, err, err_path, workdir, meter, status, reason, t0, cpu)
@@ -136,9 +136,16 @@ def _monitor(directory: str) -> SnapshotSource:
 
 
 def _exit_reason(code: int, meter: TrialMeter) -> str:
-    when = {"starting": "before its first batch", "warm-up": "during warm-up"}.get(
-        meter.phase, f"after {meter.steady_s:.1f} s of steady state"
-    )
+    # What dlwatch saw, not what the script did: a script that ran 23 batches
+    # in its first second had exited before any snapshot showed one (a QA run
+    # read "before its first batch" for it).
+    seen = meter.batches_seen
+    when = {
+        "starting": "before dlwatch saw a batch"
+        if not seen
+        else f"after {seen} batches, before they were timed",
+        "warm-up": f"during warm-up, after {seen} batches (a trial needs the script to run past its warm-up)",
+    }.get(meter.phase, f"after {meter.steady_s:.1f} s of steady state")
     if code < 0:
         try:
             name = signal.Signals(-code).name

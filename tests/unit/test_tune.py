@@ -506,3 +506,52 @@ def test_a_pipeline_tune_cannot_set_is_measured_once_and_said_so():
     run, calls = fake_runner({1: 25.0, 4: 80.0, 8: 82.0, "replay": 100.0}, library="monai", knobs={})
     doc = Sweep(["job"], {}, TuneOptions(max_trials=3), runner=run).run()
     assert len(calls) > 1 and any("replay" in (c or {}) for c in calls)
+
+
+def test_no_recommendation_when_nothing_but_the_baseline_measured():
+    """A QA run: every setting with workers crashed (a worker that cannot
+    load), and tune said "keep your settings … no setting tried was faster
+    beyond noise", exit 0; Ctrl-C before a second trial said the same."""
+    from dlwatch.tune import report
+    from dlwatch.tune.runner import TrialOutcome
+    from dlwatch.tune.sweep import Sweep, TuneOptions
+
+    good, _ = fake_runner({n: 20.0 for n in range(65)})
+
+    def run(cmd, env, override, trial_s, **kw):
+        out = good(cmd, env, override, trial_s, **kw)
+        if (override or {}).get("num_workers"):
+            return TrialOutcome("crashed", out.figures, reason="exited with code 1")
+        return out
+
+    doc = Sweep(["job"], {}, TuneOptions(max_trials=3, ceiling=False), runner=run).run()
+    assert doc["trials"][0]["status"] == "ok" and len(doc["trials"]) > 1
+    said = report.no_recommendation(doc)
+    assert said is not None
+    assert said.startswith("No recommendation: every other setting tried failed: trial 2 (num_workers="), said
+    text = report.summary(doc)
+    assert said in text and "keep your settings" not in text
+
+    # Stopped by Ctrl-C with the baseline alone measured.
+    base = trial(0, 2, 30.0)
+    code = "DataLoader(..., num_workers=2)"
+    doc = {"baseline": base, "trials": [base], "best": base, "recommendation": code, "interrupted": True}
+    doc["ceiling"] = None
+    said = "No recommendation: no setting but your own was measured before Ctrl-C."
+    assert report.no_recommendation(doc) == said
+    assert "keep your settings" not in report.summary(doc)
+    # The search itself saw nothing likely faster after the baseline: its verdict stands.
+    doc["interrupted"] = False
+    assert report.no_recommendation(doc) is None
+    assert "Recommendation: keep your settings" in report.summary(doc)
+
+
+def test_a_trial_that_exits_early_says_how_far_dlwatch_saw_it_get():
+    from types import SimpleNamespace
+
+    from dlwatch.tune.runner import _exit_reason
+
+    m = SimpleNamespace(batches_seen=0, phase="starting", steady_s=0.0)
+    assert _exit_reason(0, m) == "exited with code 0 before dlwatch saw a batch"  # a 1 s script: 23 batches
+    m.batches_seen, m.phase = 23, "warm-up"
+    assert _exit_reason(1, m).startswith("exited with code 1 during warm-up, after 23 batches")

@@ -215,7 +215,9 @@ def run(args) -> int:
     if sweep.interrupted:
         return EXIT_INTERRUPTED
     base = doc.get("baseline") or {}
-    return EXIT_OK if base.get("status") == "ok" else EXIT_ERROR
+    if base.get("status") != "ok" or report.no_recommendation(doc):
+        return EXIT_ERROR  # no answer, as when the baseline fails: a script must not read "keep"
+    return EXIT_OK
 
 
 def _end_line(state: dict) -> None:
