@@ -62,7 +62,12 @@ def run_tune(
     """``dlwatch tune --json`` of ``command``, for the server's tune tool
     (``dlwatch.mcp.tools.TuneRunner``). The trials' output goes nowhere
     (tune's runner), so the protocol on stdout is untouched."""
+    from dlwatch.tune import report
     from dlwatch.tune.sweep import Sweep, TuneOptions
 
     opts = TuneOptions(trial_s=trial_s, max_trials=max_trials, budget_s=budget_s, workers=workers)
-    return Sweep(command, bootstrap_env(), opts).run()
+    doc = Sweep(command, bootstrap_env(), opts).run()
+    none = report.no_recommendation(doc)
+    if none:
+        doc["no_recommendation"] = none  # as `dlwatch tune --json` says it
+    return doc

@@ -208,6 +208,9 @@ def run(args) -> int:
     sweep = Sweep(cmd, bootstrap_env(), opts, on_trial_start=on_trial_start, on_progress=on_progress)
     doc = sweep.run()
     _end_line(state)
+    none = report.no_recommendation(doc)
+    if none:
+        doc["no_recommendation"] = none  # beside "recommendation", which is then the baseline's settings
     if args.json:
         print(json.dumps(doc, indent=2, default=str))
     else:
@@ -215,7 +218,7 @@ def run(args) -> int:
     if sweep.interrupted:
         return EXIT_INTERRUPTED
     base = doc.get("baseline") or {}
-    if base.get("status") != "ok" or report.no_recommendation(doc):
+    if base.get("status") != "ok" or none:
         return EXIT_ERROR  # no answer, as when the baseline fails: a script must not read "keep"
     return EXIT_OK
 
