@@ -60,6 +60,12 @@ SETTLE_MIN_GAP_S = 1.0
 # A trial that has produced no batch this long after its start is reported
 # as such rather than waited on forever.
 FIRST_BATCH_TIMEOUT_S = 120.0
+# ... and one that steps the optimizer this often with no loader in sight is
+# a script without a DataLoader (a QA run waited the whole timeout on one).
+NO_LOADER_STEPS = 50
+# (and for this long: a warm-up on dummy tensors before the loader is made
+# steps the optimizer too)
+NO_LOADER_S = 20.0
 # Early stop: the two halves of the steady state agree within this, and at
 # least this share of --trial-seconds has passed.
 STABLE_TOLERANCE = 0.02
@@ -169,6 +175,7 @@ class TrialMeter:
         self.points: dict[int, list[_Point]] = {}
         self.loaders: dict[int, dict] = {}  # the last record of each loader
         self.job: dict | None = None
+        self._loaderless_steps = 0
         self.usable_cores: float | None = None
         self.hint_ids: set[str] = set()
         self.hints: dict[str, dict] = {}
@@ -188,6 +195,13 @@ class TrialMeter:
             self.usable_cores = uc
         job = job_of(snapshot)
         if job is None:
+            # A live job that trains with no loader in sight (its optimizer steps).
+            for j in records(snapshot.get("jobs")):
+                if is_live(j) and not records(j.get("loaders")):
+                    steps = max(
+                        (as_int(t.get("steps")) or 0 for t in records(j.get("train_threads"))), default=0
+                    )
+                    self._loaderless_steps = max(self._loaderless_steps, steps)
             return
         self.job = job
         lds = {lid: ld for ld in records(job.get("loaders")) if (lid := as_int(ld.get("id"))) is not None}
@@ -350,6 +364,13 @@ class TrialMeter:
         if self.started is None or self.last_t is None:
             return None
         if self.first_batch_at is None:
+            steps = self._steps_without_a_loader()
+            if steps >= NO_LOADER_STEPS and self.last_t - self.started >= NO_LOADER_S:
+                return (
+                    f"the script trains (the optimizer stepped {steps} times) but iterates no DataLoader: "
+                    "tune sets a DataLoader's settings, and there is none to set (a loop over another "
+                    "iterable is measured by dlwatch.watch(...), not tuned)"
+                )
             if self.last_t - self.started > FIRST_BATCH_TIMEOUT_S:
                 return "no batch within the first-batch timeout"
         elif (
@@ -359,6 +380,10 @@ class TrialMeter:
         ):
             return f"the loader did not start replaying within {REPLAY_START_TIMEOUT_S:.0f} s"
         return None
+
+    def _steps_without_a_loader(self) -> int:
+        """Optimizer steps of a job that has shown no loader at all (0 once one is seen)."""
+        return 0 if self.loaders else self._loaderless_steps
 
     def busiest(self) -> int | None:
         """The loader the loop spent the most time on over the steady state

@@ -120,6 +120,29 @@ def snap(t: float, batches: int, wait: float = 0.5, lid: int = 0, extra=()) -> d
     return {"time": 1000.0 + t, "host": {"usable_cores": 2.0}, "jobs": [job], "hints": []}
 
 
+def test_a_script_that_trains_without_a_dataloader_is_said_so_not_waited_on():
+    # A QA run: tune waited its whole 120 s first-batch timeout on a loop over
+    # tensors, then said "no batch within the first-batch timeout".
+    m = TrialMeter(trial_s=4.0, warmup_s=2.0)
+    for t, steps in ((0.0, 0), (1.0, 30), (2.0, 60), (21.0, 600)):
+        s = snap(t, 0)
+        s["jobs"][0]["loaders"] = []
+        s["jobs"][0]["train_threads"] = [{"thread": "MainThread", "steps": steps, "main": True}]
+        m.feed(s)
+        # A warm-up on dummy tensors before the loader is made steps too: not before 20 s.
+        assert m.stuck is (t >= 20.0), t
+    assert m.stuck and m.stuck_reason.startswith(
+        "the script trains (the optimizer stepped 600 times) but iterates"
+    )
+    # A loader seen, its first batch still to come (a slow first epoch start): waited on as before.
+    m = TrialMeter(trial_s=4.0, warmup_s=2.0)
+    s = snap(0.0, 0)
+    s["jobs"][0]["train_threads"] = [{"thread": "MainThread", "steps": 500, "main": True}]
+    m.feed(s)
+    m.feed(dict(s, time=s["time"] + 30.0))
+    assert not m.stuck
+
+
 def test_meter_measures_the_steady_state_on_the_jobs_clock():
     m = TrialMeter(trial_s=4.0, warmup_s=2.0)
     m.feed(snap(0.0, 0))
