@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -336,3 +337,23 @@ def self_signed_cert(directory: str) -> tuple[str, str]:
         capture_output=True,
     )  # fmt: skip
     return cert, key
+
+
+@contextlib.contextmanager
+def shell_and_child():
+    """(shell PID, its child's PID): a wrapper and the process it started,
+    both real, both killed on leaving."""
+    import psutil
+
+    sh = subprocess.Popen(["sh", "-c", "sleep 30; :"])
+    try:
+        end = time.monotonic() + 10
+        while not psutil.Process(sh.pid).children() and time.monotonic() < end:
+            time.sleep(0.01)
+        (child,) = psutil.Process(sh.pid).children()
+        yield sh.pid, child.pid
+    finally:
+        for p in psutil.Process(sh.pid).children(recursive=True):
+            p.kill()
+        sh.kill()
+        sh.wait()

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dlwatch.snapshot import num
+
 
 def _thread(ld: Mapping[str, Any]) -> tuple[str, bool] | None:
     on = ld.get("iterated_on")
@@ -28,13 +30,9 @@ def _thread(ld: Mapping[str, Any]) -> tuple[str, bool] | None:
     return str(on.get("thread") or "?"), bool(on["main"])
 
 
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
 def share(ld: Mapping[str, Any]) -> float | None:
     """The fraction of the window the loop spent in this loader's ``next()``."""
-    wait, rate = _num(ld.get("wait_ms_mean")), _num(ld.get("batches_per_s"))
+    wait, rate = num(ld.get("wait_ms_mean")), num(ld.get("batches_per_s"))
     if wait is None or rate is None:
         return None
     return min(1.0, max(0.0, wait) * max(0.0, rate) / 1000.0)
@@ -44,8 +42,8 @@ def _in_a_loop(ld: Mapping[str, Any]) -> bool:
     return (
         ld.get("loop_role", "loop") == "loop"
         and ld.get("consumer") is None  # a queue's get() is the loop's side already
-        and _num(ld.get("data_wait_fraction")) is not None
-        and (_num(ld.get("batches_per_s")) or 0.0) > 0
+        and num(ld.get("data_wait_fraction")) is not None
+        and (num(ld.get("batches_per_s")) or 0.0) > 0
         and ld.get("active") is not False
         and ld.get("epoch_open") is not False
     )
@@ -82,9 +80,9 @@ def describe(loop: Mapping[str, Any]) -> str:
     80.4 % (1.0 % + 79.4 %)": the line the views show above the loaders' own
     figures, each loader's part of the loop's time in brackets."""
     ids = [str(i) for i in loop.get("loaders") or []]
-    parts = [f"{100 * x:.1f} %" for x in loop.get("shares") or [] if _num(x) is not None]
+    parts = [f"{100 * x:.1f} %" for x in loop.get("shares") or [] if num(x) is not None]
     names = (", ".join(ids[:-1]) + f" and {ids[-1]}") if len(ids) > 1 else "".join(ids) or "?"
-    total = _num(loop.get("data_wait_fraction"))
+    total = num(loop.get("data_wait_fraction"))
     said = "n/a" if total is None else f"{100 * total:.1f} %"
     brackets = f" ({' + '.join(parts)})" if len(parts) == len(ids) else ""
     return (

@@ -101,25 +101,38 @@ def test_thread_fed_and_iterable_loaders(tmp_path):
 GAIN_TOLERANCE = 0.25
 
 
-def _slow_tail_run(tmp_path: Path, in_order: int, snapshot_after: float | None) -> tuple[dict | None, dict]:
-    out, stop = tmp_path / f"slow-tail-{in_order}.json", tmp_path / f"stop-{in_order}"
-    # 12 s of training, or until the snapshot is taken.
-    train_s = "12" if snapshot_after is None else "300"
-    args = ("--in-order", str(in_order), "--train-s", train_s, "--stop-file", str(stop))
-    job = _start("slow-tail", out, *args)
+def _run_and_snapshot(
+    out: Path, mode: str, args: tuple[str, ...], alone_s: str, snapshot_after: float | None, *snap_args: str
+) -> tuple[dict | None, dict, int]:
+    """Run ``mode`` for ``alone_s`` seconds, or until a snapshot taken
+    ``snapshot_after`` seconds past its first batch is in: (the snapshot,
+    the job's own figures, its PID)."""
+    stop = out.with_suffix(".stop")
+    train_s = alone_s if snapshot_after is None else "300"
+    job = _start(mode, out, *args, "--train-s", train_s, "--stop-file", str(stop))
     snap = None
     try:
         job.json_line("ready", timeout=120)
         if snapshot_after is not None:
             time.sleep(snapshot_after)
-            # Watched until judged (7.6-8.6 s from 2 s in, its window the
-            # 8 s asked for), not started at 9.5 s to judge on history.
-            snap = snapshot_json(job.dir, "--window", "8", "--judge", "30")
+            snap = snapshot_json(job.dir, *snap_args)
             stop.touch()
         own = _finish(job, out)
     finally:
         job.cleanup()
-    return (None if snap is None else _the_loader(snap, job.pid)), own
+    return snap, own, job.pid
+
+
+def _slow_tail_run(tmp_path: Path, in_order: int, snapshot_after: float | None) -> tuple[dict | None, dict]:
+    # 12 s of training, or until the snapshot is taken. Watched until judged
+    # (7.6-8.6 s from 2 s in, its window the 8 s asked for), not started at
+    # 9.5 s to judge on history.
+    out = tmp_path / f"slow-tail-{in_order}.json"
+    args = ("--in-order", str(in_order))
+    snap, own, pid = _run_and_snapshot(
+        out, "slow-tail", args, "12", snapshot_after, "--window", "8", "--judge", "30"
+    )
+    return (None if snap is None else _the_loader(snap, pid)), own
 
 
 def test_rare_slow_samples_block_the_line_and_in_order_false_gives_the_predicted_gain(tmp_path):
@@ -144,20 +157,11 @@ def test_rare_slow_samples_block_the_line_and_in_order_false_gives_the_predicted
 
 
 def _zip_run(tmp_path: Path, workers_b: int, snapshot_after: float | None) -> tuple[dict | None, dict]:
-    out, stop = tmp_path / f"zip-{workers_b}.json", tmp_path / f"zip-stop-{workers_b}"
-    train_s = "8" if snapshot_after is None else "300"
-    job = _start("zip", out, "--workers-b", str(workers_b), "--train-s", train_s, "--stop-file", str(stop))
-    snap = None
-    try:
-        job.json_line("ready", timeout=120)
-        if snapshot_after is not None:
-            time.sleep(snapshot_after)
-            snap = snapshot_json(job.dir, "--window", "3", "--judge", "20")
-            stop.touch()
-        own = _finish(job, out)
-    finally:
-        job.cleanup()
-    return (None if snap is None else job_in(snap, job.pid) | {"hints": snap["hints"]}), own
+    out, args = tmp_path / f"zip-{workers_b}.json", ("--workers-b", str(workers_b))
+    snap, own, pid = _run_and_snapshot(
+        out, "zip", args, "8", snapshot_after, "--window", "3", "--judge", "20"
+    )
+    return (None if snap is None else job_in(snap, pid) | {"hints": snap["hints"]}), own
 
 
 def test_two_loaders_taken_together_are_one_loop_and_the_advice_prices_the_other(tmp_path):

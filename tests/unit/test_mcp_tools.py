@@ -229,25 +229,12 @@ def test_hints_while_a_loader_is_judging_say_so_rather_than_nothing_to_fix(empty
 def test_a_wrappers_pid_names_the_job_to_ask(empty_dir, private_runtime_dir):
     # The agent was given the `dlwatch run` wrapper's PID (the one it started):
     # the failure names the job below it, as the CLI does (collect/whose.py).
-    import subprocess
-    import time
+    from tests.e2e_util import shell_and_child
 
-    import psutil
-
-    sh = subprocess.Popen(["sh", "-c", "sleep 30; :"])
-    try:
-        end = time.monotonic() + 10
-        while not psutil.Process(sh.pid).children() and time.monotonic() < end:
-            time.sleep(0.01)
-        (child,) = psutil.Process(sh.pid).children()
+    with shell_and_child() as (wrapper, job):
         # A socket file named for the child: what discover() lists as a job.
-        open(os.path.join(private_runtime_dir, f"{child.pid}.sock"), "w").close()
+        open(os.path.join(private_runtime_dir, f"{job}.sock"), "w").close()
         for call in (empty_dir.snapshot, empty_dir.stacks):
-            with pytest.raises(T.ToolFailure, match=f"use pid={child.pid} ") as e:
-                call(pid=sh.pid)
-            assert f"PID {sh.pid} is not a dlwatch job: it started the job {child.pid}" in str(e.value)
-    finally:
-        for p in psutil.Process(sh.pid).children(recursive=True):
-            p.kill()
-        sh.kill()
-        sh.wait()
+            with pytest.raises(T.ToolFailure, match=f"use pid={job} ") as e:
+                call(pid=wrapper)
+            assert f"PID {wrapper} is not a dlwatch job: it started the job {job}" in str(e.value)

@@ -6,29 +6,18 @@ from __future__ import annotations
 import os
 import pwd
 import subprocess
-import time
 
-import psutil
 import pytest
 
 from dlwatch.collect import whose
+from tests.e2e_util import shell_and_child
 
 
 @pytest.fixture
 def tree():
     """A shell (the wrapper) and its child (the job)."""
-    sh = subprocess.Popen(["sh", "-c", "sleep 30; :"])
-    try:
-        end = time.monotonic() + 10
-        while not psutil.Process(sh.pid).children() and time.monotonic() < end:
-            time.sleep(0.01)
-        (child,) = psutil.Process(sh.pid).children()
-        yield sh.pid, child.pid
-    finally:
-        for p in psutil.Process(sh.pid).children(recursive=True):
-            p.kill()
-        sh.kill()
-        sh.wait()
+    with shell_and_child() as pids:
+        yield pids
 
 
 def test_a_wrappers_pid_names_the_job_below_it(tree):
