@@ -255,8 +255,10 @@ LOADER_OPTIONAL = (
 )
 QUEUE_OPTIONAL = {"ready": _INT, "in_flight": _INT, "capacity": _INT}
 WORKER = {"id": _INT, "pid": _INT, "batches": _INT, "fetch_ns": _INT, "busy_ns": _INT}
-WORKER_OPTIONAL = _of(_INT, "started_ns", "first_batch_digest", "second_batch_digest") | _of(
-    _LIST, "fetch_hist", "own_tids"
+WORKER_OPTIONAL = (
+    _of(_INT, "started_ns", "first_batch_digest", "second_batch_digest")
+    | _of(_LIST, "fetch_hist", "own_tids")
+    | _of(_NUM, "started_cpu_s")
 )
 ERROR = {"message": _STR}
 PROFILE = {"steps": _INT}

@@ -73,6 +73,9 @@ PROC_EVERY_S = 1.0
 # and trainers only feeds the diagnosis, which judges 3 s windows: sampled
 # every 2 s.
 SCHED_EVERY_S = 2.0
+# A worker younger than this without a run-queue figure yet is read again at
+# the next snapshot, not 2 s later: it may be gone by then.
+YOUNG_RETRY_S = 2.0
 # USS reads /proc/PID/smaps_rollup: milliseconds of kernel time per torch
 # process, so each worker's is read every 10 s, the workers at phases spread
 # over the interval. The worker-memory-growth rule takes a USS sample every
@@ -409,6 +412,23 @@ class Monitor:
                     out.setdefault(pid, []).extend(t for t in tids if type(t) is int and t > 0)
         return out
 
+    @staticmethod
+    def _active_since(conns) -> dict[int, tuple[float, float]]:
+        """When each live job's DataLoader workers began their work, as their
+        last frames say (``started_cpu_s`` and ``started_ns``: the worker's
+        CPU seconds and monotonic clock then): the process sampler averages a
+        new worker's CPU from there (procs.py, ``active_since``)."""
+        out: dict[int, tuple[float, float]] = {}
+        for c in conns:
+            if not (c.live and c.frames):
+                continue
+            for ld in c.frames[-1]["loaders"]:
+                for w in ld["workers"]:
+                    pid, cpu0, t0 = w.get("pid"), w.get("started_cpu_s"), w.get("started_ns")
+                    if isinstance(pid, int) and pid > 0 and isinstance(cpu0, (int, float)) and t0:
+                        out[pid] = (float(cpu0), t0 / 1e9)
+        return out
+
     def sample_now(self, window_s: float | None = None, settle_s: float = 0.6) -> Snapshot:
         """One settled measurement, about ``settle_s`` and a little after the call.
 
@@ -481,6 +501,7 @@ class Monitor:
         if sampler is None:
             return {}
         own = self._own_tids(self.conns.values())
+        active = self._active_since(self.conns.values())
         procs: dict[int, dict[str, Any]] = self._safe(
             "processes",
             lambda: sampler.sample(
@@ -490,6 +511,7 @@ class Monitor:
                 force_uss=force_uss,
                 thread_pids=self._thread_pids(self.conns.values()),
                 own_tids=own,
+                active_since=active,
             ),
             {},
         )
@@ -498,13 +520,20 @@ class Monitor:
         for pid, tids in (named() if callable(named) else {}).items():
             own.setdefault(pid, []).extend(tids)
         if sched is not None:
+            # Workers' ages: a young one's first sight gives its lifetime wait
+            # (one of sub-second epochs may not live to a second sample).
+            young = _ages({p: procs[p] for p in workers if p in procs})
+            unread = any(self._sched_cache.get(p) is None and a < YOUNG_RETRY_S for p, a in young.items())
             if (
                 not reuse
                 or self._sched_at is None
                 or t - self._sched_at >= SCHED_EVERY_S
                 or not pids.issubset(self._sched_cache)
+                or unread
             ):
-                self._sched_cache = self._safe("run-queue", lambda: sched.sample(sorted(pids), own), {})
+                self._sched_cache = self._safe(
+                    "run-queue", lambda: sched.sample(sorted(pids), own, young), {}
+                )
                 self._sched_at = t
             procs = add_runqueue(procs, {p: v for p, v in self._sched_cache.items() if p in pids})
         self._proc_cache, self._proc_cache_at = procs, t
@@ -634,6 +663,18 @@ def _default_host() -> HostSource:
     from dlwatch.collect.host import HostSampler
 
     return HostSampler()
+
+
+def _ages(procs: Mapping[int, Mapping[str, Any]]) -> dict[int, float]:
+    """Seconds since each process started (its ``create_time``), for the run-
+    queue sampler's first sight of a young worker (``SchedSampler.sample``)."""
+    from dlwatch.collect.procs import process_age_s
+
+    return {
+        pid: process_age_s(ct)
+        for pid, p in procs.items()
+        if isinstance(ct := p.get("create_time"), (int, float)) and not isinstance(ct, bool)
+    }
 
 
 def _live_pids(snap: Mapping[str, Any]) -> set[Any]:

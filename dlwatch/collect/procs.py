@@ -48,6 +48,10 @@ T = TypeVar("T")
 
 # Below this age a first-sample lifetime average is too coarse to report.
 MIN_LIFETIME_S = 0.5
+# A worker whose start of work the job reports (``active_since``) is averaged
+# from there, once it has worked this long: /proc counts CPU in 10 ms ticks,
+# so the figure is within ±5 points at this age and within ±2 at 0.5 s.
+MIN_ACTIVE_S = 0.2
 # With ``uss_max_interval_s``: a USS that moved less than this since the
 # previous read counts as steady and the next read waits twice as long.
 USS_STEADY_BYTES = 512 << 10
@@ -145,6 +149,16 @@ def _call(pid: int, fn: Callable[[], T], what: str = "") -> T:
         raise describe_error(pid, e, what) from None
 
 
+def _working_since(active: tuple[float, float] | None, cpu_s: float | None, now: float) -> bool:
+    """Whether ``active`` (CPU seconds, clock) is a usable baseline at
+    ``now``: old enough (``MIN_ACTIVE_S``), and not ahead of the process's
+    CPU now (a reused PID's, or a baseline from another clock)."""
+    if active is None or cpu_s is None:
+        return False
+    cpu0, t0 = active
+    return MIN_ACTIVE_S <= now - t0 < 86400.0 and 0.0 <= cpu0 <= cpu_s + 0.02
+
+
 def rate_percent(prev_s: float | None, cur_s: float, interval_s: float) -> float | None:
     """CPU % (100 = one core) from two CPU-seconds readings ``interval_s`` apart."""
     if prev_s is None or interval_s <= 0:
@@ -226,6 +240,7 @@ class ProcSampler:
         force_uss: bool = False,
         thread_pids: Iterable[int] = (),
         own_tids: Mapping[int, Iterable[int]] | None = None,
+        active_since: Mapping[int, tuple[float, float]] | None = None,
     ) -> dict[int, dict[str, Any]]:
         """Figures for ``pids``.
 
@@ -238,6 +253,11 @@ class ProcSampler:
         ``own_tids``: per pid, the native ids of dlwatch's threads there,
         left out of ``threads``, ``cpu_percent`` and ``thread_cpu``
         (``own_threads``: how many were).
+        ``active_since``: per pid, (its CPU seconds, this sampler's clock)
+        when the process began its work (a DataLoader worker's hook ran):
+        its first figure averages from there, not from its start (a spawned
+        worker's imports are not its work), and a worker as young as
+        ``MIN_ACTIVE_S`` gets one.
         """
         threaded = {int(p) for p in thread_pids}
         own = {int(p): frozenset(int(t) for t in ts) for p, ts in (own_tids or {}).items()}
@@ -256,6 +276,7 @@ class ProcSampler:
                 pid in threaded,
                 own.get(pid, frozenset()),
                 uptime,
+                (active_since or {}).get(pid),
             )
             for pid in wanted
         }
@@ -315,6 +336,7 @@ class ProcSampler:
         want_threads: bool = False,
         own: frozenset[int] = frozenset(),
         uptime: float | None = None,
+        active: tuple[float, float] | None = None,
     ) -> dict[str, Any]:
         if pid <= 0:
             return _empty(pid, "gone", f"invalid pid {pid}")
@@ -368,14 +390,19 @@ class ProcSampler:
         res["rss_bytes"] = stat.rss_bytes
         res["uss_bytes"] = uss
         cpu_s = stat.cpu_s
-        if st.calls == 0:
+        prev_cpu: float | None
+        prev_main: float | None
+        if st.calls == 0 and active is not None and _working_since(active, cpu_s, now):
+            # First sight of a worker that said when it began its work.
+            interval, prev_cpu, prev_main = now - active[1], active[0], None
+        elif st.calls == 0:
             # First sight: average since the process started, from a zero baseline.
             interval = process_age_s(st.create_time)
             if interval < MIN_LIFETIME_S:
                 # A process this young: its tick-granular lifetime average is noise.
                 interval = 0.0
-            prev_cpu: float | None = 0.0
-            prev_main: float | None = 0.0
+            prev_cpu = 0.0
+            prev_main = 0.0
         else:
             interval, prev_cpu, prev_main = now - st.at, st.cpu_s, st.main_cpu_s
         if cpu_s is not None:

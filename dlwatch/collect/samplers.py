@@ -35,12 +35,15 @@ class ProcSource(Protocol):
         force_uss: bool = False,
         thread_pids: Pids = (),
         own_tids: Mapping[int, Iterable[int]] | None = None,
+        active_since: Mapping[int, tuple[float, float]] | None = None,
     ) -> dict[int, dict[str, Any]]:
         """Figures per PID. ``main_pids``: whose main-thread CPU is wanted,
         ``uss_pids``: whose USS (None: all); ``force_uss``: read USS now
         rather than on the sampler's own schedule; ``thread_pids``: whose
         every thread's CPU is wanted (``thread_cpu``). Others get None there.
-        ``own_tids``: dlwatch's own threads per PID, left out of its figures."""
+        ``own_tids``: dlwatch's own threads per PID, left out of its figures.
+        ``active_since``: per PID, (CPU seconds, monotonic seconds) when a
+        worker began its work: its first CPU figure averages from there."""
         ...
 
 

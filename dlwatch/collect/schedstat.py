@@ -57,6 +57,11 @@ def read_process(pid: int, proc: str = "/proc", tids: list[str] | None = None) -
 TIDS_EVERY_S = 5.0
 
 
+# A first sight's lifetime average needs this much life (the age is
+# tick-granular, 10 ms): procs.MIN_ACTIVE_S's reason.
+YOUNG_MIN_S = 0.2
+
+
 class SchedSampler:
     """``sample(pids)`` -> {pid: run-queue wait in % of one core since the last
     sample of that pid} (None on the first sample or when unreadable)."""
@@ -81,9 +86,16 @@ class SchedSampler:
         return tids
 
     def sample(
-        self, pids: Iterable[int], own_tids: Mapping[int, Iterable[int]] | None = None
+        self,
+        pids: Iterable[int],
+        own_tids: Mapping[int, Iterable[int]] | None = None,
+        young: Mapping[int, float] | None = None,
     ) -> dict[int, float | None]:
-        """``own_tids``: per pid, the threads dlwatch runs there, left out."""
+        """``own_tids``: per pid, the threads dlwatch runs there, left out.
+        ``young``: per pid, its age in seconds, for a process whose first
+        sight should give its lifetime wait rather than None (a DataLoader
+        worker that may not live to a second sample: a forked process's wait
+        counters start at zero)."""
         now = self._clock()
         out: dict[int, float | None] = {}
         last: dict[int, tuple[float, int]] = {}
@@ -103,6 +115,12 @@ class SchedSampler:
                 out[pid] = None
                 continue
             prev = self._last.get(pid)
+            age = (young or {}).get(pid) if prev is None else None
+            if age is not None and age < YOUNG_MIN_S:
+                # Too young for a lifetime figure: no baseline either, so
+                # that its next sight is a first one with a usable age.
+                out[pid] = None
+                continue
             last[pid] = (now, v[1])
             if prev is None or changed or now <= prev[0] or v[1] < prev[1]:
                 # First sight, a new process behind a reused pid, or other
@@ -110,7 +128,8 @@ class SchedSampler:
                 # wait into one interval): start a new baseline.
                 if prev is not None and v[1] < prev[1]:
                     self._tids.pop(pid, None)  # a thread has gone: list them again
-                out[pid] = None
+                ok = age is not None and age < 86400.0
+                out[pid] = round(v[1] / 1e9 / age * 100.0, 1) if ok else None  # type: ignore[operator]
                 continue
             out[pid] = round((v[1] - prev[1]) / 1e9 / (now - prev[0]) * 100.0, 1)
         self._last = last  # forget pids no longer asked about

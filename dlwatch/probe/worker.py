@@ -32,6 +32,7 @@ import zlib
 from bisect import bisect_right as _bucket
 from time import perf_counter as _clock
 from time import perf_counter_ns as _clock_ns
+from time import process_time as _cpu_clock
 from typing import Any
 
 from dlwatch.probe.frames import as_frame_of
@@ -59,6 +60,7 @@ from dlwatch.probe.worker_row import (  # noqa: E402,F401
     SECOND_FP,
     STACK_ACK,
     STACK_REQ,
+    STARTED_CPU_S,
     STARTED_NS,
     read_own_tids,
 )
@@ -130,6 +132,7 @@ def activate(slots, worker_id: int) -> None:
     row[base + PID] = os.getpid()
     frow[base + CUR_START_S] = 0.0
     if not row[base + STARTED_NS]:
+        frow[base + STARTED_CPU_S] = _cpu_clock()
         row[base + STARTED_NS] = _clock_ns()
     _row = row
     _patch_fetchers(row, frow, base)
@@ -304,6 +307,7 @@ def read_workers(
             "fetch_ns": round(fetch * 1e9),
             "busy_ns": round(busy * 1e9),
             "started_ns": int(view[b + STARTED_NS]),
+            "started_cpu_s": round(fview[b + STARTED_CPU_S], 4),
             # Sparse [bucket, count] pairs: a worker's fetch times fall in few.
             "fetch_hist": [[k, c] for k in range(HIST_BUCKETS) if (c := int(view[b + HIST0 + k]))],
         }

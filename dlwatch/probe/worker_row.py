@@ -42,7 +42,14 @@ STACK_REQ, STACK_ACK = HIST0 + HIST_BUCKETS + 4, HIST0 + HIST_BUCKETS + 5
 # fifth thread to a 1-worker job's worker and raised
 # worker-thread-oversubscription about dlwatch's own sampler (issue 43).
 OWN_TID0, OWN_TIDS = HIST0 + HIST_BUCKETS + 6, 4
-NFIELDS = OWN_TID0 + OWN_TIDS
+# The worker's own CPU seconds (float64, ``time.process_time()``) when the
+# hook activated it, with STARTED_NS its clock: the monitor averages a new
+# worker's CPU over its working life from there. A worker of a loader with
+# sub-second epochs (persistent_workers off) lives under a second, too short
+# for two /proc samples or a lifetime average, and a spawned one's lifetime
+# would count its imports as work.
+STARTED_CPU_S = OWN_TID0 + OWN_TIDS
+NFIELDS = STARTED_CPU_S + 1
 
 _own_lock = threading.Lock()
 

@@ -203,6 +203,33 @@ def test_first_sample_of_a_new_process_has_no_cpu_figure(spawn):
     assert s["cpu_percent"] is None and s["cpu_interval_s"] is None
 
 
+def test_a_young_worker_is_averaged_from_when_it_began_its_work(spawn):
+    # A DataLoader worker of a loader with sub-second epochs lives under a
+    # second: no second sample, too young for a lifetime average. Its hook
+    # says when it began work (its CPU seconds and the clock then): the
+    # first sight averages from there, its start-up left out.
+    busy = spawn(BUSY)
+    time.sleep(0.1)  # its interpreter's start-up, not its work
+    cpu0, t0 = stat_cpu_s(busy.pid), time.monotonic()
+    time.sleep(0.3)
+    s = ProcSampler().sample([busy.pid], active_since={busy.pid: (cpu0, t0)})[busy.pid]
+    oracle = (stat_cpu_s(busy.pid) - cpu0) / (time.monotonic() - t0) * 100
+    assert procs.process_age_s(s["create_time"]) < procs.MIN_LIFETIME_S  # else the old path had a figure
+    assert s["cpu_interval_s"] == pytest.approx(time.monotonic() - t0, abs=0.1)
+    assert_spinning(s["cpu_percent"], oracle)
+
+
+def test_a_baseline_too_young_or_ahead_of_the_process_is_not_used(spawn):
+    busy = spawn(BUSY)
+    now = time.monotonic()
+    # Began work 50 ms ago: under MIN_ACTIVE_S, and the process is under MIN_LIFETIME_S.
+    s = ProcSampler().sample([busy.pid], active_since={busy.pid: (0.0, now - 0.05)})[busy.pid]
+    assert s["cpu_percent"] is None
+    # More CPU than the process has (another process's baseline behind a reused PID).
+    s = ProcSampler().sample([busy.pid], active_since={busy.pid: (1e6, now - 0.3)})[busy.pid]
+    assert s["cpu_percent"] is None
+
+
 @pytest.mark.timing
 def test_process_age_is_precise(spawn, tmp_path):
     p = spawn(SLEEP)

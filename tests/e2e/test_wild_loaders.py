@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from dlwatch.collect.monitor import Monitor
 from tests.e2e.test_interpreter import Proc, job_in
 from tests.e2e_util import snapshot_json, snapshots_json, truth_in_window
 
@@ -224,3 +225,42 @@ def test_a_loop_over_itertools_cycle_is_said_to_train_off_its_loader(tmp_path):
     assert h["severity"] == "warn" and h["evidence"]["loader_batches_total"] == 16
     assert h["evidence"]["optimizer_steps"] >= 3 * 16 and "itertools.cycle(loader)" in h["message"]
     assert "idle: no iterator now; these figures are from its last batches" in text, text
+
+
+def test_workers_of_sub_second_epochs_get_cpu_figures(tmp_path):
+    """With persistent_workers off, a 64-sample loader gets new workers every
+    ~0.8 s epoch: too young for a lifetime average (0.5 s) at their first
+    sample and gone before a second. Their hook says when they began work,
+    and the monitor averages their CPU from there (a QA run: every worker's
+    CPU read n/a, and no worker rule could size them)."""
+    out, stop = tmp_path / "short.json", tmp_path / "short-stop"
+    job = _start("short-epochs", out, "--train-s", "300", "--stop-file", str(stop))
+    cpu: dict[int, list] = {}
+    rq: dict[int, list] = {}
+    m = Monitor(directory=job.dir, interval=0.5, gpu=False, diagnoser=False)
+    try:
+        job.json_line("ready", timeout=120)
+        m.start()
+        end = time.monotonic() + 8.0
+        while time.monotonic() < end:
+            time.sleep(0.25)
+            snap = m.latest()
+            for j in (snap or {}).get("jobs", ()):
+                for ld in j["loaders"] if j["pid"] == job.pid else ():
+                    for w in ld["workers"]:
+                        if w.get("state") not in (None, "gone") and w["pid"]:
+                            cpu.setdefault(w["pid"], []).append(w["cpu_percent"])
+                            rq.setdefault(w["pid"], []).append(w.get("runqueue_percent"))
+        stop.touch()
+        _finish(job, out)
+    finally:
+        m.stop()
+        job.cleanup()
+    # ~10 epochs of 2 workers each, most of them with a figure: each is
+    # sampled about once (once a second), a figure once it has worked 0.2 s.
+    assert len(cpu) >= 6, cpu
+    figured = [p for p, vals in cpu.items() if any(v is not None for v in vals)]
+    assert len(figured) >= 0.5 * len(cpu), cpu
+    # Workers that spin while they fetch: CPU is what they got, at most a core.
+    assert all(0 < v <= 110 for vals in cpu.values() for v in vals if v is not None), cpu
+    assert sum(any(v is not None for v in vals) for vals in rq.values()) >= 0.5 * len(rq), rq

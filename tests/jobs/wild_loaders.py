@@ -14,6 +14,8 @@ MODE:
               ms), 4 workers, in_order as given: head-of-line blocking
   cycle       itertools.cycle over a 64-sample DataLoader (16 batches): after
               the first pass the loop trains on cached batches
+  short-epochs  64 samples that each keep a CPU busy 20 ms, 2 workers,
+              persistent_workers off: ~0.8 s epochs, new workers every epoch
   zip         two DataLoaders taken together every step, zip(a, b) as in
               semi-supervised training: a loads 40 ms a batch, b 80 ms, each
               on 2 workers (b on --workers-b): the loop waits for b, then a
@@ -88,6 +90,22 @@ class RareSlow(Dataset):
 
     def __getitem__(self, i):
         time.sleep(0.3 if i % 80 == 79 else 0.003)
+        return torch.tensor([i], dtype=torch.float32)
+
+
+class Spinning(Dataset):
+    """``n`` samples that each keep a CPU busy ``sample_s`` (decoding)."""
+
+    def __init__(self, n: int, sample_s: float) -> None:
+        self.n, self.sample_s = n, sample_s
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        end = time.perf_counter() + self.sample_s
+        while time.perf_counter() < end:
+            pass
         return torch.tensor([i], dtype=torch.float32)
 
 
@@ -188,6 +206,10 @@ def main() -> None:
             time.sleep(seconds)
 
         res = loop(itertools.cycle(small), a, spans, step_s=0.010, step=train_step)
+    elif a.mode == "short-epochs":
+        dl = DataLoader(Spinning(64, 0.020), num_workers=2, **kw)
+        # A new iter(dl) each epoch: with persistent_workers off, new workers.
+        res = loop((b for _ in itertools.count() for b in dl), a, spans, step_s=0.015)
     elif a.mode == "zip":
         # next() of the zip is the loop's wait on both loaders, one after the other.
         a_dl = DataLoader(Sleepy(0.010), num_workers=2, **kw)

@@ -85,3 +85,16 @@ def test_thread_list_is_reused_and_a_changed_list_starts_a_new_baseline(tmp_path
     clock[0] += 1.0
     thread("8", 10, 9_250_000_000)
     assert s.sample([7]) == {7: 25.0}
+
+
+def test_a_young_process_first_sight_gives_its_lifetime_wait(tmp_path):
+    # A DataLoader worker that lives under a second never gets a second
+    # sample: given its age, the first sight averages its wait over its life.
+    task = tmp_path / "9" / "task" / "9"
+    task.mkdir(parents=True)
+    (task / "schedstat").write_text("10 200000000 5\n")  # 0.2 s waited
+    s = SchedSampler(clock=lambda: 50.0, proc=str(tmp_path))
+    assert s.sample([9], young={9: 0.4}) == {9: 50.0}
+    fresh = SchedSampler(clock=lambda: 50.0, proc=str(tmp_path))
+    assert fresh.sample([9], young={9: 0.1}) == {9: None}  # too young: tick-granular noise
+    assert fresh.sample([9]) == {9: None}  # no age: first sight as before

@@ -175,7 +175,11 @@ def test_batches_identical_and_dataset_exception_unchanged(hooked):
 
 
 @pytest.fixture
-def fetch_classes():
+def fetch_classes(monkeypatch):
+    # activate() here runs in the test process, not a worker: no stack
+    # watcher, a dlwatch thread that would live on in the test process (and
+    # be counted by the never-perturb tests run after this one).
+    monkeypatch.setattr(worker, "_start_watch", lambda row, base: None)
     classes = (F._MapDatasetFetcher, F._IterableDatasetFetcher)
     saved = {c: c.__dict__.get("fetch") for c in classes}
     saved_row = worker._row
@@ -200,6 +204,8 @@ def test_worker_fetch_figures_and_in_progress(fetch_classes):
     assert w[0]["batches"] == 0 and w[0]["fetch_ns"] == 0, "row 0 belongs to another worker"
     assert w[1]["batches"] == 3
     assert w[1]["pid"] > 0 and w[1]["started_ns"] > 0
+    # Its CPU when it began work (the monitor averages a young worker from there).
+    assert 0 < w[1]["started_cpu_s"] <= time.process_time()
     assert 3 * SAMPLE_S * 1e9 <= w[1]["fetch_ns"] == w[1]["busy_ns"] < 3 * SAMPLE_S * 1e9 + 0.5e9
     for key in ("batches", "fetch_ns", "busy_ns", "started_ns"):
         assert isinstance(w[1][key], int), key

@@ -30,7 +30,16 @@ T_BUILD = 1795408912.0
 
 
 class FixedProcs:
-    def sample(self, pids, main_pids=None, uss_pids=None, force_uss=False, thread_pids=(), own_tids=None):
+    def sample(
+        self,
+        pids,
+        main_pids=None,
+        uss_pids=None,
+        force_uss=False,
+        thread_pids=(),
+        own_tids=None,
+        active_since=None,
+    ):
         return {
             p: {
                 "cpu_percent": 10.0 + i,
@@ -122,7 +131,16 @@ def test_a_one_shot_snapshot_reads_no_uss_and_says_so():
     asked = []
 
     class Procs(FixedProcs):
-        def sample(self, pids, main_pids=None, uss_pids=None, force_uss=False, thread_pids=(), own_tids=None):
+        def sample(
+            self,
+            pids,
+            main_pids=None,
+            uss_pids=None,
+            force_uss=False,
+            thread_pids=(),
+            own_tids=None,
+            active_since=None,
+        ):
             asked.append(uss_pids)
             return {p: dict(f, uss_bytes=None) for p, f in super().sample(pids, main_pids).items()}
 
