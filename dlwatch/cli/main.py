@@ -64,7 +64,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             epilog=getattr(mod, "EPILOG", None),
         )
         mod.add_arguments(sp)
-        sp.set_defaults(handler=mod.run)
+        sp.set_defaults(handler=mod.run, command_parser=sp)
     return p
 
 
@@ -93,7 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # The first word that is not an option names the command: only its parser is built.
     first = next((a for a in argv if not a.startswith("-")), None)
-    args = build_parser(first).parse_args(argv)
+    parser = build_parser(first)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        # argparse leaves a command's unknown options to the top level, whose
+        # usage does not name the command: its own parser reports them.
+        where = getattr(args, "command_parser", None) or parser
+        where.error(f"unrecognized arguments: {' '.join(extras)}")
     try:
         handler = getattr(args, "handler", None)
         if handler is not None:
