@@ -464,21 +464,27 @@ class Monitor:
         snap = self.sample_now(window_s, settle_s)
         first = time.monotonic()
         live = _live_pids(snap)
+        frozen: dict[Any, tuple[dict[str, Any], list[Any]]] = {}
         while snap.get("judging") and (left := judge_s - (time.monotonic() - first)) > 0:
             if self._stop.wait(min(left, DIAGNOSE_EVERY_S)):
                 break
             self.scan()
             self.poll(0.0)
             later = self.build(window_s)
-            if not live <= _live_pids(later):
+            ended = live - _live_pids(later) - frozen.keys()
+            if ended:
                 # A job ended while it was watched: its last live figures,
                 # with the hints judged on them, are the measurement asked
                 # for, and it says that the job ended and what its loaders
                 # reported on the way out (a QA run: a worker killed during
                 # the watch left "[live]" and "judging…", and nothing else).
-                ended_while_watched(snap, later, live - _live_pids(later))
-                break
-            snap = later
+                ended_while_watched(snap, later, ended)
+                frozen.update(_frozen(snap, ended))
+                if live <= frozen.keys():
+                    break
+                # The others are judged on (a QA run: another job's exit cut
+                # the watch of a data-bound one at 3.7 s, without its hint).
+            snap = with_frozen(later, frozen)
         snap["judged_s"] = round(time.monotonic() - began, 1)
         return snap
 
@@ -714,6 +720,32 @@ def _default_diagnoser() -> HintSource:
     from dlwatch.diagnose import Diagnoser
 
     return Diagnoser()
+
+
+def _frozen(snap: Snapshot, pids: set[Any]) -> dict[Any, tuple[dict[str, Any], list[Any]]]:
+    """The jobs of ``pids`` in ``snap`` with their hints, as they stand."""
+    hints = [h for h in snap.get("hints") or [] if isinstance(h, dict)]
+    return {
+        j.get("pid"): (j, [h for h in hints if h.get("job_pid") == j.get("pid")])
+        for j in cast(list[dict[str, Any]], snap.get("jobs") or [])
+        if j.get("pid") in pids
+    }
+
+
+def with_frozen(snap: Snapshot, frozen: Mapping[Any, tuple[dict[str, Any], list[Any]]]) -> Snapshot:
+    """``snap`` with the ended jobs of ``frozen`` as they were last seen live
+    (``ended_while_watched``), their hints with them, none of them judging."""
+    if not frozen:
+        return snap
+    jobs = cast(list[dict[str, Any]], snap.get("jobs") or [])
+    listed = {j.get("pid") for j in jobs}
+    merged = [frozen[j.get("pid")][0] if j.get("pid") in frozen else j for j in jobs]
+    merged += [job for pid, (job, _) in frozen.items() if pid not in listed]
+    snap["jobs"] = cast(Any, merged)
+    kept = [h for h in snap.get("hints") or [] if not (isinstance(h, dict) and h.get("job_pid") in frozen)]
+    snap["hints"] = kept + [h for _, hints in frozen.values() for h in hints]
+    snap["judging"] = [j for j in snap.get("judging") or [] if j.get("job_pid") not in frozen]
+    return snap
 
 
 def ended_while_watched(snap: Snapshot, later: Snapshot, ended: set[Any]) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from dlwatch.collect.monitor import Monitor
 from tests.e2e.test_interpreter import Proc, job_in
-from tests.e2e_util import snapshot_json, snapshots_json, truth_in_window
+from tests.e2e_util import short_tmpdir, snapshot_json, snapshots_json, truth_in_window
 
 pytestmark = pytest.mark.timing
 
@@ -264,3 +264,33 @@ def test_workers_of_sub_second_epochs_get_cpu_figures(tmp_path):
     # Workers that spin while they fetch: CPU is what they got, at most a core.
     assert all(0 < v <= 110 for vals in cpu.values() for v in vals if v is not None), cpu
     assert sum(any(v is not None for v in vals) for vals in rq.values()) >= 0.5 * len(rq), rq
+
+
+def test_a_job_ending_during_a_snapshot_does_not_cut_the_others_judging(tmp_path):
+    """`dlwatch snapshot` watches until every loader is judged. A QA run: a
+    second job's exit, 3 s into the watch, ended it for all, and the data-
+    bound job came out "judging" without its hint. The ended job keeps its
+    last live figures; the other one is judged on."""
+    shared = short_tmpdir()
+    env = {"DLWATCH_DIR": shared}
+    stop = tmp_path / "stop"
+    slow = Proc(
+        JOBS, "zip", str(tmp_path / "zip.json"), "--train-s", "300", "--stop-file", str(stop), env=env
+    )
+    brief = Proc(JOBS, "cycle", str(tmp_path / "cycle.json"), "--train-s", "3", env=env)
+    try:
+        slow.json_line("ready", timeout=120)
+        brief.json_line("ready", timeout=120)
+        snap = snapshot_json(shared, "--window", "3", "--judge", "20")
+        stop.touch()
+        _finish(slow, tmp_path / "zip.json")
+        _finish(brief, tmp_path / "cycle.json")
+    finally:
+        slow.cleanup()
+        brief.cleanup()
+    ended = job_in(snap, brief.pid)
+    assert ended["state_reason"].endswith("while it was watched"), ended
+    assert snap["judged_s"] > 4.0, snap["judged_s"]
+    assert not [j for j in snap["judging"] if j["job_pid"] == slow.pid], snap["judging"]
+    ids = {h["id"] for h in snap["hints"] if h["job_pid"] == slow.pid and h["loader_id"] == 1}
+    assert ids & {"io-bound", "add-workers"}, snap["hints"]

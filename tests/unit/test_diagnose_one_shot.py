@@ -141,3 +141,22 @@ def test_a_job_that_ends_while_a_snapshot_watches_it_says_so():
     assert one["loaders"][0]["data_wait_fraction"] == 0.49 and one["loaders"][0]["worker_deaths"] == [death]
     assert two["state"] == "live" and "worker_deaths" not in two["loaders"][0]
     assert snap["judging"] == [{"job_pid": 2, "loader_id": 0}]
+
+
+def test_an_ended_job_is_kept_as_last_seen_while_the_others_are_judged_on():
+    from dlwatch.collect.monitor import with_frozen
+
+    last = {"pid": 1, "state": "exited", "state_reason": "the process has exited while it was watched"}
+    hint = {"id": "io-bound", "job_pid": 1, "loader_id": 0}
+    later = {
+        "jobs": [{"pid": 1, "state": "exited", "loaders": []}, {"pid": 2, "state": "live", "loaders": []}],
+        "hints": [{"id": "add-workers", "job_pid": 2, "loader_id": 0}, {"id": "x", "job_pid": 1}],
+        "judging": [{"job_pid": 1, "loader_id": 0}, {"job_pid": 2, "loader_id": 1}],
+    }
+    out = with_frozen(later, {1: (last, [hint])})
+    assert out["jobs"][0] is last and out["jobs"][1]["pid"] == 2
+    assert [h["id"] for h in out["hints"]] == ["add-workers", "io-bound"]
+    assert out["judging"] == [{"job_pid": 2, "loader_id": 1}]
+    # A job gone from the listing altogether is kept too.
+    gone = with_frozen({"jobs": [{"pid": 2}], "hints": [], "judging": []}, {1: (last, [])})
+    assert [j["pid"] for j in gone["jobs"]] == [2, 1]
