@@ -43,6 +43,20 @@ def test_balanced_ranks_get_no_straggler():
     assert "straggler-rank" not in ids(evaluate(snap(healthy)))
 
 
+def test_ranks_whose_pipelines_are_all_at_capacity_get_no_straggler():
+    # Equal pipelines, both workers saturated: which rank arrives last is the
+    # phase of the two (a QA run saw the blame switch ranks every few seconds).
+    both_full = {"worker_kw": {"busy": 0.97, "cpu": 3.0}}
+    jobs = [rank(0, wait=0.02, step_ms=81.0, **both_full), rank(1, wait=0.59, step_ms=33.0, **both_full)]
+    assert "straggler-rank" not in ids(evaluate(snap(jobs)))
+    # The fast rank's workers with headroom: rank 1 is the one to fix.
+    jobs = [
+        rank(0, wait=0.02, step_ms=81.0, worker_kw={"busy": 0.35}),
+        rank(1, wait=0.59, step_ms=33.0, **both_full),
+    ]
+    assert get(evaluate(snap(jobs)), "straggler-rank")["evidence"]["slow_rank"] == 1
+
+
 def test_ranks_not_in_lockstep_or_of_other_runs_are_not_compared():
     apart = [rank(0, wait=0.02, step_ms=98.0, rate=20.0), rank(1, wait=0.4, step_ms=60.0, rate=10.0)]
     assert "straggler-rank" not in ids(evaluate(snap(apart)))
