@@ -189,6 +189,16 @@ def with_tune_command(h: dict[str, Any], snapshot: Mapping[str, Any]) -> dict[st
     job = find_job(snapshot, h.get("job_pid"))
     if job is None:
         return h
+    world = as_int(job.get("world_size"))
+    if world is not None and world > 1:
+        # A rank's command line run alone has no rendezvous (a QA run: the
+        # suggested `dlwatch tune -- python -u train.py` died on "environment
+        # variable RANK expected"), and tune times one process.
+        return dict(
+            h,
+            suggestion=f"{h.get('suggestion', '')}; verify by rerunning the whole run with it and comparing "
+            "batches/s (`dlwatch tune` runs one process, not a rank of a distributed run)",
+        )
     ev = h.get("evidence") or {}
     loader = next((ld for ld in records(job.get("loaders")) if ld.get("id") == h.get("loader_id")), {})
     # A count weighed and found not worth it is still the one to measure.

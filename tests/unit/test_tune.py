@@ -356,6 +356,10 @@ def test_worker_hints_name_the_tune_command():
     )
     # Only rules whose advice tune can measure get the command (engine._run_rules).
     assert REGISTRY["add-workers"].tunable and not REGISTRY["worker-memory-growth"].tunable
+    # A rank of a torchrun run: its command alone has no rendezvous to join.
+    rank = dict(job, rank=1, world_size=2, cmdline="python -u train.py")
+    out = with_tune_command(h, {"jobs": [rank]})["suggestion"]
+    assert "dlwatch tune --" not in out and "rerunning the whole run" in out, out
 
 
 # --- the ceiling ----------------------------------------------------------------
