@@ -136,7 +136,8 @@ def job_cpu(ctx: Context, lv: LoaderView) -> float | None:
 
 def job_capacity(ctx: Context, lv: LoaderView) -> float | None:
     """Cores this loader's job could have: usable minus everyone else's CPU,
-    other trainers' and other loaders' workers. Never below what the job
+    other trainers' and other loaders' workers; or, on cores others keep
+    busy, its fair share of them (``fair_share``). Never below what the job
     measurably uses already."""
     if ctx.usable_cores is None:
         return None
@@ -145,7 +146,40 @@ def job_capacity(ctx: Context, lv: LoaderView) -> float | None:
     rest += sum(workers_demand(x) for x in ctx.loaders if x is not lv)
     k = ctx.usable_cores - others - rest
     used = job_cpu(ctx, lv)
-    return max(k, used or 0.0, 0.0)
+    return max(k, used or 0.0, fair_share(ctx, lv, others + rest) or 0.0, 0.0)
+
+
+# The least share of the CPU it wants that a job's threads are taken to get
+# (their CPU over CPU plus run-queue wait): bounds the estimate of how many
+# threads the others run.
+MIN_GRANT = 0.05
+
+
+def fair_share(ctx: Context, lv: LoaderView, theirs: float) -> float | None:
+    """The cores this job would get if each of its threads (the trainer's
+    busy ones and one per worker) wanted a core, on cores others use
+    ``theirs`` of: Linux's scheduler shares contended cores equally among
+    the runnable threads (of equal nice). The others' runnable threads are
+    their CPU over the share the job's threads get of what they want (CPU
+    over CPU plus run-queue wait).
+
+    Why: "what the others leave free" is no limit for a job whose threads
+    seldom want a core. A QA run on a box others kept 97-100 % busy: two
+    ranks with one worker each that slept on storage read 0.06 cores "free",
+    so the CPU term held every count at 1.00x; 2 workers measured 2.15x. A
+    job whose threads do want the cores gets about what it uses now."""
+    usable = ctx.usable_cores
+    if usable is None or theirs <= 0 or lv.cpu_missing:
+        return None
+    t_cpu = trainer_cpu(lv.job)
+    if t_cpu is None:
+        return None
+    cpu = t_cpu + lv.cpu_sum
+    wait = trainer_runqueue(lv.job) + lv.rq_sum
+    grant = max(MIN_GRANT, cpu / (cpu + wait)) if cpu + wait > 0 else 1.0
+    mine = max(1, round(t_cpu + trainer_runqueue(lv.job))) + (lv.num_workers or 0)
+    their_threads = theirs / grant
+    return usable * mine / (mine + their_threads)
 
 
 # The model's cycle for the loader's current count must match the measured
