@@ -286,3 +286,25 @@ def test_harmless_oversubscription_carries_the_cheaper_batches_advice():
     hints = evaluate(field_2(20))
     (h,) = [h for h in hints if h["id"] == "workers-oversubscribe-cores"]
     assert h["severity"] == "info" and "cheaper" in h["suggestion"] and "waits for data" in h["message"]
+
+
+def test_harmless_oversubscription_gives_each_starved_loader_its_own_wait():
+    # A QA run: three loaders said to "still wait for data 33 %", the largest
+    # of their waits; one of them waited 12 %.
+    import copy
+
+    s = field_2(20)
+    (a,) = s["jobs"]
+    b = copy.deepcopy(a)
+    b["pid"] = a["pid"] + 1
+    b["loaders"][0]["data_wait_fraction"] = 0.12
+    b["loaders"][0]["wait_ms_mean"] = a["loaders"][0]["step_ms_mean"] * 0.12 / 0.88
+    for w in b["loaders"][0]["workers"]:
+        w["pid"] += 100
+    s["jobs"].append(b)
+    hints = evaluate(s)
+    (h,) = [h for h in hints if h["id"] == "workers-oversubscribe-cores"]
+    mine = f"{round(100 * a['loaders'][0]['data_wait_fraction'])} %"
+    assert f"still wait for data {mine} and 12 % of the time" in h["message"] or (
+        f"still wait for data 12 % and {mine} of the time" in h["message"]
+    ), h["message"]
