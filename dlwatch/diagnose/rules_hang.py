@@ -305,6 +305,40 @@ def finished_rank(ctx: Context, lv: LoaderView, main: Entry | None, workers: lis
     )
 
 
+def peer_rank_down(ctx: Context, lv: LoaderView, main: Entry | None) -> Cause | None:
+    """(e) Another rank of the run is stopped, unreachable or gone, and this
+    one's loop is out of ``next()`` (in its step: a collective waits for every
+    rank). A QA run paused rank 1 with SIGSTOP: rank 0's hint said only "its
+    main thread is in _engine_run_backward … that call does not return",
+    while the view listed rank 1 as stopped."""
+    key = run_key(lv.job)
+    if key is None or lv.loader.get("in_next"):
+        return None
+    down = [
+        j
+        for j in ctx.snapshot.get("jobs") or []
+        if isinstance(j, dict)
+        and j.get("pid") != lv.pid
+        and run_key(j) == key
+        and j.get("state", "live") != "live"
+    ]
+    if not down:
+        return None
+    where = _where_text(main) or "its step"
+    named = "; ".join(
+        f"{_rank_name(j)} {'has exited' if j.get('state') == 'exited' else 'is ' + str(j.get('state'))}"
+        + (f" ({j['state_reason']})" if j.get("state_reason") and j.get("state") != "exited" else "")
+        for j in down
+    )
+    return (
+        "peer-rank-down",
+        f"{named}: the loop waits in {where}, where a collective needs every rank of the run",
+        "a stopped rank resumes with kill -CONT <pid>; a rank that exited printed its error in the "
+        "run's output, and the run cannot go on without it: restart it (torchrun --max-restarts "
+        "restarts every rank)",
+    )
+
+
 def _worker_cause(lv: LoaderView, w: Entry, others: list[Entry], workers: list[Entry]) -> Cause | None:
     """Why one stuck worker is stuck, from its stack."""
     who = _who(w)
@@ -406,6 +440,9 @@ def _cause(
                 "DataLoader(timeout=...) fails instead of hanging",
             )
         ]
+    down = peer_rank_down(ctx, lv, main)
+    if down is not None:
+        return [down]
     ranks = finished_rank(ctx, lv, main, workers)
     if ranks is not None:
         return [ranks]

@@ -380,6 +380,22 @@ def test_a_finished_rank_is_named_by_its_rank_or_its_pid_never_rank_none():
     assert other["evidence"]["finished_ranks"] == [] and "finished" not in other["message"]
 
 
+def test_a_rank_stopped_or_gone_is_named_as_what_the_collective_waits_for():
+    # A QA run paused rank 1 with SIGSTOP: rank 0's hint said only that its
+    # main thread "does not return", while the view listed rank 1 as stopped.
+    r0, r1 = _ranks(1)
+    r1.update(state="unreachable", state_reason="the process is stopped (SIGSTOP or Ctrl-Z)")
+    h = _hint([r0, r1])
+    assert h["evidence"]["cause"] == "peer-rank-down", h
+    assert "rank 1 (pid 1001) is unreachable (the process is stopped (SIGSTOP or Ctrl-Z))" in h["message"]
+    assert "kill -CONT" in h["suggestion"] and "--max-restarts" in h["suggestion"]
+    r1.update(state="exited", state_reason="the process has exited")
+    assert "rank 1 (pid 1001) has exited: the loop waits in" in _hint([r0, r1])["message"]
+    # Inside next() the loop waits for its own loader, not for a collective.
+    r0["loaders"][0]["in_next"] = True
+    assert _hint([r0, r1])["evidence"]["cause"] != "peer-rank-down"
+
+
 def test_a_rank_watched_alone_says_where_the_finished_one_is_named():
     # `dlwatch snapshot --pid` of the waiting rank: its partner is not in view.
     (r0, _r1) = _ranks(1)
