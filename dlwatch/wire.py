@@ -222,7 +222,13 @@ WINDOW = {"seq": _INT, "t": _NUM, "mono_ns": _INT, "loaders": _LIST}
 WINDOW_OPTIONAL = {"main": _DICT}
 # own_tids: the native ids of dlwatch's own threads in the process (the
 # monitor leaves them out of its thread count, CPU and run-queue wait).
-MAIN_OPTIONAL = {"cuda_initialized": _BOOL, "py_threads": _INT, "train_threads": _LIST, "own_tids": _LIST}
+MAIN_OPTIONAL = {
+    "cuda_initialized": _BOOL,
+    "py_threads": _INT,
+    "train_threads": _LIST,
+    "own_tids": _LIST,
+    "exit_exception": _STR,  # the main thread's uncaught exception, in the last frame
+}
 LOADER = (
     _of(_INT, "id", "epoch", "batches", "wait_ns", "step_ns", "num_workers")
     | _of(_LIST, "workers")

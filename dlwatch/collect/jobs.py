@@ -177,6 +177,10 @@ class JobConnection:
         self.close()
         self.state = state
         self.reason = reason
+        cause = self.frames[-1].get("main", {}).get("exit_exception") if self.frames else None
+        if state == "exited" and isinstance(cause, str) and cause:
+            # The job's last frame said what ended it (probe/exit_cause.py).
+            self.reason = f"{reason} after an uncaught {cause}"
         if self.ended_at is None:
             self.ended_at = time.time()
 

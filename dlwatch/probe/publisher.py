@@ -22,7 +22,7 @@ from collections import deque
 from typing import Any
 
 from dlwatch import own_threads, rundir, wire
-from dlwatch.probe import control, handover, patches, stall, trainthread
+from dlwatch.probe import control, exit_cause, handover, patches, stall, trainthread
 from dlwatch.probe.identity import job_identity, learn_ranks
 
 INTERVAL_S = 0.1
@@ -77,6 +77,10 @@ def _start() -> None:
         pub.start()
         _publisher = pub
         atexit.register(_stop_at_exit)
+        try:
+            exit_cause.install()
+        except Exception:
+            pass  # no cause in the last frame, never a broken job
 
 
 def _say(msg: str) -> None:
@@ -122,6 +126,7 @@ def _after_fork_in_child() -> None:
     patches.registry.clear()
     handover.forget()
     trainthread.forget()
+    exit_cause.forget()
     if pub is not None:
         pub.abandon()
 
@@ -407,6 +412,9 @@ class Publisher:
         steppers = trainthread.summary()
         if steppers:
             main["train_threads"] = steppers
+        ended_by = exit_cause.last()
+        if ended_by is not None:
+            main["exit_exception"] = ended_by
         return wire.window(self._seq, time.time(), now, loaders, main)
 
     def _note_stalls(self, loaders: list[dict]) -> None:

@@ -21,7 +21,7 @@ import pytest
 
 from dlwatch.collect import process_group
 from dlwatch.collect.jobs import JobConnection
-from dlwatch.collect.monitor import take_snapshot
+from dlwatch.collect.monitor import Monitor, take_snapshot
 from tests.e2e_util import dlwatch, short_tmpdir
 
 HERE = Path(__file__).resolve().parent.parent
@@ -189,6 +189,32 @@ def test_exit_with_a_monitor_attached_never_hangs(monitor):
             mon.wait()
             mon.stdout.close()
         job.cleanup()
+
+
+def test_a_job_that_dies_of_an_exception_says_so_to_the_monitor():
+    """A QA run of torchrun: a rank that crashed read "exited", as one that
+    finished. The job's last frame carries the uncaught exception, and the
+    job's own traceback is printed as ever."""
+    job = Proc(SCEN, "crash", "1.5")
+    m = Monitor(directory=job.dir, interval=0.2, gpu=False, diagnoser=False)
+    try:
+        job.line("ready")
+        m.start()
+        rc, _, err = job.finish(timeout=60)
+        assert rc == 1 and "RuntimeError: boom in the step" in err and "Traceback" in err, err[-2000:]
+        end = time.monotonic() + 10
+        j = None
+        while time.monotonic() < end:
+            snap = m.latest()
+            j = next((x for x in (snap or {}).get("jobs", ()) if x["pid"] == job.pid), None)
+            if j is not None and j["state"] == "exited":
+                break
+            time.sleep(0.2)
+    finally:
+        m.stop()
+        job.cleanup()
+    assert j is not None and j["state"] == "exited", j
+    assert j["state_reason"] == "the process has exited after an uncaught RuntimeError: boom in the step", j
 
 
 def test_os_exit_leaves_a_stale_socket_that_ls_cleans_up():

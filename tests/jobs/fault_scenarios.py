@@ -69,6 +69,19 @@ def exit_attached(duration="2.0"):
     say("last-batch", time.perf_counter_ns())
 
 
+def crash(after_s="1.5"):
+    """Train, then die of an uncaught exception in the loop, as a rank does
+    when its step fails."""
+    dl = loader()
+    it = iter(dl)
+    train(it, 3)
+    say("ready", json.dumps({"pid": os.getpid()}))
+    end = time.monotonic() + float(after_s)
+    while time.monotonic() < end:
+        train(it, 1)
+    raise RuntimeError("boom in the step\nsecond line of the message")
+
+
 def os_exit():
     dl = loader()
     it = iter(dl)
