@@ -196,6 +196,9 @@ class Loader(_LoaderRequired, total=False):
     stalled_s: float | None
     stall_threshold_s: float | None
     in_next: bool | None
+    # A loader a feeder thread iterates (its ``consumer`` is the loop): while
+    # stalled, whether that thread still runs; else None.
+    feeder_alive: bool | None
     awaited_worker: int | None  # the worker whose batch a stalled in-order loop waits for
     # Workers that died: id, pid, signal, exit_code, exception, t, their RSS
     # when first and last sampled, the cgroup's oom_kills (None + reason), cause (oom, shm, segfault, ...).

@@ -245,7 +245,7 @@ LOADER_OPTIONAL = (
     # A stall (probe/stall.py), and workers that died (probe/deaths.py).
     | _of(_NUM, "stalled_s", "stall_threshold_s")
     | _of(_INT, "awaited_worker")
-    | _of(_BOOL, "in_next")
+    | _of(_BOOL, "in_next", "feeder_alive")
     | _of(_LIST, "worker_deaths")
     | _of(_STR, "last_error")
     | _of(_BOOL, "epoch_open")

@@ -395,6 +395,7 @@ def loader_dict(
         "stalled_s": num_or_none(ld.get("stalled_s")),
         "stall_threshold_s": num_or_none(ld.get("stall_threshold_s")),
         "in_next": ld.get("in_next") if isinstance(ld.get("in_next"), bool) else None,
+        "feeder_alive": ld.get("feeder_alive") if isinstance(ld.get("feeder_alive"), bool) else None,
         # The worker whose batch the stalled loop waits for (in-order loaders), else None.
         "awaited_worker": ld.get("awaited_worker") if isinstance(ld.get("awaited_worker"), int) else None,
         "last_error": ld.get("last_error") if isinstance(ld.get("last_error"), str) else None,

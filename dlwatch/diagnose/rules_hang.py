@@ -22,6 +22,7 @@ reads the two together and names the cause where the evidence shows it:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from dlwatch.snapshot import run_key
@@ -305,6 +306,30 @@ def finished_rank(ctx: Context, lv: LoaderView, main: Entry | None, workers: lis
     )
 
 
+def _feeder_gone(ld: Mapping[str, Any], deaths: list[Entry]) -> Cause:
+    """The loop waits on a queue whose feeder thread has ended (stall.py:
+    ``feeder_alive``): no batch will come. A QA run: a producer thread that
+    returned early left the loop in ``q.get()`` for minutes with no stall
+    said; one that died of a worker's exception read "worker 0 died", while
+    the worker was alive and idle."""
+    feeder = (ld.get("iterated_on") or {}).get("thread") or "?"
+    consumer = ld.get("consumer") or {}
+    via = consumer.get("via") or "queue.Queue"
+    why = ""
+    if deaths and deaths[-1].get("exception"):
+        d = deaths[-1]
+        why = f", on worker {d.get('id')}'s {d.get('exception')}"
+    elif ld.get("last_error"):
+        why = f", on {ld.get('last_error')}"
+    return (
+        "feeder-gone",
+        f"the loop waits in the get() of the {via} that thread '{feeder}' fills, and that thread has "
+        f"ended{why}: no batch will come",
+        "end the loop when its feeder ends: have the thread put a sentinel (or the exception) on the "
+        "queue before it exits, or get() with a timeout and check that the thread is_alive()",
+    )
+
+
 def peer_rank_down(ctx: Context, lv: LoaderView, main: Entry | None) -> Cause | None:
     """(e) Another rank of the run is stopped, unreachable or gone, and this
     one's loop is out of ``next()`` (in its step: a collective waits for every
@@ -395,8 +420,21 @@ def _cause(
     first), else what the loop itself is doing."""
     ld = lv.loader
     shm = as_int(ctx.host.get("shm_free_bytes"))
+    if ld.get("feeder_alive") is False:
+        return [_feeder_gone(ld, deaths)]
     if deaths:
         d = deaths[-1]
+        if d.get("exception") and not d.get("signal") and d.get("exit_code") in (None, 0):
+            # torch's worker caught its fetch's exception and lives on; the
+            # loader re-raised it in the thread that iterates it.
+            return [
+                (
+                    "worker-raised",
+                    f"worker {d.get('id')} (pid {d.get('pid')}) raised {d.get('exception')}, and the "
+                    "loader re-raised it in the loop",
+                    "read the traceback in the job's output: the sample that raised is named there",
+                )
+            ]
         how = d.get("signal") or d.get("exception") or f"exit code {d.get('exit_code')}"
         return [
             (

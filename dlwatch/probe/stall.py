@@ -22,6 +22,7 @@ pause longer than that, say for checkpoints inside an epoch, may raise it).
 from __future__ import annotations
 
 import os
+import threading
 from collections import deque
 from statistics import median
 
@@ -76,6 +77,12 @@ class _Track:
         self.periods: deque[float] = deque(maxlen=PERIODS_KEPT)
 
 
+def _thread_alive(ident: int | None) -> bool | None:
+    if ident is None:
+        return None
+    return any(t.ident == ident for t in threading.enumerate())
+
+
 class StallWatch:
     """One per publisher; ``check`` once a frame with all the loaders."""
 
@@ -128,7 +135,37 @@ class StallWatch:
             out[st.id]["stalled_s"] = round(idle, 3)
             if out[st.id]["in_next"]:
                 out[st.id]["awaited_worker"] = awaited_worker(st.iter_ref())
+        for st in loaders:
+            self._check_consumer(st, loaders, out[st.id], now)
         gone = set(self._tracks) - {st.id for st in loaders}
         for k in gone:
             del self._tracks[k]
         return out
+
+    def _check_consumer(self, st, loaders, rec: dict, now: float) -> None:
+        """A loader a feeder thread iterates (handover.py, consumer.py): the
+        loop's wait is its consumer's, in the ``get`` of the queue the feeder
+        fills. The loop is inside ``next()`` while that wait is open; it is
+        stalled once the wait outlasts the threshold, whether or not the
+        feeder's epoch is still open (a QA run: a producer that returned
+        early left the loop in ``q.get()`` for minutes, and no stall was
+        said). ``feeder_alive``: whether the feeder's thread still runs."""
+        c = getattr(st, "consumer", None)
+        if c is None or not getattr(c, "thread_ident", None):
+            return
+        waiting = bool(c.t_enter) and c.t_enter > c.t_last
+        rec["in_next"] = waiting
+        if not waiting:
+            if rec.get("stalled_s") is not None:
+                # The feeder stopped but the loop is not waiting on it yet.
+                rec["stalled_s"] = None
+                rec.pop("awaited_worker", None)
+            return
+        thr = rec["stall_threshold_s"]
+        if now - c.t_enter <= thr:
+            return
+        if rec.get("stalled_s") is None:
+            if any(o is not st and o.t_last and now - o.t_last <= thr for o in loaders):
+                return
+            rec["stalled_s"] = round(now - (c.t_last or c.t_enter), 3)
+        rec["feeder_alive"] = _thread_alive(st.thread_ident)

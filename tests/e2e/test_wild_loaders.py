@@ -294,3 +294,28 @@ def test_a_job_ending_during_a_snapshot_does_not_cut_the_others_judging(tmp_path
     assert not [j for j in snap["judging"] if j["job_pid"] == slow.pid], snap["judging"]
     ids = {h["id"] for h in snap["hints"] if h["job_pid"] == slow.pid and h["loader_id"] == 1}
     assert ids & {"io-bound", "add-workers"}, snap["hints"]
+
+
+def test_a_loop_whose_producer_thread_ended_is_stalled_and_told_why(tmp_path):
+    """A producer thread returns after 60 batches without a word; the loop
+    waits in q.get() for good. A QA run: no stall was ever said (the feeder's
+    epoch had ended), and the live view read "no hints for this job"."""
+    out = tmp_path / "dies.json"
+    job = Proc(JOBS, "thread-dies", str(out), "--train-s", "300", env={"DLWATCH_STALL_FLOOR_S": "1"})
+    try:
+        job.json_line("ready", timeout=120)
+        end = time.monotonic() + 30
+        while True:
+            snap = snapshot_json(job.dir, "--judge", "0")
+            ld, hints = _the_loader(snap, job.pid)
+            stalled = [h for h in hints if h["id"] == "loader-stalled"]
+            if stalled or time.monotonic() > end:
+                break
+            time.sleep(0.5)
+    finally:
+        job.cleanup()
+    assert stalled, (ld, hints)
+    (h,) = stalled
+    assert ld["in_next"] is True and ld["feeder_alive"] is False, ld
+    assert h["evidence"]["cause"] == "feeder-gone", h
+    assert "that thread 'producer' fills, and that thread has ended" in h["message"], h["message"]

@@ -5,6 +5,8 @@ Usage: wild_loaders.py MODE OUT.json [--in-order 0|1] [--train-s S] [--stop-file
 MODE:
   thread      a producer thread iterates a num_workers=0 DataLoader into a
               queue; the main thread trains from the queue and times its get()
+  thread-dies the same, but the producer returns after 60 batches: the loop
+              then waits in get() forever
   unsharded   an IterableDataset over one "file" shared out by worker id with
               get_worker_info(): worker 0 gets it, workers 1 and 2 nothing
   sharded     the same over three files: every worker gets one
@@ -137,13 +139,15 @@ def loop(batches, a, spans, step_s: float, step=time.sleep) -> dict:
             return {"batches": n, "seconds": time.monotonic() - t0}
 
 
-def thread_fed(a, spans) -> dict:
+def thread_fed(a, spans, last: int | None = None) -> dict:
     q: queue.Queue = queue.Queue(maxsize=8)
     dl = DataLoader(Slow(), batch_size=BATCH, num_workers=0)
     stop = threading.Event()
 
     def produce():
-        for b in dl:
+        for i, b in enumerate(dl):
+            if last is not None and i == last:
+                return  # gone without a word: the loop waits in get() for good
             while not stop.is_set():
                 try:
                     q.put(b, timeout=0.1)
@@ -186,6 +190,8 @@ def main() -> None:
     kw = dict(batch_size=BATCH, multiprocessing_context="fork")
     if a.mode == "thread":
         res = thread_fed(a, spans)
+    elif a.mode == "thread-dies":
+        res = thread_fed(a, spans, last=60)
     elif a.mode in ("unsharded", "sharded", "duplicated"):
         files = {"unsharded": 1, "sharded": 3, "duplicated": 1}[a.mode]
         ds = Files(files, shard=a.mode != "duplicated")

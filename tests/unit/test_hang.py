@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -665,3 +666,49 @@ def test_a_reaped_worker_that_exited_with_code_0_reads_as_done_in_the_jobs_own_a
     assert gone_text(done) == "exited (its share done): exit code 0"
     assert gone_text(failed) == "the worker has exited or died"
     assert gone_text(None) == "the worker has exited or died"
+
+
+def test_a_thread_fed_loop_is_stalled_by_its_own_wait_in_get_not_its_feeders_epoch():
+    # The loop's wait is its consumer's (handover.py): a producer that returned
+    # early closed the feeder's epoch while the loop sat in q.get() for good.
+    w = stall.StallWatch(floor_s=2.0)
+    st = _st()
+    last = _steady(w, st, period=0.1)
+    dead_feeder = threading.Thread(target=lambda: None)
+    dead_feeder.start()
+    dead_feeder.join()
+    st.thread_ident = dead_feeder.ident
+    st.consumer = SimpleNamespace(thread_ident=threading.get_ident(), t_enter=last + 0.5, t_last=last + 0.4)
+    st.epoch_t0 = 0.0  # the feeder's epoch has ended
+    quiet = w.check([st], last + 2.0)[0]
+    assert quiet["stalled_s"] is None and quiet["in_next"] is True  # the loop is in get()
+    got = w.check([st], last + 3.0)[0]
+    assert got["stalled_s"] == pytest.approx(2.6) and got["in_next"] and got["feeder_alive"] is False
+    # The loop stepping (its wait closed): no stall, whatever the feeder does.
+    st.consumer.t_last = last + 2.9
+    got = w.check([st], last + 3.0)[0]
+    assert got["stalled_s"] is None and got["in_next"] is False and "feeder_alive" not in got
+    # A live feeder: said alive.
+    st.consumer.t_enter, st.thread_ident = last + 2.95, threading.get_ident()
+    assert w.check([st], last + 10.0)[0]["feeder_alive"] is True
+
+
+def test_a_loop_whose_feeder_ended_is_told_so_before_the_workers_exception():
+    j = _stalled_job([IDLE_WORKER])
+    ld = j["loaders"][0]
+    ld.update(feeder_alive=False, in_next=True, iterated_on={"thread": "producer", "main": False})
+    ld["consumer"] = {"thread": "MainThread", "main": True, "via": "queue.Queue"}
+    ld["worker_deaths"] = [{"id": 0, "pid": 5000, "exception": "ValueError: corrupt sample 2400"}]
+    h = _cause([j])
+    assert h["evidence"]["cause"] == "feeder-gone", h
+    assert (
+        "the queue.Queue that thread 'producer' fills, and that thread has ended, on worker 0's "
+        in h["message"]
+    )
+    assert "sentinel" in h["suggestion"] and "is_alive()" in h["suggestion"]
+    # Without the feeder's end: the worker raised (it lives on), it did not die.
+    ld["feeder_alive"] = None
+    h = _cause([j])
+    assert (
+        h["evidence"]["cause"] == "worker-raised" and "raised ValueError: corrupt sample 2400" in h["message"]
+    )
