@@ -485,6 +485,24 @@ def count_of(n: Any, word: str, fmt: str = "{:g}", many: str | None = None) -> s
     return f"{text} {plural(text, word, many)}"
 
 
+def pipeline_workers_line(ld: Mapping[str, Any], limit: int = 16) -> str | None:
+    """A pipeline's own workers (torchdata.nodes' or Grain's threads or
+    processes, not DataLoader workers) in one line: "2 thread workers (CPU):
+    tid 19081 20 %, tid 19082 18 %"; None when the loader reports none. The
+    snapshot text and the live view say it alike."""
+    pw = [w for w in as_list(ld.get("pipeline_workers")) if isinstance(w, dict)]
+    if not pw:
+        return None
+    cells = []
+    for w in pw[:limit]:
+        who = f"tid {w.get('tid')}" if w.get("kind") == "thread" else f"pid {w.get('pid')}"
+        cpu = num(w.get("cpu_percent"))
+        cells.append(f"{who} {cpu:.0f} %" if cpu is not None else f"{who} n/a")
+    more = f", … {len(pw) - limit} more" if len(pw) > limit else ""
+    kind = as_str(ld.get("worker_kind")) or "worker"
+    return f"{count_of(len(pw), kind + ' worker')} (CPU): " + ", ".join(cells) + more
+
+
 def run_key(job: Mapping[str, Any]) -> tuple[str, str] | None:
     """The run a job is a rank of: (torchrun's run id, its MASTER_ADDR:PORT or
     ""), the same on every node of the run; None outside a run. The run id

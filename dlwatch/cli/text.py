@@ -6,7 +6,7 @@ from typing import Any
 
 from dlwatch.collect.co_iterated import describe as describe_loop
 from dlwatch.collect.loop_role import no_loader_yet
-from dlwatch.snapshot import count_of, epoch_start_missing, num, percent
+from dlwatch.snapshot import count_of, epoch_start_missing, num, percent, pipeline_workers_line
 
 # What a figure only the hook measures reads for an attached job.
 NOT_SAMPLED = "n/a (attached: sampled)"
@@ -386,13 +386,7 @@ def _pipeline_lines(ld: dict) -> list[str]:
             )
         else:
             out.append(f"    feeder thread '{fd.get('thread')}' {own} (its figure, not the loop's)")
-    pw = ld.get("pipeline_workers")
-    if isinstance(pw, list) and pw:
-        cells = []
-        for w in pw[:16]:
-            who = f"tid {w.get('tid')}" if w.get("kind") == "thread" else f"pid {w.get('pid')}"
-            cpu = num(w.get("cpu_percent"))
-            cells.append(f"{who} {cpu:.0f} %" if cpu is not None else f"{who} n/a")
-        kind = ld.get("worker_kind") or "worker"
-        out.append(f"    {count_of(len(pw), kind + ' worker')} (CPU): " + ", ".join(cells))
+    pw = pipeline_workers_line(ld)
+    if pw is not None:
+        out.append(f"    {pw}")
     return out

@@ -11,7 +11,7 @@ from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.widgets import Digits, Static
 
-from dlwatch.snapshot import count_of, epoch_start_missing
+from dlwatch.snapshot import count_of, epoch_start_missing, pipeline_workers_line
 from dlwatch.tui import fmt
 from dlwatch.tui.keyed import set_static
 from dlwatch.tui.sparkline import FixedSparkline
@@ -122,7 +122,12 @@ _EPOCH_NA = {
 
 
 def _no_workers_why(ld: dict, nw: int | None) -> str:
-    """Why a loader with workers lists none."""
+    """Why a loader lists no workers."""
+    if nw == 0:
+        feeder = ld.get("feeder") if isinstance(ld.get("consumer"), dict) else None
+        if isinstance(feeder, dict) and feeder.get("thread"):
+            return f"num_workers=0: thread '{feeder.get('thread')}' loads every batch, the loop takes them"
+        return "num_workers=0: the training loop loads every batch itself"
     if nw is None:
         return "workers: n/a (the job did not report num_workers)"
     if ld.get("active") is False:
@@ -412,15 +417,11 @@ class LoaderPanel(Vertical):
         no_workers.display = not workers
         if not workers:
             nw = fmt.intval(ld.get("num_workers"))
-            set_static(
-                no_workers,
-                Text(
-                    "num_workers=0: the training loop loads every batch itself"
-                    if nw == 0
-                    else _no_workers_why(ld, nw),
-                    pal.dim,
-                ),
-            )
+            # A pipeline's own workers (nodes', Grain's threads) are listed
+            # as the snapshot text lists them (a QA run: "none yet" after
+            # 1519 batches while the snapshot named both threads).
+            pw = pipeline_workers_line(ld)
+            set_static(no_workers, Text(pw if pw is not None else _no_workers_why(ld, nw), pal.dim))
         notes = Text()
         for w in workers:
             err = fmt.s(w.get("error"))

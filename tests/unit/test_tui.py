@@ -103,6 +103,33 @@ async def test_headline_figures_and_workers_match_snapshot():
 
 
 @sync
+async def test_a_pipelines_own_workers_and_a_feeder_thread_are_listed_not_none_yet():
+    # A QA run: a torchdata.nodes loader read "workers: none yet" after 1519
+    # batches while the snapshot text listed both its threads.
+    snap = F.data_bound()
+    ld = snap["jobs"][0]["loaders"][0]
+    ld.update(workers=[], num_workers=2, worker_kind="thread")
+    ld["pipeline_workers"] = [
+        {"kind": "thread", "tid": 19081, "cpu_percent": 20.4},
+        {"kind": "thread", "tid": 19082, "cpu_percent": None},
+    ]
+    app = make_app([snap])
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(pilot)
+        line = plain(app.screen.query_one("#no-workers", TextLine))
+        assert line == "2 thread workers (CPU): tid 19081 20 %, tid 19082 n/a", line
+    # num_workers=0 behind a producer thread: the thread loads, not the loop.
+    snap = F.data_bound()
+    ld = snap["jobs"][0]["loaders"][0]
+    ld.update(workers=[], num_workers=0, feeder={"thread": "producer"}, consumer={"thread": "MainThread"})
+    app = make_app([snap])
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(pilot)
+        line = plain(app.screen.query_one("#no-workers", TextLine))
+        assert line == "num_workers=0: thread 'producer' loads every batch, the loop takes them", line
+
+
+@sync
 async def test_a_window_without_a_batch_is_never_zero_or_ok():
     snap = F.data_bound()
     ld = snap["jobs"][0]["loaders"][0]
