@@ -122,4 +122,8 @@ def cmd_live(args) -> int:
     problem = dir_problem()
     if problem and not attach and not hosts_of(args):
         return fail(problem)
+    if attach:
+        # Open on the first attached job, whatever else runs (a QA run: the
+        # view opened on another, stalled, job each time).
+        args.follow_pid = attach[0]
     return open_live_view(args)

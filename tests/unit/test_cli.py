@@ -539,3 +539,14 @@ def test_the_live_view_refuses_a_pipe_or_a_file_and_says_what_to_use(tmp_path):
         said = f"{prog}: the live view needs a terminal, and its output is not one"
         assert r.stderr.startswith(said), r.stderr
         assert instead in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_live_view_opens_on_the_first_attached_job(monkeypatch):
+    # A QA run: `dlwatch --attach P` opened on another, stalled, hooked job.
+    from dlwatch.collect import attach
+
+    seen = {}
+    monkeypatch.setattr(attach, "preflight", lambda pid: None)
+    monkeypatch.setattr(main, "open_live_view", lambda args: seen.setdefault("args", args) and 0)
+    assert main.main(["--attach", "4242", "--attach", "77"]) == 0
+    assert seen["args"].follow_pid == 4242
