@@ -417,9 +417,16 @@ WORKER_COUNT_PRECEDENCE = tuple(
 def _precedence(fired: Fired) -> Fired:
     """Drop the hints a firing rule supersedes (registry.Rule.supersedes)."""
     hidden: set[HintKey] = set()  # (rule id, pid, lid); pid = lid = None: everywhere
-    for rid, pid, lid in fired:
+    for (rid, pid, lid), h in fired.items():
         rule = REGISTRY.get(rid)
         if rule is None:
+            continue
+        covered = as_dict(h.get("evidence")).get("loaders_covered")
+        if rule.scope == "host" and isinstance(covered, list):
+            # A host hint that says which loaders it stands for hides theirs only.
+            for e in covered:
+                e = as_dict(e)
+                hidden.update((sup, e.get("job_pid"), e.get("loader_id")) for sup in rule.supersedes)
             continue
         where = (None, None) if rule.scope == "host" else (pid, lid if rule.scope == "loader" else None)
         hidden.update((sup, *where) for sup in rule.supersedes)

@@ -166,6 +166,18 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
         # would make its advice come and go with that load.
         if acc.trainers + acc.workers <= ctx.usable_cores + OVERSUB_SLACK_CORES:
             return []
+    # Loaders whose workers wait on I/O keep their own hint (io-bound): more
+    # of them add little CPU, and the cycle model prices what they add. A QA
+    # run: a sleeping loader beside another job's CPU workers lost io-bound
+    # (≈ 2.3× measured with more workers) to this line, which told it to make
+    # its batches cheaper.
+    # Unless they overfill the cores themselves (twelve of them at 20 % CPU
+    # each beside a busy trainer): then more of them is no advice.
+    io_waiting = [lv for lv in with_workers if rules_workers.waits_on_io(lv)]
+    io_demand = acc.trainers + sum(capacity.workers_demand(lv) for lv in io_waiting)
+    if io_demand > ctx.usable_cores + OVERSUB_SLACK_CORES:
+        io_waiting = []
+    with_workers = [lv for lv in with_workers if lv not in io_waiting]
     total_workers = sum(len(lv.workers) for lv in ctx.loaders)
     jobs = sorted(int(j["pid"]) for j in ctx.live_jobs)
     rq = _runqueue_cores(ctx, steady)
@@ -259,6 +271,9 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
             for (pid, lid), n in sorted(cut.items())
         ],
         "busy_worker_cpu_percent_min": IDLE_WORKER_CPU_PERCENT,
+        # The loaders whose worker-count hints this one stands for (engine.py:
+        # it supersedes theirs only); those waiting on I/O keep their own.
+        "loaders_covered": [{"job_pid": lv.pid, "loader_id": lv.lid} for lv in steady if lv not in io_waiting],
         "cpu_accounting": acc.evidence(),
     }
     return [hint("workers-oversubscribe-cores", "warn" if harmful else "info", None, None, msg, sugg, ev)]

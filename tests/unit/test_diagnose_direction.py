@@ -398,3 +398,33 @@ def test_a_tail_beside_the_others_is_their_story_not_a_slow_sample():
     for k in range(10):
         hints = diag.update(_starved_box(1.8, t=T0 + k, tail=tail, **hol))
     assert [h["id"] for h in hints] == ["cores-shared-with-others"], hints
+
+
+def test_a_sleeping_loader_beside_another_jobs_cpu_workers_keeps_its_io_advice():
+    # A QA run: job A's 2 workers sleep on storage (4 % CPU), job B's 3 workers
+    # spin; together they overfill 2 cores. The host line hid A's io-bound
+    # (6 workers measured ≈ 2.3×) and told it to make its batches cheaper.
+    a_ws = [
+        worker(i, pid=5000 + i, cpu=4.0, busy=0.97, fetch_ms=80.0, runqueue_percent=1.0) for i in range(2)
+    ]
+    a = job(
+        1000,
+        loaders=[loader(nw=2, wait=0.6, step_ms=15.0, workers=a_ws, worker_ms=80.0, batches=5000, window_s=3.0)],
+        main_cpu=5.0, main_thread_cpu=5.0, cuda=False,
+    )  # fmt: skip
+    b_ws = [
+        worker(i, pid=6000 + i, cpu=62.0, busy=0.97, fetch_ms=40.0, runqueue_percent=35.0) for i in range(3)
+    ]
+    b = job(
+        2000,
+        loaders=[loader(nw=3, wait=0.5, step_ms=10.0, workers=b_ws, worker_ms=40.0, batches=5000, window_s=3.0)],
+        main_cpu=10.0, main_thread_cpu=10.0, cuda=False,
+    )  # fmt: skip
+    hints = evaluate(snap([a, b], usable=2.0, logical=2, other_cpu_cores=0.0, gpus=[]))
+    by = {(h["id"], h["job_pid"]) for h in hints}
+    assert ("workers-oversubscribe-cores", None) in by, by
+    host = next(h for h in hints if h["id"] == "workers-oversubscribe-cores")
+    assert host["evidence"]["loaders_covered"] == [{"job_pid": 2000, "loader_id": 0}], host["evidence"]
+    (io,) = [h for h in hints if h["id"] == "io-bound" and h["job_pid"] == 1000]
+    assert io["evidence"]["expected_speedup"] > 1.5, io["evidence"]
+    assert "PID 1000" not in host["message"].split("besides")[-1], host["message"]
