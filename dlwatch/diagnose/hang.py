@@ -279,6 +279,7 @@ def summarize(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
                 {
                     **base,
                     "thread": tname,
+                    "tid": t.get("tid"),
                     "kind": wait_kind(t, role),
                     "at": blocked_at(t),
                     "line": f"{label}: {thread_line(t, role)}",

@@ -79,9 +79,18 @@ def _stalled_at(st: dict[str, Any], lid: int | None) -> tuple[int | None, int | 
 Entry = dict[str, Any]
 
 
-def _mine(entries: list[Entry], lid: int) -> tuple[Entry | None, list[Entry], list[Entry]]:
+def _mine(entries: list[Entry], ld: Mapping[str, Any]) -> tuple[Entry | None, list[Entry], list[Entry]]:
     """(the trainer's main thread, this loader's workers, the trainer's
-    other threads), from the stacks summary."""
+    other threads), from the stacks summary. A pipeline's worker threads
+    (torchdata.nodes', Grain's: ``pipeline_workers`` by thread id) are its
+    workers too (a QA run: a nodes thread blocked on a lock, named in the
+    summary, and the cause read "unknown")."""
+    lid = as_int(ld.get("id"))
+    tids = {
+        as_int(w.get("tid")): i
+        for i, w in enumerate(ld.get("pipeline_workers") or [])
+        if isinstance(w, dict) and w.get("kind") == "thread" and as_int(w.get("tid"))
+    }
     main = None
     workers, others = [], []
     for e in entries:
@@ -90,11 +99,22 @@ def _mine(entries: list[Entry], lid: int) -> tuple[Entry | None, list[Entry], li
         if e.get("role") == "worker":
             if as_int(e.get("loader_id")) == lid:
                 workers.append(e)
+        elif as_int(e.get("tid")) in tids:
+            workers.append(dict(e, worker_id=tids[as_int(e.get("tid"))], thread_worker=True))
         elif e.get("thread") == "MainThread" and main is None:
             main = e
         else:
             others.append(e)
     return main, workers, others
+
+
+def _feeder_entry(ld: Mapping[str, Any], others: list[Entry]) -> Entry | None:
+    """The stack of the thread that iterates a thread-fed loader (its
+    ``iterated_on`` while the loop is its ``consumer``)."""
+    if not isinstance(ld.get("consumer"), dict):
+        return None
+    name = (ld.get("iterated_on") or {}).get("thread")
+    return next((e for e in others if name and e.get("thread") == name), None)
 
 
 def _user_threads(others: list[dict[str, Any]]) -> list[str]:
@@ -184,6 +204,8 @@ def with_process_figures(w: Entry, rec: dict[str, Any] | None) -> Entry:
 
 
 def _who(w: Entry) -> str:
+    if w.get("thread_worker"):
+        return f"worker thread '{w.get('thread')}' (tid {w.get('tid')})"
     return f"worker {w.get('worker_id')} (pid {w.get('pid')})"
 
 
@@ -399,9 +421,11 @@ def _worker_cause(lv: LoaderView, w: Entry, others: list[Entry], workers: list[E
             "`py-spy dump --native --pid` shows its C frames",
         )
     if kind in (hang.RUNNING, hang.SLEEP, hang.QUEUE):
+        held = num(w.get("in_fetch_s"))
+        since = f"has been in one fetch for {held:.0f} s, in" if held is not None else "is in"
         return (
             "worker-stuck",
-            f"{who} has been in one fetch for {num(w.get('in_fetch_s')) or 0:.0f} s, in {_where_text(w)}",
+            f"{who} {since} {_where_text(w)}",
             "that fetch does not finish; its frame is the place to look",
         )
     return None
@@ -461,6 +485,23 @@ def _cause(
     if causes:
         return causes
     main_kind = (main or {}).get("kind")
+    feeder = _feeder_entry(ld, others) if not lv.num_workers else None
+    if feeder is not None and ld.get("in_next") and feeder.get("kind") in _STUCK:
+        # num_workers=0 behind a feeder thread: the fetch runs there, and the
+        # loop's frame is only its queue's get() (a QA run: the advice named
+        # the loop's Condition.wait, and a DataLoader timeout).
+        does = {hang.IO: "is blocked in I/O", hang.LOCK: "waits on a lock", hang.NATIVE: "is blocked in C"}
+        return [
+            (
+                "feeder-fetch-blocked",
+                f"thread '{feeder.get('thread')}' loads the batches (num_workers=0) and its fetch "
+                f"{does.get(str(feeder.get('kind')), 'does not return')} in {_where_text(feeder)}; the loop "
+                "waits in its queue's get()",
+                "that call in the feeder thread does not return: find what it waits for (dlwatch stacks "
+                "shows every thread); with workers (num_workers > 0) DataLoader(timeout=...) fails "
+                "instead of hanging",
+            )
+        ]
     if not lv.num_workers and ld.get("in_next") and main is not None and main_kind in _STUCK:
         # num_workers=0: the loop fetches its batches itself, inside next().
         what = {
@@ -525,7 +566,7 @@ def rule_loader_stalled(ctx: Context) -> list[dict[str, Any]]:
             continue
         stacks = _fresh_stacks(ctx, lv.job, ld, stalled)
         entries = stacks.get("summary") if stacks else []
-        main, workers, others = _mine(entries or [], lv.lid)
+        main, workers, others = _mine(entries or [], ld)
         # Each worker as it is now: its process sample (CPU, state: a plain
         # call at 0 % CPU is blocked in C) and its fetch's age at this snapshot.
         recs = {as_int(r.get("pid")): r for r in ld.get("workers") or [] if isinstance(r, dict)}

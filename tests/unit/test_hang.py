@@ -712,3 +712,69 @@ def test_a_loop_whose_feeder_ended_is_told_so_before_the_workers_exception():
     assert (
         h["evidence"]["cause"] == "worker-raised" and "raised ValueError: corrupt sample 2400" in h["message"]
     )
+
+
+def _pipeline_stall(worker_thread, *, feeder=None):
+    """A loader whose workers are threads of the trainer (torchdata.nodes,
+    Grain), or with num_workers=0 behind a feeder thread, stalled with the
+    loop in next() and the other thread's stack in the summary."""
+    loop = _thread(
+        [
+            ("<module>", "/job/t.py", 35),
+            ("get", f"{STD}/queue.py", 171),
+            ("wait", f"{STD}/threading.py", 327),
+        ],
+        "",
+    )
+    j = _stalled_job([], main=loop, others=[worker_thread])
+    ld = j["loaders"][0]
+    ld["workers"] = []
+    if feeder is None:
+        ld.update(num_workers=2, worker_kind="thread")
+        ld["pipeline_workers"] = [
+            {"kind": "thread", "tid": 777, "cpu_percent": 0.0},
+            {"kind": "thread", "tid": 778},
+        ]
+    else:
+        ld.update(num_workers=0, iterated_on={"thread": feeder, "main": False})
+        ld["consumer"] = {"thread": "MainThread", "main": True, "via": "queue.Queue"}
+    worker_thread["tid"] = 777
+    j["stacks"]["summary"] = hang.summarize(j["stacks"])
+    return j
+
+
+def test_a_pipelines_worker_thread_blocked_on_a_lock_is_the_cause_not_unknown():
+    # A QA run: "Thread-2 (_apply_udf): blocked on a lock in sample, qa.py:41"
+    # in the summary, and the cause read "unknown".
+    udf = _thread(
+        [("_apply_udf", "/v/site-packages/torchdata/nodes/map.py", 60), ("sample", "/job/qa.py", 41)],
+        "with LOCK:",
+        main=False,
+        name="Thread-2 (_apply_udf)",
+    )
+    h = _cause([_pipeline_stall(udf)])
+    assert h["evidence"]["cause"] == "worker-blocked-lock", h
+    assert (
+        "worker thread 'Thread-2 (_apply_udf)' (tid 777) waits on a lock in sample, qa.py:41" in h["message"]
+    )
+    slow = _thread([("sample", "/job/qa.py", 39)], "time.sleep(60)", main=False, name="grain-prefetch_0")
+    h = _cause([_pipeline_stall(slow)])
+    assert h["evidence"]["cause"] == "worker-stuck", h
+    assert "worker thread 'grain-prefetch_0' (tid 777) is in sample, qa.py:39" in h["message"]
+
+
+def test_num_workers_0_behind_a_feeder_thread_names_the_feeders_fetch_not_the_loops_get():
+    # A QA run: "the loop loads its own batches … waits on a lock in
+    # Condition.wait" (the loop's q.get()) and advice about DataLoader(timeout).
+    producer = _thread(
+        [("produce", "/job/qa.py", 70), ("__getitem__", "/job/qa_lib.py", 26)],
+        "with LOCK:",
+        main=False,
+        name="producer",
+    )
+    h = _cause([_pipeline_stall(producer, feeder="producer")])
+    assert h["evidence"]["cause"] == "feeder-fetch-blocked", h
+    assert (
+        "thread 'producer' loads the batches (num_workers=0) and its fetch waits on a lock in __getitem__"
+        in (h["message"])
+    )
