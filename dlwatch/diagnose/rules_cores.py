@@ -273,7 +273,9 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
         "busy_worker_cpu_percent_min": IDLE_WORKER_CPU_PERCENT,
         # The loaders whose worker-count hints this one stands for (engine.py:
         # it supersedes theirs only); those waiting on I/O keep their own.
-        "loaders_covered": [{"job_pid": lv.pid, "loader_id": lv.lid} for lv in steady if lv not in io_waiting],
+        "loaders_covered": [
+            {"job_pid": lv.pid, "loader_id": lv.lid} for lv in steady if lv not in io_waiting
+        ],
         "cpu_accounting": acc.evidence(),
     }
     return [hint("workers-oversubscribe-cores", "warn" if harmful else "info", None, None, msg, sugg, ev)]

@@ -407,19 +407,13 @@ def test_a_sleeping_loader_beside_another_jobs_cpu_workers_keeps_its_io_advice()
     a_ws = [
         worker(i, pid=5000 + i, cpu=4.0, busy=0.97, fetch_ms=80.0, runqueue_percent=1.0) for i in range(2)
     ]
-    a = job(
-        1000,
-        loaders=[loader(nw=2, wait=0.6, step_ms=15.0, workers=a_ws, worker_ms=80.0, batches=5000, window_s=3.0)],
-        main_cpu=5.0, main_thread_cpu=5.0, cuda=False,
-    )  # fmt: skip
+    a_ld = loader(nw=2, wait=0.6, step_ms=15.0, workers=a_ws, worker_ms=80.0, batches=5000, window_s=3.0)
+    a = job(1000, loaders=[a_ld], main_cpu=5.0, main_thread_cpu=5.0, cuda=False)
     b_ws = [
         worker(i, pid=6000 + i, cpu=62.0, busy=0.97, fetch_ms=40.0, runqueue_percent=35.0) for i in range(3)
     ]
-    b = job(
-        2000,
-        loaders=[loader(nw=3, wait=0.5, step_ms=10.0, workers=b_ws, worker_ms=40.0, batches=5000, window_s=3.0)],
-        main_cpu=10.0, main_thread_cpu=10.0, cuda=False,
-    )  # fmt: skip
+    b_ld = loader(nw=3, wait=0.5, step_ms=10.0, workers=b_ws, worker_ms=40.0, batches=5000, window_s=3.0)
+    b = job(2000, loaders=[b_ld], main_cpu=10.0, main_thread_cpu=10.0, cuda=False)
     hints = evaluate(snap([a, b], usable=2.0, logical=2, other_cpu_cores=0.0, gpus=[]))
     by = {(h["id"], h["job_pid"]) for h in hints}
     assert ("workers-oversubscribe-cores", None) in by, by
