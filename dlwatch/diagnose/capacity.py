@@ -225,6 +225,10 @@ class CycleModel:
     # workers' least time per batch of this one. Faster loading here cannot
     # make the loop outrun them; ``step`` then excludes the loop's wait on them.
     partners: tuple[tuple[int, float], ...] = ()
+    # num_workers=0 behind a feeder thread (a producer thread, MONAI's buffer):
+    # that thread loads while the loop computes, one batch at a time, as one
+    # in-process worker would. ``n`` worker processes then load n at once.
+    thread_fed: bool = False
 
     @property
     def idle_cores(self) -> float:
@@ -232,6 +236,13 @@ class CycleModel:
 
     def terms(self, n: int) -> dict[str, float]:
         others = {f"loader {lid}": floor for lid, floor in self.partners}
+        if n <= 0 and self.thread_fed:
+            return {
+                "compute step": self.step,
+                "feeder thread": self.load_cpu + self.load_off_cpu,
+                "CPU": (self.trainer_cpu + self.load_cpu) / self.capacity,
+                **others,
+            }
         if n <= 0:
             return {"loop loads": self.step + self.load_cpu + self.load_off_cpu, **others}
         return {
@@ -285,7 +296,16 @@ def cycle_model(ctx: Context, lv: LoaderView) -> tuple[CycleModel | None, str]:
     if step <= 0:
         return None, "the loop's waits on the loaders it takes from together hold all of its step"
     rq = trainer_runqueue(lv.job) * now
-    if n0 == 0:
+    fed_ms = thread_fed_load(lv) if n0 == 0 else None
+    if fed_ms is not None:
+        # The feeder thread's time in the loader per batch is the loading;
+        # the trainer's CPU beyond its main thread's is (mostly) that thread's.
+        main_thread = num(lv.job.get("main_thread_cpu_percent"))
+        others_cpu_cores = c_t if main_thread is None else max(0.0, c_t - main_thread / PERCENT_PER_CORE)
+        load_cpu = min(fed_ms, others_cpu_cores * now)
+        off_cpu = max(0.0, fed_ms - load_cpu)
+        trainer_work = max(0.0, c_t * now - load_cpu)
+    elif n0 == 0:
         main_thread = num(lv.job.get("main_thread_cpu_percent"))
         frac = wait_ms / now
         load_cores = frac if main_thread is None else min(frac, main_thread / PERCENT_PER_CORE)
@@ -306,11 +326,21 @@ def cycle_model(ctx: Context, lv: LoaderView) -> tuple[CycleModel | None, str]:
     # than the model's sum says (no gain promised that the run queue hides).
     cores = min(cap, (trainer_work + rq) / step)
     floors = tuple((p.lid, p.floor_ms) for p in fed if p.floor_ms is not None)
-    m = CycleModel(now, step, cores, trainer_work, load_cpu, off_cpu, cap, n0, floors)
+    m = CycleModel(now, step, cores, trainer_work, load_cpu, off_cpu, cap, n0, floors, fed_ms is not None)
     fit = m.fit()
     if abs(fit - 1.0) > MODEL_FIT_TOLERANCE:
         return None, misfit(m.cycle(n0)[0], now)
     return m, ""
+
+
+def thread_fed_load(lv: LoaderView) -> float | None:
+    """ms a batch a feeder thread spends in the loader (its own wait), for a
+    loader the loop takes from through that thread's queue; None otherwise."""
+    if not isinstance(lv.loader.get("consumer"), dict):
+        return None
+    fd = lv.loader.get("feeder")
+    v = num(fd.get("wait_ms_mean")) if isinstance(fd, dict) else None
+    return v if v is not None and v > 0 else None
 
 
 def misfit(model_ms: float, now_ms: float) -> str:
@@ -368,6 +398,7 @@ class Prediction:
                 f"it can have, so the workers' {m.load_cpu:.0f} ms of CPU per batch stretch its step"
             ),
             "loop loads": "the loop then loads every batch itself",
+            "feeder thread": "the feeder thread then loads every batch itself",
         }.get(self.bound) or f"{self.bound}'s workers then set the pace: the same loop takes from it"
         return f"expected ≈ {self.speedup:.2f}× throughput ({why})"
 

@@ -240,13 +240,20 @@ def rule_no_workers(ctx: Context) -> list[dict[str, Any]]:
         wait_ms = num(lv.loader.get("wait_ms_mean"))
         main_thread = num(lv.job.get("main_thread_cpu_percent"))
         load_cpu, load_how = _loading_cpu(lv, None if main_thread is None else main_thread / 100.0)
+        # Behind a feeder thread the loading is that thread's, off the loop:
+        # one worker process would only move it (a QA run: "num_workers=1,
+        # ≈ 1.30×" measured 1.0×). Sized on the feeder's time per batch.
+        fed_ms = capacity.thread_fed_load(lv)
+        feeder = str((lv.loader.get("iterated_on") or {}).get("thread") or "?")
+        if fed_ms is not None:
+            load_cpu, load_how = 0.0, "the feeder thread's, off the loop's thread"
         # Loading that keeps the main thread on a CPU needs a core per worker.
         cpu_loading = load_cpu >= CPU_BOUND_MIN_SHARE * lv.wait
         rec = cap = free = little = None
         acc = None
         pred = None
         if wait_ms is not None and wait_ms > 0 and lv.step_ms is not None and lv.step_ms > 0:
-            rec = little = little_workers(wait_ms, lv.step_ms)
+            rec = little = little_workers(fed_ms if fed_ms is not None else wait_ms, lv.step_ms)
             got = capacity.free_cores_for(ctx, lv, released=load_cpu)
             if got is not None:
                 free, acc = got
@@ -263,7 +270,14 @@ def rule_no_workers(ctx: Context) -> list[dict[str, Any]]:
             f"{lv.title} spends {pct(lv.wait)} of the loop waiting for data{window_phrase(lv)} "
             f"with num_workers=0: the training loop loads every batch itself"
         )
-        if wait_ms is not None and lv.step_ms is not None:
+        if fed_ms is not None and lv.step_ms is not None:
+            msg = (
+                f"{lv.title} spends {pct(lv.wait)} of the loop waiting for data{window_phrase(lv)} "
+                f"with num_workers=0: thread '{feeder}' loads every batch itself ({ms(fed_ms)} a batch, "
+                f"vs {ms(lv.step_ms)} the loop computes), one at a time, and the loop takes them from its "
+                "queue; one worker process would only move that work"
+            )
+        elif wait_ms is not None and lv.step_ms is not None:
             rest = "for the rest of the loop" if lv.partners else "computing"
             msg += f" ({ms(wait_ms)} loading vs {ms(lv.step_ms)} {rest} per batch{partner_phrase(lv)})"
         msg += "."

@@ -292,3 +292,28 @@ def test_a_loop_that_steps_on_without_its_loaders(steps, batches, active, fires,
         assert got[0]["evidence"]["steps_per_batch"] == round(steps / batches, 1)
         said = "Thread 'MainThread' of PID 1000 has stepped the optimizer 1201 times"
         assert got[0]["message"].startswith(said)
+
+
+def test_num_workers_0_behind_a_producer_thread_is_sized_on_that_threads_loading():
+    # The producer thread loads 40 ms a batch while the loop computes 20 ms and
+    # waits 20: one worker process would only move that work (a QA run: the
+    # hint said "num_workers=1, ≈ 1.30×", measured 1.0×); two load two at once.
+    fd = {"thread": "producer", "wait_fraction": 0.97, "wait_ms_mean": 40.0, "handover_ms_mean": 1.0}
+    ld = loader(
+        nw=0, wait=0.5, step_ms=20.0, wait_ms=20.0,
+        iterated_on={"thread": "producer", "main": False}, feeder=fd,
+        consumer={"thread": "MainThread", "main": True, "via": "queue.Queue"},
+    )  # fmt: skip
+    s = one(
+        ld, job_kw={"main_cpu": 40.0, "main_thread_cpu": 30.0, "cuda": False}, usable=4.0, other_cpu_cores=0.0
+    )
+    h = get(evaluate(s), "no-workers")
+    ev = h["evidence"]
+    assert ev["recommended_num_workers"] == 2 and ev["expected_speedup"] == pytest.approx(2.0, abs=0.05), ev
+    assert "thread 'producer' loads every batch itself (40 ms a batch" in h["message"], h["message"]
+    assert "the training loop loads" not in h["message"]
+    from dlwatch.diagnose import capacity
+    from dlwatch.diagnose.engine import build_context, stateless_phases
+
+    ctx = build_context(s, stateless_phases(s))
+    assert capacity.predict(ctx, ctx.loaders[0], 1).speedup == pytest.approx(1.0, abs=0.02)
