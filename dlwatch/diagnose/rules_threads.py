@@ -63,6 +63,11 @@ OFF_LOADER_STEP_RATIO = 3.0
 OFF_LOADER_MIN_STEPS = 50
 
 
+def _delivering(lv) -> bool:
+    """Whether the loader has an iterator in an open epoch."""
+    return lv.loader.get("active") is not False and lv.loader.get("epoch_open") is not False
+
+
 def rule_loop_off_its_loaders(ctx: Context) -> list[dict[str, Any]]:
     """A training thread that keeps stepping the optimizer while none of the
     loaders it iterated has an iterator: it trains on batches that come from
@@ -82,7 +87,10 @@ def rule_loop_off_its_loaders(ctx: Context) -> list[dict[str, Any]]:
                 if as_dict(lv.loader.get("iterated_on")).get("thread") == t.get("thread")
                 and as_dict(lv.loader.get("iterated_on")).get("main") == t.get("main")
             ]
-            if not mine or any(lv.loader.get("active") is not False for lv in mine):
+            # An iterator alive after its epoch ended (Grain's, nodes' after
+            # StopIteration: active, epoch_open false) delivers nothing either
+            # (a QA run: 3370 steps on 300 batches of Grain, no hint).
+            if not mine or any(_delivering(lv) for lv in mine):
                 continue
             batches = sum(int(num(lv.loader.get("batches_total")) or 0) for lv in mine)
             steps = t["steps"]
@@ -94,10 +102,11 @@ def rule_loop_off_its_loaders(ctx: Context) -> list[dict[str, Any]]:
             it = "it" if len(mine) == 1 else "they"
             msg = (
                 f"Thread '{t.get('thread')}' of PID {lv.pid} has stepped the optimizer {steps} times, while "
-                f"{which} delivered {batches} batches in all, and none has an iterator now: the loop trains "
-                f"on batches that come from somewhere else, and the figures shown are from the last batches "
-                f"{it} delivered. itertools.cycle(loader) does this: after the first pass it replays that "
-                f"pass's batches from memory, in the same order, without a new shuffle or new augmentation."
+                f"{which} delivered {batches} batches in all, and none has an epoch open now: the loop "
+                f"trains on batches that come from somewhere else, and the figures shown are from the last "
+                f"batches {it} delivered. itertools.cycle(loader) does this: after the first pass it replays "
+                f"that pass's batches from memory, in the same order, without a new shuffle or new "
+                f"augmentation."
             )
             sugg = (
                 "to go over a loader again, start a new epoch (`while True: for batch in loader: ...`, or a "

@@ -317,3 +317,15 @@ def test_num_workers_0_behind_a_producer_thread_is_sized_on_that_threads_loading
 
     ctx = build_context(s, stateless_phases(s))
     assert capacity.predict(ctx, ctx.loaders[0], 1).speedup == pytest.approx(1.0, abs=0.02)
+
+
+def test_a_loop_stepping_on_after_its_pipelines_epoch_ended_is_told_so():
+    # Grain's iterator stays alive after its epoch (active, epoch_open false):
+    # a QA run had 3370 optimizer steps on 300 batches and no hint.
+    ld = loader(nw=2, wait=0.67, step_ms=20.0, batches=300, epoch_open=False, loop_role="loop")
+    ld["iterated_on"] = {"thread": "MainThread", "main": True}
+    j = job(loaders=[ld], train_threads=[{"thread": "MainThread", "main": True, "steps": 3370}])
+    h = get(evaluate(snap([j])), "loop-off-its-loaders")
+    assert "none has an epoch open now" in h["message"] and h["evidence"]["optimizer_steps"] == 3370
+    ld["epoch_open"] = True
+    assert "loop-off-its-loaders" not in ids(evaluate(snap([j])))
