@@ -686,8 +686,12 @@ def between_epochs(
         if any((j.get("pid"), ld.get("id")) in judged for ld in lds):
             continue
         ld = max(lds, key=lambda d: d["id"] if isinstance(d.get("id"), int) else -1)
+        # Only a DataLoader says persistent_workers (False, with workers):
+        # Grain's, nodes' or WebDataset's loaders (None) re-spawn nothing.
         respawn = (
-            "" if ld.get("persistent_workers") else ", its workers exiting with it (persistent_workers off)"
+            ", its workers exiting with it (persistent_workers off)"
+            if ld.get("persistent_workers") is False and (as_int(ld.get("num_workers")) or 0) > 0
+            else ""
         )
         why = (
             f"no epoch open: the last one ended{respawn} and the next has not started; "

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .facts import Context, as_dict, hint, ms, num, pct, r, window_phrase
+from .facts import Context, LoaderView, as_dict, hint, ms, num, pct, r, window_phrase
 from .registry import Rule
 
 
@@ -63,7 +63,7 @@ OFF_LOADER_STEP_RATIO = 3.0
 OFF_LOADER_MIN_STEPS = 50
 
 
-def _delivering(lv) -> bool:
+def _delivering(lv: LoaderView) -> bool:
     """Whether the loader has an iterator in an open epoch."""
     return lv.loader.get("active") is not False and lv.loader.get("epoch_open") is not False
 
