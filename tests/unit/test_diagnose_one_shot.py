@@ -160,3 +160,17 @@ def test_an_ended_job_is_kept_as_last_seen_while_the_others_are_judged_on():
     # A job gone from the listing altogether is kept too.
     gone = with_frozen({"jobs": [{"pid": 2}], "hints": [], "judging": []}, {1: (last, [])})
     assert [j["pid"] for j in gone["jobs"]] == [2, 1]
+
+
+def test_between_epochs_names_re_spawned_workers_only_for_a_dataloader_with_them():
+    from dlwatch.diagnose.engine import between_epochs
+
+    def why(**ld):
+        snap = {"jobs": [{"pid": 7, "state": "live", "loaders": [dict(id=0, epoch_open=False, **ld)]}]}
+        (e,) = between_epochs(snap, frozenset(), set())
+        return e["reason"]
+
+    assert "persistent_workers off" in why(num_workers=2, persistent_workers=False)
+    # Grain's, nodes' or WebDataset's loaders say no persistent_workers (a QA run).
+    assert "persistent_workers" not in why(num_workers=2, persistent_workers=None)
+    assert "persistent_workers" not in why(num_workers=0, persistent_workers=False)
