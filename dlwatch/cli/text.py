@@ -374,7 +374,7 @@ def _pipeline_lines(ld: dict) -> list[str]:
     cons, fd = ld.get("consumer"), ld.get("feeder")
     if isinstance(fd, dict):
         fw = num(fd.get("wait_fraction"))
-        own = f"waits {_pct(fw)} of its time" if fw is not None else "no figure yet"
+        own = f"waits {_pct(fw)} of its time" if fw is not None else "has no figure yet"
         if ld.get("loop_role") == "stage":
             out.append(
                 f"    its own next() {own.replace('waits', 'waited')} (inside loader {ld.get('nested_in')}'s)"

@@ -130,6 +130,11 @@ def frame_kind(thread: Mapping[str, Any], role: str = "trainer") -> str:
         return BARRIER
     if any(n in ("_try_get_data", "_get_data") for n in names[-12:]):
         return QUEUE
+    if any(n == "get" and p.endswith("/queue.py") for n, p in zip(names[-4:], files[-4:])):
+        # queue.Queue.get: waiting for an item (a batch a feeder thread puts),
+        # not a lock of the user's (a QA run: "blocked on a lock in
+        # Condition.wait" for every thread-fed loop).
+        return QUEUE
     if leaf_name == "sleep" or "time.sleep(" in src:
         return SLEEP
     if leaf_file.endswith("threading.py") and leaf_name in _LOCK_FUNCS | {"wait"}:
@@ -377,6 +382,11 @@ def death_line(d: Mapping[str, Any]) -> str:
         how = "died (how is not known: not our child)"
     parts = [f"{who} {how}"]
     kills, at_start = d.get("oom_kills"), d.get("oom_kills_at_start")
+    if d.get("exception") and not d.get("signal"):
+        # Its own exception: no OOM count to weigh (a QA run: "raised
+        # ValueError …; the cgroup counted 0 OOM kills").
+        kills = None
+        d = {k: v for k, v in d.items() if k != "oom_kills_reason"}
     if isinstance(kills, int):
         n = kills - at_start if isinstance(at_start, int) and kills >= at_start else kills
         since = " since dlwatch first saw the job" if isinstance(at_start, int) else ""

@@ -196,7 +196,15 @@ def test_death_and_stall_lines():
         "oom_kills": None,
         "oom_kills_reason": "no cgroup",
     }
-    assert hang.death_line(no_oom) == "worker 0 (pid 9) raised ValueError: x; OOM kills n/a: no cgroup"
+    # A worker's own exception weighs no OOM kills, counted or not (a QA run:
+    # "raised ValueError …; the cgroup counted 0 OOM kills").
+    assert hang.death_line(no_oom) == "worker 0 (pid 9) raised ValueError: x"
+    assert (
+        hang.death_line(dict(no_oom, oom_kills=0, oom_kills_at_start=0))
+        == "worker 0 (pid 9) raised ValueError: x"
+    )
+    killed = {"id": 0, "pid": 9, "signal": "SIGKILL", "oom_kills": None, "oom_kills_reason": "no cgroup"}
+    assert hang.death_line(killed) == "worker 0 (pid 9) was killed by SIGKILL; OOM kills n/a: no cgroup"
     assert hang.stall_line({"stalled_s": 42.4, "stall_threshold_s": 10, "in_next": True}) == (
         "STALLED: no batch for 42 s (threshold 10 s), inside next()"
     )
@@ -240,6 +248,16 @@ FETCH = [*WORKER_LOOP, ("fetch", f"{TORCH}/_utils/fetch.py", 54)]
             "work.wait()",
             "trainer",
             hang.COLLECTIVE,
+        ),
+        (
+            [
+                ("<module>", "/job/t.py", 9),
+                ("get", f"{STD}/queue.py", 171),
+                ("wait", f"{STD}/threading.py", 327),
+            ],
+            "",
+            "trainer",
+            hang.QUEUE,
         ),
         ([("<module>", "/job/t.py", 9)], "time.sleep(3600)", "trainer", hang.SLEEP),
         ([("<module>", "/job/t.py", 9)], "x = model(batch)", "trainer", hang.RUNNING),
