@@ -314,3 +314,21 @@ def test_a_dataloader_whose_workers_are_threads_lists_them_by_thread_id():
         ("thread", t.native_id, t.name) for t in ths
     ]
     assert f["workers"] == []
+
+
+def test_grains_prefetch_buffer_counts_only_the_done_fetches_at_its_head_as_ready():
+    # Its buffer holds a future per submitted fetch: its length is no count
+    # of ready batches (a QA run: "ready 16 / 16" with both threads deadlocked).
+    from concurrent.futures import Future
+
+    from dlwatch.probe.adapters.grain import _ready_in_order
+
+    def fut(done):
+        f = Future()
+        if done:
+            f.set_result(1)
+        return f
+
+    assert _ready_in_order([fut(True), fut(True), fut(False), fut(True)]) == (2, 2)
+    assert _ready_in_order([fut(False)] * 16) == (0, 16)
+    assert _ready_in_order([]) == (0, 0)

@@ -227,6 +227,20 @@ def _config(src: Any) -> dict:
     return {"num_workers": 0, "library": LIBRARY, "kind": "grain", "dataset": name[:80]}
 
 
+def _ready_in_order(futures: list[Any]) -> tuple[int, int]:
+    """(ready, in flight) of a prefetch buffer of futures, handed out in
+    order: only the done ones at its head are ready, as Grain's own
+    prefetch-depth metric counts them. Its length counts every submitted
+    fetch (a QA run: "ready 16 / 16" while both threads were deadlocked)."""
+    ready = 0
+    for f in futures:
+        done = getattr(f, "done", None)
+        if not callable(done) or not done():
+            break
+        ready += 1
+    return ready, len(futures) - ready
+
+
 def describe_graph(it: Any) -> dict:
     knobs: dict[str, Any] = {}
     threads: list[Any] = []
@@ -246,7 +260,7 @@ def describe_graph(it: Any) -> dict:
             buf = getattr(node, "_buffer", None)
             if buf is not None:
                 try:
-                    queue["ready"] = len(buf)
+                    queue["ready"], queue["in_flight"] = _ready_in_order(list(buf))
                 except Exception:
                     pass
             ex = getattr(node, "_executor", None)
