@@ -26,12 +26,17 @@ def relevant_hints(hints: Any, job_pid: int | None, host: str | None = None) -> 
         if not isinstance(h, dict):
             continue
         pid = h.get("job_pid")
-        named = [p for p in fmt.lst(fmt.d(h.get("evidence")).get("jobs")) if isinstance(p, int)]
+        ev = fmt.d(h.get("evidence"))
+        named = [p for p in fmt.lst(ev.get("jobs")) if isinstance(p, int)]
+        # straggler-rank is keyed to the slow rank, and is about every rank
+        # of its run: a fast rank loses its time waiting for it (a QA run:
+        # the fast rank read "no hints for this job" while it lost 86 %).
+        ranks = [fmt.d(x).get("pid") for x in fmt.lst(ev.get("ranks"))]
         if host and h.get("host") not in (None, host):
             others += 1
         elif pid is None and named and job_pid is not None and job_pid not in named:
             others += 1
-        elif pid is None or job_pid is None or pid == job_pid:
+        elif pid is None or job_pid is None or pid == job_pid or job_pid in ranks:
             mine.append(h)
         else:
             others += 1

@@ -102,3 +102,14 @@ def test_across_hosts_the_straggler_and_the_others_are_named_with_their_host():
     jobs[0]["host"] = jobs[1]["host"] = "node1"
     h = get(evaluate(snap(jobs)), "straggler-rank")
     assert "Only the 2 of 8 ranks in sight are compared." in h["message"]
+
+
+def test_the_straggler_hint_is_shown_with_every_rank_of_the_run():
+    # Keyed to the slow rank; a fast rank loses its time waiting for it (a QA
+    # run: the fast rank's view read "no hints for this job").
+    from dlwatch.tui.hints import relevant_hints
+
+    h = get(evaluate(snap(straggling())), "straggler-rank")
+    assert relevant_hints([h], 2000) == ([h], 0)
+    assert relevant_hints([h], 2001) == ([h], 0)
+    assert relevant_hints([h], 3000) == ([], 1)
