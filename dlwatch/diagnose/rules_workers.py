@@ -281,7 +281,9 @@ def rule_no_workers(ctx: Context) -> list[dict[str, Any]]:
             rest = "for the rest of the loop" if lv.partners else "computing"
             msg += f" ({ms(wait_ms)} loading vs {ms(lv.step_ms)} {rest} per batch{partner_phrase(lv)})"
         msg += "."
-        if free is not None and rec is not None and little is not None and rec < little:
+        if free is not None and rec is not None and little is not None and rec < little and rec == cap:
+            # Only when the cores are what caps the count (a QA run: "The free
+            # cores (0) allow 2.", the 2 being the cycle model's best).
             msg += f" The free cores ({cores(round(max(free, 0.0), 1))}) allow {rec}."
         msg += gain_text
         if rec is not None:
@@ -503,14 +505,17 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict[str, Any]]:
         upside = _speedup_if_loading_free(ctx, lv)
         worth = upside is None or upside >= MIN_WORTHWHILE_SPEEDUP
         one_more_helps = isinstance(more, capacity.Prediction) and more.speedup >= MIN_WORTHWHILE_SPEEDUP
-        parts = [f"its workers {cores(round(acc.workers, 1))}"]
+        # Demand is CPU plus run-queue wait: it can exceed the cores, and says
+        # so (a QA run: "of the 2 usable, its workers 4" read as nonsense).
+        parts = [f"its workers want {cores(round(acc.workers, 1))}"]
         parts.append(f"the {plural(ctx.main_loops, 'trainer')} {cores(round(acc.trainers, 1))}")
         parts += others_cores(acc)
         msg = (
             f"{lv.title} waits for data {pct(lv.wait)} of the time{window_phrase(lv)} while its "
             f"{count_of(nw, 'CPU-bound worker')} {plural(nw, 'is')} busy "
-            f"{pct(lv.busy_mean)} of the time, and {_cores_phrase(ctx.usable_cores, demand)}: of the "
-            f"{cores(ctx.usable_cores)} usable, {_and(parts)} (cores of CPU plus run-queue wait)."
+            f"{pct(lv.busy_mean)} of the time, and {_cores_phrase(ctx.usable_cores, demand)}: "
+            f"{_and(parts)}, in cores of CPU plus the time waiting for one, against "
+            f"{cores(ctx.usable_cores)} usable."
         )
         # One story: never "cannot help" beside a predicted gain.
         if isinstance(more, capacity.NoPrediction):
