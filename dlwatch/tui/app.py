@@ -143,9 +143,17 @@ class MonitorScreen(Screen):
         w, h = self.size
         wide = w >= WIDE_MIN[0] and h >= WIDE_MIN[1]
         tall = wide and h >= TALL_MIN_H
-        changed = wide != self.has_class("-wide") or tall != self.has_class("-tall")
+        # A high terminal lists more jobs whatever its width (a QA run: 4 rows
+        # of the job list at 100x30 and at 100x70 alike).
+        high = h >= TALL_MIN_H
+        changed = (
+            wide != self.has_class("-wide")
+            or tall != self.has_class("-tall")
+            or high != self.has_class("-high")
+        )
         self.set_class(wide, "-wide")
         self.set_class(tall, "-tall")
+        self.set_class(high, "-high")
         self.draw_footer()
         app = self.app
         if isinstance(app, DlwatchApp):

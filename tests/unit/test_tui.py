@@ -321,6 +321,18 @@ async def test_ranks_of_one_run_are_grouped_under_an_aggregate_row():
 
 
 @sync
+async def test_a_high_terminal_lists_more_jobs_whatever_its_width():
+    # A QA run: 4 rows of the job list at 100x30 and at 100x70 alike.
+    snap = F.snapshot([F.job(7000 + i, loaders=[F.loader(0)]) for i in range(10)])
+    for size, rows in (((100, 30), 4), ((100, 45), 8), ((130, 45), 8)):
+        app = make_app([snap])
+        async with app.run_test(size=size) as pilot:
+            await settle(pilot)
+            jobs = app.screen.query_one(JobList)
+            assert jobs.size.height - 1 == rows, (size, jobs.size)
+
+
+@sync
 async def test_switching_jobs_with_tab_j_k_and_arrows():
     app = make_app([F.several_jobs()])
     async with app.run_test(size=(80, 24)) as pilot:
