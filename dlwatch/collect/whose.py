@@ -32,6 +32,17 @@ def _owner(p: psutil.Process) -> tuple[int | None, str]:
         return uid, str(uid)
 
 
+def _rank_of(pid: int) -> str:
+    """ " (rank R)" for a job a launcher started with RANK in its environment
+    (torchrun, a manual launch), else "": which --pid is which rank (a QA
+    run: "use --pid 20587 or --pid 20588" and no more)."""
+    try:
+        rank = psutil.Process(pid).environ().get("RANK")
+    except (psutil.Error, OSError):
+        return ""
+    return f" (rank {rank})" if rank is not None and rank.isdigit() else ""
+
+
 def explain(pid: int, jobs: set[int], directory: str) -> tuple[str, str]:
     """(kind, sentence) for ``pid``, which is not in ``jobs`` (the PIDs with a
     socket in ``directory``)."""
@@ -46,7 +57,7 @@ def explain(pid: int, jobs: set[int], directory: str) -> tuple[str, str]:
         except psutil.Error:
             below = []
         if below:
-            use = " or ".join(f"--pid {b}" for b in below)
+            use = " or ".join(f"--pid {b}{_rank_of(b)}" for b in below)
             return WRAPPER, (
                 f"PID {pid} is not a dlwatch job: it started the job{'s' if len(below) > 1 else ''} "
                 f"{', '.join(map(str, below))} (a `dlwatch run` wrapper or a launcher); use {use} "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pwd
 import subprocess
+import time
 
 import pytest
 
@@ -26,6 +27,33 @@ def test_a_wrappers_pid_names_the_job_below_it(tree):
     assert kind == whose.WRAPPER
     assert why.startswith(f"PID {wrapper} is not a dlwatch job: it started the job {job} ")
     assert f"use --pid {job}" in why
+
+
+def test_a_launchers_pid_names_each_job_below_it_with_its_rank():
+    # torchrun's PID: which --pid is which rank (a QA run: "use --pid 20587 or
+    # --pid 20588" and no more). RANK comes from each job's environment.
+    import psutil
+
+    launcher = subprocess.Popen(
+        ["sh", "-c", "RANK=0 sleep 30 & RANK=1 sleep 30 & wait"], env=dict(os.environ)
+    )
+    try:
+        for _ in range(500):
+            kids = psutil.Process(launcher.pid).children()
+            if len(kids) == 2:
+                break
+            time.sleep(0.01)
+        ranks = {k.environ().get("RANK"): k.pid for k in kids}
+        kind, why = whose.explain(launcher.pid, set(ranks.values()), "/run/d")
+    finally:
+        for k in psutil.Process(launcher.pid).children():
+            k.kill()
+        launcher.kill()
+        launcher.wait()
+    assert kind == whose.WRAPPER
+    first, second = sorted(ranks.values())
+    want = {ranks["0"]: "rank 0", ranks["1"]: "rank 1"}
+    assert f"use --pid {first} ({want[first]}) or --pid {second} ({want[second]})" in why, why
 
 
 def test_a_workers_pid_names_its_job(tree):
