@@ -50,8 +50,10 @@ T = TypeVar("T")
 MIN_LIFETIME_S = 0.5
 # A worker whose start of work the job reports (``active_since``) is averaged
 # from there, once it has worked this long: /proc counts CPU in 10 ms ticks,
-# so the figure is within ±5 points at this age and within ±2 at 0.5 s.
-MIN_ACTIVE_S = 0.2
+# so the figure is within ±10 points at this age and within ±2 at 0.5 s (the
+# diagnosis averages a worker slot's figures over its window). Workers of
+# 0.3 s epochs live about 0.25 s: at 0.2 s most were never figured.
+MIN_ACTIVE_S = 0.1
 # With ``uss_max_interval_s``: a USS that moved less than this since the
 # previous read counts as steady and the next read waits twice as long.
 USS_STEADY_BYTES = 512 << 10

@@ -59,7 +59,7 @@ TIDS_EVERY_S = 5.0
 
 # A first sight's lifetime average needs this much life (the age is
 # tick-granular, 10 ms): procs.MIN_ACTIVE_S's reason.
-YOUNG_MIN_S = 0.2
+YOUNG_MIN_S = 0.1
 
 
 class SchedSampler:

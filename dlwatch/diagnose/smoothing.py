@@ -54,6 +54,25 @@ def _smoothed(
     return out
 
 
+def slot_key(job_pid: int, loader_id: int | None, worker_id: int) -> int:
+    """A history key for a worker slot (job, loader, worker id) across the
+    processes that hold it: negative, so never a PID nor ``HOST_KEY``."""
+    return -1 - (hash((job_pid, loader_id, worker_id)) & 0x7FFFFFFF)
+
+
+def _fill_from_slot(w: dict[str, Any], samples: tuple[Sample, ...], since: float) -> None:
+    """A worker with no figure yet (its process younger than the monitor can
+    time, persistent_workers off: new ones every short epoch) takes its
+    slot's mean over the window, its predecessors' in that slot. A QA run:
+    0.8 s epochs left each new worker's CPU n/a for its first 0.2 s, and the
+    hint's 3 s hold never held."""
+    for k in WORKER_KEYS:
+        if w.get(k) is None:
+            m = _mean_over(samples, k, since)
+            if m is not None:
+                w[k] = round(m, 3)
+
+
 def _window(snapshot: Mapping[str, Any], loader: Mapping[str, Any]) -> float:
     return max(num(snapshot.get("window_s")) or 0.0, num(loader.get("window_s")) or 0.0)
 
@@ -100,8 +119,15 @@ def smooth_cpu(
                 if wpid is None:
                     workers.append(w)
                     continue
-                _add(hist, wpid, t, {k: num(w.get(k)) for k in WORKER_KEYS})
-                workers.append(_smoothed(w, hist[wpid], WORKER_KEYS, since))
+                values = {k: num(w.get(k)) for k in WORKER_KEYS}
+                _add(hist, wpid, t, values)
+                sm = _smoothed(w, hist[wpid], WORKER_KEYS, since)
+                wid = as_int(as_dict(w).get("id"))
+                if wid is not None:
+                    slot = slot_key(pid, as_int(ld.get("id")), wid)
+                    _add(hist, slot, t, values)
+                    _fill_from_slot(sm, hist[slot], since)
+                workers.append(sm)
             new_loaders.append(dict(ld, workers=workers))
         new_job["loaders"] = new_loaders
         jobs.append(new_job)

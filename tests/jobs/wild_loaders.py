@@ -16,8 +16,8 @@ MODE:
               ms), 4 workers, in_order as given: head-of-line blocking
   cycle       itertools.cycle over a 64-sample DataLoader (16 batches): after
               the first pass the loop trains on cached batches
-  short-epochs  64 samples that each keep a CPU busy 20 ms, 2 workers,
-              persistent_workers off: ~0.8 s epochs, new workers every epoch
+  short-epochs  48 samples of ~20 ms of CPU work each, 2 workers,
+              persistent_workers off: ~0.5 s epochs, new workers every epoch
   zip         two DataLoaders taken together every step, zip(a, b) as in
               semi-supervised training: a loads 40 ms a batch, b 80 ms, each
               on 2 workers (b on --workers-b): the loop waits for b, then a
@@ -96,18 +96,20 @@ class RareSlow(Dataset):
 
 
 class Spinning(Dataset):
-    """``n`` samples that each keep a CPU busy ``sample_s`` (decoding)."""
+    """``n`` samples that each cost a fixed amount of CPU work (decoding):
+    ``ops`` additions, about 20 ms on the 2-core box. Work, not a spin for a
+    time: a worker that waits for a core takes longer, as a real one does."""
 
-    def __init__(self, n: int, sample_s: float) -> None:
-        self.n, self.sample_s = n, sample_s
+    def __init__(self, n: int, ops: int) -> None:
+        self.n, self.ops = n, ops
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, i):
-        end = time.perf_counter() + self.sample_s
-        while time.perf_counter() < end:
-            pass
+        x = 0
+        for k in range(self.ops):
+            x += k
         return torch.tensor([i], dtype=torch.float32)
 
 
@@ -213,7 +215,7 @@ def main() -> None:
 
         res = loop(itertools.cycle(small), a, spans, step_s=0.010, step=train_step)
     elif a.mode == "short-epochs":
-        dl = DataLoader(Spinning(64, 0.020), num_workers=2, **kw)
+        dl = DataLoader(Spinning(48, 160_000), num_workers=2, **kw)
         # A new iter(dl) each epoch: with persistent_workers off, new workers.
         res = loop((b for _ in itertools.count() for b in dl), a, spans, step_s=0.015)
     elif a.mode == "zip":

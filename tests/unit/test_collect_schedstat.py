@@ -96,5 +96,5 @@ def test_a_young_process_first_sight_gives_its_lifetime_wait(tmp_path):
     s = SchedSampler(clock=lambda: 50.0, proc=str(tmp_path))
     assert s.sample([9], young={9: 0.4}) == {9: 50.0}
     fresh = SchedSampler(clock=lambda: 50.0, proc=str(tmp_path))
-    assert fresh.sample([9], young={9: 0.1}) == {9: None}  # too young: tick-granular noise
+    assert fresh.sample([9], young={9: 0.05}) == {9: None}  # too young: tick-granular noise
     assert fresh.sample([9]) == {9: None}  # no age: first sight as before

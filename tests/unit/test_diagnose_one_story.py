@@ -172,3 +172,23 @@ def test_slow_jobs_hold_their_hints_for_two_of_their_windows():
         hints = d.update(snap([j], t=T0 + k, usable=2.0, other_cpu_cores=0.0, gpus=[], gpu_status="n/a"))
         shown.append(any(h["id"] == "no-workers" for h in hints))
     assert all(shown[4:])
+
+
+def test_a_new_worker_without_a_cpu_figure_takes_its_slots_over_the_window():
+    # persistent_workers off, 0.4-0.8 s epochs: each epoch's workers are new
+    # processes, n/a for their first 0.2 s. Their slot's predecessors within
+    # the window speak for them, so a hint's 3 s hold can hold (a QA run: it
+    # never did, and the job got no hint).
+    def at(k, pid, cpu):
+        ws = [worker(0, pid=pid, cpu=cpu, busy=0.99, runqueue_percent=None if cpu is None else 5.0)]
+        return snap([job(loaders=[loader(nw=1, workers=ws, window_s=3.0)])], t=T0 + k)
+
+    hist: dict = {}
+    _, hist = smooth_cpu(at(0, 501, 90.0), hist, T0)
+    _, hist = smooth_cpu(at(1, 502, 94.0), hist, T0 + 1)
+    out, hist = smooth_cpu(at(2, 503, None), hist, T0 + 2)
+    w = out["jobs"][0]["loaders"][0]["workers"][0]
+    assert w["cpu_percent"] == pytest.approx(92.0) and w["runqueue_percent"] == pytest.approx(5.0)
+    # Past the window, the slot's old samples say nothing.
+    out, _ = smooth_cpu(at(9, 504, None), hist, T0 + 9)
+    assert out["jobs"][0]["loaders"][0]["workers"][0]["cpu_percent"] is None
