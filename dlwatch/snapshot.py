@@ -160,6 +160,9 @@ class Loader(_LoaderRequired, total=False):
     epoch_start_ms: list[float]  # recent epochs, oldest first
     epoch_ms: list[float]  # recent completed epoch durations
     epoch_ms_last: float | None
+    # The next() that ends an epoch, on average: joining non-persistent
+    # workers (not in epoch_ms); None before an epoch has ended
+    teardown_ms_mean: float | None
     epoch_batches: list[int]  # batches of each epoch in epoch_ms (exhausted, replaced or dropped)
     window_s: float | None  # seconds this loader's rates cover: >= the snapshot's window_s
     window_batches: int  # batches completed in it (>= 5 where the frames held allow)

@@ -384,6 +384,7 @@ def loader_dict(
         "epoch_start_ms": esm,
         "epoch_ms": em,
         "epoch_ms_last": em[-1] if em else None,
+        "teardown_ms_mean": teardown_ms_mean(ld),
         "epoch_batches": list(ld.get("epoch_batches") or []),
         "queue": {"ready": q.get("ready"), "in_flight": q.get("in_flight"), "capacity": q.get("capacity")},
         "queue_mean": w.get("queue_mean", {"ready": None, "in_flight": None}),
@@ -510,3 +511,15 @@ REPLAY_KEYS = (
 def _replay(rep: dict[str, Any]) -> dict[str, Any]:
     """The replay state a tune ceiling trial's probe reports (docs/tune.md)."""
     return {k: rep.get(k) for k in REPLAY_KEYS}
+
+
+def teardown_ms_mean(ld: dict[str, Any]) -> float | None:
+    """ms the ``next()`` that ends an epoch takes, on average over the epochs
+    ended (the probe's ``teardown_ns``): joining non-persistent workers, which
+    ``epoch_ms`` leaves out and persistent workers do not pay."""
+    total = ld.get("teardown_ns")
+    epoch = ld.get("epoch")
+    if not isinstance(total, int) or not isinstance(epoch, int):
+        return None
+    ended = epoch - (0 if ld.get("epoch_open") is False or ld.get("active") is False else 1)
+    return round(total / 1e6 / ended, 3) if ended > 0 else None

@@ -496,7 +496,15 @@ CASES = [
     (
         # A QA run: 70 ms stalls on 0.3 s epochs; persistent workers measured 1.14-1.30x.
         "persistent fires for short stalls on short epochs",
-        one(loader(persistent=False, epoch_start_ms=[120, 70, 72], epoch_ms=[290, 285])),
+        one(
+            loader(
+                persistent=False,
+                epoch_start_ms=[120, 70, 72],
+                epoch_ms=[290, 285],
+                worker_ms=30.0,
+                teardown_ms_mean=30.0,
+            )
+        ),
         "enable-persistent-workers",
         True,
     ),
@@ -507,10 +515,18 @@ CASES = [
         False,
     ),
     (
-        "persistent at exactly 0.5 s and 10 %",
-        one(loader(persistent=False, epoch_start_ms=[3000, 500], epoch_ms=[5000])),
+        "persistent at 10 % of the epoch beyond the first fetch",
+        one(loader(persistent=False, epoch_start_ms=[3000, 520], epoch_ms=[5000], worker_ms=20.0)),
         "enable-persistent-workers",
         True,
+    ),
+    (
+        # A QA run: a 104 ms stall (24 % of its epoch) behind 150 ms fetches;
+        # persistent workers measured 1.08x: nothing past the first fetch to save.
+        "persistent silent when the stall is the first batch's fetch",
+        one(loader(persistent=False, epoch_start_ms=[300, 104, 110], epoch_ms=[430, 440], worker_ms=150.0)),
+        "enable-persistent-workers",
+        False,
     ),
     (
         "persistent silent below 10 % of epoch",
