@@ -33,6 +33,7 @@ for _s in signal.Signals:
 _KILLED_BY = re.compile(r"DataLoader worker \(pid (\d+)\) is killed by signal: ([^.\n]+)")
 _EXITED = re.compile(r"DataLoader worker \(pid\(s\) ([\d, ]+)\) exited unexpectedly")
 _CAUGHT = re.compile(r"Caught (\w+) in DataLoader worker process (\d+)")
+_WRAPPED = re.compile(r"Caught (\w+) in (.+?)\.?$", re.MULTILINE)
 
 
 def _status(w) -> tuple[bool, str | None, int | None]:
@@ -91,6 +92,13 @@ def from_error(it, e: BaseException, deaths: list[dict]) -> str:
     error's one-line text."""
     text = str(e)
     first = f"{type(e).__name__}: {text.strip().splitlines()[0] if text.strip() else ''}"[:MAX_TEXT]
+    wrapped = _WRAPPED.match(text.strip())
+    if wrapped and "Original Traceback" in text:
+        # torch's ExceptionWrapper (its workers', torchdata.nodes' threads):
+        # the original exception is the traceback's last line (a QA run kept
+        # only "ValueError: Caught ValueError in _populate_queue.").
+        lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+        first = f"{lines[-1]} (caught in {wrapped.group(2)})"[:MAX_TEXT]
     try:
         if not getattr(it, "_shutdown", False):
             scan(list(getattr(it, "_workers", ()) or ()), deaths)

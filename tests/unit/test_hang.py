@@ -161,10 +161,26 @@ def test_torchs_errors_name_the_dead_worker(message, want):
     it = SimpleNamespace(_workers=[_proc(pids["w0"], None), _proc(pids["w1"], None)], _shutdown=False)
     out: list[dict] = []
     first = deaths.from_error(it, RuntimeError(message.format(**pids)), out)
-    assert first.startswith("RuntimeError: ")
+    if want[3] is None:
+        assert first.startswith("RuntimeError: ")
+    else:  # the original exception, not torch's wrapper line
+        assert first == f"{want[3]} (caught in DataLoader worker process 0)", first
     assert [(d["id"], d["pid"], d["signal"], d["exception"]) for d in out] == [
         (*want[:1], pids[want[1]], *want[2:])
     ]
+
+
+def test_a_wrapped_exception_of_a_pipeline_thread_keeps_its_original_message():
+    # torchdata.nodes re-raises its threads' errors through torch's
+    # ExceptionWrapper (a QA run kept "Caught ValueError in _populate_queue.").
+    e = ValueError(
+        "Caught ValueError in _populate_queue.\nOriginal Traceback (most recent call last):\n"
+        '  File "qa_lib.py", line 30, in sample\nValueError: QA corrupt sample 1200\n'
+    )
+    out: list[dict] = []
+    first = deaths.from_error(SimpleNamespace(), e, out)
+    assert first == "ValueError: QA corrupt sample 1200 (caught in _populate_queue)", first
+    assert out == []
 
 
 def test_death_and_stall_lines():
