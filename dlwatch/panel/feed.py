@@ -143,7 +143,12 @@ class Tracker:
                 step -= _idle_tail(first, self._before_last.get(lid), last)
             loop_s = wait + step if wait is not None and step is not None and wait + step > 0 else None
             frac = wait / loop_s if wait is not None and loop_s else None
-            epochs = (as_int(last.get("epoch")) or 0) - (as_int(first.get("epoch")) or 0) + 1
+            # Epochs the cell iterated: those begun in it, and the one it found
+            # open (a QA run: "2 epoch(s)" for one iterator, the loader line
+            # saying epoch 1; the start knew no loader).
+            e0, e1 = as_int(first.get("epoch")) or 0, as_int(last.get("epoch")) or 0
+            open_at_start = e0 > 0 and (first.get("epoch_open") is True or first.get("active") is True)
+            epochs = e1 - e0 + (1 if open_at_start else 0)
             # The pace on the job's own clock, over the same batches: the
             # panel's clock starts at the frame that first showed the loop,
             # when some of its batches may be done already.

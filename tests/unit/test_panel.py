@@ -131,7 +131,7 @@ def test_tracker_waits_goes_live_freezes_and_resumes():
     assert t.update(_snap(30, 1.2, 6.0, epoch=1), 11.0) == html.LIVE
     assert t.update(_snap(30, 1.2, 9.0, epoch=1), 14.5) == html.FINISHED
     ls = t.summary.loaders[0]
-    assert ls.batches == 10 and ls.epochs == 2
+    assert ls.batches == 10 and ls.epochs == 1  # one new iterator in this cell
     assert ls.wait_fraction == pytest.approx((1.2 - 0.8) / ((1.2 - 0.8) + (6.0 - 5.0)))
 
 
@@ -262,3 +262,23 @@ def test_an_idle_loop_keeps_the_trainings_figures_until_its_next_batch():
     assert t.state == html.FINISHED
     out = _text(frame(t, idle, 8.0)["html"])
     assert "Final summary" in out and "loop idle since" in out and "(last " not in out
+
+
+def test_the_epochs_of_a_cell_are_those_it_iterated():
+    # One iterator, first seen in this cell (a QA run: "2 epoch(s)", the
+    # loader line saying epoch 1).
+    t = Tracker(7)
+    t.update(_snap(0, 0, 0), 0.0)
+    for k, (b, w, s) in enumerate([(10, 0.4, 0.6), (20, 0.8, 1.2), (20, 0.8, 5.0)]):
+        snap = _snap(b, w, s, epoch=1)
+        t.update(snap, 1.0 + k * 2.5)
+    assert t.summary is not None and t.summary.loaders[0].epochs == 1
+    # A cell that goes on with an epoch already open, then starts two more: 3.
+    t = Tracker(7)
+    start = _snap(10, 0.4, 0.6, epoch=1)
+    start["jobs"][0]["loaders"][0]["epoch_open"] = True
+    t.update(start, 0.0)
+    t.update(_snap(20, 0.8, 1.2, epoch=2), 1.0)
+    t.update(_snap(30, 1.2, 1.8, epoch=3), 2.0)
+    t.update(_snap(30, 1.2, 5.0, epoch=3), 5.0)
+    assert t.summary is not None and t.summary.loaders[0].epochs == 3, t.summary
