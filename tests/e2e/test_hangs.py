@@ -335,9 +335,9 @@ def test_a_worker_that_runs_out_of_dev_shm_is_named_with_the_cause():
     job = snap["jobs"][0]
     d0 = job["loaders"][0]["worker_deaths"][0]
     assert d0["cause"] == "shm" and "No space left on device" in d0["exception"], d0
-    assert job["loaders"][0]["last_error"].startswith(
-        "RuntimeError: Caught RuntimeError in DataLoader worker"
-    )
+    # The original error, not torch's wrapper line (a QA run of nodes lost it).
+    err = job["loaders"][0]["last_error"]
+    assert "No space left on device" in err and err.endswith("(caught in DataLoader worker process 0)"), err
 
 
 def test_a_torchrun_rank_that_ran_out_of_data_is_named():
