@@ -174,10 +174,11 @@ def fair_share(ctx: Context, lv: LoaderView, theirs: float) -> float | None:
     t_cpu = trainer_cpu(lv.job)
     if t_cpu is None:
         return None
+    t_rq = trainer_runqueue(lv.job)
     cpu = t_cpu + lv.cpu_sum
-    wait = trainer_runqueue(lv.job) + lv.rq_sum
+    wait = t_rq + lv.rq_sum
     grant = max(MIN_GRANT, cpu / (cpu + wait)) if cpu + wait > 0 else 1.0
-    mine = max(1, round(t_cpu + trainer_runqueue(lv.job))) + (lv.num_workers or 0)
+    mine = max(1, round(t_cpu + t_rq)) + (lv.num_workers or 0)
     their_threads = theirs / grant
     return usable * mine / (mine + their_threads)
 

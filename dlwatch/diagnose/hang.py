@@ -382,17 +382,15 @@ def death_line(d: Mapping[str, Any]) -> str:
         how = "died (how is not known: not our child)"
     parts = [f"{who} {how}"]
     kills, at_start = d.get("oom_kills"), d.get("oom_kills_at_start")
-    if d.get("exception") and not d.get("signal"):
-        # Its own exception: no OOM count to weigh (a QA run: "raised
-        # ValueError …; the cgroup counted 0 OOM kills").
-        kills = None
-        d = {k: v for k, v in d.items() if k != "oom_kills_reason"}
-    if isinstance(kills, int):
-        n = kills - at_start if isinstance(at_start, int) and kills >= at_start else kills
-        since = " since dlwatch first saw the job" if isinstance(at_start, int) else ""
-        parts.append(f"the cgroup counted {n} OOM kill{'s' if n != 1 else ''}{since}")
-    elif d.get("oom_kills_reason"):
-        parts.append(f"OOM kills n/a: {d['oom_kills_reason']}")
+    # A worker's own exception weighs no OOM count (a QA run: "raised
+    # ValueError …; the cgroup counted 0 OOM kills").
+    if not d.get("exception") or d.get("signal"):
+        if isinstance(kills, int):
+            n = kills - at_start if isinstance(at_start, int) and kills >= at_start else kills
+            since = " since dlwatch first saw the job" if isinstance(at_start, int) else ""
+            parts.append(f"the cgroup counted {n} OOM kill{'s' if n != 1 else ''}{since}")
+        elif d.get("oom_kills_reason"):
+            parts.append(f"OOM kills n/a: {d['oom_kills_reason']}")
     first, last = d.get("rss_first_bytes"), d.get("rss_last_bytes")
     if isinstance(first, int) and isinstance(last, int):
         unit = "GiB" if max(first, last) >= 2**28 else "MiB"

@@ -58,7 +58,8 @@ def rule_enable_persistent_workers(ctx: Context) -> list[dict[str, Any]]:
         # epoch_ms leaves out (a QA run: 70 ms stalls behind 40 ms fetches,
         # 0.3 s epochs; persistent workers measured 1.14-1.30x).
         teardown = num(ld.get("teardown_ms_mean")) or 0.0
-        saved = stall - min(fetch, stall) + teardown
+        beyond = stall - min(fetch, stall)
+        saved = beyond + teardown
         frac = saved / (epoch + teardown)
         stall_frac = stall / epoch
         if saved < PERSIST_MIN_STALL_MS or frac < PERSIST_MIN_FRACTION:
@@ -73,7 +74,7 @@ def rule_enable_persistent_workers(ctx: Context) -> list[dict[str, Any]]:
             parts = []
             if fetch:
                 parts.append(
-                    f"{ms(stall - min(fetch, stall))} beyond a batch's fetch ({ms(fetch)}, which persistent "
+                    f"{ms(beyond)} beyond a batch's fetch ({ms(fetch)}, which persistent "
                     "workers wait for too)"
                 )
             if teardown:

@@ -27,12 +27,15 @@ WORKER_KEYS = ("cpu_percent", "runqueue_percent")
 HOST_KEYS = ("other_cpu_cores",)
 HOST_KEY = 0
 
-# One process's sample: (time, {key: value}); a history: pid -> samples, oldest first.
+# One process's sample: (time, {key: value}); a history: key -> samples, oldest
+# first. A key is a PID (``HOST_KEY`` for the host), or a worker slot
+# (job PID, loader id, worker id) across the processes that hold it.
 Sample = tuple[float, dict[str, float | None]]
-History = Mapping[int, tuple[Sample, ...]]
+Key = int | tuple[int, int | None, int]
+History = Mapping[Key, tuple[Sample, ...]]
 
 
-def _add(hist: dict[int, tuple[Sample, ...]], pid: int, t: float, values: dict[str, float | None]) -> None:
+def _add(hist: dict[Key, tuple[Sample, ...]], pid: Key, t: float, values: dict[str, float | None]) -> None:
     old = [s for s in hist.get(pid, ()) if t - KEEP_S <= s[0] < t]
     hist[pid] = (*old, (t, values))
 
@@ -54,17 +57,11 @@ def _smoothed(
     return out
 
 
-def slot_key(job_pid: int, loader_id: int | None, worker_id: int) -> int:
-    """A history key for a worker slot (job, loader, worker id) across the
-    processes that hold it: negative, so never a PID nor ``HOST_KEY``."""
-    return -1 - (hash((job_pid, loader_id, worker_id)) & 0x7FFFFFFF)
-
-
 def _fill_from_slot(w: dict[str, Any], samples: tuple[Sample, ...], since: float) -> None:
     """A worker with no figure yet (its process younger than the monitor can
     time, persistent_workers off: new ones every short epoch) takes its
     slot's mean over the window, its predecessors' in that slot. A QA run:
-    0.8 s epochs left each new worker's CPU n/a for its first 0.2 s, and the
+    0.3-0.8 s epochs left each new worker's CPU n/a for its first 0.1 s, and the
     hint's 3 s hold never held."""
     for k in WORKER_KEYS:
         if w.get(k) is None:
@@ -79,7 +76,7 @@ def _window(snapshot: Mapping[str, Any], loader: Mapping[str, Any]) -> float:
 
 def smooth_cpu(
     snapshot: Mapping[str, Any], history: History, t: float
-) -> tuple[dict[str, Any], dict[int, tuple[Sample, ...]]]:
+) -> tuple[dict[str, Any], dict[Key, tuple[Sample, ...]]]:
     """``snapshot`` with each live job's and worker's CPU figures replaced by
     their mean over the samples within its loader's window (the job's:
     its longest loader window; the host's other processes: the longest of
@@ -124,7 +121,7 @@ def smooth_cpu(
                 sm = _smoothed(w, hist[wpid], WORKER_KEYS, since)
                 wid = as_int(as_dict(w).get("id"))
                 if wid is not None:
-                    slot = slot_key(pid, as_int(ld.get("id")), wid)
+                    slot = (pid, as_int(ld.get("id")), wid)
                     _add(hist, slot, t, values)
                     _fill_from_slot(sm, hist[slot], since)
                 workers.append(sm)

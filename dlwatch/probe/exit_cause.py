@@ -37,7 +37,6 @@ def install() -> None:
         finally:
             prev(etype, value, tb)
 
-    excepthook._dlwatch_prev = prev  # type: ignore[attr-defined]
     sys.excepthook = excepthook
 
 

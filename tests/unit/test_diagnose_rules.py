@@ -1279,3 +1279,14 @@ def test_oversubscribe_counts_what_a_worker_wants_not_a_core_each():
     # A worker whose run-queue wait is unknown counts as a whole core.
     h = get(evaluate(_headroom_beside_others(25.0, None, busy=0.3)), "workers-oversubscribe-cores")
     assert h["evidence"]["busy_workers_want_cores"] == 4.0
+
+
+def test_the_teardown_per_ended_epoch_is_read_from_the_probes_total():
+    # teardown_ns sums the next() calls that ended epochs; epoch counts the
+    # iterators begun, the open one not ended yet.
+    from dlwatch.collect.model import teardown_ms_mean
+
+    assert teardown_ms_mean({"teardown_ns": 60_000_000, "epoch": 4, "epoch_open": True}) == 20.0
+    assert teardown_ms_mean({"teardown_ns": 60_000_000, "epoch": 3, "epoch_open": False}) == 20.0
+    assert teardown_ms_mean({"teardown_ns": 0, "epoch": 1, "epoch_open": True}) is None  # none ended
+    assert teardown_ms_mean({"epoch": 3}) is None  # an older probe: not said

@@ -131,16 +131,7 @@ def test_a_one_shot_snapshot_reads_no_uss_and_says_so():
     asked = []
 
     class Procs(FixedProcs):
-        def sample(
-            self,
-            pids,
-            main_pids=None,
-            uss_pids=None,
-            force_uss=False,
-            thread_pids=(),
-            own_tids=None,
-            active_since=None,
-        ):
+        def sample(self, pids, main_pids=None, uss_pids=None, **_):
             asked.append(uss_pids)
             return {p: dict(f, uss_bytes=None) for p, f in super().sample(pids, main_pids).items()}
 
