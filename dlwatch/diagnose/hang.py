@@ -58,6 +58,18 @@ _IO_LIBS = (
     "/aiohttp/",
 )
 _LOCK_FUNCS = {"acquire", "_acquire_restore", "_wait_for_tstate_lock", "join"}
+# A pipeline worker's own loop, waiting between items when it is the
+# innermost frame outside the standard library (a queue's get or put below
+# it): torchdata.nodes' ``_apply_udf`` (thread or process, waiting for an
+# index or for room to hand its item over), Grain's mp_prefetch worker
+# (``add_element_to_queue``: its buffer is full; the loop itself, asleep
+# once its source is exhausted). A QA run read an idle nodes process worker,
+# in a multiprocessing queue's poll, as "blocked in I/O".
+_PIPELINE_IDLE = (
+    ("_apply_udf", "/torchdata/nodes/"),
+    ("add_element_to_queue", "/grain/"),
+    ("_put_dataset_elements_in_buffer", "/grain/"),
+)
 
 
 def _where(path: str) -> str:
@@ -124,6 +136,8 @@ def frame_kind(thread: Mapping[str, Any], role: str = "trainer") -> str:
     src = str(thread.get("src") or "")
     if role == "worker" and "_worker_loop" in names and "fetch" not in names:
         return IDLE  # between tasks, waiting for an index
+    if _pipeline_idle(frames):
+        return IDLE
     if any("/torch/distributed/" in p for p in files[-6:]):
         return COLLECTIVE
     if _is_barrier(frames):
@@ -146,6 +160,18 @@ def frame_kind(thread: Mapping[str, Any], role: str = "trainer") -> str:
     if _LOCK_SRC.search(src):
         return LOCK
     return RUNNING
+
+
+def _pipeline_idle(frames: list[list[Any]]) -> bool:
+    """The innermost frame outside the standard library is a pipeline
+    worker's own loop (``_PIPELINE_IDLE``): it waits on its queues."""
+    for f in reversed(frames):
+        if _where(f[1]) == "stdlib":
+            continue
+        path = f[1].replace("\\", "/")
+        name = f[0].rsplit(".", 1)[-1]
+        return any(name == fn and lib in path for fn, lib in _PIPELINE_IDLE)
+    return False
 
 
 def blocked_at(thread: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -275,6 +301,14 @@ def summarize(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
         threads = [main] if main is not None else []
         if role == "trainer":
             threads += [t for t in proc.get("threads") or [] if t is not main and _notable(t)]
+        elif main is not None and _awaits_future(main):
+            # A pipeline's worker process whose main thread waits for a
+            # thread pool's result (Grain's ReadOptions threads inside an
+            # mp_prefetch worker): the thread that runs the user's code is
+            # where the worker is (a QA run: "blocked on a lock in
+            # Condition.wait" for a worker whose thread slept in the map).
+            busy = [t for t in proc.get("threads") or [] if t is not main and _notable(t)]
+            threads = busy[:1] or threads
         for t in threads:
             tname = str(t.get("name") or "?")
             label = name if t is main else f"{name} thread {tname}"
@@ -291,6 +325,14 @@ def summarize(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
                 }
             )
     return out
+
+
+def _awaits_future(t: Mapping[str, Any]) -> bool:
+    """The thread waits in a ``concurrent.futures`` result."""
+    return any(
+        f[0].rsplit(".", 1)[-1] == "result" and "concurrent/futures" in f[1].replace("\\", "/")
+        for f in _frames(t)[-4:]
+    )
 
 
 def _has_threads(proc: Mapping[str, Any]) -> bool:

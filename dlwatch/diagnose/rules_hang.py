@@ -460,10 +460,18 @@ def _cause(
                 )
             ]
         how = d.get("signal") or d.get("exception") or f"exit code {d.get('exit_code')}"
+        # torchdata.nodes' mapper never looks at its worker processes: the
+        # item the dead one held never comes (a QA run: a stall read
+        # "unknown" for minutes).
+        forever = (
+            ": torchdata.nodes does not notice a dead worker, and the loop waits for its item forever"
+            if ld.get("library") == "torchdata.nodes"
+            else ""
+        )
         return [
             (
                 "worker-died",
-                f"worker {d.get('id')} (pid {d.get('pid')}) died ({how})",
+                f"worker {d.get('id')} (pid {d.get('pid')}) died ({how}){forever}",
                 "read the worker's error above; a SIGKILL with OOM kills counted is the memory limit",
             )
         ]

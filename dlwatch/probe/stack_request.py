@@ -60,6 +60,9 @@ class StackGather:
     def _ask(self) -> None:
         now = _clock()
         for st in patches.registry.snapshot():
+            if st.pipeline_procs is not None:
+                self._ask_pipeline(st)
+                continue
             it = st.iter_ref() if st.iter_ref is not None else None
             view, fview = st.slots_view, st.slots_fview
             if it is None or view is None or fview is None:
@@ -86,12 +89,40 @@ class StackGather:
                     }
                 )
 
+    def _ask_pipeline(self, st) -> None:
+        """A pipeline's process workers (torchdata.nodes', Grain's) run no
+        stack watcher: listed for the monitor to read from outside (py-spy,
+        ``collect/hang.complete``)."""
+        try:
+            procs = list(st.pipeline_procs())
+        except Exception:
+            return
+        for i, w in enumerate(procs):
+            if len(self.asked) >= MAX_WORKERS:
+                return
+            self.asked.append(
+                {
+                    "loader_id": st.id,
+                    "worker_id": i,
+                    "pid": int(getattr(w, "pid", 0) or 0),
+                    "in_fetch_s": None,
+                    "view": None,
+                    "b": 0,
+                    "proc": w,
+                    "library": str(st.config.get("library") or "pipeline"),
+                }
+            )
+
     def poll(self) -> dict | None:
         """The result once every worker answered or the grace is over."""
         if self.state == DONE:
             return None
         alive = worker_burst.running
-        waiting = [a for a in self.asked if a["view"][a["b"] + STACK_ACK] != self.gen and alive(a["pid"])]
+        waiting = [
+            a
+            for a in self.asked
+            if a["view"] is not None and a["view"][a["b"] + STACK_ACK] != self.gen and alive(a["pid"])
+        ]
         if waiting and _clock() - self.t0 < GRACE_S:
             return None
         self.state = DONE
@@ -108,6 +139,15 @@ class StackGather:
                 "worker_id": a["worker_id"],
                 "in_fetch_s": a["in_fetch_s"],
             }
+            if a["view"] is None:
+                p["error"] = (
+                    gone_text(a.get("proc"))
+                    if not worker_burst.running(a["pid"])
+                    else f"a {a['library']} worker process runs no stack watcher: py-spy dump "
+                    "reads it from outside"
+                )
+                procs.append(p)
+                continue
             path = worker_watch.result_path(directory, self.gen, a["pid"])
             doc = worker_burst.read_result(path, MAX_FILE_BYTES)
             for f in (path, path + ".tmp"):

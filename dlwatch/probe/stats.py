@@ -94,6 +94,7 @@ class LoaderStats:
         "consumer",
         "nested_in",
         "describe",
+        "pipeline_procs",
         "handover_q",
         "internal",
         "__weakref__",
@@ -167,6 +168,10 @@ class LoaderStats:
         # An adapter's reader of the pipeline's knobs, workers and buffer
         # (probe/adapters): called from the publisher thread, never raises.
         self.describe: Any = None
+        # An adapter's reader of the pipeline's worker Process objects
+        # (torchdata.nodes' method="process", Grain's mp_prefetch): what the
+        # death scan and a stack request read where ``it._workers`` is not.
+        self.pipeline_procs: Any = None
         # A consumer's: the serial of the queue its open wait is on (handover.py).
         self.handover_q: int | None = None
         # A library's own plumbing: measured inside another loader of the same
@@ -287,12 +292,28 @@ class LoaderStats:
         """``__next__`` raised ``e`` (not StopIteration): a worker's exception
         or death, as torch reports it. Off the hot path: errors only."""
         if isinstance(e, Exception):
+            if self.pipeline_procs is not None and self.procs:
+                # The pipeline may have dropped a dead worker before raising
+                # (Grain stops it): its Process object, as last scanned,
+                # still has its exit status.
+                try:
+                    deaths.scan(self.procs, self.deaths)
+                except Exception:
+                    pass
             self.error = deaths.from_error(it, e, self.deaths)
 
     # --- called from the publisher thread -------------------------------------
 
     def scan_deaths(self) -> None:
         it = self.iter_ref() if self.iter_ref is not None else None
+        if self.pipeline_procs is not None:
+            # A pipeline's process workers, as its adapter finds them ([]
+            # while it shuts them down: exits then are its own).
+            procs = self.pipeline_procs()
+            if procs:
+                self.procs = procs
+                deaths.scan(procs, self.deaths)
+            return
         if it is not None:
             # Read here, not at iter(): torch starts the workers after the
             # base __init__ that our patch follows.

@@ -520,3 +520,45 @@ def test_ranks_started_by_mp_spawn_are_named_from_torch_distributed():
     # The hint is rank 1's verdict: not also "judging" (no epoch open).
     assert all(e["job_pid"] != r1["pid"] for e in snap.get("judging") or []), snap["judging"]
     _no_advice_beside_the_stall(snap)
+
+
+def test_a_nodes_process_worker_that_hangs_or_dies_is_read_from_outside_and_named():
+    """torchdata.nodes with method="process": its workers run no stack
+    watcher and are not torch's. A QA run: the stall's stacks held the main
+    thread alone, a SIGKILLed worker was never recorded, and the cause read
+    "unknown" both ways. Now py-spy reads the workers from outside, the idle
+    one reads idle (not "blocked in I/O" in its queue's poll), and the death
+    is the cause. Both jobs run side by side."""
+    stuck, d1 = start("nodes-process", "stuck")
+    killed, d2 = start("nodes-process", "kill")
+
+    def read(snap: dict) -> bool:
+        entries = snap["jobs"] and snap["jobs"][0].get("stacks") and _worker_entries(snap["jobs"][0])
+        return stalled_with_stacks(snap) and bool(entries) and all(e["kind"] or e["line"] for e in entries)
+
+    try:
+        a = wait_snapshot(
+            d1, lambda s: read(s) and all(e["kind"] for e in _worker_entries(s["jobs"][0])), "the stuck one"
+        )
+        b = wait_snapshot(d2, read, "the killed nodes worker's stall")
+    finally:
+        stop_sessions([stuck, killed], grace=0.0)
+        shutil.rmtree(d1, ignore_errors=True)
+        shutil.rmtree(d2, ignore_errors=True)
+    h = _stall_hint(a)
+    ev = h["evidence"]
+    kinds = {e["worker_id"]: e["kind"] for e in _worker_entries(a["jobs"][0])}
+    assert sorted(kinds.values()) == ["idle", "sleep"], a["jobs"][0]["stacks"]["summary"]
+    assert ev["cause"] == "worker-stuck" and "in nodes_map, hang_jobs.py" in h["message"], h
+    (w,) = ev["workers_not_delivered"]
+    pids = {p["pid"] for p in a["jobs"][0]["loaders"][0]["pipeline_workers"]}
+    assert w["kind"] == "sleep" and w["pid"] in pids, w
+    h = _stall_hint(b)
+    ld = b["jobs"][0]["loaders"][0]
+    (death,) = ld["worker_deaths"]
+    assert death["signal"] == "SIGKILL" and death["id"] in (0, 1), death
+    assert h["evidence"]["cause"] == "worker-died", h
+    assert (
+        f"worker {death['id']} (pid {death['pid']}) died (SIGKILL): torchdata.nodes does not notice"
+        in h["message"]
+    ), h["message"]

@@ -233,12 +233,49 @@ def go(path):
     return not path or os.path.isfile(path)
 
 
+# Below the recorded dumps' lines: new modes go here.
+NODES_AT = 40
+
+
+def nodes_map(how, i):
+    if i == NODES_AT:
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(DEADLINE_S)
+    return torch.zeros(4) + i
+
+
+def nodes_process(how):
+    """hang_jobs.py nodes-process stuck|kill: torchdata.nodes,
+    ParallelMapper(method="process"), two workers; the one that maps item
+    NODES_AT sleeps for good in the map (stuck) or SIGKILLs itself (kill).
+    nodes waits for that item forever either way. (Documented here, not in
+    the module's docstring: the recorded dumps name this file's lines.)"""
+    import functools
+
+    import torchdata.nodes as tn
+    from torch.utils.data import SequentialSampler
+
+    node = tn.SamplerWrapper(SequentialSampler(range(100_000)))
+    node = tn.ParallelMapper(
+        node,
+        map_fn=functools.partial(nodes_map, how),
+        num_workers=2,
+        method="process",
+        multiprocessing_context="fork",
+    )
+    for _ in tn.Loader(tn.Batcher(node, batch_size=2)):
+        time.sleep(0.02)
+
+
 if __name__ == "__main__":
     timer = threading.Timer(DEADLINE_S, lambda: os._exit(3))
     timer.daemon = True
     timer.start()
     modes = {"ranks": ranks, "spawn-ranks": spawn_ranks, "omp": omp, "native-lock": native_lock}
     modes["barrier"] = barrier
+    if sys.argv[1] == "nodes-process":
+        modes["nodes-process"] = lambda: nodes_process(sys.argv[2])
     if sys.argv[1] in modes:
         modes[sys.argv[1]]()
     else:

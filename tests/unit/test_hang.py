@@ -239,6 +239,11 @@ def _thread(frames, src="", main=True, name="MainThread"):
 
 WORKER_LOOP = [("_worker_loop", f"{TORCH}/_utils/worker.py", 374)]
 FETCH = [*WORKER_LOOP, ("fetch", f"{TORCH}/_utils/fetch.py", 54)]
+NODES_UDF = [("_apply_udf", "/venv/lib/python3.11/site-packages/torchdata/nodes/map.py", 37)]
+GRAIN = "/venv/lib/python3.11/site-packages/grain/_src/python"
+GRAIN_WORKER = [
+    ("_put_dataset_elements_in_buffer", f"{GRAIN}/dataset/transformations/process_prefetch.py", 260)
+]
 
 
 @pytest.mark.parametrize(
@@ -276,6 +281,25 @@ FETCH = [*WORKER_LOOP, ("fetch", f"{TORCH}/_utils/fetch.py", 54)]
             hang.QUEUE,
         ),
         ([("<module>", "/job/t.py", 9)], "time.sleep(3600)", "trainer", hang.SLEEP),
+        # torchdata.nodes' process worker between items: its in-queue's poll
+        # is no read of the user's (a QA run: "blocked in I/O").
+        (
+            [
+                *NODES_UDF,
+                ("get", f"{STD}/multiprocessing/queues.py", 113),
+                ("select", f"{STD}/selectors.py", 415),
+            ],
+            "fd_event_list = self._selector.poll(timeout)",
+            "worker",
+            hang.IDLE,
+        ),
+        ([*NODES_UDF, ("decode", "/job/t.py", 11)], "time.sleep(60)", "worker", hang.SLEEP),
+        (
+            [*GRAIN_WORKER, ("add_element_to_queue", f"{GRAIN}/queue.py", 40), ("put", f"{STD}/queue.py", 9)],
+            "",
+            "worker",
+            hang.IDLE,
+        ),
         ([("<module>", "/job/t.py", 9)], "x = model(batch)", "trainer", hang.RUNNING),
         ([], "", "trainer", hang.RUNNING),
     ],
@@ -812,3 +836,38 @@ def test_num_workers_0_behind_a_feeder_thread_names_the_feeders_fetch_not_the_lo
         "thread 'producer' loads the batches (num_workers=0) and its fetch waits on a lock in __getitem__"
         in (h["message"])
     )
+
+
+def test_a_pipeline_worker_process_waiting_on_its_thread_pool_is_named_by_the_thread_that_works():
+    """Grain's mp_prefetch worker: its main thread waits for a ReadOptions
+    thread's future; the thread asleep in the user's map is the worker's
+    line (a QA run: "blocked on a lock in Condition.wait")."""
+    waits = [
+        *GRAIN_WORKER,
+        ("PrefetchDatasetIterator.__next__", f"{GRAIN}/dataset/transformations/prefetch.py", 264),
+        ("Future.result", f"{STD}/concurrent/futures/_base.py", 451),
+        ("Condition.wait", f"{STD}/threading.py", 327),
+    ]
+    works = [
+        ("_worker", f"{STD}/concurrent/futures/thread.py", 83),
+        ("MapMapDataset._map_element", f"{GRAIN}/dataset/transformations/map.py", 161),
+        ("load", "/job/t.py", 9),
+    ]
+    proc = {
+        "role": "worker",
+        "pid": 4711,
+        "worker_id": 0,
+        "loader_id": 1,
+        "threads": [
+            _thread(waits, "waiter.acquire()"),
+            _thread([("_feed", f"{STD}/multiprocessing/queues.py", 231)], main=False, name="QueueFeeder"),
+            _thread(works, "time.sleep(3600)", main=False, name="grain-prefetch_0"),
+        ],
+    }
+    (e,) = hang.summarize({"processes": [proc]})
+    assert e["line"] == "worker 0 (pid 4711) thread grain-prefetch_0: sleeping in load, t.py:9"
+    assert e["kind"] == hang.SLEEP and e["thread"] == "grain-prefetch_0"
+    # Without such a thread the main thread's own line stays.
+    proc["threads"] = proc["threads"][:2]
+    (e,) = hang.summarize({"processes": [proc]})
+    assert e["thread"] == "MainThread" and e["kind"] == hang.LOCK

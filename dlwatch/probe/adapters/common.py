@@ -70,11 +70,19 @@ def iter_patch(module: str, cls_name: str, on_iter: Callable[[Any, Any], Any]) -
 
 
 def start_epoch(
-    source: Any, it: Any, config: dict, describe: Callable[[Any], dict], fresh: bool = False, key: Any = None
+    source: Any,
+    it: Any,
+    config: dict,
+    describe: Callable[[Any], dict],
+    fresh: bool = False,
+    key: Any = None,
+    processes: Callable[[Any], list] | None = None,
 ) -> None:
     """The loop got ``it`` from ``source``: measure it as a new epoch of
     ``source``'s loader, with ``describe(source)`` read at each frame
-    (``fresh``: this epoch's reader replaces the last one's)."""
+    (``fresh``: this epoch's reader replaces the last one's) and
+    ``processes(source)``, the pipeline's worker ``Process`` objects, read
+    where the death scan and a stack request need them."""
     if patches._in_worker_process():
         return
     st = patches.registry.for_source(source, config, key)
@@ -88,6 +96,8 @@ def start_epoch(
     if fresh or st.describe is None:
         ref = _ref(source)
         st.describe = lambda: _describe_ref(ref, describe)
+        if processes is not None:
+            st.pipeline_procs = lambda: _procs_ref(ref, processes)
     consumer.measure(it, st)
 
 
@@ -116,6 +126,16 @@ def _describe_ref(ref: Callable[[], Any], describe: Callable[[Any], dict]) -> di
         return describe(obj)
     except Exception:
         return {}
+
+
+def _procs_ref(ref: Callable[[], Any], processes: Callable[[Any], list]) -> list:
+    obj = ref()
+    if obj is None:
+        return []
+    try:
+        return [p for p in processes(obj) if isinstance(getattr(p, "pid", None), int)]
+    except Exception:
+        return []
 
 
 def walk(root: Any, attrs: tuple[str, ...]) -> Iterator[Any]:

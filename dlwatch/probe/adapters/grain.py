@@ -105,7 +105,7 @@ def _start(src: Any, it: Any) -> None:
     # Pipelines are often rebuilt every epoch: one loader per shape. The
     # epoch's iterator stands for the loader (the dataset may be dropped once
     # iterated): it is what is alive while the loop runs, and what is read.
-    start_epoch(it, it, _config(src), describe_graph, fresh=True, key=_shape(src))
+    start_epoch(it, it, _config(src), describe_graph, fresh=True, key=_shape(src), processes=processes)
 
 
 _MODULE = "grain._src.python.dataset.dataset"
@@ -239,6 +239,20 @@ def _ready_in_order(futures: list[Any]) -> tuple[int, int]:
             break
         ready += 1
     return ready, len(futures) - ready
+
+
+def processes(it: Any) -> list[Any]:
+    """mp_prefetch's worker processes that run: none whose stop is set
+    (Grain joins, then kills, a worker it stops: not a death)."""
+    out: list[Any] = []
+    for node in walk(it, _GRAPH):
+        if type(node).__name__ == "_MultiprocessPrefetchDatasetIterator":
+            out.extend(_pool_processes(node))
+        p = getattr(node, "_prefetch_process", None)
+        stop = getattr(node, "_prefetch_should_stop", None)
+        if p is not None and not (stop is not None and stop.is_set()):
+            out.append(p)
+    return out
 
 
 def describe_graph(it: Any) -> dict:

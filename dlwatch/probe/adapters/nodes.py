@@ -20,7 +20,7 @@ _GRAPH = ("root", "source", "_it", "_source", "sources")
 
 
 def _on_iter(loader: Any, it: Any) -> Any:
-    start_epoch(loader, it, _config(loader), describe)
+    start_epoch(loader, it, _config(loader), describe, processes=processes)
     return it
 
 
@@ -36,6 +36,20 @@ def _config(loader: Any) -> dict:
         "dataset": type(loader.root).__name__,
         "iterator": "LoaderIterator",
     }
+
+
+def processes(loader: Any) -> list[Any]:
+    """The ``method="process"`` workers of the graph's running mappers; none
+    of a mapper whose stop is set (its workers exit then by design)."""
+    out: list[Any] = []
+    for node in walk(loader.root, _GRAPH):
+        if type(node).__name__ != "_ParallelMapperIter" or getattr(node, "method", None) != "process":
+            continue
+        stop = getattr(node, "_stop", None)
+        if stop is not None and stop.is_set():
+            continue
+        out.extend(getattr(node, "_workers", ()) or ())
+    return out
 
 
 def describe(loader: Any) -> dict:
