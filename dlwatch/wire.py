@@ -45,6 +45,11 @@ every monitor when the job gathered them on a stall (``result.reason``:
 ``"stall"`` or ``"request"``); a monitor that connects later gets the last
 one after its history.
 
+A server that lists ``"last-frame"`` sends one more window as Python exits,
+with ``"at_exit": true`` in its ``main``: a job that lists it and hangs up
+without that frame did not exit through Python (killed by a signal, a
+crash, ``os._exit``).
+
 A version mismatch is answered with ``{"type": "error", ...}`` and the
 connection is closed; so is a malformed or oversized frame.
 """
@@ -85,6 +90,10 @@ MAX_OUT_DIR_CHARS = 1024
 FEATURE_PROFILE = "profile"
 FEATURE_WORKER_PROFILE = "worker-profile"
 FEATURE_STACKS = "stacks"
+# A server whose last frame, sent as Python exits, says so (``main.at_exit``):
+# a job that ended with no such frame did not exit through Python (a signal,
+# a crash, ``os._exit``).
+FEATURE_LAST_FRAME = "last-frame"
 # Worker profile bursts: seconds and samples per second per worker.
 WORKER_PROFILE_DEFAULT_SECONDS = 5.0
 WORKER_PROFILE_MAX_SECONDS = 60.0
@@ -228,6 +237,7 @@ MAIN_OPTIONAL = {
     "train_threads": _LIST,
     "own_tids": _LIST,
     "exit_exception": _STR,  # the main thread's uncaught exception, in the last frame
+    "at_exit": _BOOL,  # the frame sent as Python exits (FEATURE_LAST_FRAME)
 }
 LOADER = (
     _of(_INT, "id", "epoch", "batches", "wait_ns", "step_ns", "num_workers")

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from dlwatch import qualnames
-from dlwatch.collect import ptrace, spy
+from dlwatch.collect import job_end, ptrace, spy
 from dlwatch.collect.control import ProfileError, request_stacks
 from dlwatch.collect.jobs import pid_alive
 from dlwatch.diagnose import hang
@@ -119,28 +119,13 @@ def how_it_ended(pid: int) -> str | None:
     status /proc keeps for it (the exit_code field of /proc/PID/stat): exit
     code 0 with no signal is a worker whose share was done, not a crash.
     None when /proc has no such status (reaped, or not a zombie)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    # After the name: state is field 3, exit_code field 52 (Linux >= 3.5).
-    if not fields or fields[0] != b"Z" or len(fields) < 50:
-        return None
-    try:
-        status = int(fields[49])
-    except ValueError:
+    status = job_end.zombie_status(pid)
+    if status is None:
         return None
     if status == 0:
         return "exited (its share done): exit code 0, no signal; not yet reaped by the loader"
     if os.WIFSIGNALED(status):
-        import signal
-
-        try:
-            name = signal.Signals(os.WTERMSIG(status)).name
-        except ValueError:
-            name = f"signal {os.WTERMSIG(status)}"
-        return f"{_GONE}: killed by {name}, not yet reaped"
+        return f"{_GONE}: killed by {job_end.signal_name(os.WTERMSIG(status))}, not yet reaped"
     if os.WIFEXITED(status):
         return f"{_GONE}: exit code {os.WEXITSTATUS(status)}, not yet reaped"
     return None

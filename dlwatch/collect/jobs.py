@@ -14,7 +14,7 @@ import time
 from collections import deque
 
 from dlwatch import __version__, rundir, wire
-from dlwatch.collect import oom
+from dlwatch.collect import job_end, oom
 from dlwatch.collect.totals import Totals
 from dlwatch.diagnose import hang, worker_profile
 
@@ -115,6 +115,10 @@ class JobConnection:
         self.last_error = ""
         self.first_seen = time.time()
         self.ended_at: float | None = None
+        # When the job hung up: its end, when the process is found gone only
+        # later (still exiting at the hang-up: the next rescan sees it gone).
+        # What orders the ranks of a run by the time they ended.
+        self.hung_up_at: float | None = None
         # The job's last worker profile, as the hints quote it (model.py).
         self.worker_profile: dict | None = None
         # The job's last stacks (a stall's or a request's), as the snapshot
@@ -126,6 +130,8 @@ class JobConnection:
         self.oom_kills_at_start: int | None = None
         self.oom: dict | None = None
         self._deaths_seen = 0
+        # What the job's hello announced it can do (wire.FEATURE_*).
+        self.features: list[str] = []
         # Each worker's first and last RSS sample: (time, bytes, time, bytes).
         self.worker_rss: dict[int, tuple[float, int, float, int]] = {}
 
@@ -177,14 +183,29 @@ class JobConnection:
         self.close()
         self.state = state
         self.reason = reason
-        cause = self.frames[-1].get("main", {}).get("exit_exception") if self.frames else None
-        if state == "exited" and isinstance(cause, str) and cause:
-            # The job's last frame said what ended it (probe/exit_cause.py).
-            self.reason = f"{reason} after an uncaught {cause}"
+        if state == "exited" and self.frames:
+            self.reason = self._how_it_ended()
         if self.ended_at is None:
-            self.ended_at = time.time()
+            self.ended_at = self.hung_up_at or time.time()
+
+    def _how_it_ended(self) -> str:
+        """What the last frame (probe/exit_cause.py, ``at_exit``), the
+        wait status of a zombie and the cgroup's OOM counter say of the end."""
+        main = self.frames[-1].get("main") or {}
+        cause = main.get("exit_exception")
+        spoke = bool(main.get("at_exit")) if wire.FEATURE_LAST_FRAME in self.features else None
+        now, _ = oom.oom_kills(self.cgroup_dir) if not cause else (None, "")
+        at_start = self.oom_kills_at_start
+        new = (
+            now - at_start if isinstance(now, int) and isinstance(at_start, int) and now > at_start else None
+        )
+        return job_end.reason(
+            cause if isinstance(cause, str) else None, spoke, job_end.zombie_status(self.pid), new
+        )
 
     def on_hangup(self) -> None:
+        if self.hung_up_at is None:
+            self.hung_up_at = time.time()
         if pid_alive(self.pid):
             self.close()
             self.state = "unreachable"
@@ -234,8 +255,10 @@ class JobConnection:
                 self._set_ended("incompatible", str(e))
                 return 0
             self.job = msg["job"]
+            self.features = [str(f) for f in msg.get("features") or ()]
             self.state = "live"
             self.reason = ""
+            self.hung_up_at = None
             if self.cgroup_dir is None:
                 self.cgroup_dir, self.cgroup_note = oom.cgroup_dir(self.pid)
                 self.oom_kills_at_start = oom.oom_kills(self.cgroup_dir)[0]

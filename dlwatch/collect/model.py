@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
+from dlwatch.collect import job_end
 from dlwatch.collect import window as win
 from dlwatch.collect.co_iterated import loops
 from dlwatch.collect.jobs import JobConnection
@@ -69,7 +70,7 @@ def snapshot_dict(
         "host": host_dict(host) | cpu_accounting(host, conns, procs, attached),
         "gpu_status": gpu_status,
         "gpus": gpus,
-        "jobs": attached + [job_dict(c, window_s, procs, now) for c in conns],
+        "jobs": attached + ended_in_order([job_dict(c, window_s, procs, now) for c in conns], conns),
         "hints": [],
         "runtime_dir": runtime_dir,
         "runtime_dir_error": runtime_dir_error,
@@ -163,6 +164,13 @@ def job_state(c: JobConnection, main: dict[str, Any] | None = None) -> str:
     if state == "live" and (main or {}).get("state") == "stopped":
         return "unreachable"
     return state
+
+
+def ended_in_order(jobs: list[Job], conns: list[JobConnection]) -> list[Job]:
+    """The jobs, with the order in which the ranks of a run ended said."""
+    last = {c.pid: c.frames[-1].get("t") if c.frames else None for c in conns}
+    job_end.order_of_ends(cast(list[dict[str, Any]], jobs), last)
+    return jobs
 
 
 def job_dict(

@@ -61,7 +61,7 @@ class Control:
     def features(self) -> list[str]:
         """What the hello announces."""
         profiling = [wire.FEATURE_PROFILE, wire.FEATURE_WORKER_PROFILE] if profiler.enabled() else []
-        return [*profiling, wire.FEATURE_STACKS]
+        return [*profiling, wire.FEATURE_STACKS, wire.FEATURE_LAST_FRAME]
 
     def on_request(self, c, msg: dict) -> None:
         """A message from a greeted client; anything unknown is ignored."""

@@ -269,7 +269,9 @@ class Publisher:
         """At exit: one more frame, so that what ended the job (a worker
         that died, the error the loader raised) reaches the monitors."""
         try:
-            data = wire.encode(self.build_frame(scan=True))
+            frame = self.build_frame(scan=True)
+            frame.setdefault("main", {})["at_exit"] = True
+            data = wire.encode(frame)
         except Exception:
             return
         for c in list(self._clients.values()):

@@ -217,6 +217,47 @@ def test_a_job_that_dies_of_an_exception_says_so_to_the_monitor():
     assert j["state_reason"] == "the process has exited after an uncaught RuntimeError: boom in the step", j
 
 
+@pytest.mark.parametrize("reaped", [False, True])
+def test_a_job_killed_by_a_signal_is_told_from_one_that_exited(reaped):
+    """A QA run of torchrun: a rank SIGKILLed read "the process has exited",
+    as a rank that finished. Not yet reaped, its wait status names the
+    signal; reaped, the missing last frame says it did not exit through
+    Python."""
+    job = Proc(SCEN, "killed", "1.5")
+    # Driven by hand (no thread): whether the monitor reads the end before or
+    # after the job is reaped is the test's to choose.
+    m = Monitor(directory=job.dir, interval=0.2, gpu=False, diagnoser=False)
+
+    def the_job() -> dict | None:
+        snap = m.sample_now()
+        return next((x for x in snap["jobs"] if x["pid"] == job.pid), None)
+
+    j = None
+    try:
+        job.line("ready")
+        end = time.monotonic() + 20
+        while (j := the_job()) is None or j["state"] != "live":
+            assert time.monotonic() < end, j
+            time.sleep(0.1)
+        # Dead, not reaped: waitid(WNOWAIT) leaves the zombie for finish().
+        os.waitid(os.P_PID, job.pid, os.WEXITED | os.WNOWAIT)
+        if reaped:
+            assert job.finish(timeout=60)[0] == -signal.SIGKILL
+        while (j := the_job()) is None or j["state"] != "exited":
+            assert time.monotonic() < end, j
+            time.sleep(0.1)
+    finally:
+        m.stop()
+        job.cleanup()
+    assert j is not None and j["state"] == "exited", j
+    if reaped:
+        assert j["state_reason"].startswith(
+            "the process has ended without Python's shutdown (no last frame): killed by a signal (SIGKILL"
+        ), j
+    else:
+        assert j["state_reason"] == "the process was killed by SIGKILL", j
+
+
 def test_os_exit_leaves_a_stale_socket_that_ls_cleans_up():
     job = Proc(SCEN, "os_exit")
     try:

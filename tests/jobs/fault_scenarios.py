@@ -10,6 +10,7 @@ batches, and communicates with the test over stdout only.
 import atexit
 import json
 import os
+import signal
 import sys
 import time
 
@@ -80,6 +81,19 @@ def crash(after_s="1.5"):
     while time.monotonic() < end:
         train(it, 1)
     raise RuntimeError("boom in the step\nsecond line of the message")
+
+
+def killed(after_s="1.5"):
+    """Train, then die of SIGKILL (the OOM killer's signal, kill -9): no
+    exception, no atexit, no last frame."""
+    dl = loader()
+    it = iter(dl)
+    train(it, 3)
+    say("ready", json.dumps({"pid": os.getpid()}))
+    end = time.monotonic() + float(after_s)
+    while time.monotonic() < end:
+        train(it, 1)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def os_exit():

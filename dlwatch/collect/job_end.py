@@ -1,0 +1,138 @@
+"""How a watched job ended, from what the monitor can see of it.
+
+A job is not the monitor's child, so its exit status is not ours to read,
+except for the moment it is a zombie (``/proc/PID/stat`` keeps the wait
+status until its parent reaps it). What is always there: the job's last
+frame. A job that exits through Python (the end of the script, ``sys.exit``,
+an uncaught exception) sends one as it exits (``main.at_exit``, with the
+exception when one ended it); a job that hung up without it was killed by a
+signal (SIGKILL: the OOM killer, ``kill -9``; SIGTERM: a scheduler, or
+torchrun stopping every rank when one fails), crashed, or called
+``os._exit``. The cgroup's OOM-kill counter says whether the OOM killer
+struck meanwhile. A QA run: a rank killed by SIGKILL read "the process has
+exited", as a rank that finished did.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Mapping
+from typing import Any
+
+from dlwatch.snapshot import as_int, run_key
+
+EXITED = "the process has exited"
+
+
+def zombie_status(pid: int) -> int | None:
+    """The wait status /proc keeps for a process not yet reaped (a zombie:
+    the exit_code field of /proc/PID/stat, Linux >= 3.5), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # After the name: state is field 3, exit_code field 52.
+    if not fields or fields[0] != b"Z" or len(fields) < 50:
+        return None
+    try:
+        return int(fields[49])
+    except ValueError:
+        return None
+
+
+def signal_name(n: int) -> str:
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
+
+
+def reason(
+    exception: str | None,
+    spoke_at_exit: bool | None,
+    status: int | None = None,
+    oom_new: int | None = None,
+) -> str:
+    """The ended job's state reason. ``exception``: the uncaught exception
+    its last frame named; ``spoke_at_exit``: whether its last frame was sent
+    as Python exited (None: the job predates that frame, or no frame came);
+    ``status``: its wait status, when it was read as a zombie; ``oom_new``:
+    OOM kills the cgroup counted since the monitor first saw the job."""
+    if exception:
+        return f"{EXITED} after an uncaught {exception}"
+    oom = (
+        f"; the cgroup counted {oom_new} OOM kill{'s' if oom_new != 1 else ''} since dlwatch first saw "
+        "the job: the OOM killer, most likely"
+        if oom_new
+        else ""
+    )
+    if status is not None and os.WIFSIGNALED(status):
+        return f"the process was killed by {signal_name(os.WTERMSIG(status))}{oom}"
+    if (
+        status is not None
+        and os.WIFEXITED(status)
+        and (os.WEXITSTATUS(status) != 0 or spoke_at_exit is False)
+    ):
+        how = " without Python's shutdown (os._exit)" if spoke_at_exit is False else ""
+        return f"{EXITED} with code {os.WEXITSTATUS(status)}{how}{oom}"
+    if spoke_at_exit is False:
+        return (
+            "the process has ended without Python's shutdown (no last frame): killed by a signal "
+            "(SIGKILL: the OOM killer or kill -9; SIGTERM: a scheduler, or torchrun stopping every "
+            f"rank when one fails), a crash, or os._exit{oom}"
+        )
+    return f"{EXITED}{oom}"
+
+
+# Ranks of a run that end within this long of its first are taken to have
+# ended with it (torchrun stops every rank when one fails, at once).
+ENDS_TOGETHER_S = 30.0
+# A job's last frame is at most one publishing interval (0.1 s) before its
+# end, later on a busy box: ends closer than this are not told apart.
+ORDER_MARGIN_S = 0.25
+
+
+def order_of_ends(jobs: list[dict[str, Any]], last_seen: Mapping[int, float | None]) -> None:
+    """The ranks of one run that have ended, in the order they ended (each
+    one's last frame, by the job's clock: the monitor drains its sockets once
+    an interval, so the hang-ups of one interval read alike): the first is
+    said to be (torchrun calls it the root cause), each later one how long
+    after it, when the order is clear; else that they ended together. In
+    place, on the jobs' ``state_reason``. A QA run: a rank SIGKILLed and the
+    rank torchrun stopped 0.13 s later read alike."""
+    runs: dict[tuple[str, str], list[tuple[float, dict[str, Any]]]] = {}
+    for j in jobs:
+        key, t = run_key(j), last_seen.get(as_int(j.get("pid")) or 0)
+        if j.get("state") == "exited" and key is not None and t is not None:
+            runs.setdefault(key, []).append((t, j))
+    for members in runs.values():
+        members.sort(key=lambda m: m[0])
+        t0 = members[0][0]
+        ended = [(t, j) for t, j in members if t - t0 <= ENDS_TOGETHER_S]
+        if len(ended) < 2:
+            continue
+        # Which of those came first is within the frames' own spacing.
+        firsts = [j for t, j in ended if t - t0 < ORDER_MARGIN_S]
+        for t, j in ended:
+            if any(j is f for f in firsts):
+                others = [f for f in firsts if f is not j]
+                note = (
+                    f"it ended with {_names(others)} (within {ORDER_MARGIN_S:g} s), the first of its run "
+                    "to end"
+                    if others
+                    else "the first rank of its run to end"
+                )
+            else:
+                note = f"{t - t0:.1f} s after {_names(firsts)}, the first of its run to end"
+            j["state_reason"] = f"{j.get('state_reason') or EXITED}; {note}"
+
+
+def _names(jobs: list[dict[str, Any]]) -> str:
+    return " and ".join(_rank_name(j) for j in jobs)
+
+
+def _rank_name(j: Mapping[str, Any]) -> str:
+    rank = as_int(j.get("rank"))
+    return f"rank {rank} (pid {j.get('pid')})" if rank is not None else f"pid {j.get('pid')}"

@@ -1,0 +1,83 @@
+"""How a watched job ended (collect/job_end.py): the reason its state gives,
+and the order in which the ranks of a run ended."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from dlwatch.collect import job_end
+
+KILLED = signal.SIGKILL  # a wait status of a process killed by SIGKILL is the signal number
+EXIT_3 = 3 << 8
+
+
+@pytest.mark.parametrize(
+    "args, want",
+    [
+        (
+            ("RuntimeError: boom", False, KILLED, 1),
+            "the process has exited after an uncaught RuntimeError: boom",
+        ),
+        ((None, False, KILLED, None), "the process was killed by SIGKILL"),
+        (
+            (None, None, KILLED, 2),
+            "the process was killed by SIGKILL; the cgroup counted 2 OOM kills since dlwatch first saw the "
+            "job: the OOM killer, most likely",
+        ),
+        ((None, True, EXIT_3, None), "the process has exited with code 3"),
+        ((None, False, 0, None), "the process has exited with code 0 without Python's shutdown (os._exit)"),
+        ((None, True, 0, None), "the process has exited"),
+        ((None, True, None, None), "the process has exited"),
+        ((None, None, None, None), "the process has exited"),  # a job that predates the last frame
+    ],
+)
+def test_the_reason_says_what_the_evidence_shows(args, want):
+    assert job_end.reason(*args) == want
+
+
+def test_a_job_that_did_not_speak_at_exit_was_killed_crashed_or_called_os_exit():
+    got = job_end.reason(None, False, None, 1)
+    assert got.startswith(
+        "the process has ended without Python's shutdown (no last frame): killed by a signal"
+    )
+    assert "torchrun stopping every rank" in got and got.endswith("the OOM killer, most likely")
+
+
+def test_the_wait_status_of_a_zombie_and_none_once_reaped():
+    p = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)  # dead, left unreaped
+    status = job_end.zombie_status(p.pid)
+    assert status is not None and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    p.wait()
+    assert job_end.zombie_status(p.pid) is None
+    assert job_end.zombie_status(os.getpid()) is None  # alive: no status
+
+
+def _rank(pid: int, rank: int, run: str = "r1", state: str = "exited") -> dict:
+    return {"pid": pid, "rank": rank, "run_id": run, "master": "h:1", "state": state, "state_reason": "x"}
+
+
+def test_the_first_rank_of_a_run_to_end_is_named_and_the_others_after_it():
+    jobs = [_rank(10, 0), _rank(11, 1), _rank(12, 0, run="other")]
+    job_end.order_of_ends(jobs, {10: 100.9, 11: 100.0, 12: 50.0})
+    assert jobs[1]["state_reason"] == "x; the first rank of its run to end"
+    assert jobs[0]["state_reason"] == "x; 0.9 s after rank 1 (pid 11), the first of its run to end"
+    assert jobs[2]["state_reason"] == "x"  # a run of one
+
+
+def test_ends_within_the_frames_spacing_are_together_and_a_late_or_live_rank_is_left_alone():
+    jobs = [_rank(10, 0), _rank(11, 1), _rank(12, 2), _rank(13, 3, state="live"), _rank(14, 4)]
+    job_end.order_of_ends(jobs, {10: 100.1, 11: 100.0, 12: 101.0, 13: 100.0, 14: 400.0})
+    assert jobs[1]["state_reason"] == (
+        "x; it ended with rank 0 (pid 10) (within 0.25 s), the first of its run to end"
+    )
+    assert jobs[0]["state_reason"].startswith("x; it ended with rank 1 (pid 11) (within")
+    assert jobs[2]["state_reason"] == (
+        "x; 1.0 s after rank 1 (pid 11) and rank 0 (pid 10), the first of its run to end"
+    )
+    assert jobs[3]["state_reason"] == jobs[4]["state_reason"] == "x"
