@@ -127,8 +127,12 @@ def _align_phase(
     return min(j, hi)
 
 
-def _no_batch_reason(d_wait: int, d_step: int, dt: float, total: int) -> str:
+def _no_batch_reason(d_wait: int, d_step: int, dt: float, total: int, error: Any = None) -> str:
     what = "no batch yet" if total <= 0 else f"no batch completed in the last {dt:.0f} s"
+    if isinstance(error, str) and error and d_wait == 0:
+        # A QA run: a loader whose worker raised read "the loader is not
+        # being iterated".
+        return f"{what}: the loader raised {error[:160]}"
     if d_wait > 0 and d_step == 0:
         return what + ": the loop is waiting for data inside next()"
     if d_step > 0 and d_wait == 0:
@@ -183,7 +187,9 @@ def loader_window(
         "end_mono_ns": t_new,
         "batches_per_s": round(d_b / dt, 3) if dt > 0 else 0.0,
         "data_wait_fraction": _round(_ratio(d_wait, busy_total), 4) if d_b else None,
-        "no_batch_reason": None if d_b else _no_batch_reason(d_wait, d_step, dt, new["batches"]),
+        "no_batch_reason": None
+        if d_b
+        else _no_batch_reason(d_wait, d_step, dt, new["batches"], new.get("last_error")),
         "wait_ms_mean": _round(_ratio(d_wait / 1e6, d_b), 3),
         "step_ms_mean": _round(_ratio(d_step / 1e6, d_b), 3),
         "epoch_first_batch_age_s": epoch_first_batch_age(frames, loader_id),

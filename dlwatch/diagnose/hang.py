@@ -39,7 +39,13 @@ NATIVE_CPU_MAX = 5.0
 # /proc states (and psutil's names for them) of a thread that is not running.
 _OFF_CPU_STATES = frozenset({"S", "D", "I", "sleeping", "disk-sleep", "idle"})
 
-_LOCK_SRC = re.compile(r"\.acquire\(|\bwith\b[^:]*\block\b|\block\b[^=]*\.acquire|semaphore|\.wait\(", re.I)
+# ``with self._lock:``, ``with store_lock:``, ``with self._rlock:``: "_"
+# is a word character, so a plain \block\b missed the commonest idioms (a QA
+# run read a worker on a Python lock as "blocked in C").
+_LOCK_SRC = re.compile(
+    r"\.acquire\(|\bwith\b[^:]*(?:\b|_)(?:r?lock|mutex|sem|semaphore)\b|\block\b[^=]*\.acquire|semaphore|\.wait\(",
+    re.I,
+)
 _IO_SRC = re.compile(
     r"\bopen\(|\.read(?:line|lines|into|_bytes|_text)?\(|\.recv(?:_into|from)?\(|\.accept\(|"
     r"\.connect\(|select\(|\.poll\(|urlopen|requests\.|\.get_object\(|\.download|os\.read\(|\.load\("
@@ -148,6 +154,11 @@ def frame_kind(thread: Mapping[str, Any], role: str = "trainer") -> str:
         # queue.Queue.get: waiting for an item (a batch a feeder thread puts),
         # not a lock of the user's (a QA run: "blocked on a lock in
         # Condition.wait" for every thread-fed loop).
+        return QUEUE
+    if any(n == "get" and p.endswith("/multiprocessing/queues.py") for n, p in zip(names[-8:], files[-8:])):
+        # A multiprocessing queue's get(): waiting for an item another
+        # process puts (a QA run: a worker waiting for an end-of-data
+        # sentinel read as "blocked in C" in Connection._recv).
         return QUEUE
     if leaf_name == "sleep" or "time.sleep(" in src:
         return SLEEP
@@ -434,13 +445,28 @@ def death_line(d: Mapping[str, Any]) -> str:
         elif d.get("oom_kills_reason"):
             parts.append(f"OOM kills n/a: {d['oom_kills_reason']}")
     first, last = d.get("rss_first_bytes"), d.get("rss_last_bytes")
-    if isinstance(first, int) and isinstance(last, int):
+    # A worker that raised lives on (torch catches its fetch's exception):
+    # its memory says nothing of why.
+    raised_only = d.get("exception") and not d.get("signal") and d.get("exit_code") in (None, 0)
+    if isinstance(first, int) and isinstance(last, int) and not raised_only:
         unit = "GiB" if max(first, last) >= 2**28 else "MiB"
         a, b = _gib(first).removesuffix(" Mi"), _gib(last).removesuffix(" Mi")
         verb = "grew" if last > first * 1.05 else "was"
         rng = f"{a} → {b}" if verb == "grew" else b
         parts.append(f"its RSS {verb} {rng} {unit}{_span(d.get('rss_span_s')) if verb == 'grew' else ''}")
     note = _CAUSE_NOTE.get(death_cause(d))
+    if (
+        note
+        and d.get("signal") == "SIGBUS"
+        and not re.search(r"shared memory|/dev/shm|No space", str(d.get("exception")))
+    ):
+        # A SIGBUS alone is a write past what a mapping could back: most
+        # often /dev/shm, not certainly (a QA run: "/dev/shm is full" beside
+        # 23.5 GiB free, the kill sent by hand).
+        note = (
+            "a SIGBUS is most often /dev/shm running out: enlarge it (docker --shm-size) or lower "
+            "num_workers × prefetch_factor"
+        )
     if note:
         parts.append(note)
     return "; ".join(parts)

@@ -22,6 +22,7 @@ reads the two together and names the cause where the evidence shows it:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -214,7 +215,14 @@ def _cpu_note(w: Entry) -> str:
     return f" at {cpu:.0f} % CPU" if cpu is not None else ""
 
 
-def fork_inherited_pool(lv: LoaderView, w: Entry, others: list[Entry]) -> Cause | None:
+# A Hugging Face tokenizer's call: its Rust thread pool is what fork copied
+# (huggingface/tokenizers#187), and OMP_NUM_THREADS does not reach it.
+_TOKENIZERS = re.compile(r"tokeni[sz]|encode_batch|batch_encode", re.I)
+
+
+def fork_inherited_pool(
+    lv: LoaderView, w: Entry, others: list[Entry], workers: list[Entry] | None = None
+) -> Cause | None:
     """(a) A lock or thread pool inherited across fork: a worker of a fork
     loader blocked in C, asleep at ~0 % CPU, at its first fetch (it has
     delivered nothing since it was forked) or while the trainer runs threads
@@ -226,6 +234,12 @@ def fork_inherited_pool(lv: LoaderView, w: Entry, others: list[Entry]) -> Cause 
     users = _user_threads(others)
     first = as_int(w.get("batches")) == 0
     if not first and not users:
+        return None
+    if not users and any(o.get("kind") == hang.IDLE for o in workers or ()):
+        # Every worker forked from the same trainer: a copied pool stops each
+        # one at its first parallel call. A sibling idle beside it says the
+        # call waits on something else (a QA run: a sqlite lock another
+        # worker held, read as a thread pool).
         return None
     when = "its first call into it since the workers forked" if first else "after the workers forked"
     held = f" (the trainer runs threads: {', '.join(users[:4])})" if users else ""
@@ -244,6 +258,12 @@ def fork_inherited_pool(lv: LoaderView, w: Entry, others: list[Entry]) -> Cause 
             "keep the workers single-threaded: OMP_NUM_THREADS=1 in the job's environment, or "
             "torch.set_num_threads(1) in worker_init_fn (and nothing that raises it in the worker); "
             f"or {fresh}"
+        )
+    at = w.get("at") or {}
+    if _TOKENIZERS.search(f"{at.get('function', '')} {at.get('src', '')}"):
+        fix = (
+            "TOKENIZERS_PARALLELISM=false in the job's environment (a Hugging Face tokenizer's own "
+            f"thread pool, which OMP_NUM_THREADS does not reach), or {fresh}"
         )
     return (
         "fork-inherited-pool",
@@ -279,12 +299,16 @@ def io_never_returns(lv: LoaderView, w: Entry) -> Cause | None:
     store's or a shard reader's call (webdataset#308)."""
     if w.get("kind") != hang.IO:
         return None
+    fail = ", and DataLoader(timeout=...) to fail instead of hanging"
+    if "timed out after" in str(lv.loader.get("last_error") or ""):
+        # The loader's own timeout has fired already (a QA run: the advice
+        # still said to set it).
+        fail = "; the DataLoader's timeout has fired already: this read is why"
     return (
         "worker-blocked-io",
         f"{_who(w)} is blocked in I/O in {_where_text(w)}",
         "that read does not return: check the storage or endpoint it reads; give the read a "
-        "timeout and retry it (socket/urlopen timeout=, fsspec's or the store client's timeouts), "
-        "and DataLoader(timeout=...) to fail instead of hanging",
+        f"timeout and retry it (socket/urlopen timeout=, fsspec's or the store client's timeouts){fail}",
     )
 
 
@@ -326,6 +350,48 @@ def finished_rank(ctx: Context, lv: LoaderView, main: Entry | None, workers: lis
         "iterable dataset that yields equally per rank; or wrap the loop in torch.distributed's "
         "Join context (DDP's join()) so a rank that finishes early shadows the others' collectives",
     )
+
+
+def _after_death(ld: Mapping[str, Any], d: Mapping[str, Any]) -> str:
+    """The next step after a worker's death, by what the record shows (a QA
+    run: "a SIGKILL with OOM kills counted is the memory limit" for a
+    SIGBUS and for a spawn worker that exited with code 1)."""
+    cause = hang.death_cause(d)
+    if cause == "oom":
+        return (
+            "the memory limit: fewer workers or a smaller prefetch_factor, less memory per sample; "
+            "a dataset of Python objects grows in each worker as it is read (copy-on-read: keep it in "
+            "numpy arrays)"
+        )
+    if cause == "shm":
+        return (
+            f"{'/dev/shm ran out' if d.get('exception') else 'a SIGBUS is most often /dev/shm running out'}: "
+            "enlarge it (docker --shm-size=8g, or a larger tmpfs), or lower "
+            "num_workers x prefetch_factor"
+        )
+    if cause == "segfault":
+        return (
+            "a crash in C code (a library's extension): PYTHONFAULTHANDLER=1 in the job's environment "
+            "prints the worker's Python stack when it crashes"
+        )
+    if cause == "signal":
+        return (
+            f"{d.get('signal')} came from outside the job (kill, a scheduler, a supervisor), or from "
+            "an OOM killer the cgroup does not count (dmesg shows it)"
+        )
+    code = as_int(d.get("exit_code"))
+    if (
+        code not in (None, 0)
+        and ld.get("start_method") in ("spawn", "forkserver")
+        and not as_int(ld.get("batches_total"))
+    ):
+        return (
+            f"a {ld.get('start_method')} worker that exits with code {code} before any batch could not, "
+            "most often, unpickle the dataset or import the module that defines it (\"Can't get "
+            "attribute ... on <module '__mp_main__'>\" in the job's output): define the Dataset, "
+            "collate_fn and worker_init_fn at the top level of a module the worker can import"
+        )
+    return "the worker's error is in the job's output (its stderr)"
 
 
 def _feeder_gone(ld: Mapping[str, Any], deaths: list[Entry]) -> Cause:
@@ -407,18 +473,37 @@ def _worker_cause(lv: LoaderView, w: Entry, others: list[Entry], workers: list[E
             "find who holds that lock (dlwatch stacks --pid shows every thread)",
         )
     for found in (
-        fork_inherited_pool(lv, w, others),
+        fork_inherited_pool(lv, w, others, workers),
         barrier_wait(lv, w, workers),
         io_never_returns(lv, w),
     ):
         if found is not None:
             return found
     if kind == hang.NATIVE:
+        idle = [o for o in workers if o is not w and o.get("kind") == hang.IDLE]
+        sibling = (
+            f"; {_who(idle[0])} is idle: a lock one worker took and kept (a database's write "
+            "transaction, a file lock) stops the others so"
+            if idle
+            else ""
+        )
         return (
             "worker-blocked-native",
-            f"{who} is blocked in C{_cpu_note(w)}, asleep, in {_where_text(w)}",
-            "a C call that does not return (a native lock, a C library's read); "
-            "`py-spy dump --native --pid` shows its C frames",
+            f"{who} is blocked in C{_cpu_note(w)}, asleep, in {_where_text(w)}{sibling}",
+            "a C call that does not return: a lock another process holds (sqlite, LMDB or HDF5 opened "
+            "for writing, a file lock), a native lock, a C library's read; `py-spy dump --native --pid` "
+            "shows its C frames",
+        )
+    if kind == hang.QUEUE and not w.get("thread_worker"):
+        # A worker of the loop's own waits in a queue's get() in the
+        # dataset's code: for an item no one puts (an end-of-data sentinel
+        # that went to another worker: Lightning#6810, accelerate#221).
+        return (
+            "worker-waits-on-queue",
+            f"{who} waits in a queue's get() in {_where_text(w)}, for an item no one puts",
+            "whatever feeds that queue must put an item for every reader that waits (one end-of-data "
+            "sentinel per worker, not one in all), or get(timeout=...) and check that the producer is "
+            "alive",
         )
     if kind in (hang.RUNNING, hang.SLEEP, hang.QUEUE):
         held = num(w.get("in_fetch_s"))
@@ -456,7 +541,9 @@ def _cause(
                     "worker-raised",
                     f"worker {d.get('id')} (pid {d.get('pid')}) raised {d.get('exception')}, and the "
                     "loader re-raised it in the loop",
-                    "read the traceback in the job's output: the sample that raised is named there",
+                    "worker_init_fn raised (no sample yet): its traceback is in the job's output"
+                    if "(in worker_init_fn)" in str(d.get("exception"))
+                    else "read the traceback in the job's output: the sample that raised is named there",
                 )
             ]
         how = d.get("signal") or d.get("exception") or f"exit code {d.get('exit_code')}"
@@ -472,7 +559,7 @@ def _cause(
             (
                 "worker-died",
                 f"worker {d.get('id')} (pid {d.get('pid')}) died ({how}){forever}",
-                "read the worker's error above; a SIGKILL with OOM kills counted is the memory limit",
+                _after_death(ld, d),
             )
         ]
     if shm is not None and shm < SHM_FULL_BYTES and lv.num_workers:

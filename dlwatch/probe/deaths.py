@@ -128,6 +128,9 @@ def from_error(it, e: BaseException, deaths: list[dict]) -> str:
         wid = int(m.group(2))
         lines = [ln for ln in text.strip().splitlines() if ln.strip()]
         last = lines[-1].strip() if lines else m.group(1)
+        if "init_fn(worker_id)" in text:
+            # torch's worker loop calls worker_init_fn so: no sample raised.
+            last = f"{last} (in worker_init_fn)"
         pid = pids[wid] if wid < len(pids) else 0
         _add(deaths, {"id": wid, "pid": pid, "signal": None, "exit_code": None, "exception": last[:MAX_TEXT]})
     return first

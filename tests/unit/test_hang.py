@@ -281,6 +281,24 @@ GRAIN_WORKER = [
             hang.QUEUE,
         ),
         ([("<module>", "/job/t.py", 9)], "time.sleep(3600)", "trainer", hang.SLEEP),
+        # The commonest lock idioms: "_" is a word character (a QA run read
+        # `with self._lock:` as a plain call, then "blocked in C").
+        ([*FETCH, ("__getitem__", "/job/ds.py", 23)], "with self._lock:", "worker", hang.LOCK),
+        ([*FETCH, ("__getitem__", "/job/ds.py", 23)], "with store_lock:", "worker", hang.LOCK),
+        ([*FETCH, ("__getitem__", "/job/ds.py", 23)], "with self._mutex:", "worker", hang.LOCK),
+        ([*FETCH, ("__getitem__", "/job/ds.py", 23)], "with self.clock:", "worker", hang.RUNNING),
+        # A worker's own multiprocessing queue (an end-of-data sentinel): not "C".
+        (
+            [
+                *FETCH,
+                ("__iter__", "/job/ds.py", 11),
+                ("get", f"{STD}/multiprocessing/queues.py", 103),
+                ("_recv", f"{STD}/multiprocessing/connection.py", 395),
+            ],
+            "chunk = read(handle, remaining)",
+            "worker",
+            hang.QUEUE,
+        ),
         # torchdata.nodes' process worker between items: its in-queue's poll
         # is no read of the user's (a QA run: "blocked in I/O").
         (
@@ -871,3 +889,92 @@ def test_a_pipeline_worker_process_waiting_on_its_thread_pool_is_named_by_the_th
     proc["threads"] = proc["threads"][:2]
     (e,) = hang.summarize({"processes": [proc]})
     assert e["thread"] == "MainThread" and e["kind"] == hang.LOCK
+
+
+QUEUE_WORKER = (
+    [*FETCH, ("__iter__", "/job/ds.py", 11), ("get", f"{STD}/multiprocessing/queues.py", 103)],
+    "res = self._recv_bytes()",
+)
+
+
+def _native(src: str = "x = db.execute(q)", func: str = "__getitem__") -> tuple:
+    return ([*FETCH, (func, "/job/ds.py", 19)], src)
+
+
+def _asleep_at_first_fetch(j: dict, *ids: int) -> dict:
+    """Workers ``ids`` asleep at 0 % CPU in their first fetch (the process
+    sample the snapshot carries)."""
+    ld = j["loaders"][0]
+    ld["workers"] = [
+        {"id": i, "pid": 5000 + i, "cpu_percent": 0.0, "state": "sleeping", "batches": 0} for i in ids
+    ]
+    return j
+
+
+def test_a_worker_waiting_on_its_own_queue_is_told_to_send_every_reader_its_item():
+    h = _cause([_stalled_job([QUEUE_WORKER, IDLE_WORKER])])
+    assert h["evidence"]["cause"] == "worker-waits-on-queue", h
+    assert "worker 0 (pid 5000) waits in a queue's get()" in h["message"]
+    assert "one end-of-data sentinel per worker" in h["suggestion"]
+
+
+def test_a_native_block_beside_an_idle_sibling_is_no_inherited_pool():
+    """pyg-team/pytorch_geometric#8661: worker 0 keeps a sqlite write
+    transaction open; worker 1 waits in sqlite at its first fetch. Not a
+    pool copied at fork (which stops every worker alike)."""
+    j = _asleep_at_first_fetch(_stalled_job([IDLE_WORKER, _native()]), 1)
+    h = _cause([j])
+    assert h["evidence"]["cause"] == "worker-blocked-native", h
+    assert "worker 0 (pid 5000) is idle: a lock one worker took and kept" in h["message"]
+    assert "sqlite" in h["suggestion"]
+    both = _asleep_at_first_fetch(_stalled_job([_native(), _native()]), 0, 1)
+    assert _cause([both])["evidence"]["cause"] == "fork-inherited-pool"
+
+
+def test_a_tokenizers_pool_copied_at_fork_is_told_its_own_switch():
+    """huggingface/tokenizers#187: OMP_NUM_THREADS=1 does not help there."""
+    tok = _native("enc = tok.encode_batch(list(batch))", "Collate.__call__")
+    h = _cause([_asleep_at_first_fetch(_stalled_job([tok, tok]), 0, 1)])
+    assert h["evidence"]["cause"] == "fork-inherited-pool"
+    assert (
+        h["suggestion"].startswith("TOKENIZERS_PARALLELISM=false")
+        and "OMP_NUM_THREADS=1" not in h["suggestion"]
+    )
+
+
+@pytest.mark.parametrize(
+    "death, start_method, want",
+    [
+        ({"signal": "SIGKILL", "oom_kills": 1, "oom_kills_at_start": 0}, "fork", "the memory limit"),
+        ({"signal": "SIGBUS"}, "fork", "a SIGBUS is most often /dev/shm running out"),
+        ({"signal": "SIGSEGV"}, "fork", "PYTHONFAULTHANDLER=1"),
+        ({"signal": "SIGKILL", "oom_kills": 0, "oom_kills_at_start": 0}, "fork", "SIGKILL came from outside"),
+        ({"exit_code": 1}, "spawn", "could not, most often, unpickle the dataset"),
+        ({"exit_code": 1}, "fork", "the worker's error is in the job's output"),
+    ],
+)
+def test_the_step_after_a_death_follows_what_the_record_shows(death, start_method, want):
+    j = _stalled_job([IDLE_WORKER], start_method=start_method)
+    j["loaders"][0]["worker_deaths"] = [{"id": 0, "pid": 5000, "signal": None, "exception": None, **death}]
+    j["loaders"][0]["batches_total"] = 0
+    h = _cause([j])
+    assert h["evidence"]["cause"] == "worker-died" and want in h["suggestion"], h["suggestion"]
+
+
+def test_worker_init_fn_raising_is_no_sample_and_a_fired_timeout_is_not_advised_again():
+    text = (
+        "Caught FileNotFoundError in DataLoader worker process 0.\n"
+        "Original Traceback (most recent call last):\n"
+        '  File "w.py", line 306, in _worker_loop\n    init_fn(worker_id)\n'
+        "FileNotFoundError: no shard\n"
+    )
+    out: list[dict] = []
+    deaths.from_error(SimpleNamespace(_workers=[], _shutdown=False), RuntimeError(text), out)
+    assert out[0]["exception"] == "FileNotFoundError: no shard (in worker_init_fn)"
+    j = _stalled_job([IDLE_WORKER])
+    j["loaders"][0]["worker_deaths"] = out
+    assert _cause([j])["suggestion"].startswith("worker_init_fn raised (no sample yet)")
+    t = _stalled_job([IO_WORKER])
+    t["loaders"][0]["last_error"] = "RuntimeError: DataLoader timed out after 6 seconds"
+    s = _cause([t])["suggestion"]
+    assert "DataLoader(timeout=" not in s and "timeout has fired already" in s
