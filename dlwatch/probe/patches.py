@@ -163,7 +163,7 @@ def _wrap_next(orig_next, mod=None):
         except BaseException as e:
             st.t_enter = 0.0
             try:
-                st.raised(self, e)  # a worker's death or exception: errors only
+                st.raised(self, e, t0, clock())  # a worker's death or exception: errors only
             except Exception:
                 pass
             raise

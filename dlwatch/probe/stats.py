@@ -288,9 +288,16 @@ class LoaderStats:
         self.first_pending = False
         self.iter_t0 = 0.0
 
-    def raised(self, it, e: BaseException) -> None:
-        """``__next__`` raised ``e`` (not StopIteration): a worker's exception
-        or death, as torch reports it. Off the hot path: errors only."""
+    def raised(self, it, e: BaseException, t0: float | None = None, t1: float | None = None) -> None:
+        """``__next__`` raised ``e`` (not StopIteration) after waiting from
+        ``t0`` to ``t1``: a worker's exception or death, as torch reports it.
+        Off the hot path: errors only. The wait is the loop's (a QA run: a
+        loop that caught torch's 6 s timeout read it as 6 s of its step, and
+        a data wait of 0 %)."""
+        if t0 is not None and t1 is not None and t1 > t0:
+            self.wait_s += t1 - t0
+            if self.t_last:
+                self.t_last = t1
         if isinstance(e, Exception):
             if self.pipeline_procs is not None and self.procs:
                 # The pipeline may have dropped a dead worker before raising

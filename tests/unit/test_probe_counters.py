@@ -7,8 +7,10 @@ own clock said 0.525)."""
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
+import torch
 
 from dlwatch.probe.stats import LoaderStats
 
@@ -80,3 +82,32 @@ def test_the_counters_are_the_loops_own_at_now_when_the_loop_ran_on_before_they_
         assert inside is want[2]
         checked += 1
     assert checked > 200
+
+
+class _Raising(torch.utils.data.Dataset):
+    """Item 3 waits 0.3 s, then raises (a DataLoader's timeout, a worker's
+    error) in a loop that catches it and trains on."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        if i == 3:
+            time.sleep(0.3)
+            raise TimeoutError("no data for 0.3 s")
+        return torch.zeros(2)
+
+
+def test_the_wait_inside_a_next_that_raised_is_the_loops_wait_not_its_step(probe):
+    """A QA run: a loop that caught torch's 6 s timeout read 0 % data wait,
+    the 6 s as its step."""
+    it = iter(torch.utils.data.DataLoader(_Raising(), batch_size=None))
+    st = it._dlw_stats
+    got = 0
+    while got < 7:
+        try:
+            next(it)
+            got += 1
+        except TimeoutError:
+            pass
+    assert st.wait_s >= 0.3 and st.step_s < 0.2, (st.wait_s, st.step_s)
