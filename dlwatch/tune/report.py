@@ -185,6 +185,16 @@ def no_recommendation(doc: dict) -> str | None:
     return None  # the search saw nothing likely faster: "keep your settings" is its verdict
 
 
+def annotate(doc: dict) -> dict:
+    """``doc`` with ``no_recommendation`` beside ``recommendation`` (then the
+    baseline's settings) when no other setting was measured: what `dlwatch
+    tune --json` and the MCP tool both answer."""
+    none = no_recommendation(doc)
+    if none:
+        doc["no_recommendation"] = none
+    return doc
+
+
 def summary(doc: dict) -> str:
     lines = [table(doc), ""]
     for t in doc.get("trials", []):

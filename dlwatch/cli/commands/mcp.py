@@ -66,8 +66,4 @@ def run_tune(
     from dlwatch.tune.sweep import Sweep, TuneOptions
 
     opts = TuneOptions(trial_s=trial_s, max_trials=max_trials, budget_s=budget_s, workers=workers)
-    doc = Sweep(command, bootstrap_env(), opts).run()
-    none = report.no_recommendation(doc)
-    if none:
-        doc["no_recommendation"] = none  # as `dlwatch tune --json` says it
-    return doc
+    return report.annotate(Sweep(command, bootstrap_env(), opts).run())

@@ -208,9 +208,7 @@ def run(args) -> int:
     sweep = Sweep(cmd, bootstrap_env(), opts, on_trial_start=on_trial_start, on_progress=on_progress)
     doc = sweep.run()
     _end_line(state)
-    none = report.no_recommendation(doc)
-    if none:
-        doc["no_recommendation"] = none  # beside "recommendation", which is then the baseline's settings
+    report.annotate(doc)
     if args.json:
         print(json.dumps(doc, indent=2, default=str))
     else:
@@ -218,7 +216,7 @@ def run(args) -> int:
     if sweep.interrupted:
         return EXIT_INTERRUPTED
     base = doc.get("baseline") or {}
-    if base.get("status") != "ok" or none:
+    if base.get("status") != "ok" or doc.get("no_recommendation"):
         return EXIT_ERROR  # no answer, as when the baseline fails: a script must not read "keep"
     return EXIT_OK
 
