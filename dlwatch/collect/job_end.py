@@ -78,10 +78,11 @@ def reason(
         how = " without Python's shutdown (os._exit)" if spoke_at_exit is False else ""
         return f"{EXITED} with code {os.WEXITSTATUS(status)}{how}{oom}"
     if spoke_at_exit is False:
+        # Short: the live view's header shows it. What each signal most
+        # often is (the OOM killer, a scheduler, torchrun) is docs/hangs.md's.
         return (
-            "the process has ended without Python's shutdown (no last frame): killed by a signal "
-            "(SIGKILL: the OOM killer or kill -9; SIGTERM: a scheduler, or torchrun stopping every "
-            f"rank when one fails), a crash, or os._exit{oom}"
+            "the process ended without exiting through Python: a signal (SIGKILL, SIGTERM), a crash "
+            f"or os._exit{oom}"
         )
     return f"{EXITED}{oom}"
 

@@ -252,7 +252,7 @@ def test_a_job_killed_by_a_signal_is_told_from_one_that_exited(reaped):
     assert j is not None and j["state"] == "exited", j
     if reaped:
         assert j["state_reason"].startswith(
-            "the process has ended without Python's shutdown (no last frame): killed by a signal (SIGKILL"
+            "the process ended without exiting through Python: a signal (SIGKILL, SIGTERM)"
         ), j
     else:
         assert j["state_reason"] == "the process was killed by SIGKILL", j
