@@ -23,6 +23,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import psutil
+
 from dlwatch import qualnames
 from dlwatch.collect import job_end, ptrace, spy
 from dlwatch.collect.control import ProfileError, request_stacks
@@ -82,8 +84,14 @@ def complete(doc: dict[str, Any], py_spy: bool = True, sample_s: float = CPU_SAM
         p for p in procs if p.get("error") and not p.get("threads") and as_pid(p.get("pid")) is not None
     ]
     readable: list[dict[str, Any]] = []
+    root = as_pid(doc.get("pid"))
     for p in unanswered:
-        if py_spy and pid_alive(as_pid(p.get("pid")) or 0):
+        pid = as_pid(p.get("pid")) or 0
+        if py_spy and pid_alive(pid) and not in_tree(pid, root):
+            # The job names the processes to read: only its own are read
+            # (a job cannot point the monitor's py-spy at another process).
+            p["error"] = f"{p['error']}; not read: PID {pid} is not a process of job {root}"
+        elif py_spy and pid_alive(pid):
             readable.append(p)
         elif ended := how_it_ended(as_pid(p.get("pid")) or 0):
             p["error"] = ended
@@ -129,6 +137,19 @@ def how_it_ended(pid: int) -> str | None:
     if os.WIFEXITED(status):
         return f"{_GONE}: exit code {os.WEXITSTATUS(status)}, not yet reaped"
     return None
+
+
+def in_tree(pid: int, root: int | None) -> bool:
+    """Whether ``pid`` is ``root`` or descends from it (a worker, a
+    forkserver's child, a pipeline's process)."""
+    if root is None:
+        return False
+    if pid == root:
+        return True
+    try:
+        return any(p.pid == root for p in psutil.Process(pid).parents())
+    except (psutil.Error, OSError):
+        return False
 
 
 def as_pid(v: Any) -> int | None:

@@ -15,6 +15,7 @@ Python 3.10 process (its main thread asleep in C, two threads in
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -164,6 +165,7 @@ def test_complete_replaces_the_channels_error_with_py_spys_threads_and_their_cpu
         pytest.skip("py-spy cannot read a process here")
     doc = {
         "t": time.time(),
+        "pid": os.getpid(),  # the job: the worker is its child
         "processes": [
             {"role": "worker", "pid": pid, "worker_id": 0, "loader_id": 0, "error": "no answer within 1.5 s"}
         ],
@@ -178,6 +180,27 @@ def test_complete_replaces_the_channels_error_with_py_spys_threads_and_their_cpu
     [entry] = out["summary"]
     assert entry["kind"] == "native"
     assert entry["line"].startswith(f"worker 0 (pid {pid}): blocked in C (0 % CPU, sleeping) in <module>")
+
+
+def test_only_the_jobs_own_processes_are_read_from_outside(gil_held_in_c):
+    """The job names the processes to read; one outside its tree (here a
+    sibling of the "job": another child of the test) is never read."""
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        doc = {
+            "pid": other.pid,
+            "processes": [{"role": "worker", "pid": gil_held_in_c.pid, "worker_id": 0, "error": "no answer"}],
+        }
+        proc = collect_hang.complete(doc, sample_s=0.0)["processes"][0]
+    finally:
+        other.kill()
+        other.wait()
+    assert not proc.get("threads") and "via" not in proc
+    assert (
+        proc["error"] == f"no answer; not read: PID {gil_held_in_c.pid} is not a process of job {other.pid}"
+    )
+    assert collect_hang.in_tree(gil_held_in_c.pid, os.getpid())
+    assert not collect_hang.in_tree(os.getpid(), None)
 
 
 def test_a_py_spy_that_misses_the_python_version_once_is_asked_again(gil_held_in_c, monkeypatch, tmp_path):
@@ -231,11 +254,12 @@ def test_a_stalls_unanswered_workers_are_read_side_by_side_each_into_its_own_ent
         monkeypatch.setattr(collect_hang, "_from_outside", side_by_side)
         gone = 2**22 + 7
         doc = {
+            "pid": os.getpid(),
             "processes": [
                 {"role": "worker", "pid": p.pid, "worker_id": i, "error": f"no answer from {i}"}
                 for i, p in enumerate(procs)
             ]
-            + [{"role": "worker", "pid": gone, "worker_id": 3, "error": "no answer from 3"}]
+            + [{"role": "worker", "pid": gone, "worker_id": 3, "error": "no answer from 3"}],
         }
         out = collect_hang.complete(doc, sample_s=0)
     finally:
