@@ -109,7 +109,9 @@ def complete(doc: dict[str, Any], py_spy: bool = True, sample_s: float = CPU_SAM
         for t in p.get("threads") or []
         if isinstance(t, dict)
     )
-    annotate_threads(procs, sample_s if plain else 0.0)
+    annotate_threads(
+        [p for p in procs if in_tree(as_pid(p.get("pid")) or 0, root)], sample_s if plain else 0.0
+    )
     out["processes"] = procs
     out["summary"] = hang.summarize(out)
     out["completed"] = True
