@@ -271,6 +271,8 @@ class Host(_HostRequired, total=False):
     busy_cores: float | None  # busy time on the affinity CPUs, in cores
     jobs_cpu_cores: float | None  # measured CPU of every live job's trainers and workers
     other_cpu_cores: float | None  # everyone else's CPU on our cores (busy minus the jobs')
+    niced_busy_cores: float | None  # of busy_cores, processes at a positive nice
+    other_niced_cpu_cores: float | None  # of other_cpu_cores, processes at a positive nice
 
 
 class _GpuRequired(TypedDict):

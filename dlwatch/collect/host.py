@@ -327,6 +327,17 @@ def busy_fraction(prev: CpuTimes, cur: CpuTimes) -> float | None:
     return min(max(busy / dt, 0.0), 1.0)
 
 
+def nice_fraction(prev: CpuTimes, cur: CpuTimes) -> float | None:
+    """Share of a CPU's time spent in processes at a positive nice between
+    two ``cpu_times`` (the kernel's "nice" column; guest_nice is inside it)."""
+    dt = sum(cur) - sum(prev) - (getattr(cur, "guest", 0.0) - getattr(prev, "guest", 0.0))
+    dt -= getattr(cur, "guest_nice", 0.0) - getattr(prev, "guest_nice", 0.0)
+    if dt <= 0:
+        return None
+    n = getattr(cur, "nice", 0.0) - getattr(prev, "nice", 0.0)
+    return min(max(n / dt, 0.0), 1.0)
+
+
 class HostSampler:
     """Successive ``sample()`` calls give the CPU load over the interval between them.
 
@@ -352,6 +363,7 @@ class HostSampler:
         self._last_percent: float | None = None
         self._prev_percpu = self._read_percpu()
         self._last_busy_cores: float | None = None
+        self._last_niced_cores: float | None = None
 
     def _read_percpu(self) -> list[CpuTimes] | None:
         try:
@@ -372,15 +384,17 @@ class HostSampler:
             allowed = self._affinity()
         except OSError:
             allowed = set(range(len(cur)))
-        total, seen = 0.0, False
+        total, niced, seen = 0.0, 0.0, False
         for i in sorted(allowed):
             if i < len(cur):
                 f = busy_fraction(prev[i], cur[i])
                 if f is not None:
                     total += f
+                    niced += nice_fraction(prev[i], cur[i]) or 0.0
                     seen = True
         if seen:
             self._last_busy_cores = total
+            self._last_niced_cores = min(niced, total)
         return self._last_busy_cores
 
     def sample(self) -> dict:
@@ -404,6 +418,9 @@ class HostSampler:
             # Busy cores on the affinity CPUs over the same interval: what the
             # diagnosis takes every process on the box (ours and others') to use.
             "busy_cores": self._busy_cores(),
+            # ... of which processes at a positive nice (/proc/stat's "nice"
+            # time): they yield a contested core to nice-0 threads.
+            "niced_busy_cores": self._last_niced_cores,
             "logical_cpus": logical,
             "usable_cores": b.usable,
             "cpu_percent": self._last_percent,

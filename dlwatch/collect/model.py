@@ -131,6 +131,15 @@ def cpu_accounting(
     cpu = [(procs.get(p) or {}).get("cpu_percent") for p in pids]
     known = [v for v in cpu if isinstance(v, (int, float))]
     jobs = sum(known) / 100.0 if pids and len(known) == len(cpu) else None
+    # The jobs' own CPU at a positive nice, which /proc/stat counts as "nice" too.
+    jobs_niced = (
+        sum(
+            (procs.get(p) or {}).get("cpu_percent") or 0.0
+            for p in pids
+            if ((procs.get(p) or {}).get("nice") or 0) > 0
+        )
+        / 100.0
+    )
     busy = host.get("busy_cores")
     others = None
     if isinstance(busy, (int, float)) and (jobs is not None or not pids):
@@ -140,9 +149,16 @@ def cpu_accounting(
         if isinstance(affinity, (int, float)) and isinstance(usable, (int, float)):
             slack = max(0.0, affinity - usable)
         others = round(max(0.0, busy - (jobs or 0.0) - slack), 3)
+    niced = host.get("niced_busy_cores")
+    others_niced = (
+        round(min(others, max(0.0, niced - jobs_niced)), 3)
+        if others is not None and isinstance(niced, (int, float))
+        else None
+    )
     return {
         "jobs_cpu_cores": None if jobs is None else round(jobs, 3),
         "other_cpu_cores": others,
+        "other_niced_cpu_cores": others_niced,
     }
 
 

@@ -182,6 +182,7 @@ def _empty(pid: int, state: str, error: str | None) -> dict[str, Any]:
         "main_thread_cpu_percent": None,
         "autograd_cpu_percent": None,
         "create_time": None,
+        "nice": None,
         "error": error,
     }
 
@@ -387,6 +388,7 @@ class ProcSampler:
             st.named_own, st.named_at_threads = own_threads.find(pid), stat.threads
         own = own | st.named_own
         own_n, own_cpu = self._own(st, pid, own, uptime) if own or st.own_cpu_s else (0, 0.0)
+        res["nice"] = stat.nice
         res["threads"] = max(stat.threads - own_n, 1)
         res["own_threads"] = own_n
         res["rss_bytes"] = stat.rss_bytes
@@ -608,6 +610,7 @@ class ProcStat(NamedTuple):
     threads: int
     start_ticks: int  # clock ticks since boot: with the PID, the process's identity
     rss_bytes: int
+    nice: int = 0  # its CPU time counts as /proc/stat's "nice" when > 0
 
 
 def read_stat(pid: int, tid: int | None = None, proc_path: str = "/proc") -> ProcStat:
@@ -628,6 +631,7 @@ def read_stat(pid: int, tid: int | None = None, proc_path: str = "/proc") -> Pro
             threads=int(fields[17]),
             start_ticks=int(fields[19]),
             rss_bytes=int(fields[21]) * _PAGE_SIZE,
+            nice=int(fields[16]),
         )
     except (IndexError, ValueError):
         raise OSError(f"unexpected contents of {path}") from None

@@ -153,15 +153,23 @@ def job_capacity(ctx: Context, lv: LoaderView) -> float | None:
 # (their CPU over CPU plus run-queue wait): bounds the estimate of how many
 # threads the others run.
 MIN_GRANT = 0.05
+# A thread at a positive nice against one at nice 0, on a contested core: the
+# kernel's weight at nice 10 (what `nice` alone gives) is 110 against 1024.
+# The others' CPU at a positive nice (/proc/stat's "nice" time) counts as
+# threads of this weight: they use the idle time, and yield the rest.
+NICED_WEIGHT = 110 / 1024
 
 
 def fair_share(ctx: Context, lv: LoaderView, theirs: float) -> float | None:
     """The cores this job would get if each of its threads (the trainer's
     busy ones and one per worker) wanted a core, on cores others use
     ``theirs`` of: Linux's scheduler shares contended cores equally among
-    the runnable threads (of equal nice). The others' runnable threads are
-    their CPU over the share the job's threads get of what they want (CPU
-    over CPU plus run-queue wait).
+    the runnable threads by their weight (nice). The others' runnable
+    threads are their CPU over the share the job's threads get of what they
+    want (CPU over CPU plus run-queue wait); those at a positive nice weigh
+    ``NICED_WEIGHT`` each: background work started with ``nice`` takes
+    only the idle time from nice-0 threads, and a share at equal weight
+    underpriced the cores the job would get.
 
     Why: "what the others leave free" is no limit for a job whose threads
     seldom want a core. A QA run on a box others kept 97-100 % busy: two
@@ -179,7 +187,8 @@ def fair_share(ctx: Context, lv: LoaderView, theirs: float) -> float | None:
     wait = t_rq + lv.rq_sum
     grant = max(MIN_GRANT, cpu / (cpu + wait)) if cpu + wait > 0 else 1.0
     mine = max(1, round(t_cpu + t_rq)) + (lv.num_workers or 0)
-    their_threads = theirs / grant
+    niced = min(theirs, num(ctx.host.get("other_niced_cpu_cores")) or 0.0)
+    their_threads = (theirs - niced + niced * NICED_WEIGHT) / grant
     return usable * mine / (mine + their_threads)
 
 

@@ -24,7 +24,7 @@ JOB_KEYS = ("main_cpu_percent", "main_thread_cpu_percent", "autograd_cpu_percent
 WORKER_KEYS = ("cpu_percent", "runqueue_percent")
 # Other processes' cores (host level, kept under a key no process has): the
 # busy cores minus the jobs' in one sample, set against the same window.
-HOST_KEYS = ("other_cpu_cores",)
+HOST_KEYS = ("other_cpu_cores", "other_niced_cpu_cores")
 HOST_KEY = 0
 
 # One process's sample: (time, {key: value}); a history: key -> samples, oldest

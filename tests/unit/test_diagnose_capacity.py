@@ -205,7 +205,12 @@ def test_model_others_are_host_busy_minus_the_jobs():
     host = {"busy_cores": 1.9, "affinity_cores": 2, "usable_cores": 2.0}
     procs = {10: {"cpu_percent": 60.0}, 11: {"cpu_percent": 40.0}}
     acc = cpu_accounting(host, [_Conn(10, [11])], procs)
-    assert acc == {"jobs_cpu_cores": 1.0, "other_cpu_cores": 0.9}
+    assert acc == {"jobs_cpu_cores": 1.0, "other_cpu_cores": 0.9, "other_niced_cpu_cores": None}
+    # /proc/stat's nice time is the others' at a positive nice, less a niced job's own.
+    niced = dict(host, niced_busy_cores=1.2)
+    assert cpu_accounting(niced, [_Conn(10, [11])], procs)["other_niced_cpu_cores"] == 0.9
+    procs_niced = {10: {"cpu_percent": 60.0, "nice": 10}, 11: {"cpu_percent": 40.0, "nice": 10}}
+    assert cpu_accounting(niced, [_Conn(10, [11])], procs_niced)["other_niced_cpu_cores"] == 0.2
     # Under a 1-core quota on 2 CPUs, others count only past the idle time we could not use anyway.
     acc = cpu_accounting(dict(host, usable_cores=1.0), [_Conn(10, [11])], procs)
     assert acc["other_cpu_cores"] == 0.0
@@ -225,6 +230,16 @@ def test_host_busy_cores_only_on_affinity_cpus():
     seq2 = iter([[cpu(0, 0), cpu(0, 0)], [cpu(0, 10), cpu(10, 0)]])
     s = host_mod.HostSampler(percpu_times=lambda: next(seq2), affinity=lambda: {0})
     assert s.sample()["busy_cores"] == pytest.approx(0.0)
+
+
+def test_host_niced_cores_are_the_nice_time_of_the_affinity_cpus():
+    def cpu(user, nice, idle):
+        vals = {"user": user, "nice": nice, "idle": idle}
+        return CPU_TIMES(**{f: vals.get(f, 0.0) for f in CPU_TIMES._fields})
+
+    seq = iter([[cpu(0, 0, 0), cpu(0, 0, 0)], [cpu(2, 8, 0), cpu(0, 5, 5)]])
+    got = host_mod.HostSampler(percpu_times=lambda: next(seq), affinity=lambda: {0, 1}).sample()
+    assert got["busy_cores"] == pytest.approx(1.5) and got["niced_busy_cores"] == pytest.approx(1.3)
 
 
 def test_other_jobs_trainers_are_demand_too():
@@ -270,3 +285,21 @@ def test_a_job_whose_threads_want_the_cores_gets_about_what_it_uses():
     (lv,) = ctx.loaders
     assert capacity.job_cpu(ctx, lv) == pytest.approx(1.2)
     assert capacity.fair_share(ctx, lv, 0.9) == pytest.approx(1.2, abs=0.15)
+
+
+def test_others_at_a_positive_nice_weigh_their_kernel_weight_in_the_fair_share():
+    # The same contested job beside others at nice 10: they yield a
+    # contested core to nice-0 threads, so the job's share is near all.
+    ld = cpu_bound_loader(nw=2, worker_kw=dict(cpu=50.0, busy=0.95, fetch_ms=40.0, runqueue_percent=50.0))
+    plain = one(ld, job_kw={"main_cpu": 20.0, "main_thread_cpu": 20.0}, usable=2.0, other_cpu_cores=0.9)
+    niced = one(
+        ld, job_kw={"main_cpu": 20.0, "main_thread_cpu": 20.0}, usable=2.0, other_cpu_cores=0.9,
+        other_niced_cpu_cores=0.9,
+    )  # fmt: skip
+    shares = []
+    for s in (plain, niced):
+        ctx = build_context(s, stateless_phases(s))
+        (lv,) = ctx.loaders
+        shares.append(capacity.fair_share(ctx, lv, 0.9))
+    assert shares[0] == pytest.approx(1.2, abs=0.15)
+    assert shares[1] > 1.85, shares
