@@ -562,3 +562,37 @@ def test_a_nodes_process_worker_that_hangs_or_dies_is_read_from_outside_and_name
         f"worker {death['id']} (pid {death['pid']}) died (SIGKILL): torchdata.nodes does not notice"
         in h["message"]
     ), h["message"]
+
+
+def test_a_worker_waiting_on_a_sentinel_and_a_worker_behind_a_siblings_lock_are_named():
+    """Two hangs from public issues, side by side: a worker waits in a
+    queue's get() for an end-of-data sentinel that went to the other one
+    (a QA run read it "blocked in C" and sent the user to py-spy --native);
+    a worker waits in sqlite for a write lock its sibling took and never
+    released (read as an OpenMP pool copied at fork, with OMP_NUM_THREADS=1
+    as the fix)."""
+    work = short_tmpdir("dlwsql")
+    queue_job, d1 = start("sentinel")
+    sql_job, d2 = start("sqlite", os.path.join(work, "samples.db"))
+
+    def named(snap: dict) -> bool:
+        # Read from outside where the channel could not answer: every worker
+        # that runs has its frame (the one whose share ended has exited).
+        entries = stalled_with_stacks(snap) and _worker_entries(snap["jobs"][0])
+        return bool(entries) and all(e["kind"] or "exited" in e["line"] for e in entries)
+
+    try:
+        a = wait_snapshot(d1, named, "the sentinel job's stall")
+        b = wait_snapshot(d2, named, "the sqlite job's stall")
+    finally:
+        stop_sessions([queue_job, sql_job], grace=0.0)
+        for d in (d1, d2, work):
+            shutil.rmtree(d, ignore_errors=True)
+    h = _stall_hint(a)
+    assert h["evidence"]["cause"] == "worker-waits-on-queue", h
+    assert "waits in a queue's get()" in h["message"] and "Stream.__iter__" in h["message"], h["message"]
+    assert "one end-of-data sentinel per worker" in h["suggestion"]
+    h = _stall_hint(b)
+    assert h["evidence"]["cause"] == "worker-blocked-native", h
+    assert "is idle: a lock one worker took and kept" in h["message"], h["message"]
+    assert "OMP_NUM_THREADS" not in h["suggestion"] and "sqlite" in h["suggestion"]

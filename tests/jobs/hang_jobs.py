@@ -268,6 +268,66 @@ def nodes_process(how):
         time.sleep(0.02)
 
 
+class Stream(torch.utils.data.IterableDataset):
+    """Items from a queue the trainer filled, until an end-of-data sentinel."""
+
+    def __init__(self, q):
+        self.q = q
+
+    def __iter__(self):
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            yield torch.zeros(2) + item
+
+
+def sentinel():
+    """hang_jobs.py sentinel: two workers read one queue, and the trainer
+    put one end-of-data sentinel for both (Lightning-AI/pytorch-lightning
+    #6810): the worker that did not get it waits in the queue's get()."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    for i in range(FIRST_GOOD * 2):
+        q.put(i)
+    q.put(None)
+    for _ in DataLoader(Stream(q), batch_size=2, num_workers=2, multiprocessing_context=ctx):
+        time.sleep(0.02)
+
+
+class OnDisk(Dataset):
+    """Samples in sqlite; worker 0 writes a note at its first item and never
+    commits (pyg-team/pytorch_geometric#8661): its open write transaction
+    locks the file, and worker 1's first write waits in sqlite's busy
+    handler (C, asleep) for as long as the timeout allows."""
+
+    def __init__(self, path):
+        self.path, self.db = path, None
+
+    def __len__(self):
+        return 1000
+
+    def __getitem__(self, i):
+        import sqlite3
+
+        if self.db is None:
+            self.db = sqlite3.connect(self.path, timeout=DEADLINE_S)
+        self.db.execute("INSERT INTO seen VALUES (?)", (i,))  # no commit
+        return torch.zeros(2) + i
+
+
+def sqlite(path):
+    import sqlite3
+
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE IF NOT EXISTS seen (i INTEGER)")
+    loader = DataLoader(OnDisk(path), batch_size=2, num_workers=2, multiprocessing_context="fork")
+    for _ in loader:
+        time.sleep(0.02)
+
+
 if __name__ == "__main__":
     timer = threading.Timer(DEADLINE_S, lambda: os._exit(3))
     timer.daemon = True
@@ -276,6 +336,9 @@ if __name__ == "__main__":
     modes["barrier"] = barrier
     if sys.argv[1] == "nodes-process":
         modes["nodes-process"] = lambda: nodes_process(sys.argv[2])
+    modes["sentinel"] = sentinel
+    if sys.argv[1] == "sqlite":
+        modes["sqlite"] = lambda: sqlite(sys.argv[2])
     if sys.argv[1] in modes:
         modes[sys.argv[1]]()
     else:
