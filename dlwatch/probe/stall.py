@@ -77,6 +77,15 @@ class _Track:
         self.periods: deque[float] = deque(maxlen=PERIODS_KEPT)
 
 
+def _busy(o, now: float, thr: float) -> bool:
+    """Whether loader ``o`` has the loop now or had it within ``thr``."""
+    if o.t_last and now - o.t_last <= thr:
+        return True
+    if not o.epoch_t0:
+        return False
+    return now - o.epoch_t0 <= thr or o.t_enter > o.t_last
+
+
 def _thread_alive(ident: int | None) -> bool | None:
     if ident is None:
         return None
@@ -122,15 +131,18 @@ class StallWatch:
                 continue  # no iterator, or its epoch has ended: not a stall
             live.append(st)
         for st in live:
-            since = st.t_last or st.epoch_t0
+            since = st.t_last or getattr(st, "paused_t", 0.0) or st.epoch_t0
             idle = now - since
             thr = out[st.id]["stall_threshold_s"]
             out[st.id]["in_next"] = st.t_enter > st.t_last
             if idle <= thr:
                 continue
-            # Another loader of this process stepping recently: the loop is
-            # elsewhere (validation), not stuck.
-            if any(o is not st and o.t_last and now - o.t_last <= thr for o in loaders):
+            # The loop is elsewhere (validation), not stuck: another loader
+            # of this process stepped recently, began an epoch recently, or
+            # the loop is inside its next() now (a QA run of Lightning: the
+            # validation loader fetching its first batch, t_last 0, and the
+            # train loader read as stalled).
+            if any(o is not st and _busy(o, now, thr) for o in loaders):
                 continue
             out[st.id]["stalled_s"] = round(idle, 3)
             if out[st.id]["in_next"]:

@@ -66,6 +66,7 @@ class LoaderStats:
         "t_last",
         "iter_t0",
         "epoch_t0",
+        "paused_t",
         "first_pending",
         "epoch_start_ms",
         "epoch_ms",
@@ -116,6 +117,7 @@ class LoaderStats:
         # epoch's first batch folds it into the wait; else 0.
         self.iter_t0 = 0.0
         self.epoch_t0 = 0.0
+        self.paused_t = 0.0  # clock when an evaluation paused this loader's open epoch
         self.first_pending = False
         self.epoch_start_ms: deque[float] = deque(maxlen=EPOCH_HISTORY)
         self.epoch_ms: deque[float] = deque(maxlen=EPOCH_HISTORY)
@@ -196,6 +198,7 @@ class LoaderStats:
             pass
         self.epoch += 1
         self.epoch_t0 = t0
+        self.paused_t = 0.0
         self.epoch_b0 = self.batches
         self.first_pending = True
         self.t_last = 0.0
@@ -232,6 +235,7 @@ class LoaderStats:
         self.t_enter = 0.0
         self.epoch_t0 = 0.0
         self.iter_t0 = 0.0
+        self.paused_t = 0.0
 
     def pause(self, t: float) -> None:
         """Another loader of the job (an evaluation) starts iterating while
@@ -242,6 +246,10 @@ class LoaderStats:
             self.step_s += t - self.t_last
             self.t_last = 0.0
             self.t_enter = 0.0
+            # Where its idle time starts for the stall check: not the
+            # epoch's start (a QA run of Lightning: a train loader paused
+            # for validation read "no batch for 25 s", its whole epoch).
+            self.paused_t = t
 
     def first_batch(self, t1: float, data: Any = None) -> None:
         # The hot path calls this for any batch returned while t_last is 0:
@@ -287,6 +295,7 @@ class LoaderStats:
         self.epoch_t0 = 0.0
         self.first_pending = False
         self.iter_t0 = 0.0
+        self.paused_t = 0.0
 
     def raised(self, it, e: BaseException, t0: float | None = None, t1: float | None = None) -> None:
         """``__next__`` raised ``e`` (not StopIteration) after waiting from

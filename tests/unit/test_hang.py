@@ -82,6 +82,23 @@ def test_an_ended_epoch_a_dead_iterator_or_a_stepping_sibling_is_no_stall():
     assert w.check([st], last + 100)[0]["stalled_s"] == pytest.approx(100)
 
 
+def test_a_loader_paused_by_an_evaluation_is_no_stall_while_the_evaluation_has_the_loop():
+    """A QA run of Lightning: validation paused the train loader (its t_last
+    0) and fetched its own first batch (its t_last 0 too) for longer than the
+    train loader's threshold; the train loader read "no batch for 25 s", its
+    whole epoch so far."""
+    w = stall.StallWatch(floor_s=2.0)
+    train = _st()
+    last = _steady(w, train, period=0.5)  # threshold max(2, 10 x 0.5) = 5 s
+    train.t_last, train.t_enter, train.paused_t = 0.0, 0.0, last + 0.1
+    val = _st(1, t_enter=last + 0.2, epoch_t0=last + 0.1, first=True)  # inside next(), no batch yet
+    assert w.check([train, val], last + 8.0)[0]["stalled_s"] is None
+    val.t_last, val.t_enter = last + 8.0, last + 7.9  # its batch came; the loop steps on it
+    assert w.check([train, val], last + 12.0)[0]["stalled_s"] is None
+    # Nothing has the loop: the idle time counts from the pause, not the epoch's start.
+    assert w.check([train, val], last + 20.0)[0]["stalled_s"] == pytest.approx(19.9)
+
+
 def test_an_epoch_start_gets_three_floors_or_three_slowest_starts():
     w = stall.StallWatch(floor_s=2.0)
     st = _st(first=True, epoch_t0=10.0)
