@@ -185,6 +185,7 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
     # (capacity.py, the one the worker-count hints use) prices it >= 10 %
     # faster; never the current count or more.
     cut: dict[tuple[int, int], int] = {}
+    unpriced: list[tuple[LoaderView, int]] = []  # loaders whose fewer workers the model cannot price
     verdicts = []
     for lv in with_workers:
         if lv in decided:
@@ -200,6 +201,7 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
                 f"(num_workers={n}: expected ≈ {pred.speedup:.2f}×)"
             )
         else:
+            unpriced.append((lv, n))
             verdicts.append(f"{lv.title}: the gain of fewer workers cannot be predicted ({pred.reason})")
     harmful = bool(cut)
     usable = cores(ctx.usable_cores)
@@ -227,6 +229,21 @@ def rule_workers_oversubscribe_cores(ctx: Context) -> list[dict[str, Any]]:
             for (pid, lid), n in sorted(cut.items())
         ]
         sugg = "lower " + ", ".join(parts)
+    elif unpriced:
+        # The model cannot price fewer workers: say so, and give the command
+        # that measures them (a QA run: "no lower num_workers is predicted
+        # faster" where 0 workers measured 1.24x, and `dlwatch tune` said so).
+        msg += " Fewer workers may be faster here; only a measurement can say."
+        cmds = [
+            cmd
+            for lv, n in unpriced
+            if (cmd := tune_command(lv.job, {"num_workers": n, "current": lv.num_workers})) is not None
+        ]
+        sugg = (
+            "measure fewer workers against the count now: a step whose intra-op threads fill the cores "
+            "leaves a worker none (torch.set_num_threads trades one for the other)"
+            + (f"; `{cmds[0]}`" if len(cmds) == 1 else "; `dlwatch tune --workers` on each job")
+        )
     else:
         msg += " Worth knowing; no lower count is predicted faster."
         sugg = (

@@ -195,6 +195,27 @@ def test_oversubscription_warns_only_for_a_lower_count_priced_10_percent_faster(
     assert h["severity"] == "info" and h["evidence"]["recommended_num_workers_by_loader"] == []
 
 
+def test_oversubscription_whose_fewer_workers_cannot_be_priced_sends_the_user_to_measure(monkeypatch):
+    """A QA run of timm's train.py with one worker on 2 cores: the model
+    could not price 0 workers, and the hint said "no lower num_workers is
+    predicted faster"; 0 workers measured 1.24x, and `dlwatch tune` said
+    so."""
+
+    def unpriced(ctx, lv, n):
+        return capacity.NoPrediction(
+            "its CPU figures would make each batch take 2051 ms, yet it takes 1350 ms now"
+        )
+
+    monkeypatch.setattr(capacity, "predict", unpriced)
+    s = oversubscribed(20.0)
+    s["jobs"][0]["cmdline"] = "python train.py -j 8"
+    h = get(evaluate(s), "workers-oversubscribe-cores")
+    assert h["severity"] == "info" and h["evidence"]["recommended_num_workers_by_loader"] == []
+    assert "no lower" not in h["message"] + h["suggestion"]
+    assert "Fewer workers may be faster here; only a measurement can say." in h["message"]
+    assert h["suggestion"].endswith("; `dlwatch tune --workers 7,8 -- python train.py -j 8`"), h["suggestion"]
+
+
 class _Conn:
     def __init__(self, pid, workers, live=True):
         self.pid, self.live = pid, live
