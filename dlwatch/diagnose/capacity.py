@@ -403,9 +403,14 @@ class Prediction:
             "compute step": "the loop's own step then sets the pace",
             "workers": "the workers then set the pace",
             "CPU": f"the job's CPU work then fills the {m.capacity:.1f} cores it can have",
+            # "want while computing": the free cores a hint quotes are an
+            # average over the whole batch (a QA run read "the free cores
+            # (1.1) allow 1" beside "use 2.0 of the 2.0 cores" as a
+            # contradiction).
             "shared cores": (
-                f"the trainer's threads use {m.trainer_cores:.1f} of the {m.capacity:.1f} cores "
-                f"it can have, so the workers' {m.load_cpu:.0f} ms of CPU per batch stretch its step"
+                f"while it computes, the trainer's threads want {m.trainer_cores:.1f} of the "
+                f"{m.capacity:.1f} cores it can have, so each batch's {m.load_cpu:.0f} ms of loading "
+                "CPU, in a worker, stretches its step"
             ),
             "loop loads": "the loop then loads every batch itself",
             "feeder thread": "the feeder thread then loads every batch itself",

@@ -118,7 +118,7 @@ def test_a_multithreaded_trainer_gets_no_promise_from_workers():
     (h,) = [h for h in evaluate(s) if h["id"] == "no-workers"]
     assert h["severity"] == "info"
     assert h["evidence"]["expected_speedup"] == pytest.approx(1.0, abs=0.05)
-    assert "stretch its step" in h["message"]
+    assert "stretches its step" in h["message"]
 
 
 # --- stability ---------------------------------------------------------------
