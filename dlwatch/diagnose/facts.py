@@ -496,7 +496,12 @@ def setting(loader: Mapping[str, Any], name: str, value: Any) -> str:
         )
     if fw == "lightning":
         which = {"eval": "val", "train": "train"}.get(str(loader.get("role")), "train/val")
-        return f"{name}={value} in the DataLoader your LightningDataModule's {which}_dataloader() returns"
+        # Either class may define the hook (a QA run of Lightning's own
+        # imagenet example: train_dataloader() on the LightningModule).
+        return (
+            f"{name}={value} in the DataLoader your {which}_dataloader() returns (in your "
+            "LightningModule or LightningDataModule)"
+        )
     if fw == "accelerate":
         return f"{name}={value} in the DataLoader you pass to accelerator.prepare()"
     built = loader.get("loader_class")

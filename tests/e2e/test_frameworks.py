@@ -101,7 +101,10 @@ def test_lightning_trainer_fit_with_a_datamodule(runs):
     _check(ld, hints, own, "SleepyVectors")
     # In Lightning's terms: its fit loop's loader, advice about the DataModule's.
     assert (ld["framework"], ld["role"]) == ("lightning", "train")
-    assert "LightningDataModule's train_dataloader()" in hints[0]["suggestion"], hints
+    assert (
+        "your train_dataloader() returns (in your LightningModule or LightningDataModule)"
+        in hints[0]["suggestion"]
+    ), hints
 
 
 @pytest.mark.skipif(not _has("transformers"), reason="transformers not installed (the test extra has it)")

@@ -87,8 +87,9 @@ def test_a_finished_loaders_hints_end_with_it():
 def test_the_advice_names_the_frameworks_knob():
     ld = {"framework": "transformers", "role": "eval"}
     assert setting(ld, "num_workers", 4).startswith("dataloader_num_workers=4 in TrainingArguments")
-    assert "LightningDataModule's val_dataloader()" in setting(
-        {"framework": "lightning", "role": "eval"}, "num_workers", 2
+    assert (
+        "the DataLoader your val_dataloader() returns (in your LightningModule or LightningDataModule)"
+        in setting({"framework": "lightning", "role": "eval"}, "num_workers", 2)
     )
     assert "accelerator.prepare()" in setting({"framework": "accelerate"}, "num_workers", 2)
     assert setting({}, "persistent_workers", True) == "persistent_workers=True in DataLoader(...)"
