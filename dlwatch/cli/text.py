@@ -169,7 +169,7 @@ def render_snapshot(snap: dict, title: str = "dlwatch snapshot") -> str:
             for hint in hints:
                 lines.append(f"[{hint['severity']}] {hint['message']}\n    → {hint['suggestion']}")
     else:
-        lines.append("hints: none yet" if judging else "hints: none")
+        lines.append("hints: none yet" if judging else "hints: none — nothing to fix")
     return "\n".join(lines)
 
 
