@@ -52,6 +52,17 @@ def _pause_others(evaluating: LoaderStats, t: float) -> None:
             st.pause(t)
 
 
+def _pause_evaluations(training: LoaderStats, t: float) -> None:
+    """A training loader takes the loop back (a new epoch, or its first batch
+    after a pause): an evaluation loader whose epoch a framework left open
+    (Lightning stops at the known length, without a StopIteration) is not
+    stepping while the training runs (a QA run: an eval loader read "step
+    8967 ms", the training between two validations)."""
+    for st in list(_LIVE):
+        if st is not training and st.role == "eval":
+            st.pause(t)
+
+
 class LoaderStats:
     __slots__ = (
         "id",
@@ -194,6 +205,8 @@ class LoaderStats:
             self.role = role or self.role
             if self.role == "eval":
                 _pause_others(self, t0)
+            elif self.role == "train":
+                _pause_evaluations(self, t0)
         except Exception:
             pass
         self.epoch += 1
@@ -255,6 +268,12 @@ class LoaderStats:
         # The hot path calls this for any batch returned while t_last is 0:
         # an epoch's first, or one after end_epoch (a next() past the end
         # that a custom iterator answered). Only the first is a start stall.
+        if not self.first_pending and self.paused_t and self.role == "train":
+            # Back from a validation inside the epoch (val_check_interval).
+            try:
+                _pause_evaluations(self, t1)
+            except Exception:
+                pass
         if self.first_pending:
             self.first_pending = False
             if self.iter_t0:

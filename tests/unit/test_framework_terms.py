@@ -71,6 +71,36 @@ def test_an_evaluation_is_labelled_and_its_pause_is_not_the_training_loaders_ste
     assert f_eval["epoch_open"] is False
 
 
+def test_an_evaluation_left_open_at_its_length_does_not_count_the_training_as_its_step(probe):
+    """Lightning's evaluation stops at the loader's length, without the
+    StopIteration that ends an epoch: the training between two validations
+    read as the eval loader's step (a QA run: "step 8967 ms")."""
+    lit = _as_framework(
+        "import time\n"
+        "def run(dl, n):\n"
+        "    it = iter(dl)\n"
+        "    for _ in range(n):\n"
+        "        next(it)\n"
+        "        time.sleep(0.01)\n"
+        "    return it\n",
+        "/venv/site-packages/lightning/pytorch/loops/evaluation_loop.py",
+    )
+    fit = _as_framework(
+        "def advance(dl):\n    return iter(dl)\n", "/venv/site-packages/lightning/pytorch/loops/fit_loop.py"
+    )
+    train = DataLoader(TensorDataset(torch.arange(40.0)), batch_size=2)
+    evals = DataLoader(TensorDataset(torch.arange(6.0)), batch_size=2)
+    kept = lit["run"](evals, 3)  # every batch, no StopIteration: the epoch stays open
+    it = fit["advance"](train)  # training takes the loop back
+    for _ in range(3):
+        next(it)
+        time.sleep(0.1)  # 0.3 s of training
+    st = {s.loader_ref(): s for s in probe.snapshot()}
+    f_eval = st[evals].frame(time.perf_counter_ns())
+    assert f_eval["role"] == "eval" and f_eval["step_ns"] < 100e6, f_eval["step_ns"]
+    del kept
+
+
 def test_a_finished_loaders_hints_end_with_it():
     diag = Diagnoser()
     shown = []
