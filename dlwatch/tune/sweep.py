@@ -21,7 +21,7 @@ noise of it the sweep stops: no loader setting can do better.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from dlwatch import search
@@ -306,7 +306,9 @@ class Sweep:
             "best": best,
             "speedup": speedup,
             "speedup_spread": spread,
-            "speedup_notes": speedup_notes(base, best) if speedup is not None else [],
+            "speedup_notes": speedup_notes(base, best, base_group.trials if base_group else ())
+            if speedup is not None
+            else [],
             "noise": self._noise(),
             "ceiling": self._ceiling_doc(base_group, chosen),
             "recommendation": rec,
@@ -382,13 +384,19 @@ def pace_note(trial: dict) -> str:
     return "; ".join(parts)
 
 
-def speedup_notes(base: dict | None, best: dict | None) -> list[str]:
+def speedup_notes(base: dict | None, best: dict | None, base_trials: Iterable[dict] = ()) -> list[str]:
     """What the speed-up rests on, where a pace had not settled (issue 43:
-    a baseline timed on a cold first epoch made a 1.09x setting read 1.23x)."""
+    a baseline timed on a cold first epoch made a 1.09x setting read 1.23x).
+    ``base_trials``: every trial of the baseline's settings (the speed-up is
+    over their mean); one timed past the first epoch answers the cold-cache
+    doubt (a QA run: the note stood beside a repeat that measured the same)."""
     notes = []
+    warm = any(
+        t is not base and t.get("status") == "ok" and not t.get("first_epoch_only") for t in base_trials
+    )
     if base and base.get("settled") is False:
         notes.append("the baseline's pace was still rising when its trial ended: the gain may be overstated")
-    elif base and base.get("first_epoch_only"):
+    elif base and base.get("first_epoch_only") and not warm:
         notes.append(
             "the baseline was timed within the script's first epoch, which outlasted its trial: if that "
             "pass read its data from a cold page cache, later trials read a warm one, and part of the "

@@ -10,7 +10,7 @@ import pytest
 from dlwatch.tune import measure, report
 from dlwatch.tune.measure import TrialMeter, pace
 from dlwatch.tune.runner import TrialOutcome
-from dlwatch.tune.sweep import Sweep, TuneOptions
+from dlwatch.tune.sweep import Sweep, TuneOptions, speedup_notes
 
 STEP_S = 0.25  # a snapshot every quarter second
 
@@ -192,3 +192,12 @@ def test_the_reported_gain_says_when_the_baseline_had_not_settled(baseline, said
         assert doc["speedup_notes"] == [] and "gain" not in text
     else:
         assert any(said in n for n in doc["speedup_notes"]) and said in text
+
+
+def test_a_baseline_repeated_past_its_first_epoch_answers_the_cold_cache_doubt():
+    """A QA run of timm's train.py: the baseline's settings measured again
+    later (warm) at the same pace, and the cold-cache note still stood."""
+    base = {"settings": {"num_workers": 1}, "first_epoch_only": True, "status": "ok"}
+    warm = {"settings": {"num_workers": 1}, "first_epoch_only": False, "status": "ok"}
+    assert speedup_notes(base, None, [base]) and "the cache" in speedup_notes(base, None, [base])[0]
+    assert speedup_notes(base, None, [base, warm]) == []
