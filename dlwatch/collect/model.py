@@ -29,9 +29,12 @@ WARMUP_POINTS = 8
 
 def process_figures(p: Mapping[str, Any]) -> dict[str, Any]:
     """A worker's figures from its process sample (``p``: empty when unsampled)."""
+    # A zombie's memory is gone: /proc reads its RSS as 0, no figure of the
+    # worker's (a QA run: an exited worker listed with "rss 0 B").
+    gone = p.get("state") == "zombie"
     return {
-        "rss_bytes": p.get("rss_bytes"),
-        "uss_bytes": p.get("uss_bytes"),
+        "rss_bytes": None if gone else p.get("rss_bytes"),
+        "uss_bytes": None if gone else p.get("uss_bytes"),
         "threads": p.get("threads"),
         "runqueue_percent": p.get("runqueue_percent"),
         "state": p.get("state", "n/a") if p else "n/a",
