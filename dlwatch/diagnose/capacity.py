@@ -239,6 +239,19 @@ class CycleModel:
     # that thread loads while the loop computes, one batch at a time, as one
     # in-process worker would. ``n`` worker processes then load n at once.
     thread_fed: bool = False
+    # The usable cores, when known: what ``capacity`` is short of them is
+    # the others' (said with the capacity: a QA run read "the 1.6 cores it
+    # can have" beside a host line of 2.0 usable cores, with no reason).
+    usable: float | None = None
+
+    @property
+    def can_have(self) -> str:
+        """ "the 1.6 cores it can have (of 2.0 usable: other processes and
+        jobs use the rest)", or without the parenthesis when it has them all."""
+        text = f"the {self.capacity:.1f} cores it can have"
+        if self.usable is not None and self.capacity < self.usable - 0.05:
+            text += f" (of {self.usable:.1f} usable: other processes and jobs use the rest)"
+        return text
 
     @property
     def idle_cores(self) -> float:
@@ -336,7 +349,19 @@ def cycle_model(ctx: Context, lv: LoaderView) -> tuple[CycleModel | None, str]:
     # than the model's sum says (no gain promised that the run queue hides).
     cores = min(cap, (trainer_work + rq) / step)
     floors = tuple((p.lid, p.floor_ms) for p in fed if p.floor_ms is not None)
-    m = CycleModel(now, step, cores, trainer_work, load_cpu, off_cpu, cap, n0, floors, fed_ms is not None)
+    m = CycleModel(
+        now,
+        step,
+        cores,
+        trainer_work,
+        load_cpu,
+        off_cpu,
+        cap,
+        n0,
+        floors,
+        fed_ms is not None,
+        ctx.usable_cores,
+    )
     fit = m.fit()
     if abs(fit - 1.0) > MODEL_FIT_TOLERANCE:
         return None, misfit(m.cycle(n0)[0], now)
@@ -402,15 +427,15 @@ class Prediction:
         why = {
             "compute step": "the loop's own step then sets the pace",
             "workers": "the workers then set the pace",
-            "CPU": f"the job's CPU work then fills the {m.capacity:.1f} cores it can have",
+            "CPU": f"the job's CPU work then fills {m.can_have}",
             # "want while computing": the free cores a hint quotes are an
             # average over the whole batch (a QA run read "the free cores
             # (1.1) allow 1" beside "use 2.0 of the 2.0 cores" as a
             # contradiction).
             "shared cores": (
-                f"while it computes, the trainer's threads want {m.trainer_cores:.1f} of the "
-                f"{m.capacity:.1f} cores it can have, so each batch's {m.load_cpu:.0f} ms of loading "
-                "CPU, in a worker, stretches its step"
+                f"while it computes, the trainer's threads want {m.trainer_cores:.1f} of "
+                f"{m.can_have}, so each batch's {m.load_cpu:.0f} ms of loading CPU, in a worker, "
+                "stretches its step"
             ),
             "loop loads": "the loop then loads every batch itself",
             "feeder thread": "the feeder thread then loads every batch itself",
