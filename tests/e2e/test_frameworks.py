@@ -135,3 +135,43 @@ def test_stateful_dataloader_resumed_from_its_state_dict(runs):
     assert ld["id"] == 1
     assert ld["batches_total"] <= facts["batches_after_resume"] + 1
     _check(ld, hints, own, "SleepyVectors")
+
+
+@pytest.mark.skipif(not _has("lightning"), reason="lightning not installed (the test extra has it)")
+def test_a_lightning_validation_pauses_the_train_loader_and_is_never_its_stall(tmp_path):
+    """A QA run of Lightning's imagenet example: at every switch to
+    validation the train loader read "no batch for 25 s" (a critical
+    loader-stalled), and the eval loader's step counted the training between
+    validations. A monitor watches the whole run here, the stall threshold
+    at 2 s and each validation's first batch taking 5 s."""
+    from dlwatch.collect.monitor import Monitor
+
+    job = Proc(JOBS, "lightning_validation", str(tmp_path / "v.json"), env={"DLWATCH_STALL_FLOOR_S": "2"})
+    m = Monitor(directory=job.dir, interval=0.5, gpu=False)
+    seen: list[dict] = []
+    try:
+        job.line("ready", timeout=180)
+        m.start()
+        end = time.monotonic() + 120
+        while job.p.poll() is None and time.monotonic() < end:
+            snap = m.latest()
+            if snap:
+                seen.append(snap)
+            time.sleep(0.5)
+        rc, stdout, err = job.finish(timeout=60)
+    finally:
+        m.stop()
+        job.cleanup()
+    assert rc == 0 and "fit-done" in stdout, err[-3000:]
+    loaders = [ld for s in seen for j in s["jobs"] if j["pid"] == job.pid for ld in j["loaders"]]
+    roles = {ld.get("role") for ld in loaders}
+    assert {"train", "eval"} <= roles, roles
+    # Two validations of over 5 s each were watched, and not one stall said.
+    evals = [ld for ld in loaders if ld.get("role") == "eval"]
+    assert max(ld["epoch"] for ld in evals) >= 2, evals[-1]
+    assert not [ld["stalled_s"] for ld in loaders if ld.get("stalled_s")], "a loader read as stalled"
+    assert not [h for s in seen for h in s["hints"] if h["id"] == "loader-stalled"]
+    # The eval loader's step is its own loop's (milliseconds), never the
+    # training between validations (seconds).
+    steps = [ld["step_ms_mean"] for ld in evals if ld.get("step_ms_mean") is not None]
+    assert steps and max(steps) < 1000, steps

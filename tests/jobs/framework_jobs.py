@@ -1,6 +1,6 @@
 """Real framework training loops, each measuring the data wait its own loop sees.
 
-Usage: framework_jobs.py lightning|hf|accelerate|stateful OUT.json
+Usage: framework_jobs.py lightning|hf|accelerate|stateful|lightning_validation OUT.json
 
 Each trains a tiny model for about TRAIN_S seconds on a dataset whose samples
 sleep (2 fork workers, batches of 8), prints ``ready {json}`` at the first
@@ -161,6 +161,59 @@ def lightning(spans: Spans) -> None:
 
     trainer = quiet_trainer(profiler=FetchMeter())
     trainer.fit(Model(), datamodule=Data())
+
+
+# The validation's first batch in lightning_validation: a cold read, longer
+# than the stall threshold the test sets.
+VAL_FIRST_S = float(os.environ.get("VAL_FIRST_S", "5"))
+
+
+class SlowFirst(Dataset):
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        if i == 0:
+            time.sleep(VAL_FIRST_S)
+        return torch.zeros(8), torch.zeros(1)
+
+
+def lightning_validation(spans: Spans) -> None:
+    """Two epochs of 20 training batches, each followed by a validation
+    whose first batch takes VAL_FIRST_S (num_workers=0): the train loader is
+    paused meanwhile, not stalled, and the validation stops at its length
+    (no StopIteration), its loader's epoch left open while training runs."""
+    import lightning as L
+
+    class Model(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 1)
+
+        def train_dataloader(self):
+            return vector_loader()
+
+        def val_dataloader(self):
+            return DataLoader(SlowFirst(), batch_size=BATCH, num_workers=0)
+
+        def on_train_batch_start(self, batch, i):
+            spans.step_start({"framework": "lightning"})
+
+        def training_step(self, batch, i):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.lin(x), y)
+
+        def on_train_batch_end(self, outputs, batch, i):
+            time.sleep(STEP_S)
+
+        def validation_step(self, batch, i):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.lin(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    quiet_trainer(max_epochs=2, limit_train_batches=20).fit(Model())
 
 
 def hf(spans: Spans) -> None:

@@ -8,7 +8,7 @@ measure. The jobs run as scripts, so they import this from their own folder.
 def quiet_trainer(**kw):
     import lightning as L
 
-    return L.Trainer(
+    settings = dict(
         max_epochs=1,
         accelerator="cpu",
         devices=1,
@@ -17,5 +17,6 @@ def quiet_trainer(**kw):
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        **kw,
     )
+    settings.update(kw)
+    return L.Trainer(**settings)
