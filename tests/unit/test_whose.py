@@ -38,12 +38,19 @@ def test_a_launchers_pid_names_each_job_below_it_with_its_rank():
         ["sh", "-c", "RANK=0 sleep 30 & RANK=1 sleep 30 & wait"], env=dict(os.environ)
     )
     try:
+        # Until both children have exec'd sleep: a child forked but not yet
+        # exec'd still has the shell's environment, without RANK (beside the
+        # loaded parallel tier the test once read it so: KeyError '1').
+        ranks: dict = {}
         for _ in range(500):
             kids = psutil.Process(launcher.pid).children()
-            if len(kids) == 2:
+            try:
+                ranks = {k.environ().get("RANK"): k.pid for k in kids}
+            except psutil.Error:
+                ranks = {}
+            if set(ranks) == {"0", "1"}:
                 break
             time.sleep(0.01)
-        ranks = {k.environ().get("RANK"): k.pid for k in kids}
         kind, why = whose.explain(launcher.pid, set(ranks.values()), "/run/d")
     finally:
         for k in psutil.Process(launcher.pid).children():
