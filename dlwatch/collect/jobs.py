@@ -115,10 +115,6 @@ class JobConnection:
         self.last_error = ""
         self.first_seen = time.time()
         self.ended_at: float | None = None
-        # When the job hung up: its end, when the process is found gone only
-        # later (still exiting at the hang-up: the next rescan sees it gone).
-        # What orders the ranks of a run by the time they ended.
-        self.hung_up_at: float | None = None
         # The job's last worker profile, as the hints quote it (model.py).
         self.worker_profile: dict | None = None
         # The job's last stacks (a stall's or a request's), as the snapshot
@@ -186,7 +182,7 @@ class JobConnection:
         if state == "exited" and self.frames:
             self.reason = self._how_it_ended()
         if self.ended_at is None:
-            self.ended_at = self.hung_up_at or time.time()
+            self.ended_at = time.time()
 
     def _how_it_ended(self) -> str:
         """What the last frame (probe/exit_cause.py, ``at_exit``), the
@@ -204,8 +200,6 @@ class JobConnection:
         )
 
     def on_hangup(self) -> None:
-        if self.hung_up_at is None:
-            self.hung_up_at = time.time()
         if pid_alive(self.pid):
             self.close()
             self.state = "unreachable"
@@ -258,7 +252,6 @@ class JobConnection:
             self.features = [str(f) for f in msg.get("features") or ()]
             self.state = "live"
             self.reason = ""
-            self.hung_up_at = None
             if self.cgroup_dir is None:
                 self.cgroup_dir, self.cgroup_note = oom.cgroup_dir(self.pid)
                 self.oom_kills_at_start = oom.oom_kills(self.cgroup_dir)[0]

@@ -637,7 +637,7 @@ def _cause(
             (
                 "loop-stuck",
                 f"the loop has not asked for a batch: its main thread is in {where}"
-                if main is not None and _where_text(main)
+                if _where_text(main)
                 else "the loop has not asked for a batch, and no stack shows where its main thread is",
                 "that call does not return; dlwatch stacks shows every thread",
             )

@@ -131,7 +131,7 @@ class StallWatch:
                 continue  # no iterator, or its epoch has ended: not a stall
             live.append(st)
         for st in live:
-            since = st.t_last or getattr(st, "paused_t", 0.0) or st.epoch_t0
+            since = st.t_last or st.paused_t or st.epoch_t0
             idle = now - since
             thr = out[st.id]["stall_threshold_s"]
             out[st.id]["in_next"] = st.t_enter > st.t_last

@@ -70,29 +70,27 @@ def exit_attached(duration="2.0"):
     say("last-batch", time.perf_counter_ns())
 
 
-def crash(after_s="1.5"):
-    """Train, then die of an uncaught exception in the loop, as a rank does
-    when its step fails."""
-    dl = loader()
-    it = iter(dl)
+def _train_for(after_s: str) -> None:
+    """Say ready after a few batches, then train ``after_s`` seconds more."""
+    it = iter(loader())
     train(it, 3)
     say("ready", json.dumps({"pid": os.getpid()}))
     end = time.monotonic() + float(after_s)
     while time.monotonic() < end:
         train(it, 1)
+
+
+def crash(after_s="1.5"):
+    """Train, then die of an uncaught exception in the loop, as a rank does
+    when its step fails."""
+    _train_for(after_s)
     raise RuntimeError("boom in the step\nsecond line of the message")
 
 
 def killed(after_s="1.5"):
     """Train, then die of SIGKILL (the OOM killer's signal, kill -9): no
     exception, no atexit, no last frame."""
-    dl = loader()
-    it = iter(dl)
-    train(it, 3)
-    say("ready", json.dumps({"pid": os.getpid()}))
-    end = time.monotonic() + float(after_s)
-    while time.monotonic() < end:
-        train(it, 1)
+    _train_for(after_s)
     os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -117,6 +117,28 @@ def vector_loader(cls=DataLoader, **kw):
     return cls(SleepyVectors(), batch_size=BATCH, num_workers=2, multiprocessing_context="fork", **kw)
 
 
+def _tiny_module(spans: Spans):
+    """A one-layer LightningModule that marks each training step's start."""
+    import lightning as L
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 1)
+
+        def on_train_batch_start(self, batch, i):
+            spans.step_start({"framework": "lightning"})
+
+        def training_step(self, batch, i):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.lin(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    return Tiny
+
+
 def lightning(spans: Spans) -> None:
     import lightning as L
     from lightning.pytorch.profilers import Profiler
@@ -140,24 +162,10 @@ def lightning(spans: Spans) -> None:
         def train_dataloader(self):
             return vector_loader()
 
-    class Model(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(8, 1)
-
-        def on_train_batch_start(self, batch, i):
-            spans.step_start({"framework": "lightning"})
-
-        def training_step(self, batch, i):
-            x, y = batch
-            return torch.nn.functional.mse_loss(self.lin(x), y)
-
+    class Model(_tiny_module(spans)):
         def on_train_batch_end(self, outputs, batch, i):
             if spans.step_end():
                 self.trainer.should_stop = True
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.01)
 
     trainer = quiet_trainer(profiler=FetchMeter())
     trainer.fit(Model(), datamodule=Data())
@@ -183,35 +191,19 @@ def lightning_validation(spans: Spans) -> None:
     whose first batch takes VAL_FIRST_S (num_workers=0): the train loader is
     paused meanwhile, not stalled, and the validation stops at its length
     (no StopIteration), its loader's epoch left open while training runs."""
-    import lightning as L
 
-    class Model(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(8, 1)
-
+    class Model(_tiny_module(spans)):
         def train_dataloader(self):
             return vector_loader()
 
         def val_dataloader(self):
             return DataLoader(SlowFirst(), batch_size=BATCH, num_workers=0)
 
-        def on_train_batch_start(self, batch, i):
-            spans.step_start({"framework": "lightning"})
-
-        def training_step(self, batch, i):
-            x, y = batch
-            return torch.nn.functional.mse_loss(self.lin(x), y)
-
         def on_train_batch_end(self, outputs, batch, i):
             time.sleep(STEP_S)
 
         def validation_step(self, batch, i):
-            x, y = batch
-            return torch.nn.functional.mse_loss(self.lin(x), y)
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.01)
+            return self.training_step(batch, i)
 
     quiet_trainer(max_epochs=2, limit_train_batches=20).fit(Model())
 
