@@ -20,7 +20,12 @@ torchvision, ``--python``; ~25 minutes for all three):
         --dcgan examples/dcgan/main.py
 
 Timings on a shared box follow its load: the table also prints the other
-processes' CPU dlwatch measured during the first run.
+processes' CPU dlwatch measured during the first run. ``--burners N`` makes
+that load on purpose, N processes spinning on a core each for the whole check
+(``--burner-nice`` to start them niced), to check how the advice prices a box
+others keep busy:
+
+    .venv/bin/python bench/advice_check.py --only "free core" --burners 2
 """
 
 from __future__ import annotations
@@ -85,6 +90,10 @@ def image_cmd(nw: int, seconds: float, out: str) -> list[str]:
 
 def run(cmd: list[str], d: str, watch: bool, skip_s: float, report: str | None) -> tuple[dict, dict | None]:
     env = dict(os.environ, DLWATCH_DIR=d)
+    if report and os.path.exists(report):
+        # The previous run's last report would read as this one's early one
+        # where the job starts slowly (a busy box).
+        os.remove(report)
     if not watch:
         env["DLWATCH_DISABLE"] = "1"
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -163,14 +172,27 @@ def measure(name: str, args: str | None, seconds: float) -> dict:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def start_burners(n: int, nice: int) -> list[subprocess.Popen]:
+    code = f"import os\nos.nice({nice})\nwhile True: pass"
+    return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--only", help="run the workloads whose name contains this")
     p.add_argument("--json")
     script_sweep.add_arguments(p, prefix="sweep-")
+    p.add_argument("--burners", type=int, default=0, help="processes spinning on a core each meanwhile")
+    p.add_argument("--burner-nice", type=int, default=0, help="their nice value")
     a = p.parse_args()
-    rows = [measure(n, args, a.seconds) for n, args in WORKLOADS.items() if not a.only or a.only in n]
+    burners = start_burners(a.burners, a.burner_nice)
+    try:
+        rows = [measure(n, args, a.seconds) for n, args in WORKLOADS.items() if not a.only or a.only in n]
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
     head = f"{'workload':<34} {'hint':<12} {'sev':<5} {'nw':>3} {'predicted':>9} {'measured':>9}"
     print(f"{head} {'bound':<13} others")
     for r in rows:

@@ -139,6 +139,13 @@ def job_capacity(ctx: Context, lv: LoaderView) -> float | None:
     other trainers' and other loaders' workers; or, on cores others keep
     busy, its fair share of them (``fair_share``). Never below what the job
     measurably uses already."""
+    parts = capacity_parts(ctx, lv)
+    return None if parts is None else parts[0]
+
+
+def capacity_parts(ctx: Context, lv: LoaderView) -> tuple[float, Share | None] | None:
+    """``job_capacity`` and, where others keep the cores busy, the share
+    that prices it at another worker count."""
     if ctx.usable_cores is None:
         return None
     others = others_cpu(ctx) or 0.0
@@ -146,7 +153,9 @@ def job_capacity(ctx: Context, lv: LoaderView) -> float | None:
     rest += sum(workers_demand(x) for x in ctx.loaders if x is not lv)
     k = ctx.usable_cores - others - rest
     used = job_cpu(ctx, lv)
-    return max(k, used or 0.0, fair_share(ctx, lv, others + rest) or 0.0, 0.0)
+    share = share_of(ctx, lv, others + rest)
+    fair = share.cores(lv.num_workers or 0) if share else 0.0
+    return max(k, used or 0.0, fair, 0.0), share
 
 
 # The least share of the CPU it wants that a job's threads are taken to get
@@ -160,10 +169,32 @@ MIN_GRANT = 0.05
 NICED_WEIGHT = 110 / 1024
 
 
+@dataclass(frozen=True)
+class Share:
+    """Contended cores split by runnable threads (``share_of``)."""
+
+    usable: float
+    mine: int  # the trainer's busy threads
+    theirs: float  # the others' runnable threads, by weight
+
+    def cores(self, workers: int) -> float:
+        """The job's share with ``workers`` worker processes, each a thread
+        that wants a core."""
+        m = self.mine + workers
+        return self.usable * m / (m + self.theirs)
+
+
 def fair_share(ctx: Context, lv: LoaderView, theirs: float) -> float | None:
-    """The cores this job would get if each of its threads (the trainer's
-    busy ones and one per worker) wanted a core, on cores others use
-    ``theirs`` of: Linux's scheduler shares contended cores equally among
+    """The cores this job gets now on cores others use ``theirs`` of
+    (``share_of``), None where that cannot be said."""
+    share = share_of(ctx, lv, theirs)
+    return None if share is None else share.cores(lv.num_workers or 0)
+
+
+def share_of(ctx: Context, lv: LoaderView, theirs: float) -> Share | None:
+    """How the cores would be shared if each of the job's threads (the
+    trainer's busy ones and one per worker) wanted a core, on cores others
+    use ``theirs`` of: Linux's scheduler shares contended cores equally among
     the runnable threads by their weight (nice). The others' runnable
     threads are their CPU over the share the job's threads get of what they
     want (CPU over CPU plus run-queue wait); those at a positive nice weigh
@@ -175,7 +206,8 @@ def fair_share(ctx: Context, lv: LoaderView, theirs: float) -> float | None:
     seldom want a core. A QA run on a box others kept 97-100 % busy: two
     ranks with one worker each that slept on storage read 0.06 cores "free",
     so the CPU term held every count at 1.00x; 2 workers measured 2.15x. A
-    job whose threads do want the cores gets about what it uses now."""
+    job whose threads do want the cores gets about what it uses now, and
+    more with each worker it adds: each is one more runnable thread."""
     usable = ctx.usable_cores
     if usable is None or theirs <= 0 or lv.cpu_missing:
         return None
@@ -186,10 +218,9 @@ def fair_share(ctx: Context, lv: LoaderView, theirs: float) -> float | None:
     cpu = t_cpu + lv.cpu_sum
     wait = t_rq + lv.rq_sum
     grant = max(MIN_GRANT, cpu / (cpu + wait)) if cpu + wait > 0 else 1.0
-    mine = max(1, round(t_cpu + t_rq)) + (lv.num_workers or 0)
     niced = min(theirs, num(ctx.host.get("other_niced_cpu_cores")) or 0.0)
     their_threads = (theirs - niced + niced * NICED_WEIGHT) / grant
-    return usable * mine / (mine + their_threads)
+    return Share(usable, max(1, round(t_cpu + t_rq)), their_threads)
 
 
 # The model's cycle for the loader's current count must match the measured
@@ -243,27 +274,47 @@ class CycleModel:
     # the others' (said with the capacity: a QA run read "the 1.6 cores it
     # can have" beside a host line of 2.0 usable cores, with no reason).
     usable: float | None = None
+    # Where others keep the cores busy: how they are shared, so that a count
+    # with more workers gets the larger share its added threads win. Held at
+    # ``capacity`` for the current count and fewer: a QA box kept busy by two
+    # CPU burners priced 1 worker at 1.36x with the 0-worker job's share;
+    # it measured 1.70x.
+    share: Share | None = None
 
     @property
     def can_have(self) -> str:
+        return self.can_have_with(self.workers_now)
+
+    def capacity_for(self, n: int) -> float:
+        """The cores the job can have with ``n`` workers."""
+        if self.share is None or n <= self.workers_now:
+            return self.capacity
+        return min(self.share.usable, max(self.capacity, self.share.cores(n)))
+
+    def can_have_with(self, n: int) -> str:
         """ "the 1.6 cores it can have (of 2.0 usable: other processes and
-        jobs use the rest)", or without the parenthesis when it has them all."""
-        text = f"the {self.capacity:.1f} cores it can have"
-        if self.usable is not None and self.capacity < self.usable - 0.05:
+        jobs use the rest)", or without the parenthesis when it has them all;
+        "would have" where more workers win it a larger share."""
+        cap = self.capacity_for(n)
+        text = f"the {cap:.1f} cores it can have"
+        if cap > self.capacity + 0.05:
+            # More runnable threads win more of the contended cores.
+            text = f"the {cap:.1f} cores it would have with {n} worker{'s' if n != 1 else ''}"
+        if self.usable is not None and cap < self.usable - 0.05:
             text += f" (of {self.usable:.1f} usable: other processes and jobs use the rest)"
         return text
 
-    @property
-    def idle_cores(self) -> float:
-        return max(0.0, self.capacity - self.trainer_cores)
+    def idle_cores(self, n: int) -> float:
+        return max(0.0, self.capacity_for(n) - self.trainer_cores)
 
     def terms(self, n: int) -> dict[str, float]:
         others = {f"loader {lid}": floor for lid, floor in self.partners}
+        cap = self.capacity_for(n)
         if n <= 0 and self.thread_fed:
             return {
                 "compute step": self.step,
                 "feeder thread": self.load_cpu + self.load_off_cpu,
-                "CPU": (self.trainer_cpu + self.load_cpu) / self.capacity,
+                "CPU": (self.trainer_cpu + self.load_cpu) / cap,
                 **others,
             }
         if n <= 0:
@@ -271,8 +322,8 @@ class CycleModel:
         return {
             "compute step": self.step,
             "workers": (self.load_cpu + self.load_off_cpu) / n,
-            "CPU": (self.trainer_cpu + self.load_cpu) / self.capacity,
-            "shared cores": (self.step + self.load_cpu) / (1.0 + self.idle_cores),
+            "CPU": (self.trainer_cpu + self.load_cpu) / cap,
+            "shared cores": (self.step + self.load_cpu) / (1.0 + self.idle_cores(n)),
             **others,
         }
 
@@ -300,7 +351,8 @@ def cycle_model(ctx: Context, lv: LoaderView) -> tuple[CycleModel | None, str]:
             )
         return None, "the loader's wait and step times per batch are not measured yet"
     c_t = trainer_cpu(lv.job)
-    cap = job_capacity(ctx, lv)
+    parts = capacity_parts(ctx, lv)
+    cap, share = parts if parts is not None else (None, None)
     if c_t is None or cap is None or cap <= 0:
         return None, "the trainer's CPU is not measured"
     now = wait_ms + step
@@ -361,6 +413,7 @@ def cycle_model(ctx: Context, lv: LoaderView) -> tuple[CycleModel | None, str]:
         floors,
         fed_ms is not None,
         ctx.usable_cores,
+        share,
     )
     fit = m.fit()
     if abs(fit - 1.0) > MODEL_FIT_TOLERANCE:
@@ -403,6 +456,7 @@ class Prediction:
     after_ms: float
     bound: str  # "compute step" | "workers" | "CPU" | "shared cores" | "loop loads"
     model: CycleModel
+    workers: int = 0  # the count priced
 
     def evidence(self) -> dict[str, Any]:
         m = self.model
@@ -418,23 +472,29 @@ class Prediction:
                 "loading_cpu_ms_per_batch": r(m.load_cpu, 1),
                 "loading_off_cpu_ms_per_batch": r(m.load_off_cpu, 1),
                 "job_capacity_cores": r(m.capacity, 2),
+                **(
+                    {"job_capacity_cores_then": r(m.capacity_for(self.workers), 2)}
+                    if m.capacity_for(self.workers) != m.capacity
+                    else {}
+                ),
                 "fit": r(m.fit(), 2),
             },
         }
 
     def phrase(self) -> str:
         m = self.model
+        can_have = m.can_have_with(self.workers)
         why = {
             "compute step": "the loop's own step then sets the pace",
             "workers": "the workers then set the pace",
-            "CPU": f"the job's CPU work then fills {m.can_have}",
+            "CPU": f"the job's CPU work then fills {can_have}",
             # "want while computing": the free cores a hint quotes are an
             # average over the whole batch (a QA run read "the free cores
             # (1.1) allow 1" beside "use 2.0 of the 2.0 cores" as a
             # contradiction).
             "shared cores": (
                 f"while it computes, the trainer's threads want {m.trainer_cores:.1f} of "
-                f"{m.can_have}, so each batch's {m.load_cpu:.0f} ms of loading CPU, in a worker, "
+                f"{can_have}, so each batch's {m.load_cpu:.0f} ms of loading CPU, in a worker, "
                 "stretches its step"
             ),
             "loop loads": "the loop then loads every batch itself",
@@ -461,7 +521,7 @@ def predict(ctx: Context, lv: LoaderView, n_workers: int) -> Prediction | NoPred
         return NoPrediction(why)
     cur, _ = m.cycle(m.workers_now)
     after, bound = m.cycle(n_workers)
-    return Prediction(cur / after, m.now, m.now * after / cur, bound, m)
+    return Prediction(cur / after, m.now, m.now * after / cur, bound, m, n_workers)
 
 
 def best_count(ctx: Context, lv: LoaderView, up_to: int) -> int | None:

@@ -284,7 +284,13 @@ def rule_no_workers(ctx: Context) -> list[dict[str, Any]]:
         if free is not None and rec is not None and little is not None and rec < little and rec == cap:
             # Only when the cores are what caps the count (a QA run: "The free
             # cores (0) allow 2.", the 2 being the cycle model's best).
-            msg += f" The free cores ({cores(round(max(free, 0.0), 1))}) allow {rec}."
+            theirs = ""
+            if acc is not None and acc.others_measured and acc.others >= 0.1:
+                # More workers would win more of the others' cores, a share
+                # the advice does not take from them (a QA box with two CPU
+                # burners read "free cores (0.1)" with no reason).
+                theirs = f"; other processes use {cores(round(acc.others, 1))}"
+            msg += f" The free cores ({cores(round(max(free, 0.0), 1))}{theirs}) allow {rec}."
         msg += gain_text
         if rec is not None:
             sugg = (
