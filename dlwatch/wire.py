@@ -237,6 +237,7 @@ MAIN_OPTIONAL = {
     "train_threads": _LIST,
     "own_tids": _LIST,
     "exit_exception": _STR,  # the main thread's uncaught exception, in the last frame
+    "exit_call": _STR,  # the main thread's failing sys.exit call ("sys.exit(3)")
     "at_exit": _BOOL,  # the frame sent as Python exits (FEATURE_LAST_FRAME)
 }
 LOADER = (

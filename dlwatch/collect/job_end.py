@@ -54,12 +54,16 @@ def reason(
     spoke_at_exit: bool | None,
     status: int | None = None,
     oom_new: int | None = None,
+    *,
+    exit_call: str | None = None,
 ) -> str:
     """The ended job's state reason. ``exception``: the uncaught exception
     its last frame named; ``spoke_at_exit``: whether its last frame was sent
     as Python exited (None: the job predates that frame, or no frame came);
     ``status``: its wait status, when it was read as a zombie; ``oom_new``:
-    OOM kills the cgroup counted since the monitor first saw the job."""
+    OOM kills the cgroup counted since the monitor first saw the job;
+    ``exit_call``: the failing ``sys.exit`` call its last frame named, what
+    is left of its code once a shell has reaped it."""
     if exception:
         return f"{EXITED} after an uncaught {exception}"
     oom = (
@@ -77,6 +81,8 @@ def reason(
     ):
         how = " without Python's shutdown (os._exit)" if spoke_at_exit is False else ""
         return f"{EXITED} with code {os.WEXITSTATUS(status)}{how}{oom}"
+    if exit_call and status is None and spoke_at_exit is not False:
+        return f"{EXITED} after {exit_call}{oom}"
     if spoke_at_exit is False:
         # Short: the live view's header shows it. What each signal most
         # often is (the OOM killer, a scheduler, torchrun) is docs/hangs.md's.

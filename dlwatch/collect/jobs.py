@@ -189,6 +189,7 @@ class JobConnection:
         wait status of a zombie and the cgroup's OOM counter say of the end."""
         main = self.frames[-1].get("main") or {}
         cause = main.get("exit_exception")
+        call = main.get("exit_call")
         spoke = bool(main.get("at_exit")) if wire.FEATURE_LAST_FRAME in self.features else None
         now, _ = oom.oom_kills(self.cgroup_dir) if not cause else (None, "")
         at_start = self.oom_kills_at_start
@@ -196,7 +197,11 @@ class JobConnection:
             now - at_start if isinstance(now, int) and isinstance(at_start, int) and now > at_start else None
         )
         return job_end.reason(
-            cause if isinstance(cause, str) else None, spoke, job_end.zombie_status(self.pid), new
+            cause if isinstance(cause, str) else None,
+            spoke,
+            job_end.zombie_status(self.pid),
+            new,
+            exit_call=call if isinstance(call, str) else None,
         )
 
     def on_hangup(self) -> None:

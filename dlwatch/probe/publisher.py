@@ -417,6 +417,9 @@ class Publisher:
         ended_by = exit_cause.last()
         if ended_by is not None:
             main["exit_exception"] = ended_by
+        exit_call = exit_cause.exit_call()
+        if exit_call is not None:
+            main["exit_call"] = exit_call
         return wire.window(self._seq, time.time(), now, loaders, main)
 
     def _note_stalls(self, loaders: list[dict]) -> None:

@@ -258,6 +258,35 @@ def test_a_job_killed_by_a_signal_is_told_from_one_that_exited(reaped):
         assert j["state_reason"] == "the process was killed by SIGKILL", j
 
 
+def test_a_job_that_calls_sys_exit_keeps_its_code_once_reaped():
+    """A job started from a shell and reaped there: its exit status is gone
+    before the monitor reads it, and "exited" read as a finished run. The
+    last frame names the failing sys.exit call."""
+    job = Proc(SCEN, "sys_exit", "1.0")
+    m = Monitor(directory=job.dir, interval=0.2, gpu=False, diagnoser=False)
+
+    def the_job() -> dict | None:
+        snap = m.sample_now()
+        return next((x for x in snap["jobs"] if x["pid"] == job.pid), None)
+
+    j = None
+    try:
+        job.line("ready")
+        end = time.monotonic() + 20
+        while (j := the_job()) is None or j["state"] != "live":
+            assert time.monotonic() < end, j
+            time.sleep(0.1)
+        # Reaped before the monitor looks again, as a shell does.
+        assert job.finish(timeout=60)[0] == 3
+        while (j := the_job()) is None or j["state"] != "exited":
+            assert time.monotonic() < end, j
+            time.sleep(0.1)
+    finally:
+        m.stop()
+        job.cleanup()
+    assert j is not None and j["state_reason"] == "the process has exited after sys.exit(3)", j
+
+
 def test_os_exit_leaves_a_stale_socket_that_ls_cleans_up():
     job = Proc(SCEN, "os_exit")
     try:

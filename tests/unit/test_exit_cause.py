@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from dlwatch.probe import exit_cause
 
 
@@ -40,3 +42,45 @@ def test_the_hook_records_then_hands_on_to_the_one_it_replaced():
     assert r.returncode == 1
     assert "user hook OSError: disk gone" in r.stderr and "Traceback" in r.stderr, r.stderr
     assert r.stderr.count("user hook") == 1, r.stderr
+
+
+def test_a_failing_sys_exit_is_named_and_a_success_forgets_it(monkeypatch):
+    monkeypatch.setattr(exit_cause, "_exit_call", None)
+    exit_cause.record_exit(3)
+    assert exit_cause.exit_call() == "sys.exit(3)"
+    exit_cause.record_exit("config not found: x.yaml")
+    assert exit_cause.exit_call() == "sys.exit('config not found: x.yaml')"
+    exit_cause.record_exit("y" * 1000)
+    call = exit_cause.exit_call()
+    assert call is not None and len(call) < 320 and call.endswith("…')")
+    exit_cause.record_exit(0)
+    assert exit_cause.exit_call() is None
+
+
+def test_the_wrapped_sys_exit_raises_as_the_original_and_records_only_the_main_thread(monkeypatch):
+    import sys
+    import threading
+
+    monkeypatch.setattr(exit_cause, "_installed", False)
+    monkeypatch.setattr(exit_cause, "_exit_call", None)
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    monkeypatch.setattr(sys, "exit", sys.exit)
+    exit_cause.install()
+    assert sys.exit.__name__ == "exit"
+    with pytest.raises(SystemExit) as e:
+        sys.exit(4)
+    assert e.value.code == 4 and exit_cause.exit_call() == "sys.exit(4)"
+    with pytest.raises(SystemExit) as e:
+        sys.exit()
+    assert e.value.code is None and exit_cause.exit_call() is None
+
+    def in_a_thread():
+        try:
+            sys.exit(5)
+        except SystemExit:
+            pass
+
+    t = threading.Thread(target=in_a_thread)
+    t.start()
+    t.join()
+    assert exit_cause.exit_call() is None

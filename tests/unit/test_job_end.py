@@ -40,6 +40,20 @@ def test_the_reason_says_what_the_evidence_shows(args, want):
     assert job_end.reason(*args) == want
 
 
+def test_a_failing_sys_exit_names_the_code_a_reaped_job_lost():
+    assert job_end.reason(None, True, None, None, exit_call="sys.exit(3)") == (
+        "the process has exited after sys.exit(3)"
+    )
+    # The wait status, when read, is the code; without a last frame at exit
+    # the call is not what ended it.
+    assert job_end.reason(None, True, EXIT_3, None, exit_call="sys.exit(3)") == (
+        "the process has exited with code 3"
+    )
+    assert job_end.reason(None, False, None, None, exit_call="sys.exit(3)").startswith(
+        "the process ended without exiting through Python"
+    )
+
+
 def test_a_job_that_did_not_speak_at_exit_was_killed_crashed_or_called_os_exit():
     got = job_end.reason(None, False, None, 1)
     assert got.startswith(
