@@ -31,6 +31,7 @@ from .facts import (
     r,
     setting,
     window_note,
+    window_phrase,
     worker_values,
 )
 from .registry import Rule
@@ -383,7 +384,7 @@ def rule_cores_shared_with_others(ctx: Context) -> list[dict[str, Any]]:
                 f"({cores(round(theirs, 1))} now)"
             )
         waited = f"this job's processes waited {count_of(cores(round(starved, 1)), CORE_S)} worth for a CPU"
-        head = f"{lv.title} waits for data {pct(lv.wait)} of the time{window_note(ctx)}; "
+        head = f"{lv.title} waits for data {pct(lv.wait)} of the time{window_phrase(lv)}; "
         if saturated:
             msg = (
                 f"{head}its {count_of(nw, 'worker')} {plural(nw, 'is')} busy {pct(lv.busy_mean)} "
