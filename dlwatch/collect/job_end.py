@@ -42,6 +42,21 @@ def zombie_status(pid: int) -> int | None:
         return None
 
 
+def zombie_reason(pid: int) -> str:
+    """What a zombie's wait status says, for a worker's row: "killed by
+    SIGKILL, not yet reaped by its parent" (a killed DataLoader worker stays
+    one until torch reaps it, a nodes or Grain process worker until its pool
+    does: a row that only read "zombie" left how it died to the hints)."""
+    status = zombie_status(pid)
+    if status is not None and os.WIFSIGNALED(status):
+        how = f"was killed by {signal_name(os.WTERMSIG(status))}"
+    elif status is not None and os.WIFEXITED(status):
+        how = f"exited with code {os.WEXITSTATUS(status)}"
+    else:
+        how = "exited"
+    return f"process {pid} {how}, not yet reaped by its parent (a zombie)"
+
+
 def signal_name(n: int) -> str:
     try:
         return signal.Signals(n).name

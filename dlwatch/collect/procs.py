@@ -43,6 +43,7 @@ from typing import Any, NamedTuple, TypeVar
 import psutil
 
 from dlwatch import autograd_threads, own_threads
+from dlwatch.collect.job_end import zombie_reason
 
 T = TypeVar("T")
 
@@ -128,7 +129,7 @@ def describe_error(pid: int, exc: BaseException, what: str = "") -> _Failed:
     """Turn a psutil/OS exception into a reason a user can act on."""
     where = f"/proc/{pid}{'/' + what if what else ''}"
     if isinstance(exc, psutil.ZombieProcess):
-        return _Failed(f"process {pid} is a zombie (exited, not yet reaped by its parent)", "zombie")
+        return _Failed(zombie_reason(pid), "zombie")
     if isinstance(exc, psutil.NoSuchProcess):
         return _Failed(f"process {pid} exited", "gone")
     if isinstance(exc, (psutil.AccessDenied, PermissionError)):
@@ -380,7 +381,7 @@ class ProcSampler:
         if res["state"] != "zombie":
             res["state"] = stat.state
         if res["state"] == "zombie" and not any("zombie" in e for e in errors):
-            errors.insert(0, f"process {pid} is a zombie (exited, not yet reaped by its parent)")
+            errors.insert(0, zombie_reason(pid))
 
         if stat.threads != st.named_at_threads:
             # A thread came or went: one of ours, named so, is left out from

@@ -272,6 +272,8 @@ def test_unreaped_child_is_zombie(spawn):
     wait_status(p.pid, psutil.STATUS_ZOMBIE)
     s = sampler.sample([p.pid])[p.pid]
     assert s["state"] == "zombie"
+    # The row says how it died, not only that it is a zombie.
+    assert s["error"].startswith(f"process {p.pid} was killed by SIGKILL, not yet reaped"), s["error"]
     assert "zombie" in s["error"]
     p.wait()
     assert sampler.sample([p.pid])[p.pid]["state"] == "gone"

@@ -62,6 +62,16 @@ def test_a_job_that_did_not_speak_at_exit_was_killed_crashed_or_called_os_exit()
     assert got.endswith("the OOM killer, most likely")
 
 
+def test_a_zombies_reason_says_how_it_ended():
+    p = subprocess.Popen([sys.executable, "-c", "raise SystemExit(7)"])
+    os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)
+    assert job_end.zombie_reason(p.pid) == (
+        f"process {p.pid} exited with code 7, not yet reaped by its parent (a zombie)"
+    )
+    p.wait()
+    assert job_end.zombie_reason(p.pid).startswith(f"process {p.pid} exited, not yet reaped")
+
+
 def test_the_wait_status_of_a_zombie_and_none_once_reaped():
     p = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
     os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)  # dead, left unreaped
