@@ -26,6 +26,12 @@ that load on purpose, N processes spinning on a core each for the whole check
 others keep busy:
 
     .venv/bin/python bench/advice_check.py --only "free core" --burners 2
+
+``--counts 1,2,3`` prices each of those worker counts from the watched
+0-worker run (or ``--from N`` workers) and measures each, alternated over
+``--passes`` rounds, medians against the base count's (demo workloads only):
+
+    .venv/bin/python bench/advice_check.py --only "free core" --burners 2 --counts 1,2,3
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,6 +49,8 @@ import time
 import script_sweep
 
 from dlwatch.collect.monitor import Monitor
+from dlwatch.diagnose import capacity
+from dlwatch.diagnose.engine import build_context, stateless_phases
 
 HINTS = ("no-workers", "add-workers", "io-bound", "pipeline-has-headroom", "cpu-bound-preprocessing")
 DEMO = [sys.executable, "-m", "dlwatch.demo.train", "--quiet", "--hook", "--device", "cpu", "--epochs", "0"]
@@ -50,6 +59,8 @@ WORKLOADS = {
     "a: loop fills the cores": "--batch-size 15 --sample-ms 1 --cost-kind cpu --step-ms 30 "
     "--step-kind cpu --step-threads 2",
     "b: a free core": "--batch-size 20 --sample-ms 1 --cost-kind cpu --step-ms 30 --step-kind sleep",
+    "c: workers sleep on storage": "--batch-size 8 --sample-ms 10 --cost-kind sleep --step-ms 15 "
+    "--step-kind sleep",
     "image: timm-style JPEG pipeline": None,
 }
 
@@ -172,6 +183,59 @@ def measure(name: str, args: str | None, seconds: float) -> dict:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def sweep(name: str, args: str, base: int, counts: list[int], passes: int, seconds: float) -> list[dict]:
+    """Each count priced from one watched run at ``base`` workers, then the
+    base and every count measured ``passes`` times, alternated."""
+    d = tempfile.mkdtemp(prefix="dlwsweep", dir="/tmp")
+    out = os.path.join(d, "out.json")
+    try:
+        first, final = run(demo_cmd(args, base, seconds, out), d, True, 5.0, out)
+        tp: dict[int, list[float]] = {n: [demo_tp(first["early"], final)] for n in [base, *counts]}
+        s = first["snapshot"]
+        ctx = build_context(s, stateless_phases(s))
+        lv = ctx.loaders[0]
+        priced = {n: capacity.predict(ctx, lv, n) for n in counts}
+        for rnd in range(passes):
+            for n in [*counts, base] if rnd == 0 else [base, *counts]:
+                if rnd == 0 and n == base:
+                    continue  # the watched run is the first pass's
+                got, final = run(demo_cmd(args, n, seconds, out), d, False, 5.0, out)
+                tp[n].append(demo_tp(got["early"], final))
+        b = statistics.median(tp[base])
+        return [
+            {
+                "workload": name,
+                "from": base,
+                "workers": n,
+                "predicted": getattr(priced[n], "speedup", None),
+                "bound": getattr(priced[n], "bound", None),
+                "capacity": _capacity_at(priced[n], n),
+                "measured": statistics.median(tp[n]) / b,
+                "runs": [round(x, 2) for x in tp[n]],
+                "base_runs": [round(x, 2) for x in tp[base]],
+                "others": s.get("host", {}).get("other_cpu_cores"),
+            }
+            for n in counts
+        ]
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _capacity_at(p: capacity.Prediction | capacity.NoPrediction, n: int) -> float | None:
+    return p.model.capacity_for(n) if isinstance(p, capacity.Prediction) else None
+
+
+def print_sweep(rows: list[dict]) -> None:
+    print(f"{'workload':<34} {'from':>4} {'nw':>3} {'predicted':>9} {'measured':>9} {'bound':<13} cores")
+    for r in rows:
+        pred = f"{r['predicted']:.2f}x" if r["predicted"] else "-"
+        cap = f"{r['capacity']:.2f}" if r["capacity"] is not None else "-"
+        print(
+            f"{r['workload']:<34} {r['from']:>4} {r['workers']:>3} {pred:>9} {r['measured']:>8.2f}x "
+            f"{r['bound'] or '-':<13} {cap}  runs {r['runs']} base {r['base_runs']} others {r['others']}"
+        )
+
+
 def start_burners(n: int, nice: int) -> list[subprocess.Popen]:
     code = f"import os\nos.nice({nice})\nwhile True: pass"
     return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
@@ -185,9 +249,21 @@ def main() -> None:
     script_sweep.add_arguments(p, prefix="sweep-")
     p.add_argument("--burners", type=int, default=0, help="processes spinning on a core each meanwhile")
     p.add_argument("--burner-nice", type=int, default=0, help="their nice value")
+    p.add_argument("--counts", help="worker counts to price and measure, e.g. 1,2,3")
+    p.add_argument("--from", dest="base", type=int, default=0, help="the watched run's worker count")
+    p.add_argument("--passes", type=int, default=2)
     a = p.parse_args()
     burners = start_burners(a.burners, a.burner_nice)
     try:
+        if a.counts:
+            counts = [int(x) for x in a.counts.split(",")]
+            chosen = [(n, args) for n, args in WORKLOADS.items() if args and (not a.only or a.only in n)]
+            swept = [row for n, args in chosen for row in sweep(n, args, a.base, counts, a.passes, a.seconds)]
+            print_sweep(swept)
+            if a.json:
+                with open(a.json, "w") as f:
+                    json.dump(swept, f, indent=1)
+            return
         rows = [measure(n, args, a.seconds) for n, args in WORKLOADS.items() if not a.only or a.only in n]
     finally:
         for b in burners:
