@@ -50,6 +50,11 @@ GIL_CORES_MAX = 1.25
 # ...and at least this much: threads far below one core wait on I/O, where the
 # GIL is not what holds them (io-bound's case, more threads help).
 GIL_CORES_MIN = 0.7
+# ...on a box with at least this many cores idle: threads held to one core on
+# cores other processes fill are no evidence of the GIL (a QA run: nodes'
+# threads decoding JPEGs read 1 core beside another job's 100 %, and the
+# process workers the hint advised measured 0.83-1.0x).
+GIL_IDLE_CORES_MIN = 0.5
 # A wait with a ceiling this high is worth a warning without a knob to measure.
 NO_KNOB_WARN_WAIT = 0.2
 
@@ -91,12 +96,17 @@ def rule_gil_bound_threads(ctx: Context) -> list[dict[str, Any]]:
             continue
         if not GIL_CORES_MIN <= used <= GIL_CORES_MAX:
             continue
+        busy = num(ctx.host.get("busy_cores"))
+        idle = None if busy is None else max(0.0, usable - busy)
+        if idle is not None and idle < GIL_IDLE_CORES_MIN:
+            continue
         lib = str(lv.loader.get("library") or "")
         fix = _PROCESS_FIX.get(lib, "worker processes instead of threads")
+        spare = "" if idle is None else f", {cores(round(idle, 1))} of them idle"
         msg = (
             f"{lv.title} waits for data {pct(lv.wait)} of the loop, while its {n} worker threads use "
-            f"{_cores(used)} together on a box with {_cores(usable)} usable: Python threads run one at a "
-            f"time under the GIL, so the pool is capped at about one core and more threads add nothing."
+            f"{_cores(used)} together on a box with {_cores(usable)} usable{spare}: Python threads run one "
+            f"at a time under the GIL, so the pool is capped at about one core and more threads add nothing."
         )
         sugg = f"run the work in processes: {fix}; then dlwatch measures the processes' CPU the same way"
         ev = {
@@ -104,6 +114,7 @@ def rule_gil_bound_threads(ctx: Context) -> list[dict[str, Any]]:
             "worker_threads": n,
             "threads_cpu_cores": r(used, 2),
             "usable_cores": r(usable, 1),
+            "idle_cores": r(idle, 2),
             "library": lib,
             "knobs": lv.loader.get("knobs"),
         }

@@ -79,6 +79,15 @@ def test_gil_bound_threads_names_the_librarys_process_option():
     assert "gil-bound-threads" not in ids(evaluate(one(nodes(), usable=1.0)))
 
 
+def test_gil_bound_threads_needs_idle_cores_beside_the_pool():
+    # The threads' one core beside another job's full core: the cores, not
+    # the GIL, may be the cap (a QA run: process workers measured 0.83-1.0x).
+    assert "gil-bound-threads" not in ids(evaluate(one(nodes(), usable=2.0, busy_cores=1.95)))
+    h = get(evaluate(one(nodes(), usable=2.0, busy_cores=1.1)), "gil-bound-threads")
+    assert "on a box with 2 cores usable, 0.9 of them idle: Python threads" in h["message"], h["message"]
+    assert h["evidence"]["idle_cores"] == pytest.approx(0.9)
+
+
 def test_no_knob_never_advises_num_workers_and_says_the_ceiling():
     hints = evaluate(one(watched(), usable=8.0))
     assert ids(hints) == {"no-worker-knob"}
