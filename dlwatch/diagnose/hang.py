@@ -286,6 +286,11 @@ def process_name(proc: Mapping[str, Any]) -> str:
     return f"trainer (pid {pid})"
 
 
+# Said before the stack of a thread /proc reads stopped ("T": SIGSTOP, ctrl-Z,
+# a debugger; not "t", py-spy's own instant).
+STOPPED_NOTE = "stopped (SIGSTOP or a debugger); where it stopped: "
+
+
 def summarize(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One entry per process (and per notable trainer thread: the
     pin-memory thread and any the user started), with its one line."""
@@ -325,6 +330,11 @@ def summarize(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
             label = name if t is main else f"{name} thread {tname}"
             if role == "trainer" and t is main:
                 label = f"main thread (pid {proc.get('pid')})"
+            line = thread_line(t, role)
+            if t.get("state") == "T":
+                # Its stack is where it stopped: "idle, waiting for work" read
+                # as a worker with nothing to do (a QA run, kill -STOP).
+                line = f"{STOPPED_NOTE}{line}"
             out.append(
                 {
                     **base,
@@ -332,7 +342,7 @@ def summarize(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
                     "tid": t.get("tid"),
                     "kind": wait_kind(t, role),
                     "at": blocked_at(t),
-                    "line": f"{label}: {thread_line(t, role)}",
+                    "line": f"{label}: {line}",
                 }
             )
     return out

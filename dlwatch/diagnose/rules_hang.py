@@ -13,7 +13,7 @@ reads the two together and names the cause where the evidence shows it:
   runs threads of the user's (under fork the child inherits the lock held
   and not the thread that would release it);
 - ``/dev/shm`` full (workers hand batches over in shared memory);
-- a worker that died;
+- a worker that died, or one that is stopped (SIGSTOP, ctrl-Z, a debugger);
 - every worker idle while the loop waits elsewhere, in a collective: in a
   torchrun run, a rank whose loader has ended its epoch ran out of data
   first (a sampler or an iterable that splits unevenly across ranks);
@@ -172,6 +172,40 @@ _STUCK = (hang.IO, hang.LOCK, hang.RUNNING, hang.SLEEP, hang.NATIVE, hang.BARRIE
 _OFF_CPU = ("S", "D", "sleeping", "disk-sleep", "idle")
 
 
+# /proc's "T" as psutil names it; "tracing-stop" ("t") is also what py-spy's
+# own reads cause for an instant, so it is no evidence.
+STOPPED = "stopped"
+
+
+def stopped_workers(ld: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The loader's worker processes (a DataLoader's, a pipeline's) whose
+    process sample reads stopped."""
+    procs = [w for w in ld.get("workers") or () if isinstance(w, dict)]
+    procs += [
+        w for w in ld.get("pipeline_workers") or () if isinstance(w, dict) and w.get("kind") == "process"
+    ]
+    return [w for w in procs if w.get("state") == STOPPED]
+
+
+def stopped_cause(ld: Mapping[str, Any], stopped: list[dict[str, Any]]) -> Cause:
+    """A QA run stopped one of a MONAI script's DataLoader workers (kill
+    -STOP) while its queue feeder thread was writing a batch to the result
+    pipe: the loop sat in that pipe's read, every other worker behind it,
+    and the stall read "every worker is idle" (their stacks were)."""
+    w = stopped[0]
+    wid = w.get("id")
+    who = f"worker {wid} (pid {w.get('pid')})" if wid is not None else f"worker process {w.get('pid')}"
+    more = f" (and {len(stopped) - 1} more)" if len(stopped) > 1 else ""
+    pids = " ".join(str(x.get("pid")) for x in stopped)
+    return (
+        "worker-stopped",
+        f"{who}{more} is stopped (SIGSTOP, ctrl-Z in its terminal, or a debugger holding it): its "
+        "batches cannot come until it continues, and one stopped while handing a batch over holds "
+        "the result queue, so every other worker's batches wait behind it",
+        f"resume it: kill -CONT {pids} (or continue it in the debugger)",
+    )
+
+
 def live_in_fetch(w: Entry, stacks_t: float | None, now: float | None) -> float | None:
     """Seconds the worker has been in its fetch now: the figure taken when
     the stacks were gathered plus the time since (the stall goes on, the
@@ -193,6 +227,15 @@ def with_process_figures(w: Entry, rec: dict[str, Any] | None) -> Entry:
         return w
     cpu, state = num(rec.get("cpu_percent")), rec.get("state")
     out = dict(w, cpu_percent=cpu, state=state, batches=rec.get("batches"))
+    if state == STOPPED:
+        # Its stack is where it was stopped ("idle, waiting for work" read as
+        # a worker with nothing to do).
+        line = str(w.get("line"))
+        if hang.STOPPED_NOTE not in line:
+            name = hang.process_name(w)
+            rest = line[len(name) + 2 :] if line.startswith(f"{name}: ") else line
+            out["line"] = f"{name}: {hang.STOPPED_NOTE}{rest}"
+        return out
     if w.get("kind") == hang.RUNNING and cpu is not None and cpu < hang.NATIVE_CPU_MAX and state in _OFF_CPU:
         out["kind"] = hang.NATIVE
         at = w.get("at") or {}
@@ -562,6 +605,9 @@ def _cause(
                 _after_death(ld, d),
             )
         ]
+    stopped = stopped_workers(ld)
+    if stopped:
+        return [stopped_cause(ld, stopped)]
     if shm is not None and shm < SHM_FULL_BYTES and lv.num_workers:
         return [
             (
@@ -766,4 +812,33 @@ QUIET_WHILE_STALLED = frozenset(
     }
 )
 
-RULES = (Rule("loader-stalled", rule_loader_stalled, "loader"),)
+
+def rule_worker_stopped(ctx: Context) -> list[dict[str, Any]]:
+    """A stopped worker before any stall is declared: the loop already waits
+    on it, and the count and core advice read the stopped worker's 0 % CPU
+    (a QA run: cores-shared-with-others blamed other processes 17 s after
+    the stop). A stalled loader's loader-stalled names it instead."""
+    out = []
+    for lv in ctx.loaders:
+        ld = lv.loader
+        if num(ld.get("stalled_s")) is not None:
+            continue
+        stopped = stopped_workers(ld)
+        if not stopped:
+            continue
+        _, shows, step = stopped_cause(ld, stopped)
+        waits = f"; the loop waits for data {lv.wait * 100:.0f} % of the time" if lv.wait is not None else ""
+        msg = f"{lv.title}: {shows}{waits}."
+        ev = {
+            "stopped_workers": [{"id": w.get("id"), "pid": w.get("pid")} for w in stopped],
+            "data_wait_fraction": None if lv.wait is None else round(lv.wait, 3),
+        }
+        severity = "critical" if lv.wait is not None and lv.wait >= 0.5 else "warn"
+        out.append(hint("worker-stopped", severity, lv.pid, lv.lid, msg, step, ev))
+    return out
+
+
+RULES = (
+    Rule("loader-stalled", rule_loader_stalled, "loader"),
+    Rule("worker-stopped", rule_worker_stopped, "loader", supersedes=QUIET_WHILE_STALLED),
+)

@@ -680,7 +680,11 @@ def rule_pipeline_has_headroom(ctx: Context) -> list[dict[str, Any]]:
             msg += f" With {rec}: {pred.phrase()}."
         elif isinstance(pred, capacity.NoPrediction):
             msg += f" Whether {rec} keep up cannot be predicted: {pred.reason}; measure it."
-        sugg = f"num_workers={rec} would keep up and free CPU and memory for other work"
+        # In the words of the code that builds the loader (a QA run of the HF
+        # Trainer read "num_workers=1" where its knob is dataloader_num_workers).
+        sugg = (
+            f"{setting(lv.loader, 'num_workers', rec)} would keep up and free CPU and memory for other work"
+        )
         ev = _common_evidence(lv) | {
             "recommended_num_workers": rec,
             "method": method,

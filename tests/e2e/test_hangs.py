@@ -596,3 +596,51 @@ def test_a_worker_waiting_on_a_sentinel_and_a_worker_behind_a_siblings_lock_are_
     assert h["evidence"]["cause"] == "worker-blocked-native", h
     assert "is idle: a lock one worker took and kept" in h["message"], h["message"]
     assert "OMP_NUM_THREADS" not in h["suggestion"] and "sqlite" in h["suggestion"]
+
+
+def test_a_stopped_worker_is_named_with_kill_cont_and_the_loader_moves_once_it_continues():
+    """A QA run: kill -STOP of a MONAI script's DataLoader worker read
+    "every worker is idle" at the stall and, before it, other processes'
+    CPU as the cause. Stopped, the worker is named with its pid and the
+    command that resumes it; continued, the loader delivers again."""
+    import signal
+
+    p, d = start("steady")
+    try:
+        snap = wait_snapshot(
+            d,
+            lambda s: any(len(ld.get("workers") or []) == 2 for j in s["jobs"] for ld in j["loaders"]),
+            "workers",
+        )
+        victim = snap["jobs"][0]["loaders"][0]["workers"][1]["pid"]
+        os.kill(victim, signal.SIGSTOP)
+
+        def named(s: dict) -> bool:
+            return any(
+                str(victim) in h["message"]
+                and (h["id"] == "worker-stopped" or h["evidence"].get("cause") == "worker-stopped")
+                for h in s["hints"]
+            )
+
+        snap = wait_snapshot(d, named, f"a hint naming the stopped worker {victim}")
+        h = next(h for h in snap["hints"] if str(victim) in h["message"])
+        assert f"kill -CONT {victim}" in h["suggestion"], h
+        assert "is stopped (SIGSTOP" in h["message"], h
+        rows = {w["pid"]: w for ld in snap["jobs"][0]["loaders"] for w in ld["workers"]}
+        assert rows[victim]["state"] == "stopped", rows
+        r = dlwatch("stacks", "--pid", str(p.pid), "--brief", runtime_dir=d)
+        line = next((x for x in r.stdout.splitlines() if f"(pid {victim})" in x), "")
+        assert "stopped (SIGSTOP or a debugger); where it stopped:" in line, r.stdout + r.stderr
+        os.kill(victim, signal.SIGCONT)
+        before = snap["jobs"][0]["loaders"][0]["batches_total"]
+        wait_snapshot(
+            d,
+            lambda s: (
+                s["jobs"][0]["loaders"][0]["batches_total"] > before + 10
+                and not any(h["id"] in ("worker-stopped", "loader-stalled") for h in s["hints"])
+            ),
+            "the loader moving again, the hint gone",
+        )
+    finally:
+        stop_sessions([p], grace=0.0)
+        shutil.rmtree(d, ignore_errors=True)

@@ -328,6 +328,23 @@ def sqlite(path):
         time.sleep(0.02)
 
 
+class Steady(Dataset):
+    def __len__(self):
+        return 1_000_000
+
+    def __getitem__(self, i):
+        time.sleep(0.005)
+        return torch.zeros(2) + i
+
+
+def steady():
+    """hang_jobs.py steady: two fork workers that load at a steady pace and
+    never hang by themselves (a test stops one with SIGSTOP, then resumes it)."""
+    loader = DataLoader(Steady(), batch_size=4, num_workers=2, multiprocessing_context="fork")
+    for _ in loader:
+        time.sleep(0.01)
+
+
 if __name__ == "__main__":
     timer = threading.Timer(DEADLINE_S, lambda: os._exit(3))
     timer.daemon = True
@@ -337,6 +354,7 @@ if __name__ == "__main__":
     if sys.argv[1] == "nodes-process":
         modes["nodes-process"] = lambda: nodes_process(sys.argv[2])
     modes["sentinel"] = sentinel
+    modes["steady"] = steady
     if sys.argv[1] == "sqlite":
         modes["sqlite"] = lambda: sqlite(sys.argv[2])
     if sys.argv[1] in modes:

@@ -566,3 +566,36 @@ def test_a_recording_writes_the_stacks_as_sent_then_as_completed_by_py_spy(tmp_p
     assert "(stall)\n" in text and "(stall, completed by py-spy)\n" in text
     assert f"worker 0 (pid {pid}): no answer" in text
     assert f"== worker 0 (pid {pid}) (read by py-spy from outside)" in text
+
+
+def test_a_stopped_worker_is_the_cause_not_every_worker_idle():
+    # A QA run: kill -STOP of one of a MONAI script's DataLoader workers while
+    # its feeder thread wrote a batch to the result pipe; the stall read
+    # "every worker is idle" (cause workers-idle), the stacks "idle".
+    j = _off_cpu(_stalled_job([IDLE_WORKER, IDLE_WORKER], awaited_worker=1))
+    j["loaders"][0]["workers"][1]["state"] = "stopped"
+    h = _hint(j)
+    ev = h["evidence"]
+    assert ev["cause"] == "worker-stopped", ev
+    assert "worker 1 (pid 5001) is stopped (SIGSTOP, ctrl-Z in its terminal, or a debugger" in h["message"]
+    assert h["suggestion"].startswith("resume it: kill -CONT 5001"), h["suggestion"]
+    line = next(x for x in ev["lines"] if "5001" in x)
+    assert "stopped (SIGSTOP or a debugger); where it stopped:" in line, line
+    # py-spy's own reads stop a process for an instant ("tracing-stop"): no evidence.
+    j["loaders"][0]["workers"][1]["state"] = "tracing-stop"
+    assert _hint(j)["evidence"]["cause"] != "worker-stopped"
+
+
+def test_a_stopped_worker_before_the_stall_is_named_and_hides_the_count_advice():
+    ld = loader(nw=2, wait=0.7, step_ms=20.0)
+    ld["workers"][0]["state"] = "stopped"
+    ld["workers"][0]["cpu_percent"] = 0.0
+    hints = evaluate(snap([job(loaders=[ld])], usable=2.0, other_cpu_cores=0.5))
+    h = get(hints, "worker-stopped")
+    assert h["severity"] == "critical", h
+    assert h["message"].startswith("Loader 0 of PID 1000: worker 0 (pid "), h["message"]
+    assert "the loop waits for data 70 % of the time." in h["message"]
+    assert h["suggestion"].startswith("resume it: kill -CONT ")
+    assert not set(ids(hints)) & rules_hang.QUIET_WHILE_STALLED, ids(hints)
+    ld["workers"][0]["state"] = "sleeping"
+    assert "worker-stopped" not in ids(evaluate(snap([job(loaders=[ld])], usable=2.0)))
