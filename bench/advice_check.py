@@ -29,7 +29,7 @@ others keep busy:
 
 ``--counts 1,2,3`` prices each of those worker counts from the watched
 0-worker run (or ``--from N`` workers) and measures each, alternated over
-``--passes`` rounds, medians against the base count's (demo workloads only):
+``--rounds`` rounds, medians against the base count's (demo workloads only):
 
     .venv/bin/python bench/advice_check.py --only "free core" --burners 2 --counts 1,2,3
 """
@@ -183,9 +183,9 @@ def measure(name: str, args: str | None, seconds: float) -> dict:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def sweep(name: str, args: str, base: int, counts: list[int], passes: int, seconds: float) -> list[dict]:
+def sweep(name: str, args: str, base: int, counts: list[int], rounds: int, seconds: float) -> list[dict]:
     """Each count priced from one watched run at ``base`` workers, then the
-    base and every count measured ``passes`` times, alternated."""
+    base and every count measured ``rounds`` times, alternated."""
     d = tempfile.mkdtemp(prefix="dlwsweep", dir="/tmp")
     out = os.path.join(d, "out.json")
     try:
@@ -195,7 +195,7 @@ def sweep(name: str, args: str, base: int, counts: list[int], passes: int, secon
         ctx = build_context(s, stateless_phases(s))
         lv = ctx.loaders[0]
         priced = {n: capacity.predict(ctx, lv, n) for n in counts}
-        for rnd in range(passes):
+        for rnd in range(rounds):
             for n in [*counts, base] if rnd == 0 else [base, *counts]:
                 if rnd == 0 and n == base:
                     continue  # the watched run is the first pass's
@@ -251,14 +251,14 @@ def main() -> None:
     p.add_argument("--burner-nice", type=int, default=0, help="their nice value")
     p.add_argument("--counts", help="worker counts to price and measure, e.g. 1,2,3")
     p.add_argument("--from", dest="base", type=int, default=0, help="the watched run's worker count")
-    p.add_argument("--passes", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2, help="alternated rounds of --counts")
     a = p.parse_args()
     burners = start_burners(a.burners, a.burner_nice)
     try:
         if a.counts:
             counts = [int(x) for x in a.counts.split(",")]
             chosen = [(n, args) for n, args in WORKLOADS.items() if args and (not a.only or a.only in n)]
-            swept = [row for n, args in chosen for row in sweep(n, args, a.base, counts, a.passes, a.seconds)]
+            swept = [row for n, args in chosen for row in sweep(n, args, a.base, counts, a.rounds, a.seconds)]
             print_sweep(swept)
             if a.json:
                 with open(a.json, "w") as f:

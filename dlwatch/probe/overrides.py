@@ -36,6 +36,13 @@ _lock = threading.Lock()
 _orig_init = None
 _orig_iter = None
 _finder = None
+# The replays armed on selected loaders, with each loader's dataset: a
+# framework may iterate a loader it built from the script's over the same
+# dataset (Accelerate's prepare(), and the HF Trainer through it: a new
+# DataLoader inside a DataLoaderShard), and the script's own is then never
+# iterated. A QA run: every ceiling trial of a Trainer or Accelerate job
+# ended "the loader did not start replaying within 60 s".
+_armed: list[tuple[object, object]] = []
 
 
 def install() -> None:
@@ -72,6 +79,7 @@ def uninstall() -> None:
     _orig_init = _orig_iter = None
     _spec = None
     _seen.clear()
+    _armed.clear()
 
 
 def _patch(mod) -> None:
@@ -110,9 +118,27 @@ def _arm_replay(loader) -> None:
     try:
         from dlwatch.probe.replay import Replay
 
-        loader._dlw_replay = Replay(spec["replay"], loader)
+        rep = Replay(spec["replay"], loader)
+        loader._dlw_replay = rep
+        _armed.append((getattr(loader, "dataset", None), rep))
     except Exception:
         pass
+
+
+def _adopt(loader):
+    """The replay of a selected loader never iterated over the same dataset
+    as ``loader``, moved to ``loader`` (which is being iterated), or None."""
+    ds = getattr(loader, "dataset", None)
+    if ds is None:
+        return None
+    for armed_ds, rep in _armed:
+        if armed_ds is ds and not rep.attached:
+            from dlwatch.probe.replay import _length
+
+            rep.epoch_len = _length(loader)
+            loader._dlw_replay = rep
+            return rep
+    return None
 
 
 def _patch_iter(cls) -> None:
@@ -124,6 +150,11 @@ def _patch_iter(cls) -> None:
 
     def __iter__(self):
         rep = getattr(self, "_dlw_replay", None)
+        if rep is None and _armed:
+            try:
+                rep = _adopt(self)
+            except Exception:
+                rep = None
         if rep is None:
             return orig(self)
         try:

@@ -450,6 +450,8 @@ class TrialMeter:
                 # The class the script builds, where no framework builds it
                 # (Accelerate's DataLoaderShard is not the user's to write).
                 "loader_class": None if ld.get("framework") else ld.get("loader_class"),
+                # ...and the framework that builds it, whose terms the recommendation uses.
+                "framework": ld.get("framework"),
             }
             if ld
             else None,

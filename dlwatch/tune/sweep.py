@@ -227,6 +227,7 @@ class Sweep:
                 "library": loader.get("library") or "torch",
                 "knobs": loader.get("knobs"),
                 "loader_class": loader.get("loader_class"),
+                "framework": loader.get("framework"),
             }
             if loader
             else {}
@@ -291,8 +292,9 @@ class Sweep:
             )
             speedup = round(chosen.mean / base_group.mean, 3) if base_group.mean > 0 else None
             spread = _r(search.measured_noise(search.groups(self.trials)), 4)
+            pipe = base.get("pipeline") or {}
             rec = code_line(
-                chosen.settings, base["settings"], (base.get("pipeline") or {}).get("loader_class")
+                chosen.settings, base["settings"], pipe.get("loader_class"), pipe.get("framework")
             )
         return {
             "schema_version": SCHEMA_VERSION,
@@ -410,17 +412,42 @@ def speedup_notes(base: dict | None, best: dict | None, base_trials: Iterable[di
     return notes
 
 
-def code_line(settings: dict, base: dict, loader_class: str | None = None) -> str:
+# torch's prefetch_factor where workers run and the script leaves it unset:
+# a recommendation from 0 workers need not name it.
+TORCH_DEFAULT_PREFETCH = 2
+
+
+def code_line(
+    settings: dict, base: dict, loader_class: str | None = None, framework: str | None = None
+) -> str:
     """What to write in the script: num_workers always, the other knobs where
     they differ from the script's own; in the class the script builds (a
     DataLoader subclass: litdata's StreamingDataLoader, MONAI's
-    ThreadDataLoader)."""
-    parts = [f"num_workers={settings.get('num_workers') or 0}"]
+    ThreadDataLoader), or where the framework that builds the loader takes
+    them (the HF Trainer's TrainingArguments: a QA run's Trainer job read
+    "DataLoader(..., num_workers=8, prefetch_factor=2)", with no DataLoader
+    in the script and a prefetch_factor it never set)."""
+    n = settings.get("num_workers") or 0
+    changed = []
     for k in ("persistent_workers", "prefetch_factor", "pin_memory"):
-        if settings.get(k) != base.get(k) and settings.get(k) is not None:
-            parts.append(f"{k}={settings[k]}")
+        v = settings.get(k)
+        if v is None or v == base.get(k):
+            continue
+        if k == "prefetch_factor" and base.get(k) is None and v == TORCH_DEFAULT_PREFETCH:
+            continue
+        changed.append((k, v))
+    if framework == "transformers":
+        args = [f"dataloader_num_workers={n}", *(f"dataloader_{k}={v}" for k, v in changed)]
+        return f"TrainingArguments(..., {', '.join(args)})"
+    parts = ", ".join([f"num_workers={n}", *(f"{k}={v}" for k, v in changed)])
+    if framework == "lightning":
+        return (
+            f"DataLoader(..., {parts}) in your LightningModule's or LightningDataModule's train_dataloader()"
+        )
+    if framework == "accelerate":
+        return f"DataLoader(..., {parts}), the one you pass to accelerator.prepare()"
     cls = loader_class if isinstance(loader_class, str) and loader_class.isidentifier() else "DataLoader"
-    return f"{cls}(..., {', '.join(parts)})"
+    return f"{cls}(..., {parts})"
 
 
 def _fmt_settings(s: dict) -> str:

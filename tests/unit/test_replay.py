@@ -215,6 +215,25 @@ def test_only_the_selected_loader_replays(replay_env):
     assert len({digest(x) for x in a}) == 6 and len({digest(x) for x in b}) == 1
 
 
+def test_a_loader_built_from_the_selected_one_over_its_dataset_takes_its_replay(replay_env):
+    # Accelerate's prepare() (and the HF Trainer through it) iterates a new
+    # DataLoader over the script's dataset; the script's own is never iterated.
+    os.environ[fmt.ENV_VAR] = fmt.encode(
+        {"loader": {"index": 0, "dataset": "Tuples"}, "replay": {"after_s": 0, "batches": 1}}
+    )
+    overrides.install()
+    ds = Tuples()
+    mine = DataLoader(ds, batch_size=4)
+    other = DataLoader(Tuples(), batch_size=4)  # another dataset: never adopts it
+    assert len({digest(x) for x in other}) == 6
+    built = DataLoader(mine.dataset, batch_size=4)
+    assert len({digest(x) for x in built}) == 1 and built._dlw_replay is mine._dlw_replay
+    assert mine._dlw_replay.status["state"] == "replaying"
+    # Adopted once: a later loader over the same dataset is not.
+    later = DataLoader(ds, batch_size=4)
+    assert len({digest(x) for x in later}) == 6
+
+
 def test_fresh_copies_containers_not_tensors():
     t = torch.zeros(2)
     batch = {"x": [t, Pair(t, {"y": t})]}

@@ -340,6 +340,20 @@ def test_code_line_names_what_changed():
     assert code_line(best, base, "no name()").startswith("DataLoader(..., num_workers=6")
 
 
+def test_code_line_speaks_the_frameworks_terms_and_leaves_torchs_default_prefetch_out():
+    base = {"num_workers": 0, "prefetch_factor": None, "pin_memory": False, "persistent_workers": False}
+    best = dict(base, num_workers=8, prefetch_factor=2)
+    assert code_line(best, base) == "DataLoader(..., num_workers=8)"
+    assert code_line(best, base, None, "transformers") == "TrainingArguments(..., dataloader_num_workers=8)"
+    more = dict(best, persistent_workers=True, prefetch_factor=4)
+    assert code_line(more, base, None, "transformers") == (
+        "TrainingArguments(..., dataloader_num_workers=8, dataloader_persistent_workers=True, "
+        "dataloader_prefetch_factor=4)"
+    )
+    assert code_line(best, base, None, "accelerate").endswith("the one you pass to accelerator.prepare()")
+    assert "train_dataloader()" in code_line(best, base, None, "lightning")
+
+
 # --- the hint's verify command -------------------------------------------------------
 
 
