@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from typing import Any
 
 from dlwatch.overrides import ENV_VAR, KNOBS, OverrideError, parse, resolve
 from dlwatch.probe import postimport
@@ -42,7 +43,7 @@ _finder = None
 # DataLoader inside a DataLoaderShard), and the script's own is then never
 # iterated. A QA run: every ceiling trial of a Trainer or Accelerate job
 # ended "the loader did not start replaying within 60 s".
-_armed: list[tuple[object, object]] = []
+_armed: list[tuple[Any, Any]] = []
 
 
 def install() -> None:
