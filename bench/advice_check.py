@@ -190,7 +190,8 @@ def sweep(name: str, args: str, base: int, counts: list[int], rounds: int, secon
     out = os.path.join(d, "out.json")
     try:
         first, final = run(demo_cmd(args, base, seconds, out), d, True, 5.0, out)
-        tp: dict[int, list[float]] = {n: [demo_tp(first["early"], final)] for n in [base, *counts]}
+        tp: dict[int, list[float]] = {n: [] for n in counts}
+        tp[base] = [demo_tp(first["early"], final)]
         s = first["snapshot"]
         ctx = build_context(s, stateless_phases(s))
         lv = ctx.loaders[0]

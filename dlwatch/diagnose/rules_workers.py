@@ -36,6 +36,7 @@ from .facts import (
     as_dict,
     ceil_ratio,
     cores,
+    cores_to_try,
     count_of,
     hint,
     ms,
@@ -258,7 +259,7 @@ def rule_no_workers(ctx: Context) -> list[dict[str, Any]]:
             if got is not None:
                 free, acc = got
                 if cpu_loading:
-                    cap = max(1, whole_cores(free))
+                    cap = max(1, cores_to_try(free))
                     rec = min(rec, cap)
             best = capacity.best_count(ctx, lv, rec)
             if best is not None:
