@@ -280,3 +280,18 @@ def test_parse_rejects_a_malformed_replay():
                 '{"replay": {"after_s": "1"}}', '{"replay": {"n": 1}}'):  # fmt: skip
         with pytest.raises(fmt.OverrideError):
             fmt.parse(bad)
+
+
+def test_accelerates_prepared_loader_replays_the_selected_one(replay_env):
+    # The ceiling trial of a job that hands its DataLoader to prepare(): the
+    # loop iterates a DataLoader Accelerate builds over the same dataset.
+    accelerate = pytest.importorskip("accelerate")
+    os.environ[fmt.ENV_VAR] = fmt.encode(
+        {"loader": {"index": 0, "dataset": "Tuples"}, "replay": {"after_s": 0, "batches": 2}}
+    )
+    overrides.install()
+    mine = DataLoader(Tuples(), batch_size=4)
+    prepared = accelerate.Accelerator(cpu=True).prepare(mine)
+    seen = [digest(b) for b in prepared]
+    assert len(seen) == 6 and len(set(seen)) == 2, seen
+    assert mine._dlw_replay.status["state"] == "replaying"
