@@ -39,6 +39,7 @@ from .facts import (
     cores_to_try,
     count_of,
     hint,
+    median,
     ms,
     num,
     others_cores,
@@ -155,6 +156,29 @@ def _gain(pred: capacity.Prediction | capacity.NoPrediction | None) -> tuple[boo
     if pred.speedup < MIN_WORTHWHILE_SPEEDUP:
         text += f"; under {pct(MIN_WORTHWHILE_SPEEDUP - 1)} gain, so this is only worth knowing"
     return pred.speedup >= MIN_WORTHWHILE_SPEEDUP, text + "."
+
+
+# Epochs shorter than this (median) are short for workers started anew at
+# each one: fork start-up and shutdown measured 70-93 ms for 2-3 workers on
+# the 2-core box (enable-persistent-workers' QA runs), 10 % of a 0.7-0.9 s
+# epoch; a spawn start re-imports the script, seconds (litdata: 3.5 s of a
+# 5.2 s epoch). A QA run of MONAI's ThreadDataLoader, 16-batch epochs of
+# 0.6 s: num_workers=3 without persistent workers measured 0.47-0.75x.
+SHORT_EPOCH_MS = {"fork": 1000.0, "spawn": 30000.0, "forkserver": 30000.0}
+
+
+def short_epoch_ms(lv: LoaderView) -> float | None:
+    """The median epoch of a loader whose epochs are short for workers
+    re-created at each (``SHORT_EPOCH_MS`` by the job's start method), else
+    None; a loader whose workers persist never."""
+    if lv.loader.get("persistent_workers") is True:
+        return None
+    epochs = [v for v in (num(e) for e in lv.loader.get("epoch_ms") or ()) if v is not None and v > 0]
+    epoch = median(epochs) if epochs else None
+    method = str(lv.loader.get("start_method") or lv.job.get("start_method") or "fork")
+    if epoch is None or epoch >= SHORT_EPOCH_MS.get(method, SHORT_EPOCH_MS["fork"]):
+        return None
+    return epoch
 
 
 def _nothing_to_gain(h: dict[str, Any], pred: Any, lv: LoaderView) -> dict[str, Any]:
@@ -303,9 +327,16 @@ def rule_no_workers(ctx: Context) -> list[dict[str, Any]]:
                 f"set {setting(lv.loader, 'num_workers', 2)} to load in the background, "
                 "then re-measure the data wait"
             )
+        short = short_epoch_ms(lv)
+        if rec is not None and short is not None:
+            sugg += (
+                f", with {setting(lv.loader, 'persistent_workers', True)}: its epochs last "
+                f"{ms(short)}, and workers started anew at each would pay their start-up every epoch"
+            )
         ev: dict[str, Any] = {
             "data_wait_fraction": r(lv.wait),
             "num_workers": 0,
+            "short_epoch_ms": r(short, 1),
             "wait_ms_mean": r(wait_ms, 1),
             "step_ms_mean": r(lv.step_ms, 1),
             "recommended_num_workers": rec,
