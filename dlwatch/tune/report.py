@@ -182,6 +182,14 @@ def no_recommendation(doc: dict) -> str | None:
         )
     if doc.get("interrupted"):
         return "No recommendation: no setting but your own was measured before Ctrl-C."
+    stopped = str(doc.get("stopped_because") or "")
+    if not trials and stopped.startswith(("--max-trials", "--budget")):
+        # A QA run: --max-trials 1 read "keep your settings … no setting tried
+        # was faster" beside a loop that waited 83 % (ceiling 5.81x).
+        return (
+            f"No recommendation: only your own settings were measured ({stopped}); "
+            "allow more trials for other settings to be tried."
+        )
     return None  # the search saw nothing likely faster: "keep your settings" is its verdict
 
 

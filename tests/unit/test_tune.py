@@ -590,6 +590,14 @@ def test_no_recommendation_when_nothing_but_the_baseline_measured():
     doc["interrupted"] = False
     assert report.no_recommendation(doc) is None
     assert "Recommendation: keep your settings" in report.summary(doc)
+    # --max-trials 1 (or a budget that fits only the baseline) tried nothing else.
+    doc["stopped_because"] = "--max-trials 1 reached"
+    said = report.no_recommendation(doc)
+    assert said == (
+        "No recommendation: only your own settings were measured (--max-trials 1 reached); "
+        "allow more trials for other settings to be tried."
+    )
+    assert said in report.summary(doc) and "keep your settings" not in report.summary(doc)
 
 
 def test_a_trial_that_exits_early_says_how_far_dlwatch_saw_it_get():
