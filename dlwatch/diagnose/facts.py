@@ -222,10 +222,16 @@ class LoaderView:
         oversubscribed cores is not waiting on storage, and more workers
         would make it worse.
         """
-        if self.busy_mean is None or self.cpu_mean is None or self.busy_mean <= 0:
+        if self.busy_mean is None or self.cpu_mean is None or self.busy_mean < MIN_BUSY_FOR_SHARE:
+            # Idle workers: a ratio of two near-zero figures (a QA run read
+            # 16.56 cores "while busy" on a 2-core box).
             return None
         n = max(1, len(self.workers))
         return (self.cpu_mean + self.rq_sum / n) / self.busy_mean
+
+
+# Workers busier than this say what their busy time is spent on.
+MIN_BUSY_FOR_SHARE = 0.05
 
 
 @dataclass

@@ -6,6 +6,8 @@ leaves one; other processes' load is no one's free core."""
 
 from __future__ import annotations
 
+import json
+
 import psutil
 import pytest
 
@@ -393,3 +395,13 @@ def test_no_workers_on_short_epochs_asks_for_persistent_workers_too():
     # Under spawn a worker re-imports the script: 5.4 s epochs are short.
     ld["start_method"] = "spawn"
     assert "persistent_workers=True" in get(evaluate(s), "no-workers")["suggestion"]
+
+
+def test_idle_workers_have_no_cpu_share_of_their_busy_time():
+    # A QA run (MONAI's validation loader, workers idle): 16.56 cores "while
+    # busy" on a 2-core box, a ratio of two near-zero figures.
+    ld = io_bound_loader(nw=4, wait=0.02, worker_kw=dict(cpu=1.0, busy=0.001))
+    s = one(ld, usable=2.0)
+    ctx = build_context(s, stateless_phases(s))
+    assert ctx.loaders[0].cpu_share_of_busy is None
+    assert "threads_cores_while_busy" not in json.dumps(evaluate(s))
