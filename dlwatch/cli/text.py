@@ -266,10 +266,19 @@ def _loader_lines(ld: dict) -> list[str]:
     cfg = (
         f"workers {ld['num_workers']}"
         + (f" ({ld['start_method']})" if ld.get("start_method") else "")
-        + f", batch {batch}, pin_memory {'on' if ld.get('pin_memory') else 'off'}, "
-        f"persistent {'on' if ld.get('persistent_workers') else 'off'}"
-        + (f", prefetch {ld['prefetch_factor']}" if ld.get("prefetch_factor") else "")
+        + f", batch {batch}, "
     )
+    knobs = ld.get("knobs")
+    if ld.get("library") not in (None, "torch", "monai") and isinstance(knobs, dict):
+        # A pipeline's own settings, not a DataLoader's (a QA run read
+        # "pin_memory off, persistent off" on a torchdata.nodes graph).
+        cfg += ", ".join(f"{k}={v}" for k, v in knobs.items()) if knobs else "no settings read"
+    else:
+        cfg += (
+            f"pin_memory {'on' if ld.get('pin_memory') else 'off'}, "
+            f"persistent {'on' if ld.get('persistent_workers') else 'off'}"
+            + (f", prefetch {ld['prefetch_factor']}" if ld.get("prefetch_factor") else "")
+        )
     wait, step = _num(ld.get("wait_ms_mean"), unit=" ms"), _num(ld.get("step_ms_mean"), unit=" ms")
     start = _num(ld.get("epoch_start_ms_last"), "{:.0f}", " ms")
     if num(ld.get("epoch_start_ms_last")) is None:

@@ -68,10 +68,16 @@ def loader_title(ld: dict, pal: fmt.Palette) -> Text:
         parts.append(Text(f"{how} thread {fmt.s(fd.get('thread')) or '?'}", pal.dim))
     parts.append(f"{fmt.count(nw)} workers" if nw != 1 else "1 worker")
     parts.append(f"batch {fmt.count(ld.get('batch_size'))}")
-    parts.append(f"pin {_flag(ld.get('pin_memory'))}")
-    parts.append(f"persistent {_flag(ld.get('persistent_workers'))}")
-    if nw:
-        parts.append(f"prefetch {fmt.count(ld.get('prefetch_factor'))}")
+    knobs = ld.get("knobs")
+    if lib and lib not in ("torch", "monai") and isinstance(knobs, dict):
+        # A pipeline's own settings, in its own names, not a DataLoader's (a
+        # QA run read "pin off, persistent off" on a torchdata.nodes graph).
+        parts.extend(f"{k}={v}" for k, v in knobs.items())
+    else:
+        parts.append(f"pin {_flag(ld.get('pin_memory'))}")
+        parts.append(f"persistent {_flag(ld.get('persistent_workers'))}")
+        if nw:
+            parts.append(f"prefetch {fmt.count(ld.get('prefetch_factor'))}")
     sm = fmt.s(ld.get("start_method"))
     if sm:
         parts.append(sm)

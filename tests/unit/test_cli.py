@@ -271,6 +271,29 @@ def test_snapshot_text_says_what_a_window_covers_and_why_a_figure_is_missing():
     assert "0.0 %" not in out
 
 
+def test_a_pipelines_settings_are_its_own_knobs_not_a_dataloaders():
+    # A QA run: a torchdata.nodes graph read "pin_memory off, persistent off".
+    from dlwatch.cli.text import render_snapshot
+    from dlwatch.tui import fmt
+    from dlwatch.tui.loader import loader_title
+    from tests import tui_fixtures as F
+
+    snap = F.data_bound()
+    ld = snap["jobs"][0]["loaders"][0]
+    ld.update(
+        library="torchdata.nodes",
+        dataset="Prefetcher",
+        knobs={"ParallelMapper.num_workers": 4, "Prefetcher.prefetch_factor": 2},
+    )
+    out = render_snapshot(snap)
+    assert "ParallelMapper.num_workers=4, Prefetcher.prefetch_factor=2" in out, out
+    assert "pin_memory" not in out and "persistent off" not in out
+    title = loader_title(ld, fmt.DEFAULT_PALETTE).plain
+    assert "ParallelMapper.num_workers=4" in title and "pin " not in title and "persistent" not in title
+    ld.update(library="torch", knobs=None)
+    assert "pin_memory" in render_snapshot(snap) and "persistent" in loader_title(ld, fmt.DEFAULT_PALETTE).plain
+
+
 def test_snapshot_text_says_a_loader_is_not_judged_yet():
     from dlwatch.cli.text import render_snapshot
     from tests import tui_fixtures as F
