@@ -205,6 +205,36 @@ def test_follow_ends_on_sigterm_while_its_reader_does_not_read():
     assert rc == 0 and "Traceback" not in err, (rc, err)
 
 
+def test_follow_of_one_job_ends_with_the_jobs_end():
+    """A QA run: `snapshot --follow --pid P` went on writing "exited"
+    documents after P ended, for as long as it was left running."""
+    job = Job("--duration", "30", "--sample-ms", "2", "--step-ms", "2")
+    env = dict(os.environ, DLWATCH_DIR=job.dir)
+    cmd = [
+        sys.executable,
+        "-m",
+        "dlwatch",
+        "snapshot",
+        "--follow",
+        "--interval",
+        "0.5",
+        "--pid",
+        str(job.proc.pid),
+    ]
+    try:
+        job.wait_ready(settle=0.5)
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert p.stdout is not None and json.loads(p.stdout.readline())["jobs"][0]["state"] == "live"
+        job.stop()
+        job.finish()
+        rest, err = p.communicate(timeout=30)
+        assert p.returncode == 0 and err == "", err
+        states = [json.loads(line)["jobs"][0]["state"] for line in rest.splitlines()]
+        assert states and states[-1] == "exited" and states.count("exited") == 1, states
+    finally:
+        job.cleanup()
+
+
 @pytest.mark.timing  # each line within 2 points of the loop: as above
 def test_follow_streams_json_lines_until_count_a_closed_pipe_or_ctrl_c():
     """`snapshot --follow`: one contract-valid document per line, each

@@ -291,7 +291,8 @@ def test_a_pipelines_settings_are_its_own_knobs_not_a_dataloaders():
     title = loader_title(ld, fmt.DEFAULT_PALETTE).plain
     assert "ParallelMapper.num_workers=4" in title and "pin " not in title and "persistent" not in title
     ld.update(library="torch", knobs=None)
-    assert "pin_memory" in render_snapshot(snap) and "persistent" in loader_title(ld, fmt.DEFAULT_PALETTE).plain
+    assert "pin_memory" in render_snapshot(snap)
+    assert "persistent" in loader_title(ld, fmt.DEFAULT_PALETTE).plain
 
 
 def test_snapshot_text_says_a_loader_is_not_judged_yet():

@@ -232,6 +232,11 @@ def follow(args) -> int:
             finally:
                 writing[0] = False
             written += 1
+            if args.pid is not None and _ended(snap, args.pid):
+                # Following one job: its end is the stream's (a QA run's
+                # stream went on writing "exited" documents for as long as
+                # it was left running).
+                break
     except (BrokenPipeError, _Stopped):
         # The reader is gone (`| head -1`), or a signal ended a write it did
         # not read: the end of the stream, not an error. Point stdout at
@@ -243,6 +248,11 @@ def follow(args) -> int:
     finally:
         monitor.stop()
     return EXIT_OK
+
+
+def _ended(snap: dict, pid: int) -> bool:
+    """The followed job has exited (its last document is written)."""
+    return any(j.get("pid") == pid and j.get("state") == "exited" for j in snap.get("jobs") or ())
 
 
 def empty_snapshot(problem: str) -> dict:
