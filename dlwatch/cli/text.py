@@ -250,7 +250,9 @@ def _role(ld: dict) -> str:
     ``role``), with the framework's name; "" where none does."""
     role, fw = ld.get("role"), ld.get("framework")
     if not role:
-        return ""
+        # Accelerate prepares loaders without saying which is which: its name
+        # at least (a QA run told the eval loader only by its batch size).
+        return f"{fw}, " if fw else ""
     return f"{role} ({fw}), " if fw else f"{role}, "
 
 

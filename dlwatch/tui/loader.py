@@ -37,6 +37,8 @@ _ROLES = {
 def loader_role(ld: dict) -> str:
     """ "eval (Trainer)", "validation (Lightning)", … where the framework says; else ""."""
     role, fw = fmt.s(ld.get("role")), fmt.s(ld.get("framework"))
+    if not role and fw == "accelerate":
+        return "Accelerate"
     return _ROLES.get((fw, role), role)
 
 

@@ -290,7 +290,9 @@ def test_a_pipelines_settings_are_its_own_knobs_not_a_dataloaders():
     assert "pin_memory" not in out and "persistent off" not in out
     title = loader_title(ld, fmt.DEFAULT_PALETTE).plain
     assert "ParallelMapper.num_workers=4" in title and "pin " not in title and "persistent" not in title
-    ld.update(library="torch", knobs=None)
+    ld.update(library="torch", knobs=None, framework="accelerate", role=None)
+    assert "(accelerate, " in render_snapshot(snap)
+    assert "Accelerate" in loader_title(ld, fmt.DEFAULT_PALETTE).plain
     assert "pin_memory" in render_snapshot(snap)
     assert "persistent" in loader_title(ld, fmt.DEFAULT_PALETTE).plain
 
