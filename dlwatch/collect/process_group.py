@@ -60,6 +60,23 @@ def cpu_s(pgid: int) -> float | None:
     return total / _TICKS if found else None
 
 
+def read_bytes(pgid: int) -> dict[int, int]:
+    """Bytes each live member of group ``pgid`` has had read from storage
+    (``read_bytes`` of /proc/PID/io: page-cache hits not counted), by PID;
+    a member whose file cannot be read is left out."""
+    out: dict[int, int] = {}
+    for pid in members(pgid):
+        try:
+            with open(f"/proc/{pid}/io", "rb") as f:
+                for line in f:
+                    if line.startswith(b"read_bytes:"):
+                        out[pid] = int(line.split()[1])
+                        break
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
 def members(pgid: int) -> set[int]:
     """PIDs whose process group is ``pgid`` (zombies not counted: the kernel
     reaps them with their parent)."""

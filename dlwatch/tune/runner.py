@@ -171,6 +171,7 @@ def _finish(proc, monitor, err, err_path, workdir, meter, status, reason, t0, cp
     figures = meter.figures()
     if cpu.cores is not None:
         figures["cpu_cores"] = round(cpu.cores, 2)
+    figures["storage_read_bytes"] = cpu.storage_read_bytes
     if status == "ok" and figures["batches_per_s"] is None:
         status, reason = "no-batches", "no steady-state batches were measured"
     return TrialOutcome(
@@ -235,6 +236,10 @@ class _GroupCpu:
     def __init__(self) -> None:
         self.first: tuple[float, float] | None = None
         self.last: tuple[float, float] | None = None
+        # Storage reads of the live members, first and last sample: whether
+        # a cold page cache can be what a first-epoch baseline paid for.
+        self.reads_first: dict[int, int] | None = None
+        self.reads_last: dict[int, int] = {}
 
     def sample(self, pgid: int) -> None:
         v = process_group.cpu_s(pgid)
@@ -244,6 +249,19 @@ class _GroupCpu:
         if self.first is None:
             self.first = (now, v)
         self.last = (now, v)
+        reads = process_group.read_bytes(pgid)
+        if self.reads_first is None:
+            self.reads_first = reads
+        self.reads_last = reads
+
+    @property
+    def storage_read_bytes(self) -> int | None:
+        """Bytes the group read from storage between the first and the last
+        sample (a member that came meanwhile, all of its own); None before
+        two samples or where no member's file could be read."""
+        if self.reads_first is None or not self.reads_last or self.first == self.last:
+            return None
+        return sum(max(0, v - self.reads_first.get(pid, 0)) for pid, v in self.reads_last.items())
 
     @property
     def cores(self) -> float | None:

@@ -386,6 +386,12 @@ def pace_note(trial: dict) -> str:
     return "; ".join(parts)
 
 
+# A first-epoch baseline that read less than this from storage (/proc/PID/io
+# read_bytes of the job's processes, page-cache hits not counted) paid no
+# cold cache.
+COLD_CACHE_READ_BYTES = 1 << 20
+
+
 def speedup_notes(base: dict | None, best: dict | None, base_trials: Iterable[dict] = ()) -> list[str]:
     """What the speed-up rests on, where a pace had not settled (issue 43:
     a baseline timed on a cold first epoch made a 1.09x setting read 1.23x).
@@ -399,11 +405,16 @@ def speedup_notes(base: dict | None, best: dict | None, base_trials: Iterable[di
     if base and base.get("settled") is False:
         notes.append("the baseline's pace was still rising when its trial ended: the gain may be overstated")
     elif base and base.get("first_epoch_only") and not warm:
-        notes.append(
-            "the baseline was timed within the script's first epoch, which outlasted its trial: if that "
-            "pass read its data from a cold page cache, later trials read a warm one, and part of the "
-            "gain is the cache"
-        )
+        read = base.get("storage_read_bytes")
+        if not isinstance(read, int) or read >= COLD_CACHE_READ_BYTES:
+            how = f" (it read {read / 2**20:.0f} MiB from storage)" if isinstance(read, int) else ""
+            notes.append(
+                "the baseline was timed within the script's first epoch, which outlasted its trial: if that "
+                f"pass read its data from a cold page cache{how}, later trials read a warm one, and part of "
+                "the gain is the cache"
+            )
+        # Reading nothing from storage, no cache made it slower (a QA run:
+        # the note stood beside a dataset generated in memory).
     if best and best.get("settled") is False and best.get("index") != 0:
         notes.append(
             "the recommended setting's pace was still rising when its trial ended: "

@@ -5,6 +5,8 @@ real TrialMeter, pace() and the sweep's report."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from dlwatch.tune import measure, report
@@ -201,3 +203,33 @@ def test_a_baseline_repeated_past_its_first_epoch_answers_the_cold_cache_doubt()
     warm = {"settings": {"num_workers": 1}, "first_epoch_only": False, "status": "ok"}
     assert speedup_notes(base, None, [base]) and "the cache" in speedup_notes(base, None, [base])[0]
     assert speedup_notes(base, None, [base, warm]) == []
+
+
+def test_a_baseline_that_read_nothing_from_storage_paid_no_cold_cache():
+    """A QA run: the cold-cache note beside a dataset generated in memory.
+    The trial's storage reads (/proc/PID/io of the job's processes) say."""
+    base = {"settings": {"num_workers": 0}, "first_epoch_only": True, "status": "ok"}
+    assert speedup_notes(dict(base, storage_read_bytes=4096), None, [base]) == []
+    said = speedup_notes(dict(base, storage_read_bytes=300 << 20), None, [base])
+    assert said and "a cold page cache (it read 300 MiB from storage)" in said[0], said
+    assert "cold page cache, later" in speedup_notes(dict(base, storage_read_bytes=None), None, [base])[0]
+
+
+def test_a_trials_process_group_storage_reads_are_measured():
+    import subprocess
+    import sys
+
+    from dlwatch.tune.runner import _GroupCpu
+
+    # A child that reads a file it wrote with O_DIRECT-free I/O would hit the
+    # page cache; what is checked is that the figure is read and is a delta.
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"], start_new_session=True)
+    try:
+        g = _GroupCpu()
+        g.sample(p.pid)
+        time.sleep(0.6)
+        g.sample(p.pid)
+        assert g.storage_read_bytes is not None and 0 <= g.storage_read_bytes < (1 << 20)
+    finally:
+        p.kill()
+        p.wait()
