@@ -250,7 +250,24 @@ def thread_line(thread: Mapping[str, Any], role: str = "trainer") -> str:
         return _VERB[IDLE]
     if kind == NATIVE:
         return f"{_VERB[kind]}{_native_note(thread)} in {where}"
+    if kind == IO and _on_cpu(thread):
+        # A read served by the page cache, or a decoder behind a read call,
+        # runs: "blocked in I/O" beside a hint that called the same threads
+        # CPU-bound read as a contradiction (a QA run, cached JPEGs).
+        return f"reading, on a CPU{_native_note(thread)}, in {where}"
     return f"{_VERB[kind]} in {where}"
+
+
+# A thread in a read call using this much of a core, or running, is not
+# waiting on storage at that instant.
+READ_ON_CPU_MIN = 50.0
+
+
+def _on_cpu(thread: Mapping[str, Any]) -> bool:
+    cpu = thread.get("cpu_percent")
+    if isinstance(cpu, (int, float)):
+        return cpu >= READ_ON_CPU_MIN
+    return thread.get("state") in ("R", "running")
 
 
 def main_thread(proc: Mapping[str, Any]) -> Mapping[str, Any] | None:

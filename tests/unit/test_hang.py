@@ -996,3 +996,17 @@ def test_worker_init_fn_raising_is_no_sample_and_a_fired_timeout_is_not_advised_
     t["loaders"][0]["last_error"] = "RuntimeError: DataLoader timed out after 6 seconds"
     s = _cause([t])["suggestion"]
     assert "DataLoader(timeout=" not in s and "timeout has fired already" in s
+
+
+def test_a_read_that_runs_on_a_cpu_is_not_called_blocked_in_io():
+    # A QA run: nodes' threads decoding page-cached JPEGs read "blocked in
+    # I/O in JpegImageFile.load_read" beside a hint calling them CPU-bound.
+    t = _thread([*FETCH, ("read_shard", "/job/shards.py", 88)], "with open(path) as f:", main=True)
+    assert hang.thread_line(dict(t, cpu_percent=92.0, state="R"), "worker") == (
+        "reading, on a CPU (92 % CPU), in read_shard, shards.py:88"
+    )
+    assert hang.thread_line(dict(t, state="R"), "worker").startswith("reading, on a CPU")
+    assert hang.thread_line(dict(t, cpu_percent=1.0, state="S"), "worker") == (
+        "blocked in I/O in read_shard, shards.py:88"
+    )
+    assert hang.thread_line(t, "worker") == "blocked in I/O in read_shard, shards.py:88"
