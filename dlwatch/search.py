@@ -108,6 +108,18 @@ def facts(trial: dict[str, Any]) -> Facts:
         wms = num(trial.get("wait_ms_mean"))
         if wms and step and step > 0:
             little = little_workers(wms, step)
+        # The whole job's CPU under half its wait: the loading is off a CPU
+        # (a QA run: an Accelerate job at 0.0 cores waiting 83 % was capped
+        # at one worker per core, "no workers to judge CPU vs I/O by", while
+        # the live hint judged it I/O-bound and advised 5).
+        cpu = num(trial.get("cpu_cores"))
+        if (
+            wait is not None
+            and wait >= DATA_BOUND_WAIT
+            and cpu is not None
+            and cpu < CPU_BOUND_MIN_SHARE * wait
+        ):
+            kind = "io"
     return Facts(
         data_wait=wait,
         data_bound=wait is not None and wait >= DATA_BOUND_WAIT,

@@ -250,6 +250,19 @@ def test_io_bound_starts_at_littles_law_past_the_cores_and_climbs_while_waiting(
     assert cfg == {"num_workers": 16}
 
 
+def test_a_loop_loading_off_the_cpu_without_workers_is_judged_io_bound_from_the_start():
+    # A QA run: an Accelerate job at 0 workers waiting 83 %, its processes at
+    # 0.0 cores: tune capped its first step at one worker per core ("no
+    # workers to judge CPU vs I/O by") while the live hint advised 5.
+    base = trial(0, 0, 10.0, wait=0.83, share=None, wait_ms_mean=80.0, step_ms_mean=15.0, cpu_cores=0.05)
+    cfg, why = search.propose([base], search.Options())
+    assert cfg == {"num_workers": 6} and "I/O-bound" in why, (cfg, why)
+    # Loading on a CPU (the job's CPU near its wait): the per-core cap stays.
+    busy = dict(base, cpu_cores=0.9)
+    cfg, why = search.propose([busy], search.Options())
+    assert cfg == {"num_workers": 2} and "no workers to judge" in why, (cfg, why)
+
+
 def test_cpu_bound_never_goes_past_the_usable_cores():
     trials = [trial(0, 1, 25.0, wait=0.8, share=0.95)]
     cfg, why = search.propose(trials, search.Options())
