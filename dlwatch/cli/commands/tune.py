@@ -216,7 +216,10 @@ def run(args) -> int:
     if sweep.interrupted:
         return EXIT_INTERRUPTED
     base = doc.get("baseline") or {}
-    if base.get("status") != "ok" or doc.get("no_recommendation"):
+    # --max-trials 1 or a --budget that fits the baseline alone: the user's
+    # own limit (measuring the baseline alone is a use), not a failure.
+    limited = str(doc.get("stopped_because") or "").startswith(("--max-trials", "--budget"))
+    if base.get("status") != "ok" or (doc.get("no_recommendation") and not limited):
         return EXIT_ERROR  # no answer, as when the baseline fails: a script must not read "keep"
     return EXIT_OK
 
