@@ -218,7 +218,8 @@ def run(args) -> int:
     base = doc.get("baseline") or {}
     # --max-trials 1 or a --budget that fits the baseline alone: the user's
     # own limit (measuring the baseline alone is a use), not a failure.
-    limited = str(doc.get("stopped_because") or "").startswith(("--max-trials", "--budget"))
+    only_baseline = not [t for t in doc.get("trials") or [] if t.get("index") != 0]
+    limited = only_baseline and str(doc.get("stopped_because") or "").startswith(("--max-trials", "--budget"))
     if base.get("status") != "ok" or (doc.get("no_recommendation") and not limited):
         return EXIT_ERROR  # no answer, as when the baseline fails: a script must not read "keep"
     return EXIT_OK
