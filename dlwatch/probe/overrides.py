@@ -134,10 +134,7 @@ def _adopt(loader):
         return None
     for armed_ds, rep in _armed:
         if armed_ds is ds and not rep.attached:
-            from dlwatch.probe.replay import _length
-
-            rep.epoch_len = _length(loader)
-            loader._dlw_replay = rep
+            rep.move_to(loader)
             return rep
     return None
 

@@ -54,7 +54,7 @@ class Replay:
         self.pos = 0
         self.t_first: float | None = None
         self.it: Any = None  # the iterator that replays, once replaying
-        self.t_attached = False
+        self.attached = False  # an iterator of its loader has been routed through it
         self.epoch_len = _length(loader)
         self.status: dict[str, Any] = {
             "state": "warm-up",
@@ -70,14 +70,16 @@ class Replay:
     def replaying(self) -> bool:
         return self.it is not None
 
-    @property
-    def attached(self) -> bool:
-        """An iterator of its loader has been routed through it."""
-        return self.t_attached
+    def move_to(self, loader) -> None:
+        """Serve ``loader`` instead of the loader it was made for, which was
+        never iterated (a framework iterates one it built over the same
+        dataset): its epochs keep ``loader``'s length."""
+        self.epoch_len = _length(loader)
+        loader._dlw_replay = self
 
     def attach(self, it) -> None:
         """Route ``it``'s batches through the replay (once per iterator)."""
-        self.t_attached = True
+        self.attached = True
         orig = it._next_data
         if getattr(orig, "_dlw_replay", None) is self:
             return
