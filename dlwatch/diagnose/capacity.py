@@ -137,7 +137,7 @@ def job_cpu(ctx: Context, lv: LoaderView) -> float | None:
 def job_capacity(ctx: Context, lv: LoaderView) -> float | None:
     """Cores this loader's job could have: usable minus everyone else's CPU,
     other trainers' and other loaders' workers; or, on cores others keep
-    busy, its fair share of them (``fair_share``). Never below what the job
+    busy, its fair share of them (``share_of``). Never below what the job
     measurably uses already."""
     parts = capacity_parts(ctx, lv)
     return None if parts is None else parts[0]
@@ -182,13 +182,6 @@ class Share:
         that wants a core."""
         m = self.mine + workers
         return self.usable * m / (m + self.theirs)
-
-
-def fair_share(ctx: Context, lv: LoaderView, theirs: float) -> float | None:
-    """The cores this job gets now on cores others use ``theirs`` of
-    (``share_of``), None where that cannot be said."""
-    share = share_of(ctx, lv, theirs)
-    return None if share is None else share.cores(lv.num_workers or 0)
 
 
 def share_of(ctx: Context, lv: LoaderView, theirs: float) -> Share | None:
@@ -280,10 +273,6 @@ class CycleModel:
     # CPU burners priced 1 worker at 1.36x with the 0-worker job's share;
     # it measured 1.70x.
     share: Share | None = None
-
-    @property
-    def can_have(self) -> str:
-        return self.can_have_with(self.workers_now)
 
     def capacity_for(self, n: int) -> float:
         """The cores the job can have with ``n`` workers."""

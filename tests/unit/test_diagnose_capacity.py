@@ -335,7 +335,7 @@ def test_a_job_whose_threads_want_the_cores_gets_about_what_it_uses():
     ctx = build_context(s, stateless_phases(s))
     (lv,) = ctx.loaders
     assert capacity.job_cpu(ctx, lv) == pytest.approx(1.2)
-    assert capacity.fair_share(ctx, lv, 0.9) == pytest.approx(1.2, abs=0.15)
+    assert capacity.share_of(ctx, lv, 0.9).cores(lv.num_workers) == pytest.approx(1.2, abs=0.15)
 
 
 def test_others_at_a_positive_nice_weigh_their_kernel_weight_in_the_fair_share():
@@ -351,7 +351,7 @@ def test_others_at_a_positive_nice_weigh_their_kernel_weight_in_the_fair_share()
     for s in (plain, niced):
         ctx = build_context(s, stateless_phases(s))
         (lv,) = ctx.loaders
-        shares.append(capacity.fair_share(ctx, lv, 0.9))
+        shares.append(capacity.share_of(ctx, lv, 0.9).cores(lv.num_workers))
     assert shares[0] == pytest.approx(1.2, abs=0.15)
     assert shares[1] > 1.85, shares
 
