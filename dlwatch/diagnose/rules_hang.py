@@ -29,7 +29,7 @@ from typing import Any
 from dlwatch.snapshot import run_key
 
 from . import hang
-from .facts import Context, LoaderView, as_int, hint, num
+from .facts import Context, LoaderView, as_int, hint, num, pct, r
 from .registry import Rule
 
 # /dev/shm with less than this free cannot take a batch of any size that
@@ -827,11 +827,11 @@ def rule_worker_stopped(ctx: Context) -> list[dict[str, Any]]:
         if not stopped:
             continue
         _, shows, step = stopped_cause(ld, stopped)
-        waits = f"; the loop waits for data {lv.wait * 100:.0f} % of the time" if lv.wait is not None else ""
+        waits = f"; the loop waits for data {pct(lv.wait)} of the time" if lv.wait is not None else ""
         msg = f"{lv.title}: {shows}{waits}."
         ev = {
             "stopped_workers": [{"id": w.get("id"), "pid": w.get("pid")} for w in stopped],
-            "data_wait_fraction": None if lv.wait is None else round(lv.wait, 3),
+            "data_wait_fraction": r(lv.wait),
         }
         severity = "critical" if lv.wait is not None and lv.wait >= 0.5 else "warn"
         out.append(hint("worker-stopped", severity, lv.pid, lv.lid, msg, step, ev))

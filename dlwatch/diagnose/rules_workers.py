@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from dlwatch.snapshot import numbers
+
 # Shared with `dlwatch tune`'s search and the probe's autotune (dlwatch/thresholds.py).
 from dlwatch.thresholds import (  # noqa: F401 (re-exported for the rules' readers)
     CPU_BOUND_MIN_SHARE,
@@ -34,6 +36,7 @@ from .facts import (
     Context,
     LoaderView,
     as_dict,
+    as_list,
     ceil_ratio,
     cores,
     cores_to_try,
@@ -173,7 +176,7 @@ def short_epoch_ms(lv: LoaderView) -> float | None:
     None; a loader whose workers persist never."""
     if lv.loader.get("persistent_workers") is True:
         return None
-    epochs = [v for v in (num(e) for e in lv.loader.get("epoch_ms") or ()) if v is not None and v > 0]
+    epochs = [v for v in numbers(as_list(lv.loader.get("epoch_ms"))) if v > 0]
     epoch = median(epochs) if epochs else None
     method = str(lv.loader.get("start_method") or lv.job.get("start_method") or "fork")
     if epoch is None or epoch >= SHORT_EPOCH_MS.get(method, SHORT_EPOCH_MS["fork"]):
