@@ -171,12 +171,15 @@ def _queued(fd: int) -> int:
     return buf[0]
 
 
+FOLLOW = [sys.executable, "-m", "dlwatch", "snapshot", "--follow", "--interval", "0.5"]
+
+
 def test_follow_ends_on_sigterm_while_its_reader_does_not_read():
     """A reader that stops reading fills the pipe, and the stream's next
     write waits on it; SIGTERM must end the stream all the same (the
     multi-node test's stream outlived its 10 s there, fresh-clone run 52)."""
     p = subprocess.Popen(
-        [sys.executable, "-m", "dlwatch", "snapshot", "--follow", "--interval", "0.5"],
+        FOLLOW,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -210,17 +213,7 @@ def test_follow_of_one_job_ends_with_the_jobs_end():
     documents after P ended, for as long as it was left running."""
     job = Job("--duration", "30", "--sample-ms", "2", "--step-ms", "2")
     env = dict(os.environ, DLWATCH_DIR=job.dir)
-    cmd = [
-        sys.executable,
-        "-m",
-        "dlwatch",
-        "snapshot",
-        "--follow",
-        "--interval",
-        "0.5",
-        "--pid",
-        str(job.proc.pid),
-    ]
+    cmd = [*FOLLOW, "--pid", str(job.proc.pid)]
     try:
         job.wait_ready(settle=0.5)
         p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -242,7 +235,6 @@ def test_follow_streams_json_lines_until_count_a_closed_pipe_or_ctrl_c():
     Ctrl-C end it quietly, status 0, nothing on stderr."""
     job = Job("--duration", "14", "--sample-ms", "5", "--step-ms", "5")
     env = dict(os.environ, DLWATCH_DIR=job.dir)
-    follow = [sys.executable, "-m", "dlwatch", "snapshot", "--follow", "--interval", "0.5"]
     try:
         job.wait_ready(settle=1.5)
         # Two-second windows, as the other comparisons here: over one second a
@@ -265,14 +257,14 @@ def test_follow_streams_json_lines_until_count_a_closed_pipe_or_ctrl_c():
         assert len(rec.snapshots) == 5 and [w for w in rec.warnings if "header" not in w] == []
 
         # The reader stops after one line: the next write finds the pipe closed.
-        shell = " ".join(follow) + ' | head -1; echo "status=${PIPESTATUS[0]}"'
+        shell = " ".join(FOLLOW) + ' | head -1; echo "status=${PIPESTATUS[0]}"'
         p = subprocess.run(["bash", "-c", shell], env=env, capture_output=True, text=True, timeout=30)
         first, status = p.stdout.splitlines()
         assert json.loads(first)["schema_version"] == 1
         assert status == "status=0" and p.stderr == "", p.stderr
 
         # Ctrl-C (SIGINT) once lines flow.
-        p = subprocess.Popen(follow, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(FOLLOW, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         first = p.stdout.readline()
         p.send_signal(signal.SIGINT)
         rest, err = p.communicate(timeout=15)

@@ -217,6 +217,17 @@ def test_a_job_that_dies_of_an_exception_says_so_to_the_monitor():
     assert j["state_reason"] == "the process has exited after an uncaught RuntimeError: boom in the step", j
 
 
+def _sampled_until(m: Monitor, pid: int, state: str, end: float) -> dict:
+    """The job as the monitor's next samples show it, once it reads ``state``
+    (driven by hand, no thread: the test chooses what happens between)."""
+    while True:
+        j = next((x for x in m.sample_now()["jobs"] if x["pid"] == pid), None)
+        if j is not None and j["state"] == state:
+            return j
+        assert time.monotonic() < end, j
+        time.sleep(0.1)
+
+
 @pytest.mark.parametrize("reaped", [False, True])
 def test_a_job_killed_by_a_signal_is_told_from_one_that_exited(reaped):
     """A QA run of torchrun: a rank SIGKILLed read "the process has exited",
@@ -227,25 +238,16 @@ def test_a_job_killed_by_a_signal_is_told_from_one_that_exited(reaped):
     # Driven by hand (no thread): whether the monitor reads the end before or
     # after the job is reaped is the test's to choose.
     m = Monitor(directory=job.dir, interval=0.2, gpu=False, diagnoser=False)
-
-    def the_job() -> dict | None:
-        snap = m.sample_now()
-        return next((x for x in snap["jobs"] if x["pid"] == job.pid), None)
-
     j = None
     try:
         job.line("ready")
         end = time.monotonic() + 20
-        while (j := the_job()) is None or j["state"] != "live":
-            assert time.monotonic() < end, j
-            time.sleep(0.1)
+        _sampled_until(m, job.pid, "live", end)
         # Dead, not reaped: waitid(WNOWAIT) leaves the zombie for finish().
         os.waitid(os.P_PID, job.pid, os.WEXITED | os.WNOWAIT)
         if reaped:
             assert job.finish(timeout=60)[0] == -signal.SIGKILL
-        while (j := the_job()) is None or j["state"] != "exited":
-            assert time.monotonic() < end, j
-            time.sleep(0.1)
+        j = _sampled_until(m, job.pid, "exited", end)
     finally:
         m.stop()
         job.cleanup()
@@ -264,23 +266,14 @@ def test_a_job_that_calls_sys_exit_keeps_its_code_once_reaped():
     last frame names the failing sys.exit call."""
     job = Proc(SCEN, "sys_exit", "1.0")
     m = Monitor(directory=job.dir, interval=0.2, gpu=False, diagnoser=False)
-
-    def the_job() -> dict | None:
-        snap = m.sample_now()
-        return next((x for x in snap["jobs"] if x["pid"] == job.pid), None)
-
     j = None
     try:
         job.line("ready")
         end = time.monotonic() + 20
-        while (j := the_job()) is None or j["state"] != "live":
-            assert time.monotonic() < end, j
-            time.sleep(0.1)
+        _sampled_until(m, job.pid, "live", end)
         # Reaped before the monitor looks again, as a shell does.
         assert job.finish(timeout=60)[0] == 3
-        while (j := the_job()) is None or j["state"] != "exited":
-            assert time.monotonic() < end, j
-            time.sleep(0.1)
+        j = _sampled_until(m, job.pid, "exited", end)
     finally:
         m.stop()
         job.cleanup()
