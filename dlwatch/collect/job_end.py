@@ -114,40 +114,57 @@ ENDS_TOGETHER_S = 30.0
 # A job's last frame is at most one publishing interval (0.1 s) before its
 # end, later on a busy box: ends closer than this are not told apart.
 ORDER_MARGIN_S = 0.25
+# Ends the monitor's exit clock saw (exit_clock.py) are stamped in the order
+# its one thread woke for them, so a later end never reads earlier: only
+# ends seen in one wake (stamped alike) are not told apart.
+EXACT_MARGIN_S = 0.001
 
 
-def order_of_ends(jobs: list[dict[str, Any]], last_seen: Mapping[int, float | None]) -> None:
-    """The ranks of one run that have ended, in the order they ended (each
-    one's last frame, by the job's clock: the monitor drains its sockets once
-    an interval, so the hang-ups of one interval read alike): the first is
-    said to be (torchrun calls it the root cause), each later one how long
-    after it, when the order is clear; else that they ended together. In
-    place, on the jobs' ``state_reason``. A QA run: a rank SIGKILLed and the
-    rank torchrun stopped 0.13 s later read alike."""
-    runs: dict[tuple[str, str], list[tuple[float, dict[str, Any]]]] = {}
+def order_of_ends(
+    jobs: list[dict[str, Any]],
+    last_seen: Mapping[int, float | None],
+    exact: Mapping[int, float | None] | None = None,
+) -> None:
+    """The ranks of one run that have ended, in the order they ended: by
+    the monitor's exit clock where it saw every one of them end (``exact``:
+    pid -> time, within milliseconds), else by each one's last frame (the
+    job's clock; a frame every 0.1 s, so ends closer than ``ORDER_MARGIN_S``
+    read alike). The first is said to be (torchrun calls it the root cause),
+    each later one how long after it, when the order is clear; else that they
+    ended together. In place, on the jobs' ``state_reason``. A QA run: a rank
+    SIGKILLed and the rank torchrun stopped 0.13 s later read alike by their
+    frames; the exit clock told them apart."""
+    exact = exact or {}
+    runs: dict[tuple[str, str], list[tuple[float | None, float, dict[str, Any]]]] = {}
     for j in jobs:
-        key, t = run_key(j), last_seen.get(as_int(j.get("pid")) or 0)
-        if j.get("state") == "exited" and key is not None and t is not None:
-            runs.setdefault(key, []).append((t, j))
+        pid = as_int(j.get("pid")) or 0
+        key, t = run_key(j), last_seen.get(pid)
+        if j.get("state") == "exited" and key is not None and (t is not None or exact.get(pid) is not None):
+            runs.setdefault(key, []).append((exact.get(pid), t if t is not None else 0.0, j))
     for members in runs.values():
-        members.sort(key=lambda m: m[0])
-        t0 = members[0][0]
-        ended = [(t, j) for t, j in members if t - t0 <= ENDS_TOGETHER_S]
+        clocked = all(e is not None for e, _, _ in members)
+        margin = EXACT_MARGIN_S if clocked else ORDER_MARGIN_S
+        timed = [(e if clocked and e is not None else t, j) for e, t, j in members]
+        timed.sort(key=lambda m: m[0])
+        t0 = timed[0][0]
+        ended = [(t, j) for t, j in timed if t - t0 <= ENDS_TOGETHER_S]
         if len(ended) < 2:
             continue
-        # Which of those came first is within the frames' own spacing.
-        firsts = [j for t, j in ended if t - t0 < ORDER_MARGIN_S]
+        # Which of those came first is within the clock's own spacing.
+        firsts = [j for t, j in ended if t - t0 < margin]
         for t, j in ended:
             if any(j is f for f in firsts):
                 others = [f for f in firsts if f is not j]
+                alike = "seen ending at the same moment" if clocked else f"within {margin:g} s"
                 note = (
-                    f"it ended with {_names(others)} (within {ORDER_MARGIN_S:g} s), the first of its run "
-                    "to end"
+                    f"it ended with {_names(others)} ({alike}), the first of its run to end"
                     if others
                     else "the first rank of its run to end"
                 )
             else:
-                note = f"{t - t0:.1f} s after {_names(firsts)}, the first of its run to end"
+                # Hundredths only where the clock has them.
+                gap = f"{t - t0:.2f}" if clocked and t - t0 < 1 else f"{t - t0:.1f}"
+                note = f"{gap} s after {_names(firsts)}, the first of its run to end"
             j["state_reason"] = f"{j.get('state_reason') or EXITED}; {note}"
 
 

@@ -15,6 +15,7 @@ from collections import deque
 
 from dlwatch import __version__, rundir, wire
 from dlwatch.collect import job_end, oom
+from dlwatch.collect.exit_clock import ExitClock
 from dlwatch.collect.totals import Totals
 from dlwatch.diagnose import hang, worker_profile
 
@@ -97,8 +98,18 @@ def _unlink_quietly(path: str) -> None:
 class JobConnection:
     """One job's stream: its identity, its recent frames and its state."""
 
-    def __init__(self, pid: int, path: str, max_frames: int = MAX_FRAMES, every: int = FRAME_EVERY) -> None:
+    def __init__(
+        self,
+        pid: int,
+        path: str,
+        max_frames: int = MAX_FRAMES,
+        every: int = FRAME_EVERY,
+        exits: ExitClock | None = None,
+    ) -> None:
         self.pid = pid
+        # The monitor's exit clock (exit_clock.py): when the process ended, and
+        # its wait status read before its parent reaped it.
+        self.exits = exits
         self.path = path
         self.every = every  # ask the job for every Nth frame (its hello's "every")
         self.sock: socket.socket | None = None
@@ -199,10 +210,21 @@ class JobConnection:
         return job_end.reason(
             cause if isinstance(cause, str) else None,
             spoke,
-            job_end.zombie_status(self.pid),
+            self._wait_status(),
             new,
             exit_call=call if isinstance(call, str) else None,
         )
+
+    def _wait_status(self) -> int | None:
+        status = job_end.zombie_status(self.pid)
+        if status is None and self.exits is not None:
+            status = self.exits.status(self.pid)
+        return status
+
+    @property
+    def exit_clock_at(self) -> float | None:
+        """When the process ended by the exit clock, when it saw it."""
+        return None if self.exits is None else self.exits.ended_at(self.pid)
 
     def on_hangup(self) -> None:
         if pid_alive(self.pid):

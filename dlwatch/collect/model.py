@@ -188,7 +188,8 @@ def job_state(c: JobConnection, main: dict[str, Any] | None = None) -> str:
 def ended_in_order(jobs: list[Job], conns: list[JobConnection]) -> list[Job]:
     """The jobs, with the order in which the ranks of a run ended said."""
     last = {c.pid: c.frames[-1].get("t") if c.frames else None for c in conns}
-    job_end.order_of_ends(cast(list[dict[str, Any]], jobs), last)
+    exact = {c.pid: c.exit_clock_at for c in conns}
+    job_end.order_of_ends(cast(list[dict[str, Any]], jobs), last, exact)
     return jobs
 
 

@@ -36,6 +36,7 @@ from typing import Any, Literal, TypeVar, cast
 
 from dlwatch import rundir
 from dlwatch.collect import model
+from dlwatch.collect.exit_clock import ExitClock
 from dlwatch.collect.hang import COMPLETE_BOUND_S, StacksCompleter
 from dlwatch.collect.jobs import ONE_SHOT_EVERY, JobConnection, discover, pid_alive
 from dlwatch.collect.samplers import GpuSource, HintSource, HostSource, ProcSource
@@ -183,6 +184,8 @@ class Monitor:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._listeners: list[Callable[[], None]] = []
+        # When each job's process ended, to the millisecond (the order a run's ranks ended in).
+        self._exits = ExitClock()
         # A stall's stacks, completed from outside (py-spy, /proc) off this thread.
         self._stacks = StacksCompleter()
         # Jobs started without the hook, sampled from outside (attach.py).
@@ -240,8 +243,9 @@ class Monitor:
                 continue
             c = self.conns.get(pid)
             if c is None:
-                c = JobConnection(pid, path, every=self.frame_every)
+                c = JobConnection(pid, path, every=self.frame_every, exits=self._exits)
                 self.conns[pid] = c
+                self._exits.watch(pid)
             if c.sock is None and c.state in ("connecting", "unreachable"):
                 if c.connect() and c.sock is not None:
                     self._sel.register(c.sock, selectors.EVENT_READ, c)
@@ -258,6 +262,7 @@ class Monitor:
         )
         for _, pid in ended[: max(0, len(ended) - MAX_EXITED)]:
             self.conns.pop(pid, None)
+            self._exits.forget(pid)
 
     def poll(self, timeout: float) -> None:
         """Wait up to ``timeout`` for frames and read them (rescans as due)."""
@@ -280,6 +285,7 @@ class Monitor:
         c = self.conns.get(job_pid)
         if c is not None and not c.live:
             self.conns.pop(job_pid, None)
+            self._exits.forget(job_pid)
 
     # --- the model ---------------------------------------------------------------------
 
@@ -631,6 +637,7 @@ class Monitor:
             att.stop()
         for c in self.conns.values():
             c.close()
+        self._exits.stop()
         try:
             self._sel.close()
         except (OSError, RuntimeError):

@@ -105,3 +105,21 @@ def test_ends_within_the_frames_spacing_are_together_and_a_late_or_live_rank_is_
         "x; 1.0 s after rank 1 (pid 11) and rank 0 (pid 10), the first of its run to end"
     )
     assert jobs[3]["state_reason"] == jobs[4]["state_reason"] == "x"
+
+
+def test_the_exit_clock_tells_apart_ends_the_frames_cannot_and_falls_back_when_one_is_missing():
+    jobs = [_rank(10, 0), _rank(11, 1)]
+    # Frames 0.05 s apart in the wrong order; the exit clock saw rank 1 end 0.13 s first.
+    job_end.order_of_ends(jobs, {10: 100.0, 11: 100.05}, {10: 100.25, 11: 100.12})
+    assert jobs[1]["state_reason"] == "x; the first rank of its run to end"
+    assert jobs[0]["state_reason"] == "x; 0.13 s after rank 1 (pid 11), the first of its run to end"
+    # Seen in one wake of the clock's thread (stamped alike), they read together.
+    jobs = [_rank(10, 0), _rank(11, 1)]
+    job_end.order_of_ends(jobs, {10: 100.0, 11: 100.0}, {10: 100.2, 11: 100.2})
+    assert jobs[0]["state_reason"] == (
+        "x; it ended with rank 1 (pid 11) (seen ending at the same moment), the first of its run to end"
+    )
+    # One rank the clock did not see end: the frames order all of them.
+    jobs = [_rank(10, 0), _rank(11, 1)]
+    job_end.order_of_ends(jobs, {10: 100.0, 11: 100.05}, {10: 100.25, 11: None})
+    assert "(within 0.25 s)" in jobs[0]["state_reason"]
