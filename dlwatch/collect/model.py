@@ -380,7 +380,9 @@ def loader_dict(
         "batch_size": ld.get("batch_size"),
         "pin_memory": bool(ld.get("pin_memory", False)),
         "batch_bytes": ld.get("batch_bytes"),
-        "persistent_workers": bool(ld.get("persistent_workers", False)),
+        # None where the pipeline has no such setting (nodes, Grain): a QA run
+        # of a grain.DataLoader read "set persistent_workers=True", which it lacks.
+        "persistent_workers": pw if isinstance(pw := ld.get("persistent_workers"), bool) else None,
         "prefetch_factor": ld.get("prefetch_factor"),
         "start_method": ld.get("start_method"),
         "kind": ld.get("kind", "map"),

@@ -46,6 +46,17 @@ def rule_enable_persistent_workers(ctx: Context) -> list[dict[str, Any]]:
         if not later or not epochs:
             continue
         stall = median(later)
+        # An epoch still open, already longer than those that ended, is one of
+        # the loader's epochs too (its length so far a lower bound): a QA run
+        # of a script that takes one batch as a check, then trains in one
+        # endless epoch, judged a 1.8 s start against the check's 2.5 s
+        # "epoch" while the training epoch had run 51 s.
+        age = num(ld.get("epoch_first_batch_age_s"))
+        last_start = num(ld.get("epoch_start_ms_last")) or 0.0
+        if ld.get("epoch_open") and age is not None and epochs:
+            so_far = age * 1e3 + last_start
+            if so_far > max(epochs):
+                epochs.append(so_far)
         epoch = median(epochs)
         if stall is None or epoch is None:  # both lists are non-empty: for the type checker
             continue

@@ -940,6 +940,23 @@ def test_persistent_ignores_first_epoch_start():
     assert ev["stall_fraction_of_epoch"] == 0.2 and ev["first_epoch_start_ms"] == 3000
 
 
+def test_persistent_judges_a_one_batch_check_against_the_long_epoch_still_open():
+    # CatGPT's train.py (public, Grain-fed; the same pattern with a DataLoader):
+    # next(iter(loader)) as a check, then one endless epoch. The check's 2.5 s
+    # "epoch" is no epoch of the loader's: the open one has run 51 s.
+    kw = dict(persistent=False, epoch_start_ms=[1853, 1803], epoch_ms=[2494], epoch_batches=[1])
+    s = one(loader(**kw, epoch_open=True, epoch_first_batch_age_s=51.3, epoch_start_ms_last=1803))
+    assert "enable-persistent-workers" not in ids(evaluate(s))
+    # Early in the second epoch the rule still judges by the first (as before).
+    s = one(loader(**kw, epoch_open=True, epoch_first_batch_age_s=1.0, epoch_start_ms_last=1803))
+    assert "enable-persistent-workers" in ids(evaluate(s))
+
+
+def test_persistent_is_never_asked_of_a_pipeline_without_the_setting():
+    ld = loader(persistent=None, epoch_start_ms=[3000, 2000, 2500], epoch_ms=[4000, 4000])
+    assert "enable-persistent-workers" not in ids(evaluate(one(ld)))
+
+
 def test_persistent_fires_for_inactive_loader():
     # A validation loader between its short epochs is inactive most of the time.
     s = one(loader(persistent=False, active=False, epoch_start_ms=[3000, 1500], epoch_ms=[4000]))
