@@ -121,8 +121,8 @@ def worker_ms_per_batch(loader: Mapping[str, Any], workers: list[dict[str, Any]]
     return m
 
 
-WORKER_KNOB_ENDS = (".num_workers", ".num_threads")
-PREFETCH_KNOB_ENDS = (".prefetch_factor", ".prefetch_buffer_size", ".buffer_size")
+WORKER_KNOB_ENDS = (".num_workers", ".num_threads", ".worker_count")
+PREFETCH_KNOB_ENDS = (".prefetch_factor", ".prefetch_buffer_size", ".buffer_size", ".worker_buffer_size")
 _KNOB_ENDS = {"num_workers": WORKER_KNOB_ENDS, "prefetch_factor": PREFETCH_KNOB_ENDS}
 
 

@@ -67,6 +67,10 @@ _PROCESS_FIX = {
 }
 
 
+# A grain.DataLoader's own argument for the same (it builds the mp_prefetch).
+_GRAIN_DATALOADER_FIX = "worker_count=N in grain.DataLoader(...), so the operations run in N worker processes"
+
+
 def _cores(v: float) -> str:
     """ "1.0 core", "8 cores": one decimal where it is not whole."""
     text = cores(round(v, 1))
@@ -102,6 +106,8 @@ def rule_gil_bound_threads(ctx: Context) -> list[dict[str, Any]]:
             continue
         lib = str(lv.loader.get("library") or "")
         fix = _PROCESS_FIX.get(lib, "worker processes instead of threads")
+        if lv.loader.get("dataset") == "grain.DataLoader":
+            fix = _GRAIN_DATALOADER_FIX
         spare = "" if idle is None else f", {cores(round(idle, 1))} of them idle"
         msg = (
             f"{lv.title} waits for data {pct(lv.wait)} of the loop, while its {n} worker threads use "

@@ -332,3 +332,56 @@ def test_grains_prefetch_buffer_counts_only_the_done_fetches_at_its_head_as_read
     assert _ready_in_order([fut(True), fut(True), fut(False), fut(True)]) == (2, 2)
     assert _ready_in_order([fut(False)] * 16) == (0, 16)
     assert _ready_in_order([]) == (0, 0)
+
+
+class _Records:
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return i
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_grain_dataloader_is_described_by_its_own_arguments(workers):
+    # A QA run of a public trainer on grain.DataLoader(worker_count=1,
+    # read_options=ReadOptions(prefetch_buffer_size=16)) listed
+    # MultiprocessingOptions.num_workers and ThreadPrefetchIterDataset's
+    # buffer, classes the script never names, and no batch size.
+    grain = pytest.importorskip("grain.python")
+    from dlwatch.probe.adapters import grain as adapter
+
+    dl = grain.DataLoader(
+        data_source=_Records(),
+        sampler=grain.IndexSampler(64, grain.NoSharding(), shuffle=False, num_epochs=1, seed=0),
+        operations=[grain.Batch(8)],
+        worker_count=workers,
+        worker_buffer_size=3,
+        read_options=grain.ReadOptions(num_threads=2, prefetch_buffer_size=4),
+    )
+    import dlwatch.hook  # noqa: F401
+
+    it = iter(dl)
+    try:
+        next(it)
+        # The iterator the loop's next() steps, which the loader's frames describe.
+        (measured,) = [x for x in [it._iterator] if hasattr(x, "_dlw_stats")]
+        d = adapter.describe_graph(measured)
+    finally:
+        del it
+    assert d["batch_size"] == 8
+    if workers:
+        assert d["knobs"] == {"DataLoader.worker_count": 1, "DataLoader.worker_buffer_size": 3}
+        assert d["worker_kind"] == "process" and d["num_workers"] == 1
+    else:
+        # The ReadOptions threads are this process's workers: their knob first.
+        assert list(d["knobs"]) == [
+            "ReadOptions.num_threads",
+            "ReadOptions.prefetch_buffer_size",
+            "DataLoader.worker_count",
+        ]
+        assert d["knobs"]["DataLoader.worker_count"] == 0 and d["worker_kind"] == "thread"
+    from dlwatch.diagnose.facts import knob
+
+    want = "DataLoader.worker_count" if workers else "ReadOptions.num_threads"
+    assert knob({"knobs": d["knobs"]}, "num_workers") == want

@@ -112,13 +112,33 @@ _MODULE = "grain._src.python.dataset.dataset"
 _patch = iter_patch(_MODULE, "_OutputIterDataset", _on_output_iter)
 
 
+def _note_dataloader(orig_init: Any) -> Any:
+    """A ``grain.DataLoader``'s iterator steps the pipeline's own iterator
+    (the one measured), which keeps no reference to the loader: tie the
+    two, weakly, so the loader's arguments name its knobs."""
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig_init(self, *args, **kwargs)
+        try:
+            self._iterator._dlw_grain_loader = weakref.ref(self._data_loader)
+        except Exception:
+            pass
+
+    return __init__
+
+
+_dl_patch = MethodPatch("grain._src.python.data_loader", "DataLoaderIterator", "__init__", _note_dataloader)
+
+
 def install() -> None:
     _patch.install()
+    _dl_patch.install()
     _legacy.finder = postimport.now_or_on_import(_MODULE, "IterDataset", _legacy.install, _legacy.finder)
 
 
 def uninstall() -> None:
     _patch.uninstall()
+    _dl_patch.uninstall()
     _legacy.uninstall()
 
 
@@ -255,7 +275,58 @@ def processes(it: Any) -> list[Any]:
     return out
 
 
+def _dataloader_knobs(it: Any) -> tuple[dict[str, Any], int | None] | None:
+    """A ``grain.DataLoader``'s own arguments, read from the loader its
+    iterator keeps: the knobs as the script writes them (``worker_count=``,
+    ``worker_buffer_size=``), not the datasets Grain builds from them (a QA
+    run of a public trainer listed ``MultiprocessingOptions.num_workers`` and
+    ``ThreadPrefetchIterDataset.prefetch_buffer_size``, classes its code never
+    names), and its ``Batch`` operation's size; None for a dataset pipeline."""
+    ref = getattr(it, "_dlw_grain_loader", None)
+    dl = ref() if callable(ref) else None
+    if dl is None and type(it).__name__ == "DataLoaderIterator":
+        dl = getattr(it, "_data_loader", None)
+    if dl is None:
+        return None
+    mp = getattr(dl, "_multiprocessing_options", None)
+    n = getattr(mp, "num_workers", None)
+    knobs: dict[str, Any] = {}
+    if isinstance(n, int):
+        knobs["DataLoader.worker_count"] = n
+        b = getattr(mp, "per_worker_buffer_size", None)
+        if n > 0 and isinstance(b, int):
+            knobs["DataLoader.worker_buffer_size"] = b
+    batch = None
+    for op in getattr(dl, "_operations", None) or ():
+        size = getattr(op, "batch_size", None)
+        if type(op).__name__ == "Batch" and isinstance(size, int) and not isinstance(size, bool):
+            batch = size
+    return knobs, batch
+
+
 def describe_graph(it: Any) -> dict:
+    out = _describe_graph(it)
+    try:
+        own = _dataloader_knobs(it)
+    except Exception:
+        own = None
+    if own is None:
+        return out
+    knobs, batch = own
+    graph = out["knobs"]
+    # The per-worker buffer is what mp_prefetch's interleave prefetches each
+    # worker's batches with: worker_buffer_size, already listed.
+    graph.pop("ThreadPrefetchIterDataset.prefetch_buffer_size", None)
+    graph.pop("MultiprocessingOptions.num_workers", None)
+    # After the ReadOptions threads where they are this process's workers:
+    # facts.knob() names the first key that matches the workers counted.
+    graph.update(knobs)
+    if batch is not None:
+        out["batch_size"] = batch
+    return out
+
+
+def _describe_graph(it: Any) -> dict:
     knobs: dict[str, Any] = {}
     threads: list[Any] = []
     procs: list[Any] = []
