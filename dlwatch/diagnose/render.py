@@ -201,6 +201,16 @@ def with_tune_command(h: dict[str, Any], snapshot: Mapping[str, Any]) -> dict[st
         )
     ev = h.get("evidence") or {}
     loader = next((ld for ld in records(job.get("loaders")) if ld.get("id") == h.get("loader_id")), {})
+    lib = loader.get("library")
+    if lib not in (None, "torch", "monai"):
+        # tune sets a torch DataLoader's arguments; a pipeline's are the
+        # script's (a QA run: "verify with dlwatch tune --workers 0,1" on a
+        # grain.DataLoader, whose worker_count tune cannot set).
+        return dict(
+            h,
+            suggestion=f"{h.get('suggestion', '')}; verify by rerunning with it under `dlwatch run --record` "
+            f"and comparing with `dlwatch compare` (tune cannot set {lib}'s settings)",
+        )
     # A count weighed and found not worth it is still the one to measure.
     n = ev.get("recommended_num_workers")
     n = ev.get("considered_num_workers") if n is None else n

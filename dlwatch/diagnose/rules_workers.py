@@ -42,6 +42,7 @@ from .facts import (
     cores_to_try,
     count_of,
     hint,
+    knob,
     median,
     ms,
     num,
@@ -294,14 +295,17 @@ def rule_no_workers(ctx: Context) -> list[dict[str, Any]]:
             pred = capacity.predict(ctx, lv, rec)
         worth, gain_text = _gain(pred)
         severity = "warn" if lv.wait >= DATA_BOUND_WAIT and worth else "info"
+        # In the library's own words: a grain.DataLoader's worker_count=0.
+        own = knob(lv.loader, "num_workers")
+        zero = f"{own.split('.', 1)[1] if own else 'num_workers'}=0"
         msg = (
             f"{lv.title} spends {pct(lv.wait)} of the loop waiting for data{window_phrase(lv)} "
-            f"with num_workers=0: the training loop loads every batch itself"
+            f"with {zero}: the training loop loads every batch itself"
         )
         if fed_ms is not None and lv.step_ms is not None:
             msg = (
                 f"{lv.title} spends {pct(lv.wait)} of the loop waiting for data{window_phrase(lv)} "
-                f"with num_workers=0: thread '{feeder}' loads every batch itself ({ms(fed_ms)} a batch, "
+                f"with {zero}: thread '{feeder}' loads every batch itself ({ms(fed_ms)} a batch, "
                 f"vs {ms(lv.step_ms)} the loop computes), one at a time, and the loop takes them from its "
                 "queue; one worker process would only move that work"
             )
@@ -331,7 +335,8 @@ def rule_no_workers(ctx: Context) -> list[dict[str, Any]]:
                 "then re-measure the data wait"
             )
         short = short_epoch_ms(lv)
-        if rec is not None and short is not None:
+        # Only where the setting exists (a grain.DataLoader has none).
+        if rec is not None and short is not None and lv.loader.get("persistent_workers") is False:
             sugg += (
                 f", with {setting(lv.loader, 'persistent_workers', True)}: its epochs last "
                 f"{ms(short)}, and workers started anew at each would pay their start-up every epoch"

@@ -171,3 +171,36 @@ def test_a_worker_thread_held_under_the_bar_by_the_gil_is_still_the_limit(cpu, p
 def test_a_worker_thread_over_the_bar_is_saturated_on_its_own_figure():
     h = get(evaluate(one(nodes(wait=0.93, cpus=(96.0,)), usable=2.0, busy_cores=1.2)), "add-pipeline-workers")
     assert "GIL lets it" not in h["message"] and h["evidence"]["process_cpu_cores_gil_capped"] is None
+
+
+def grain_dataloader(*, wait=0.48, step_ms=23.7, wait_ms=21.0, **kw):
+    """A grain.DataLoader(worker_count=0) as its adapter describes it: the
+    operations run in the loop's thread, the ReadOptions threads read ahead."""
+    ld = loader(nw=0, wait=wait, step_ms=step_ms, wait_ms=wait_ms, workers=[], persistent=None, **kw)
+    ld.update(
+        library="grain",
+        dataset="grain.DataLoader",
+        knobs={
+            "DataLoader.worker_count": 0,
+            "ReadOptions.num_threads": 16,
+            "ReadOptions.prefetch_buffer_size": 16,
+        },
+        worker_kind="thread",
+        pipeline_workers=threads([2.0] * 16),
+    )
+    return ld
+
+
+def test_a_grain_dataloader_that_runs_its_operations_in_the_loop_is_told_worker_count():
+    # A public trainer on grain.DataLoader(worker_count=0) (CatGPT, tiny model):
+    # the loop waited 50 %, its own thread running the maps and Batch inside
+    # next(); it read "nothing to fix". worker_count=1 measured 1.14x there.
+    s = one(
+        grain_dataloader(), usable=2.0, busy_cores=1.0, job_kw={"main_cpu": 97.0, "main_thread_cpu": 72.0}
+    )
+    h = get(evaluate(s), "no-workers")
+    assert "with worker_count=0: the training loop loads every batch itself" in h["message"]
+    assert h["suggestion"].startswith("set worker_count=")
+    assert "in DataLoader(...)" in h["suggestion"] and "persistent_workers" not in h["suggestion"]
+    # tune sets a torch DataLoader's arguments only: a recording compares the change.
+    assert "dlwatch tune" not in h["suggestion"] and "dlwatch compare" in h["suggestion"]

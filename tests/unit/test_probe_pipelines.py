@@ -374,14 +374,17 @@ def test_a_grain_dataloader_is_described_by_its_own_arguments(workers):
         assert d["knobs"] == {"DataLoader.worker_count": 1, "DataLoader.worker_buffer_size": 3}
         assert d["worker_kind"] == "process" and d["num_workers"] == 1
     else:
-        # The ReadOptions threads are this process's workers: their knob first.
+        # The operations run in the loop's thread: no workers; the ReadOptions
+        # threads read ahead and are listed for their CPU.
         assert list(d["knobs"]) == [
+            "DataLoader.worker_count",
             "ReadOptions.num_threads",
             "ReadOptions.prefetch_buffer_size",
-            "DataLoader.worker_count",
         ]
-        assert d["knobs"]["DataLoader.worker_count"] == 0 and d["worker_kind"] == "thread"
+        assert d["num_workers"] == 0 and d["worker_kind"] == "thread" and len(d["pipeline_workers"]) == 2
     from dlwatch.diagnose.facts import knob
 
-    want = "DataLoader.worker_count" if workers else "ReadOptions.num_threads"
-    assert knob({"knobs": d["knobs"]}, "num_workers") == want
+    assert knob({"knobs": d["knobs"]}, "num_workers") == "DataLoader.worker_count"
+    assert knob({"knobs": d["knobs"]}, "prefetch_factor") == (
+        "DataLoader.worker_buffer_size" if workers else "ReadOptions.prefetch_buffer_size"
+    )

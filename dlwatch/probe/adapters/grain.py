@@ -318,9 +318,14 @@ def describe_graph(it: Any) -> dict:
     # worker's batches with: worker_buffer_size, already listed.
     graph.pop("ThreadPrefetchIterDataset.prefetch_buffer_size", None)
     graph.pop("MultiprocessingOptions.num_workers", None)
-    # After the ReadOptions threads where they are this process's workers:
-    # facts.knob() names the first key that matches the workers counted.
-    graph.update(knobs)
+    # worker_count is the DataLoader's worker knob, first (facts.knob() names
+    # the first that matches). At 0 the operations (maps, Batch) run in the
+    # loop's own thread inside next(), as a torch DataLoader's loading does
+    # at num_workers=0, and the ReadOptions threads only read records ahead:
+    # the loader has no workers, and its threads are listed for their CPU.
+    out["knobs"] = {**knobs, **graph}
+    if knobs.get("DataLoader.worker_count") == 0:
+        out["num_workers"] = 0
     if batch is not None:
         out["batch_size"] = batch
     return out
