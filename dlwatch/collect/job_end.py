@@ -108,6 +108,37 @@ def reason(
     return f"{EXITED}{oom}"
 
 
+def after_worker_death(why: str, loaders: list[Any]) -> str:
+    """``why`` (an ended job's reason), with the last worker death its
+    loaders recorded when it did not end cleanly: the error a job dies of
+    after a worker's death is often not the death's own (a QA run of a
+    grain.DataLoader whose worker was SIGKILLed: the job died of
+    "ConnectionRefusedError", rebuilding a tensor the dead worker had
+    shared, and read only "exited with code 1")."""
+    if why == EXITED or "is killed by signal" in why:  # torch's own error already names it
+        return why
+    last: tuple[float, int, dict[str, Any]] | None = None
+    for ld in loaders:
+        if not isinstance(ld, dict):
+            continue
+        for d in ld.get("worker_deaths") or ():
+            if not isinstance(d, dict):
+                continue
+            # A worker whose fetch raised lives on (torch re-raises it in the
+            # loop, and the job's reason names it): no death to add.
+            raised = d.get("exception") and not d.get("signal") and d.get("exit_code") in (None, 0)
+            if not raised:
+                t = float(d["t"]) if isinstance(d.get("t"), (int, float)) else 0.0
+                if last is None or t >= last[0]:
+                    last = (t, as_int(ld.get("id")) or 0, d)
+    if last is None:
+        return why
+    _, lid, d = last
+    how = d.get("signal") or (f"exit code {d.get('exit_code')}" if d.get("exit_code") is not None else None)
+    how = how or d.get("exception") or "how is not known"
+    return f"{why}; before it, worker {d.get('id')} (pid {d.get('pid')}) of loader {lid} died ({how})"
+
+
 # Ranks of a run that end within this long of its first are taken to have
 # ended with it (torchrun stops every rank when one fails, at once).
 ENDS_TOGETHER_S = 30.0

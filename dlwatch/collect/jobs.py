@@ -207,13 +207,14 @@ class JobConnection:
         new = (
             now - at_start if isinstance(now, int) and isinstance(at_start, int) and now > at_start else None
         )
-        return job_end.reason(
+        why = job_end.reason(
             cause if isinstance(cause, str) else None,
             spoke,
             self._wait_status(),
             new,
             exit_call=call if isinstance(call, str) else None,
         )
+        return job_end.after_worker_death(why, list(self.frames[-1].get("loaders") or ()))
 
     def _wait_status(self) -> int | None:
         status = job_end.zombie_status(self.pid)

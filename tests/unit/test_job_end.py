@@ -123,3 +123,26 @@ def test_the_exit_clock_tells_apart_ends_the_frames_cannot_and_falls_back_when_o
     jobs = [_rank(10, 0), _rank(11, 1)]
     job_end.order_of_ends(jobs, {10: 100.0, 11: 100.05}, {10: 100.25, 11: None})
     assert "(within 0.25 s)" in jobs[0]["state_reason"]
+
+
+def test_a_job_that_died_after_a_worker_death_says_so():
+    loaders = [
+        {"id": 0, "worker_deaths": []},
+        {"id": 1, "worker_deaths": [{"id": 0, "pid": 26399, "signal": "SIGKILL", "t": 5.0}]},
+    ]
+    why = job_end.reason("ConnectionRefusedError: [Errno 111] Connection refused", True)
+    assert job_end.after_worker_death(why, loaders) == (
+        f"{why}; before it, worker 0 (pid 26399) of loader 1 died (SIGKILL)"
+    )
+    assert job_end.after_worker_death("the process has exited with code 1", loaders).endswith(
+        "died (SIGKILL)"
+    )
+    # A clean end, and torch's own error, which names the death already, stay as they are.
+    assert job_end.after_worker_death(job_end.EXITED, loaders) == job_end.EXITED
+    torch_says = "the process has exited after an uncaught RuntimeError: DataLoader worker (pid 7) is killed by signal: Killed. "
+    assert job_end.after_worker_death(torch_says, loaders) == torch_says
+    assert job_end.after_worker_death("x", [{"id": 0}]) == "x"
+    raised = [
+        {"id": 0, "worker_deaths": [{"id": 1, "pid": 8, "exception": "ValueError: bad", "exit_code": None}]}
+    ]
+    assert job_end.after_worker_death("x", raised) == "x"
