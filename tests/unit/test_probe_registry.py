@@ -28,3 +28,24 @@ def test_dead_loader_stays_a_while_then_leaves_the_frames():
     assert [s.id for s in reg.snapshot(now + DEAD_LOADER_KEEP_NS + 1)] == [0]
     # A live loader whose iterator ended is not dropped.
     assert [s.id for s in reg.snapshot(now + 10 * DEAD_LOADER_KEEP_NS)] == [0]
+
+
+def test_a_loader_nothing_holds_is_active_while_the_loop_iterates_it():
+    # `for b in DataLoader(...)`: the iterator holds no reference to its
+    # loader, which is garbage at once. A QA run read "idle: no iterator now"
+    # at a 62 % wait, and no hint ever came.
+    import dlwatch.hook  # noqa: F401
+    from dlwatch.probe import patches
+
+    patches.registry.clear()
+    seen = []
+    for i, _ in enumerate(DataLoader(TensorDataset(torch.arange(12.0)), batch_size=2)):
+        gc.collect()
+        if i == 2:
+            now = time.perf_counter_ns()
+            seen = [st.frame(now) for st in patches.registry.snapshot()]
+    (f,) = seen
+    assert f["active"] is True and f["epoch_open"] is True
+    gc.collect()
+    (st,) = patches.registry.snapshot()
+    assert st.frame(time.perf_counter_ns())["active"] is False  # the loop is done with it
