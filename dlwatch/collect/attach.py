@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shlex
 import threading
 import time
 from collections import deque
@@ -51,7 +52,7 @@ def identity(pid: int) -> dict:
     out: dict = {"cmdline": "", "torch_version": None, "age_s": None, "torch_loaded": False}
     try:
         p = psutil.Process(pid)
-        out["cmdline"] = " ".join(p.cmdline())
+        out["cmdline"] = shlex.join(p.cmdline())
         out["age_s"] = round(max(0.0, time.time() - p.create_time()), 1)
     except (psutil.Error, OSError):
         return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shlex
 import socket
 import sys
 import time
@@ -18,12 +19,15 @@ def _env_int(name: str) -> int | None:
 
 
 def _cmdline() -> str:
+    """The job's command line, quoted for a shell: advice pastes it into a
+    `dlwatch tune -- …` line (a QA run's `shard-{0000..0063}.tar` argument
+    expanded into 64 when pasted, and `'two words'` split in two)."""
     try:
         with open(f"/proc/{os.getpid()}/cmdline", "rb") as f:
             parts = f.read().split(b"\0")
-        return " ".join(p.decode(errors="replace") for p in parts if p)
+        return shlex.join(p.decode(errors="replace") for p in parts if p)
     except OSError:
-        return " ".join([sys.executable, *sys.argv])
+        return shlex.join([sys.executable, *sys.argv])
 
 
 def _run_id() -> str | None:

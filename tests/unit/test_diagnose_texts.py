@@ -115,3 +115,16 @@ def test_the_live_views_epoch_line_counts_that_epochs_batches():
     assert "last epoch 26 s, 46 batches" in line and "144 batches in all" in line, line
     one = epoch_stats(dict(ld, epoch_batches=[1], batches_total=1), fmt.Palette()).plain
     assert "last epoch 26 s, 1 batch ·" in one and "1 batch in all" in one and not _bad(one), one
+
+
+def test_the_jobs_command_line_pastes_back_into_a_shell_as_it_ran():
+    # A QA run: `shard-{0000..0063}.tar` in the suggested `dlwatch tune -- …`
+    # expanded into 64 arguments when pasted, and 'two words' split in two.
+    import shlex
+    import subprocess
+    import sys
+
+    args = ["--train-data", "/d/shard-{0000..0063}.tar", "--note", "two words", "--x=$HOME"]
+    code = "from dlwatch.probe.identity import _cmdline; print(_cmdline())"
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True).stdout
+    assert shlex.split(out.strip()) == [sys.executable, "-c", code, *args]
