@@ -422,11 +422,15 @@ def build_context(
         pid = as_int(job["pid"])
         if pid is None:  # live_jobs holds none such: for the type checker
             continue
+        # A stage whose workers its wrapper shows (WebLoader's DataLoader,
+        # model.lend_stage_workers): they are the wrapper's, counted once (a
+        # QA run of OpenCLIP read "4 busy DataLoader workers" with 2).
+        lent = {as_int(as_dict(ld).get("workers_from")) for ld in as_list(job.get("loaders"))} - {None}
         for ld in as_list(job.get("loaders")):
             lid = as_int(as_dict(ld).get("id"))
             if lid is None:
                 continue
-            workers = live_workers(ld)
+            workers = [] if lid in lent else live_workers(ld)
             busy = mean(worker_values(workers, "busy_fraction"))
             cpu_vals = worker_values(workers, "cpu_percent")
             cpu_mean = mean(cpu_vals)
@@ -439,7 +443,9 @@ def build_context(
                     lid=lid,
                     phase=phase_of.get((pid, lid), WARMUP),
                     workers=workers,
-                    num_workers=as_int(ld.get("num_workers")) if has_worker_knob(ld) else None,
+                    num_workers=as_int(ld.get("num_workers"))
+                    if has_worker_knob(ld) and lid not in lent
+                    else None,
                     wait=num(ld.get("data_wait_fraction")) if is_loop_wait(ld) else None,
                     busy_mean=busy,
                     cpu_mean=cpu_mean / PERCENT_PER_CORE if cpu_mean is not None else None,

@@ -905,6 +905,21 @@ def test_oversubscribe_ignores_idle_persistent_workers():
     assert "workers-oversubscribe-cores" not in ids(evaluate(s))
 
 
+def test_a_wrappers_workers_are_counted_once_with_its_stage():
+    # WebLoader(dataset, num_workers=4): the wrapper shows its stage
+    # DataLoader's workers (model.lend_stage_workers), and both list them. A
+    # QA run of OpenCLIP read "4 busy DataLoader workers" with 2.
+    ws = [worker(i, pid=5000 + i, cpu=100.0) for i in range(4)]
+    outer = loader(0, nw=4, workers=ws, library="webdataset", workers_from=1)
+    stage = loader(1, nw=4, workers=[dict(w) for w in ws], wait=None, loop_role="stage", nested_in=0)
+    h = get(
+        evaluate(snap([job(loaders=[outer, stage], main_cpu=100.0)], usable=4.0)),
+        "workers-oversubscribe-cores",
+    )
+    assert h["evidence"]["total_workers"] == 4 and "4 busy DataLoader workers" in h["message"]
+    assert "Loader 1" not in h["message"]  # the stage gets no verdict of its own
+
+
 def test_oversubscribe_ignores_exited_jobs():
     a = job(1000, loaders=[loader(nw=4, worker_kw=dict(cpu=100.0))], main_cpu=100.0)
     b = job(2000, loaders=[loader(nw=4, pid_base=6000, worker_kw=dict(cpu=100.0))], state="exited")
