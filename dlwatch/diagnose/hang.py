@@ -166,11 +166,28 @@ def frame_kind(thread: Mapping[str, Any], role: str = "trainer") -> str:
         return LOCK
     if any(leaf_file.endswith(s) for s in _IO_FILES) or _IO_SRC.search(src):
         return IO
-    if any(lib in p for p in files[-6:] for lib in _IO_LIBS):
+    if _library_read(frames):
         return IO
     if _LOCK_SRC.search(src):
         return LOCK
     return RUNNING
+
+
+# webdataset's own modules that decode or transform, not read: a QA run's
+# worker decoding JPEGs under its autodecode read "blocked in I/O".
+_NOT_READING = ("/webdataset/autodecode.py", "/webdataset/filters.py", "/webdataset/compat.py")
+
+
+def _library_read(frames: list[list[Any]]) -> bool:
+    """The innermost frame outside the standard library belongs to a
+    library that reads (``_IO_LIBS``): decoding a shard's JPEG with PIL
+    under webdataset is PIL's work, not a read."""
+    for f in reversed(frames[-6:]):
+        path = f[1].replace("\\", "/")
+        if _where(path) == "stdlib":
+            continue
+        return any(lib in path for lib in _IO_LIBS) and not path.endswith(_NOT_READING)
+    return False
 
 
 def _pipeline_idle(frames: list[list[Any]]) -> bool:

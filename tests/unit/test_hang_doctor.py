@@ -141,6 +141,17 @@ def test_libraries_that_read_are_io_and_a_deep_data_queue_wait_is_the_queue():
     assert hang.wait_kind(fs, "worker") == hang.IO
     wds = _thread([*FETCH, ("url_opener", "/v/site-packages/webdataset/tariterators.py", 60)])
     assert hang.wait_kind(wds, "worker") == hang.IO
+    # Decoding a shard's JPEG under webdataset's autodecode is PIL's work, not
+    # a read (a QA run of OpenCLIP's webdataset loader read "blocked in I/O").
+    dec = [*FETCH, ("__call__", "/v/site-packages/webdataset/autodecode.py", 420)]
+    dec += [("decode", "/v/site-packages/PIL/ImageFile.py", 300)]
+    assert hang.wait_kind(_thread(dec), "worker") == hang.RUNNING
+    own = [
+        *FETCH,
+        ("decode", "/v/site-packages/webdataset/autodecode.py", 420),
+        ("loads", f"{STD}/json/__init__.py", 3),
+    ]
+    assert hang.wait_kind(_thread(own), "worker") == hang.RUNNING
     # The loop's get, nine frames above a worker's fd hand-over (resource_sharer).
     deep = [("<module>", "/job/t.py", 9), ("_try_get_data", f"{TORCH}/dataloader.py", 1291)]
     deep += [(f"f{i}", f"{STD}/multiprocessing/connection.py", i) for i in range(9)]
