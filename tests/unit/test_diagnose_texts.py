@@ -126,5 +126,6 @@ def test_the_jobs_command_line_pastes_back_into_a_shell_as_it_ran():
 
     args = ["--train-data", "/d/shard-{0000..0063}.tar", "--note", "two words", "--x=$HOME"]
     code = "from dlwatch.probe.identity import _cmdline; print(_cmdline())"
-    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True).stdout
+    cmd = [sys.executable, "-c", code, *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     assert shlex.split(out.strip()) == [sys.executable, "-c", code, *args]

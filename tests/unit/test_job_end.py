@@ -139,7 +139,10 @@ def test_a_job_that_died_after_a_worker_death_says_so():
     )
     # A clean end, and torch's own error, which names the death already, stay as they are.
     assert job_end.after_worker_death(job_end.EXITED, loaders) == job_end.EXITED
-    torch_says = "the process has exited after an uncaught RuntimeError: DataLoader worker (pid 7) is killed by signal: Killed. "
+    torch_says = (
+        "the process has exited after an uncaught RuntimeError: "
+        "DataLoader worker (pid 7) is killed by signal: Killed. "
+    )
     assert job_end.after_worker_death(torch_says, loaders) == torch_says
     assert job_end.after_worker_death("x", [{"id": 0}]) == "x"
     raised = [
