@@ -32,6 +32,11 @@ others keep busy:
 ``--rounds`` rounds, medians against the base count's (demo workloads only):
 
     .venv/bin/python bench/advice_check.py --only "free core" --burners 2 --counts 1,2,3
+
+Workload d beside one burner is the "contended cores" term's check (a worker
+loads slower while the trainer computes on cores others keep busy):
+
+    .venv/bin/python bench/advice_check.py --only "d:" --burners 1 --counts 1,2
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ WORKLOADS = {
     "b: a free core": "--batch-size 20 --sample-ms 1 --cost-kind cpu --step-ms 30 --step-kind sleep",
     "c: workers sleep on storage": "--batch-size 8 --sample-ms 10 --cost-kind sleep --step-ms 15 "
     "--step-kind sleep",
+    "d: loading outweighs a CPU step": "--batch-size 30 --sample-ms 3 --cost-kind cpu --step-ms 30 "
+    "--step-kind cpu --step-threads 1",
     "image: timm-style JPEG pipeline": None,
 }
 

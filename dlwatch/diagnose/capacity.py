@@ -293,6 +293,47 @@ class CycleModel:
             text += f" (of {self.usable:.1f} usable: other processes and jobs use the rest)"
         return text
 
+    def contended(self, n: int) -> float | None:
+        """ms per batch with ``n`` workers on cores others keep busy, phase by
+        phase: while the trainer computes, its threads, the workers and the
+        others' threads share the cores; while it waits for a batch, only
+        the workers and the others do. Each runnable thread gets
+        ``usable / runnable threads`` of a core (at most one), so a worker
+        loads slower while the step runs than the trainer did alone.
+
+        Why: the CPU term prices the job's share as if the job could use it
+        all batch long, but a waiting trainer has no thread to run. OpenCLIP
+        on webdataset (0 workers, another process on one of 2 cores) read
+        "1 worker ≈ 1.32×" and measured 1.04×; a demo loop loading 95 ms a
+        batch beside a 34 ms step and a CPU burner read 1.33×, measured
+        1.14×, and prices 1.14× so.
+
+        None where it does not apply: no others on the cores, workers
+        already (it takes every worker as runnable all batch long, which
+        workers that keep up are not: a loader priced from its current count
+        then read its own cycle 2.4x too long), loading that waits off a CPU
+        more than on it, or a trainer whose threads fill several cores (a
+        gang of intra-op threads: workload a beside two burners measured
+        1.57× where this priced 1.06×; its step ran faster with workers than
+        without, which no sharing model here explains)."""
+        sh = self.share
+        if sh is None or n < 1 or self.workers_now or sh.mine > 1 or self.load_off_cpu > 0.25 * self.load_cpu:
+            return None
+
+        def rate(threads: float) -> float:
+            return min(1.0, sh.usable / max(threads + sh.theirs, 1e-9))
+
+        m = self.trainer_cores
+        # The step's CPU part, at the rate its threads get now; the rest
+        # (a GPU, a sleep) is not the cores'.
+        cpu_now = self.trainer_cpu / m / rate(m) if m > 1e-6 else 0.0
+        off = max(0.0, self.step - cpu_now)
+        r_step = rate(m + n)
+        step = off + (self.trainer_cpu / m / r_step if m > 1e-6 else 0.0)
+        per_worker = self.load_cpu / n
+        behind = max(0.0, per_worker - r_step * step) / rate(n)
+        return step + behind + self.load_off_cpu / n
+
     def idle_cores(self, n: int) -> float:
         return max(0.0, self.capacity_for(n) - self.trainer_cores)
 
@@ -308,13 +349,17 @@ class CycleModel:
             }
         if n <= 0:
             return {"loop loads": self.step + self.load_cpu + self.load_off_cpu, **others}
-        return {
+        out = {
             "compute step": self.step,
             "workers": (self.load_cpu + self.load_off_cpu) / n,
             "CPU": (self.trainer_cpu + self.load_cpu) / cap,
             "shared cores": (self.step + self.load_cpu) / (1.0 + self.idle_cores(n)),
             **others,
         }
+        contended = self.contended(n)
+        if contended is not None:
+            out["contended cores"] = contended
+        return out
 
     def cycle(self, n: int) -> tuple[float, str]:
         """Predicted ms per batch with ``n`` workers, and the term that sets it."""
@@ -443,7 +488,7 @@ class Prediction:
     speedup: float  # throughput after / before
     before_ms: float  # loop time per batch now: wait + step
     after_ms: float
-    bound: str  # "compute step" | "workers" | "CPU" | "shared cores" | "loop loads"
+    bound: str  # "compute step" | "workers" | "CPU" | "shared cores" | "contended cores" | "loop loads"
     model: CycleModel
     workers: int = 0  # the count priced
 
@@ -485,6 +530,10 @@ class Prediction:
                 f"while it computes, the trainer's threads want {m.trainer_cores:.1f} of "
                 f"{can_have}, so each batch's {m.load_cpu:.0f} ms of loading CPU, in a worker, "
                 "stretches its step"
+            ),
+            "contended cores": (
+                "other processes keep the cores busy: a worker gets only part of a core while the "
+                f"trainer computes, so the {m.load_cpu:.0f} ms of loading CPU a batch sets the pace"
             ),
             "loop loads": "the loop then loads every batch itself",
             "feeder thread": "the feeder thread then loads every batch itself",
