@@ -5,6 +5,8 @@ hint's evidence that the text, the TUI and the HTML report share."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -181,6 +183,46 @@ def is_notebook_kernel(cmdline: str) -> bool:
     return "ipykernel_launcher" in cmdline or "ipykernel.kernelapp" in cmdline
 
 
+# A script's own option for its loaders' worker count: `--workers 8`
+# (OpenCLIP, timm), `-j 4` (pytorch/examples' imagenet), `--num-workers`,
+# `--dataloader_num_workers` (HF), `data.num_workers=2` (Hydra overrides).
+_WORKERS_FLAG = re.compile(r"^(?:-j|--?(?:[\w-]*[_-])?(?:num[_-]?)?workers|[\w.]*\.?num_workers)$", re.I)
+
+
+def workers_option(cmdline: Any, current: int | None) -> tuple[str, str] | None:
+    """The job's command-line option that sets its worker count, as written
+    and as a format for the new count (``("--workers 2", "--workers {}")``):
+    only a worker-count option whose value is the count measured now, and
+    only one of them (a QA run: an OpenCLIP user told "num_workers=1 in
+    DataLoader(...)" sets ``--workers``)."""
+    if not isinstance(cmdline, str) or current is None:
+        return None
+    try:
+        argv = shlex.split(cmdline)
+    except ValueError:
+        return None
+    found = []
+    for i, tok in enumerate(argv):
+        name, eq, value = tok.partition("=")
+        if eq:
+            if _WORKERS_FLAG.match(name) and value == str(current):
+                found.append((tok, f"{name}={{}}"))
+        elif _WORKERS_FLAG.match(tok) and i + 1 < len(argv) and argv[i + 1] == str(current):
+            found.append((f"{tok} {current}", f"{tok} {{}}"))
+    return found[0] if len(found) == 1 else None
+
+
+def with_cli_option(h: dict[str, Any], job: Mapping[str, Any], current: int | None) -> dict[str, Any]:
+    """``h`` with the command-line option that sets its recommended count."""
+    n = (h.get("evidence") or {}).get("recommended_num_workers")
+    opt = workers_option(job.get("cmdline"), current) if isinstance(n, int) and n != current else None
+    if opt is None:
+        return h
+    was, fmt = opt
+    sugg = f"{h.get('suggestion', '')} (your command line sets it: {was} → {fmt.format(n)})"
+    return dict(h, suggestion=sugg)
+
+
 def with_tune_command(h: dict[str, Any], snapshot: Mapping[str, Any]) -> dict[str, Any]:
     """``h`` (a hint of a tunable rule, registry.Rule.tunable) with its
     suggestion ending in the command that verifies it."""
@@ -201,6 +243,7 @@ def with_tune_command(h: dict[str, Any], snapshot: Mapping[str, Any]) -> dict[st
         )
     ev = h.get("evidence") or {}
     loader = next((ld for ld in records(job.get("loaders")) if ld.get("id") == h.get("loader_id")), {})
+    h = with_cli_option(h, job, as_int(loader.get("num_workers")))
     lib = loader.get("library")
     if lib not in (None, "torch", "monai"):
         # tune sets a torch DataLoader's arguments; a pipeline's are the

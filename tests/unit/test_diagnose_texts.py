@@ -129,3 +129,40 @@ def test_the_jobs_command_line_pastes_back_into_a_shell_as_it_ran():
     cmd = [sys.executable, "-c", code, *args]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     assert shlex.split(out.strip()) == [sys.executable, "-c", code, *args]
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "now", "want"),
+    [
+        ("python -m open_clip_train.main --workers 2 --batch-size 64", 2, ("--workers 2", "--workers {}")),
+        ("python main.py -a resnet18 -j 4 /data", 4, ("-j 4", "-j {}")),  # pytorch/examples' imagenet
+        ("python train.py data.num_workers=0 model.x=1", 0, ("data.num_workers=0", "data.num_workers={}")),
+        (
+            "python run_clm.py --dataloader_num_workers 4",
+            4,
+            ("--dataloader_num_workers 4", "--dataloader_num_workers {}"),
+        ),
+        ("python t.py --num-workers=8", 8, ("--num-workers=8", "--num-workers={}")),
+        ("python t.py --workers 3", 2, None),  # not the count measured: another loader's, or not it
+        ("python t.py --workers 2 --eval-workers 2", 2, None),  # which one is not known
+        ("python t.py --world-size 2 --batch 2", 2, None),
+        ("python t.py --workers 'unbalanced", 2, None),
+    ],
+)
+def test_the_command_line_option_that_sets_the_worker_count(cmdline, now, want):
+    from dlwatch.diagnose.render import workers_option
+
+    assert workers_option(cmdline, now) == want
+
+
+def test_a_worker_count_hint_names_the_scripts_own_option():
+    # A QA run of OpenCLIP: "set num_workers=1 in DataLoader(...)", where its
+    # user sets --workers.
+    from tests.unit.test_diagnose_rules import get, job, loader, snap
+
+    ld = loader(nw=0, wait=0.6, step_ms=20.0, wait_ms=30.0)
+    j = job(loaders=[ld], main_cpu=60.0, main_thread_cpu=60.0)
+    j["cmdline"] = "python -m open_clip_train.main --workers 0 --batch-size 64"
+    h = get(evaluate(snap([j], usable=4.0, other_cpu_cores=0.0)), "no-workers")
+    n = h["evidence"]["recommended_num_workers"]
+    assert n and f"(your command line sets it: --workers 0 → --workers {n})" in h["suggestion"]
