@@ -89,6 +89,11 @@ def reason(
     )
     if status is not None and os.WIFSIGNALED(status):
         return f"the process was killed by {signal_name(os.WTERMSIG(status))}{oom}"
+    code = os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else None
+    if exit_call and spoke_at_exit is not False and (status is None or (code and f"({code})" in exit_call)):
+        # The call names the code and where it came from; the monitor's exit
+        # clock reads the status as well, most often before a shell reaps it.
+        return f"{EXITED} after {exit_call}{oom}"
     if (
         status is not None
         and os.WIFEXITED(status)
@@ -96,8 +101,6 @@ def reason(
     ):
         how = " without Python's shutdown (os._exit)" if spoke_at_exit is False else ""
         return f"{EXITED} with code {os.WEXITSTATUS(status)}{how}{oom}"
-    if exit_call and status is None and spoke_at_exit is not False:
-        return f"{EXITED} after {exit_call}{oom}"
     if spoke_at_exit is False:
         # Short: the live view's header shows it. What each signal most
         # often is (the OOM killer, a scheduler, torchrun) is docs/hangs.md's.

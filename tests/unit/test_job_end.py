@@ -44,9 +44,14 @@ def test_a_failing_sys_exit_names_the_code_a_reaped_job_lost():
     assert job_end.reason(None, True, None, None, exit_call="sys.exit(3)") == (
         "the process has exited after sys.exit(3)"
     )
-    # The wait status, when read, is the code; without a last frame at exit
-    # the call is not what ended it.
+    # The wait status, when read (the monitor's exit clock reads it before
+    # a shell reaps), agrees: the call says where the code came from; a code
+    # of another is the status's; without a last frame at exit the call is
+    # not what ended it.
     assert job_end.reason(None, True, EXIT_3, None, exit_call="sys.exit(3)") == (
+        "the process has exited after sys.exit(3)"
+    )
+    assert job_end.reason(None, True, EXIT_3, None, exit_call="sys.exit(1)") == (
         "the process has exited with code 3"
     )
     assert job_end.reason(None, False, None, None, exit_call="sys.exit(3)").startswith(
