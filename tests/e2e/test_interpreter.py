@@ -238,6 +238,11 @@ def test_a_job_killed_by_a_signal_is_told_from_one_that_exited(reaped):
     # Driven by hand (no thread): whether the monitor reads the end before or
     # after the job is reaped is the test's to choose.
     m = Monitor(directory=job.dir, interval=0.2, gpu=False, diagnoser=False)
+    if reaped:
+        # The monitor's exit clock reads the status the moment the process
+        # ends, most often before its parent reaps it: without pidfds (a
+        # kernel before 5.3) the frames are all there is.
+        m._exits.unavailable = "this test: no pidfds"
     j = None
     try:
         job.line("ready")
