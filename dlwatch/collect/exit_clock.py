@@ -153,4 +153,5 @@ class ExitClock:
                     poller.unregister(fd)
                     os.close(fd)
                     self._fds.pop(pid, None)
-                    self._ended[pid] = (now, zombie_status(pid))
+                    if pid not in self._drop:  # forgotten meanwhile: nothing to keep
+                        self._ended[pid] = (now, zombie_status(pid))

@@ -245,10 +245,10 @@ def with_tune_command(h: dict[str, Any], snapshot: Mapping[str, Any]) -> dict[st
     loader = next((ld for ld in records(job.get("loaders")) if ld.get("id") == h.get("loader_id")), {})
     h = with_cli_option(h, job, as_int(loader.get("num_workers")))
     lib = loader.get("library")
-    if lib not in (None, "torch", "monai"):
-        # tune sets a torch DataLoader's arguments; a pipeline's are the
-        # script's (a QA run: "verify with dlwatch tune --workers 0,1" on a
-        # grain.DataLoader, whose worker_count tune cannot set).
+    if lib not in (None, "torch", "monai") and loader.get("workers_from") is None:
+        # tune sets a torch DataLoader's arguments (a WebLoader's stage
+        # DataLoader's too); a pipeline's are the script's (a QA run: "verify
+        # with dlwatch tune --workers 0,1" on a grain.DataLoader).
         return dict(
             h,
             suggestion=f"{h.get('suggestion', '')}; verify by rerunning with it under `dlwatch run --record` "

@@ -204,3 +204,17 @@ def test_a_grain_dataloader_that_runs_its_operations_in_the_loop_is_told_worker_
     assert "in DataLoader(...)" in h["suggestion"] and "persistent_workers" not in h["suggestion"]
     # tune sets a torch DataLoader's arguments only: a recording compares the change.
     assert "dlwatch tune" not in h["suggestion"] and "dlwatch compare" in h["suggestion"]
+
+
+def test_a_webloaders_stage_dataloader_is_one_tune_can_set():
+    # WebLoader(dataset, num_workers=0) shows its stage DataLoader's workers
+    # and knob: tune's overrides reach that DataLoader, so tune measures it.
+    from dlwatch.diagnose.render import with_tune_command
+
+    ld = loader(nw=0, wait=0.6, step_ms=20.0, wait_ms=30.0, library="webdataset", workers_from=1)
+    s = one(ld)
+    h = {"id": "no-workers", "job_pid": s["jobs"][0]["pid"], "loader_id": 0, "suggestion": "x",
+         "evidence": {"recommended_num_workers": 2}}  # fmt: skip
+    assert "dlwatch tune --workers 0,2" in with_tune_command(h, s)["suggestion"]
+    del ld["workers_from"]
+    assert "tune cannot set webdataset's settings" in with_tune_command(h, s)["suggestion"]
