@@ -169,16 +169,20 @@ def order_of_ends(
     SIGKILLed and the rank torchrun stopped 0.13 s later read alike by their
     frames; the exit clock told them apart."""
     exact = exact or {}
-    runs: dict[tuple[str, str], list[tuple[float | None, float, dict[str, Any]]]] = {}
+    runs: dict[tuple[str, str], list[tuple[float | None, float | None, dict[str, Any]]]] = {}
     for j in jobs:
         pid = as_int(j.get("pid")) or 0
-        key, t = run_key(j), last_seen.get(pid)
-        if j.get("state") == "exited" and key is not None and (t is not None or exact.get(pid) is not None):
-            runs.setdefault(key, []).append((exact.get(pid), t if t is not None else 0.0, j))
+        key = run_key(j)
+        if j.get("state") == "exited" and key is not None:
+            runs.setdefault(key, []).append((exact.get(pid), last_seen.get(pid), j))
     for members in runs.values():
         clocked = all(e is not None for e, _, _ in members)
         margin = EXACT_MARGIN_S if clocked else ORDER_MARGIN_S
-        timed = [(e if clocked and e is not None else t, j) for e, t, j in members]
+        # Every end by one clock: the exit clock's where it saw them all,
+        # else the frames' (a rank without a last frame is then left out).
+        timed = [(t, j) for e, f, j in members if (t := e if clocked else f) is not None]
+        if len(timed) < 2:
+            continue
         timed.sort(key=lambda m: m[0])
         t0 = timed[0][0]
         ended = [(t, j) for t, j in timed if t - t0 <= ENDS_TOGETHER_S]

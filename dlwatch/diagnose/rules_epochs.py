@@ -53,7 +53,7 @@ def rule_enable_persistent_workers(ctx: Context) -> list[dict[str, Any]]:
         # "epoch" while the training epoch had run 51 s.
         age = num(ld.get("epoch_first_batch_age_s"))
         last_start = num(ld.get("epoch_start_ms_last")) or 0.0
-        if ld.get("epoch_open") and age is not None and epochs:
+        if ld.get("epoch_open") and age is not None:
             so_far = age * 1e3 + last_start
             if so_far > max(epochs):
                 epochs.append(so_far)

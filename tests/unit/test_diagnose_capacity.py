@@ -34,6 +34,19 @@ def no_workers(main_cpu, main_thread, *, wait_ms=30.0, step_ms=60.0, **snap_kw):
     return one(ld, job_kw={"main_cpu": main_cpu, "main_thread_cpu": main_thread, "cuda": False}, **snap_kw)
 
 
+def beside_others(main_cpu, main_thread, *, wait_ms, step_ms, others, runqueue):
+    """A 0-worker loop on 2 cores others use ``others`` of, with its main
+    thread's run-queue wait: the snapshot, its context and its loader."""
+    s = no_workers(
+        main_cpu, main_thread, wait_ms=wait_ms, step_ms=step_ms, usable=2.0, other_cpu_cores=others,
+        gpus=[], gpu_status="n/a",
+    )  # fmt: skip
+    s["jobs"][0]["main_runqueue_percent"] = runqueue
+    ctx = build_context(s, stateless_phases(s))
+    (lv,) = ctx.loaders
+    return s, ctx, lv
+
+
 def test_no_workers_promises_nothing_when_the_loops_threads_fill_the_cores():
     # 30 ms loading + 60 ms step on 2 intra-op threads: the step's threads use
     # 2.0 cores (120 core-ms in 60 ms), so a worker's 30 ms of CPU stretches
@@ -63,12 +76,7 @@ def test_no_workers_beside_others_prices_the_share_a_worker_wins():
     # runnable thread: it wins a share of the cores the burners hold. Priced
     # with the 0-worker job's share (0.46 cores) 1 worker read 1.36x; the
     # sweep measured 1.76x (2 and 3 workers: 2.03x, 2.14x).
-    s = no_workers(
-        32.0, 31.0, wait_ms=43.0, step_ms=31.0, usable=2.0, other_cpu_cores=1.7, gpus=[], gpu_status="n/a",
-    )  # fmt: skip
-    s["jobs"][0]["main_runqueue_percent"] = 19.0
-    ctx = build_context(s, stateless_phases(s))
-    (lv,) = ctx.loaders
+    s, ctx, lv = beside_others(32.0, 31.0, wait_ms=43.0, step_ms=31.0, others=1.7, runqueue=19.0)
     m, why = capacity.cycle_model(ctx, lv)
     assert m is not None, why
     caps = [m.capacity_for(n) for n in range(4)]
@@ -89,12 +97,7 @@ def test_a_worker_on_cores_others_keep_busy_loads_slower_while_the_trainer_compu
     # one only while the loop waits. Measured 1.14x and 1.37x (1 and 2
     # workers, alternated medians); OpenCLIP on webdataset beside another
     # job: 1.32x priced, 1.04x measured.
-    s = no_workers(
-        97.7, 97.7, wait_ms=95.3, step_ms=33.9, usable=2.0, other_cpu_cores=1.02, gpus=[], gpu_status="n/a",
-    )  # fmt: skip
-    s["jobs"][0]["main_runqueue_percent"] = 1.8
-    ctx = build_context(s, stateless_phases(s))
-    (lv,) = ctx.loaders
+    _, ctx, lv = beside_others(97.7, 97.7, wait_ms=95.3, step_ms=33.9, others=1.02, runqueue=1.8)
     one_w, two_w = (capacity.predict(ctx, lv, n) for n in (1, 2))
     assert one_w.bound == two_w.bound == "contended cores"
     assert one_w.speedup == pytest.approx(1.14, abs=0.04) and two_w.speedup == pytest.approx(1.42, abs=0.08)

@@ -154,3 +154,15 @@ def test_a_job_that_died_after_a_worker_death_says_so():
         {"id": 0, "worker_deaths": [{"id": 1, "pid": 8, "exception": "ValueError: bad", "exit_code": None}]}
     ]
     assert job_end.after_worker_death("x", raised) == "x"
+
+
+def test_a_rank_without_a_last_frame_is_ordered_only_by_the_exit_clock():
+    # Not clocked: the rank with no frame is left out, not placed first at t=0.
+    jobs = [_rank(10, 0), _rank(11, 1), _rank(12, 2)]
+    job_end.order_of_ends(jobs, {10: 100.0, 11: 100.9, 12: None}, {10: 100.1, 11: None, 12: 100.2})
+    assert jobs[0]["state_reason"] == "x; the first rank of its run to end"
+    assert jobs[2]["state_reason"] == "x"
+    # Clocked: every rank by the exit clock, frame or not.
+    jobs = [_rank(10, 0), _rank(11, 1)]
+    job_end.order_of_ends(jobs, {10: 100.0, 11: None}, {10: 100.3, 11: 100.1})
+    assert jobs[1]["state_reason"] == "x; the first rank of its run to end"

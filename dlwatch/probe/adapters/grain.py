@@ -284,8 +284,6 @@ def _dataloader_knobs(it: Any) -> tuple[dict[str, Any], int | None] | None:
     names), and its ``Batch`` operation's size; None for a dataset pipeline."""
     ref = getattr(it, "_dlw_grain_loader", None)
     dl = ref() if callable(ref) else None
-    if dl is None and type(it).__name__ == "DataLoaderIterator":
-        dl = getattr(it, "_data_loader", None)
     if dl is None:
         return None
     mp = getattr(dl, "_multiprocessing_options", None)
