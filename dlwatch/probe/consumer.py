@@ -18,8 +18,11 @@ Every measured iterator belongs to a ``LoaderStats`` made by
 
 from __future__ import annotations
 
+import operator
 import os
+import sys
 import threading
+import types
 from time import perf_counter as _clock
 from typing import Any
 
@@ -38,7 +41,10 @@ def _timed_class(cls: type) -> type:
     with _lock:
         sub = _measured.get(cls)
         if sub is None:
-            nxt = patches._wrap_next(cls.__next__)  # type: ignore[attr-defined]
+            orig = cls.__next__  # type: ignore[attr-defined]
+            # Dressed as the library's own __next__ (frames.py): an exception
+            # from the pipeline shows no dlwatch file in the user's traceback.
+            nxt = patches._wrap_next(orig, sys.modules.get(getattr(orig, "__module__", "")))
             ns = {
                 "__next__": nxt,
                 "__slots__": (),
@@ -89,7 +95,7 @@ class _Watched(_Forwarding):
         self._dlw_st = st
 
     def __iter__(self) -> _WatchedIterator:
-        it = _WatchedIterator(iter(self._dlw_src), self._dlw_st)
+        it = _proxy(iter(self._dlw_src), self._dlw_st)
         self._dlw_st.begin_epoch(it, _clock())
         patches.announce(self._dlw_st)
         return it
@@ -109,19 +115,47 @@ class _WatchedIterator(_Forwarding):
     def __iter__(self) -> _WatchedIterator:
         return self
 
-    def _dlw_call(self) -> Any:
-        return self._dlw_next()
+
+# Called from C (no frame of its own in a traceback); patches._wrap_next
+# registers the wrapper's code in stats.METER_CODES (nesting).
+_call_src = operator.methodcaller("_dlw_next")
+_WatchedIterator.__next__ = patches._wrap_next(_call_src)  # type: ignore[attr-defined]
+
+_dressed: dict[Any, type[_WatchedIterator]] = {}
+_DRESSED_MAX = 64  # distinct generator functions; past it, proxies stay plain
 
 
-# patches._wrap_next registers its code in stats.METER_CODES (nesting).
-_WatchedIterator.__next__ = patches._wrap_next(_WatchedIterator._dlw_call)  # type: ignore[attr-defined]
+def _proxy(src: Any, st: LoaderStats) -> _WatchedIterator:
+    """A ``_WatchedIterator`` around ``src`` whose timed frame is dressed as
+    ``src``'s generator function (frames.py), so an exception from the
+    pipeline shows the library's file, or the user's, never dlwatch's. Plain
+    for iterators that are not Python generators."""
+    cls: type[_WatchedIterator] = _WatchedIterator
+    code = getattr(src, "gi_code", None)
+    frame = getattr(src, "gi_frame", None)
+    if code is not None and frame is not None:
+        sub = _dressed.get(code)
+        if sub is None and len(_dressed) < _DRESSED_MAX:
+            try:
+                like = types.SimpleNamespace(__code__=code, __qualname__="__next__")
+                mod = sys.modules.get(frame.f_globals.get("__name__", ""))
+                nxt = patches._wrap_next(_call_src, mod, like=like)
+                if nxt.__code__.co_filename == code.co_filename:
+                    made = type("_WatchedIterator", (_WatchedIterator,), {"__next__": nxt, "__slots__": ()})
+                    with _lock:
+                        sub = _dressed.setdefault(code, made)
+            except Exception:
+                sub = None
+        if sub is not None:
+            cls = sub
+    return cls(src, st)
 
 
 def watch_epoch(source: Any, it: Any, config: dict) -> Any:
     """An adapter's proxy for ``it``, one epoch of ``source``'s loader (for
     iterators whose class cannot be swapped: generators)."""
     st = patches.registry.for_source(source, config)
-    w = _WatchedIterator(it, st)
+    w = _proxy(it, st)
     st.begin_epoch(w, _clock())
     patches.announce(st)
     return w
@@ -139,7 +173,7 @@ def consumer_iter(loader: Any, it: Any, via: str) -> Any:
         c = LoaderStats(-1, None, {"via": via})
         c.handover_q = EXACT
         loader._dlw_consumer = c
-    w = _WatchedIterator(it, c)
+    w = _proxy(it, c)
     c.begin_epoch(w, _clock())
     th = threading.current_thread()
     c.thread_name, c.thread_main, c.thread_ident = th.name, th is threading.main_thread(), th.ident
@@ -170,7 +204,7 @@ def watch(iterable: Any, name: str | None = None) -> Any:
         st = patches.registry.for_source(iterable, config)
         st.num_workers = 0
         if iter(iterable) is iterable:
-            it = _WatchedIterator(iterable, st)
+            it = _proxy(iterable, st)
             st.begin_epoch(it, _clock())
             patches.announce(st)
             # The iterator must outlive this call: the stats hold it weakly.

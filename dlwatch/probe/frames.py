@@ -1,7 +1,9 @@
 """Wrapper frames dressed as the functions they wrap.
 
 The probe wraps a few of torch's functions (the iterator's ``__init__``,
-``__next__`` and ``_reset``; a worker's dataset fetch). A wrapper is a frame
+``__next__`` and ``_reset``; a worker's dataset fetch) and the loop's
+``next()`` on other pipelines (consumer.py: dressed as the library's
+``__next__``, or as the generator a proxy steps). A wrapper is a frame
 of its own: without dressing, a dataset's exception would show
 ``dlwatch/probe/...`` frames in the user's traceback (and people blame the
 file they see), and torch's ``warnings.warn(stacklevel=2)`` would name our

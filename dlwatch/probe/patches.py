@@ -124,11 +124,12 @@ def _patch(mod) -> None:
     cls._dlw_stats = None  # class default: uninstrumented iterators skip at once
 
 
-def _wrap_next(orig_next, mod=None):
+def _wrap_next(orig_next, mod=None, like=None):
     """The patched ``__next__``: the hot path, around torch's own; with
-    ``mod`` (torch's dataloader module), dressed as the original
-    (``frames.as_frame_of``): an exception from the dataset then shows no
-    dlwatch file in the user's traceback.
+    ``mod`` (torch's dataloader module), dressed as the original, or as
+    ``like`` where the original is not Python code (``frames.as_frame_of``):
+    an exception from the dataset then shows no dlwatch file in the user's
+    traceback.
 
     Two clock reads, an attribute read, a few float adds and slot stores. The
     shape is the fastest of those bench/hotpath_variants.py times (Xeon, 3.11:
@@ -179,7 +180,7 @@ def _wrap_next(orig_next, mod=None):
         return data
 
     if mod is not None:
-        __next__ = as_frame_of(__next__, orig_next, mod)
+        __next__ = as_frame_of(__next__, like or orig_next, mod)
     METER_CODES.add(__next__.__code__)
     __next__._dlwatch_orig = orig_next  # type: ignore[attr-defined]  # what uninstall restores
     return __next__

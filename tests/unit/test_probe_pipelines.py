@@ -388,3 +388,46 @@ def test_a_grain_dataloader_is_described_by_its_own_arguments(workers):
     assert knob({"knobs": d["knobs"]}, "prefetch_factor") == (
         "DataLoader.worker_buffer_size" if workers else "ReadOptions.prefetch_buffer_size"
     )
+
+
+def _bad_at_3(x):
+    if x == 3:
+        raise ValueError("corrupt record 3")
+    return x
+
+
+def _pipelines():
+    """Each measured kind of pipeline whose map raises at record 3: the
+    class-swapped iterators (nodes, Grain) and the proxies (a WebDataset
+    generator, watch() of a generator)."""
+    import grain
+    import torchdata.nodes as tn
+    import webdataset as wds
+
+    def gen():
+        for i in range(10):
+            yield _bad_at_3(i)
+
+    yield "nodes", lambda: tn.Loader(tn.Mapper(tn.IterableWrapper(range(10)), map_fn=_bad_at_3))
+    yield "grain", lambda: grain.MapDataset.source(range(10)).map(_bad_at_3).to_iter_dataset()
+    yield "webdataset", lambda: wds.DataPipeline(lambda: iter(range(10)), wds.map(_bad_at_3))
+    yield "watch", lambda: dlwatch.watch(gen(), name="gen")
+
+
+@pytest.mark.parametrize("kind", ["nodes", "grain", "webdataset", "watch"])
+def test_a_pipelines_exception_shows_no_dlwatch_frame_and_is_unchanged(kind):
+    # People blame the file they see: the timed next() reads as the
+    # library's own code (or the user's generator), as without dlwatch.
+    import dlwatch.hook  # noqa: F401
+
+    patches.registry.clear()
+    make = dict(_pipelines())[kind]
+    it = iter(make())
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(ValueError, match="corrupt record 3") as info:
+        next(it)
+    assert any(fr.name == "_bad_at_3" for fr in info.traceback)
+    assert not [fr for fr in info.traceback if "/dlwatch/" in str(fr.path)], info.traceback
+    assert info.value.__cause__ is None
+    (f,) = _frames()  # measured all the same
+    assert f["batches"] == 3, f
