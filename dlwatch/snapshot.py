@@ -490,6 +490,18 @@ def count_of(n: Any, word: str, fmt: str = "{:g}", many: str | None = None) -> s
     return f"{text} {plural(text, word, many)}"
 
 
+def workers_word(ld: Mapping[str, Any]) -> str:
+    """The loader's worker knob in its library's words (``worker_count`` for
+    a grain.DataLoader, ``ParallelMapper``'s ``num_workers``), from the knobs
+    its adapter read; ``num_workers`` for a torch DataLoader."""
+    knobs = ld.get("knobs")
+    if isinstance(knobs, Mapping):
+        for key in knobs:
+            if isinstance(key, str) and key.endswith((".num_workers", ".num_threads", ".worker_count")):
+                return key.rsplit(".", 1)[-1]
+    return "num_workers"
+
+
 def pipeline_workers_line(ld: Mapping[str, Any], limit: int = 16) -> str | None:
     """A pipeline's own workers (torchdata.nodes' or Grain's threads or
     processes, not DataLoader workers) in one line: "2 thread workers (CPU):

@@ -11,7 +11,7 @@ from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.widgets import Digits, Static
 
-from dlwatch.snapshot import count_of, epoch_start_missing, pipeline_workers_line
+from dlwatch.snapshot import count_of, epoch_start_missing, pipeline_workers_line, workers_word
 from dlwatch.tui import fmt
 from dlwatch.tui.keyed import set_static
 from dlwatch.tui.sparkline import FixedSparkline
@@ -119,7 +119,7 @@ def worker_time(ld: dict) -> str:
     if v is not None:
         return f"worker {fmt.ms(v)}/batch"
     if fmt.intval(ld.get("num_workers")) == 0:
-        return "worker time n/a (num_workers=0)"
+        return f"worker time n/a ({workers_word(ld)}=0)"
     return "worker time n/a (no fetch timed in the window)"
 
 
@@ -135,7 +135,7 @@ def _no_workers_why(ld: dict, nw: int | None) -> str:
         feeder = ld.get("feeder") if isinstance(ld.get("consumer"), dict) else None
         if isinstance(feeder, dict) and feeder.get("thread"):
             return f"num_workers=0: thread '{feeder.get('thread')}' loads every batch, the loop takes them"
-        return "num_workers=0: the training loop loads every batch itself"
+        return f"{workers_word(ld)}=0: the training loop loads every batch itself"
     if nw is None:
         return "workers: n/a (the job did not report num_workers)"
     if ld.get("active") is False:
@@ -244,7 +244,7 @@ def queue_line(ld: dict, pal: fmt.Palette) -> Text:
         if ld.get("sampled") is True:
             t.append(f"{NOT_SAMPLED}: the prefetch queue is only read by the hook", pal.dim)
         elif fmt.intval(ld.get("num_workers")) == 0:
-            t.append("n/a (num_workers=0: the loop loads each batch itself)", pal.dim)
+            t.append(f"n/a ({workers_word(ld)}=0: the loop loads each batch itself)", pal.dim)
         elif ld.get("active") is False:
             t.append("n/a (no iterator: the queue lives while an epoch runs)", pal.dim)
         else:

@@ -382,6 +382,15 @@ def test_a_grain_dataloader_is_described_by_its_own_arguments(workers):
             "ReadOptions.prefetch_buffer_size",
         ]
         assert d["num_workers"] == 0 and d["worker_kind"] == "thread" and len(d["pipeline_workers"]) == 2
+        # Their buffer holds records the loop's maps have yet to turn into
+        # batches: no prefetch queue of the loop's (it read "ready 16/16"
+        # beside a 50 % wait), and the live view says so in Grain's words.
+        assert d["queue"] == {"ready": None, "in_flight": None, "capacity": None}
+        from dlwatch.tui import fmt
+        from dlwatch.tui.loader import queue_line
+
+        line = queue_line({**d, "active": True}, fmt.Palette()).plain
+        assert line == "queue n/a (worker_count=0: the loop loads each batch itself)", line
     from dlwatch.diagnose.facts import knob
 
     assert knob({"knobs": d["knobs"]}, "num_workers") == "DataLoader.worker_count"

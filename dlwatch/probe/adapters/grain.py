@@ -321,9 +321,12 @@ def describe_graph(it: Any) -> dict:
     # loop's own thread inside next(), as a torch DataLoader's loading does
     # at num_workers=0, and the ReadOptions threads only read records ahead:
     # the loader has no workers, and its threads are listed for their CPU.
+    # Its read-ahead buffer then holds records, not batches: full while the
+    # loop waits on its own maps, it is no prefetch queue of the loop's.
     out["knobs"] = {**knobs, **graph}
     if knobs.get("DataLoader.worker_count") == 0:
         out["num_workers"] = 0
+        out["queue"] = {"ready": None, "in_flight": None, "capacity": None}
     if batch is not None:
         out["batch_size"] = batch
     return out
