@@ -656,6 +656,23 @@ def _queue_state(it, num_workers: int) -> tuple[dict[str, int | None], int]:
 LOADER_KNOBS: dict[str, tuple[str, Any]] = {}
 
 
+# Readers of the batch a dataset makes itself, for a DataLoader with
+# batch_size=None over it (a WebDataset pipeline ending in ``batched``),
+# registered by the adapters.
+DATASET_BATCH: list[Any] = []
+
+
+def _dataset_batch(ds) -> int | None:
+    for read in DATASET_BATCH:
+        try:
+            n = read(ds)
+        except Exception:
+            n = None
+        if isinstance(n, int):
+            return n
+    return None
+
+
 def _mean_batch(loader) -> int | None:
     """A batch_sampler without a batch_size (a bucketing sampler): its mean
     batch, the dataset's length over the sampler's number of batches; None
@@ -677,6 +694,8 @@ def loader_config(loader, it) -> dict:
             # batch_sampler= (Accelerate's shards, bucketing samplers) leaves
             # DataLoader.batch_size None; the sampler usually knows.
             bs = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+        if not isinstance(bs, int) and getattr(loader, "batch_sampler", None) is None:
+            bs = _dataset_batch(getattr(loader, "dataset", None))
         if not isinstance(bs, int):
             bs = _mean_batch(loader)
         cfg["batch_size"] = bs if isinstance(bs, int) and not isinstance(bs, bool) else None

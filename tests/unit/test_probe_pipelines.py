@@ -440,3 +440,32 @@ def test_a_pipelines_exception_shows_no_dlwatch_frame_and_is_unchanged(kind):
     assert info.value.__cause__ is None
     (f,) = _frames()  # measured all the same
     assert f["batches"] == 3, f
+
+
+def _samples():
+    return iter([(float(i),) for i in range(64)])
+
+
+def test_a_webdataset_pipeline_that_batches_itself_has_that_batch_size():
+    # OpenCLIP: wds.batched(args.batch_size) in the pipeline, iterated by a
+    # WebLoader(batch_size=None, num_workers=N); its loaders read "batch n/a".
+    import webdataset as wds
+
+    import dlwatch.hook  # noqa: F401
+
+    patches.registry.clear()
+    pipe = wds.DataPipeline(_samples, wds.batched(8))
+    direct = DataLoader(pipe, batch_size=None, num_workers=0)
+    assert len(_drain(direct)) == 8
+    unbatched = wds.DataPipeline(_samples, wds.batched(8), wds.unbatched())
+    assert len(_drain(unbatched)) == 64
+    loader = wds.WebLoader(pipe, batch_size=None, num_workers=1).unbatched().batched(16)
+    assert len(_drain(loader)) == 4
+    got = sorted(((f.get("library") or "torch", f["dataset"], f["batch_size"]) for f in _frames()), key=str)
+    assert got == [
+        ("torch", "DataPipeline", 8),  # a DataLoader with batch_size=None over it
+        ("torch", "DataPipeline", 8),  # the WebLoader's stage
+        ("webdataset", "DataPipeline", 8),  # the inner pipeline, iterated in-process
+        ("webdataset", "DataPipeline", None),  # ends unbatched
+        ("webdataset", "WebLoader", 16),
+    ], got
