@@ -171,14 +171,24 @@ def no_recommendation(doc: dict) -> str | None:
     if any(t.get("status") == "ok" and t.get("settings") != base for t in trials):
         return None
     failed = [t for t in trials if t.get("status") in ("crashed", "exited", "no-batches", "failed")]
+    refused = refused_rerun(doc, failed)
+    if refused:
+        return refused
     if failed:
         which = ", ".join(
             f"trial {t.get('index', 0) + 1} ({config_text(t.get('config') or {})})" for t in failed
         )
+        early = all("before dlwatch saw a batch" in str(t.get("reason") or "") for t in failed)
+        rerun = (
+            " If it fails the same way when simply run twice (a run name or output folder its first run "
+            "made), put {trial} in the command where a fresh name helps: each run gets its number."
+            if early and "{trial}" not in " ".join(str(a) for a in doc.get("command") or [])
+            else ""
+        )
         return (
             f"No recommendation: every other setting tried failed: {which}. The last lines of their stderr "
             f"are above: the script breaks with those settings (a worker that cannot start or load), not "
-            f"on speed. Fix that, then tune again."
+            f"on speed. Fix that, then tune again.{rerun}"
         )
     if doc.get("interrupted"):
         return "No recommendation: no setting but your own was measured before Ctrl-C."
@@ -191,6 +201,41 @@ def no_recommendation(doc: dict) -> str | None:
             "allow more trials for other settings to be tried."
         )
     return None  # the search saw nothing likely faster: "keep your settings" is its verdict
+
+
+def refused_rerun(doc: dict, failed: list[dict]) -> str | None:
+    """Every trial after a baseline that ran failed the same way before any
+    batch, whatever its settings: the script refuses to run again with the
+    same arguments (an output folder the first run made), not to run with
+    workers. A QA run of OpenCLIP read "the script breaks with those
+    settings" for its "Experiment already exists"."""
+    base = doc.get("baseline") or {}
+    # One failure cannot tell a setting's from a rerun's (a crash job's
+    # "cannot run with num_workers=2"); two settings failing alike can.
+    configs = {config_text(t.get("config") or {}) for t in failed}
+    if base.get("status") != "ok" or len(configs) < 2:
+        return None
+    lasts = set()
+    for t in failed:
+        tail = [ln for ln in t.get("stderr_tail") or [] if ln.strip()]
+        if "before dlwatch saw a batch" not in str(t.get("reason") or "") or not tail:
+            return None
+        lasts.add(tail[-1].strip())
+    if len(lasts) != 1:
+        return None
+    cmd = " ".join(str(a) for a in doc.get("command") or [])
+    fresh = (
+        "the command has {trial} already: does the script keep its state somewhere else?"
+        if "{trial}" in cmd
+        else "put {trial} in the command where a fresh name helps (dlwatch tune -- python train.py "
+        "--name tune{trial}): each run gets its number"
+    )
+    return (
+        f"No recommendation: your settings ran, then every other trial ended before its first batch "
+        f"with the same error ({lasts.pop()[:160]}), whatever its settings. The script likely refuses "
+        f"to run again with the same arguments (an output folder or run name the first run made): "
+        f"{fresh}."
+    )
 
 
 def annotate(doc: dict) -> dict:

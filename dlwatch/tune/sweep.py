@@ -74,6 +74,7 @@ class Sweep:
         self.selector: dict | str | None = None
         self.loader_id: int | None = None
         self.ceiling_trial: dict | None = None
+        self.runs = 0  # commands started, the ceiling's included: {trial} in the command
 
     @property
     def elapsed_s(self) -> float:
@@ -172,8 +173,9 @@ class Sweep:
         settings). The baseline, the sweep's first pass over the data, waits
         for its first epoch to end where that fits in the trial's bound
         (measure.py: a cold page cache slows that pass only)."""
+        self.runs += 1
         return self.runner(
-            self.cmd,
+            trial_command(self.cmd, self.runs),
             self.env,
             override,
             self.opts.trial_s,
@@ -366,6 +368,17 @@ class Sweep:
             ev = hint_ceiling.bound(h, None, measured)["evidence"]
             out.append({"id": hid, "promised": promised, "expected_speedup": ev["expected_speedup"]})
         return out
+
+
+TRIAL_FIELD = "{trial}"
+
+
+def trial_command(cmd: list[str], run: int) -> list[str]:
+    """``cmd`` with ``{trial}`` replaced by the run's number (1 for the
+    baseline): a script that refuses to run twice with the same arguments
+    (OpenCLIP: "Experiment already exists" for a ``--name`` whose logs are
+    there) gets a fresh one each trial, ``--name tune{trial}``."""
+    return [a.replace(TRIAL_FIELD, str(run)) for a in cmd]
 
 
 def pace_note(trial: dict) -> str:

@@ -169,6 +169,25 @@ def test_a_crash_in_the_second_trial_is_reported_not_measured():
     assert not marked("tune_crash_job.py")
 
 
+def test_a_script_that_refuses_a_second_run_is_told_apart_and_trial_names_each_run(tmp_path):
+    """OpenCLIP refuses a --name whose logs exist: every trial after the
+    first failed and tune blamed the settings. Said so, and {trial} gives
+    each run its own name."""
+    job = [sys.executable, os.path.join(JOBS, "tune_rerun_job.py"), "--logs", str(tmp_path)]
+    opts = ["--trial-seconds", "2", "--max-trials", "3", "--no-ceiling", "--"]
+    rc, doc, err = tune(*opts, *job, "--name", "clip")
+    assert rc == 1, err[-3000:]
+    assert [t["status"] for t in doc["trials"]] == ["ok", "crashed", "crashed"], doc["trials"]
+    said = doc["no_recommendation"]
+    assert said.startswith("No recommendation: your settings ran, then every other trial ended before"), said
+    assert "(Error. Experiment already exists." in said and "{trial}" in said, said
+    opts[3] = "2"  # --max-trials
+    rc, doc, err = tune(*opts, *job, "--name", "tune{trial}")
+    assert [t["status"] for t in doc["trials"]] == ["ok", "ok"], err[-3000:]
+    assert sorted(os.listdir(tmp_path)) == ["clip", "tune1", "tune2"]
+    assert not marked("tune_rerun_job.py")
+
+
 # Parallel tier: nothing here is a rate or a share (the trial is told to
 # stop once it says it has measured; what it printed is checked, not its
 # figures), and the box's load only makes the trial slower to get there.

@@ -622,3 +622,53 @@ def test_a_trial_that_exits_early_says_how_far_dlwatch_saw_it_get():
     assert _exit_reason(0, m) == "exited with code 0 before dlwatch saw a batch"  # a 1 s script: 23 batches
     m.batches_seen, m.phase = 23, "warm-up"
     assert _exit_reason(1, m).startswith("exited with code 1 during warm-up, after 23 batches")
+
+
+def test_a_script_that_refuses_to_run_twice_is_said_so_and_trial_gives_each_run_a_name():
+    """A QA run of OpenCLIP: the first run made logs/<--name>, every later
+    trial exited "Experiment already exists", and tune said the script breaks
+    with those settings. Its runs are told apart by ``{trial}`` in the
+    command; without it, the same error from two settings reads as a refusal
+    to rerun."""
+    from dlwatch.tune import report
+    from dlwatch.tune.runner import TrialOutcome
+    from dlwatch.tune.sweep import Sweep, TuneOptions
+
+    good, _ = fake_runner({n: 20.0 + n for n in range(65)})
+    names: list[str] = []
+
+    def run(cmd, env, override, trial_s, **kw):
+        name = cmd[cmd.index("--name") + 1]
+        if name in names:
+            out = TrialOutcome("crashed", {}, reason="exited with code 1 before dlwatch saw a batch")
+            out.stderr_tail = ["Error. Experiment already exists. Use --name to specify a new experiment."]
+            return out
+        names.append(name)
+        return good(cmd, env, override, trial_s, **kw)
+
+    opts = TuneOptions(max_trials=3, ceiling=False)
+    doc = Sweep(["train.py", "--name", "clip"], {}, opts, runner=run).run()
+    assert [t["status"] for t in doc["trials"]] == ["ok", "crashed", "crashed"]
+    said = report.no_recommendation(doc)
+    assert said is not None
+    assert said.startswith("No recommendation: your settings ran, then every other"), said
+    assert "(Error. Experiment already exists." in said and "--name tune{trial}" in said, said
+    assert "breaks with those settings" not in said
+
+    names.clear()
+    doc = Sweep(["train.py", "--name", "tune{trial}"], {}, opts, runner=run).run()
+    assert names == ["tune1", "tune2", "tune3"]
+    assert [t["status"] for t in doc["trials"]] == ["ok", "ok", "ok"]
+    assert doc["command"] == ["train.py", "--name", "tune{trial}"]  # as given
+    assert report.no_recommendation(doc) is None
+
+    # One failed setting cannot tell a refusal from the setting's own failure:
+    # the usual verdict, with the rerun named as the other possibility.
+    names.clear()
+    opts = TuneOptions(max_trials=2, ceiling=False)
+    doc = Sweep(["train.py", "--name", "clip"], {}, opts, runner=run).run()
+    said = report.no_recommendation(doc)
+    assert said.startswith("No recommendation: every other setting tried failed: trial 2"), said
+    assert said.endswith("put {trial} in the command where a fresh name helps: each run gets its number."), (
+        said
+    )

@@ -42,8 +42,10 @@ EPILOG = (
     "  dlwatch tune -- python train.py --epochs 100\n"
     "  dlwatch tune --workers 2,4,8 --trial-seconds 30 -- python train.py\n"
     "  dlwatch tune --json --budget 300 -- torchrun --nproc-per-node 1 train.py\n"
+    "  dlwatch tune -- python main.py --name tune{trial}\n"
     "The script must run longer than a trial (warm-up + up to twice --trial-seconds);\n"
-    "it is stopped after it."
+    "it is stopped after it. {trial} in the command is replaced by the run's number\n"
+    "(1 for the baseline), for a script that refuses to run twice with the same name."
 )
 ORDER = 35
 PROG = "dlwatch tune"
