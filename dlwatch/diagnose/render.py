@@ -185,8 +185,10 @@ def is_notebook_kernel(cmdline: str) -> bool:
 
 # A script's own option for its loaders' worker count: `--workers 8`
 # (OpenCLIP, timm), `-j 4` (pytorch/examples' imagenet), `--num-workers`,
-# `--dataloader_num_workers` (HF), `data.num_workers=2` (Hydra overrides).
-_WORKERS_FLAG = re.compile(r"^(?:-j|--?(?:[\w-]*[_-])?(?:num[_-]?)?workers|[\w.]*num_workers)$", re.I)
+# `--dataloader_num_workers` (HF), `data.num_workers=2` (Hydra overrides),
+# `--model.workers 4` / `--data.num_workers 4` (LightningCLI: the init
+# arguments of the LightningModule or DataModule).
+_WORKERS_FLAG = re.compile(r"^(?:-j|--?(?:[\w.-]*[_.-])?(?:num[_-]?)?workers|[\w.]*num_workers)$", re.I)
 
 
 def workers_option(cmdline: Any, current: int | None) -> tuple[str, str] | None:

@@ -143,6 +143,9 @@ def test_the_jobs_command_line_pastes_back_into_a_shell_as_it_ran():
             ("--dataloader_num_workers 4", "--dataloader_num_workers {}"),
         ),
         ("python t.py --num-workers=8", 8, ("--num-workers=8", "--num-workers={}")),
+        # LightningCLI (Lightning's imagenet.py example): the module's init arguments
+        ("python imagenet.py fit --model.workers 0", 0, ("--model.workers 0", "--model.workers {}")),
+        ("python main.py fit --data.num_workers=4", 4, ("--data.num_workers=4", "--data.num_workers={}")),
         ("python t.py --workers 3", 2, None),  # not the count measured: another loader's, or not it
         ("python t.py --workers 2 --eval-workers 2", 2, None),  # which one is not known
         ("python t.py --world-size 2 --batch 2", 2, None),
