@@ -168,6 +168,7 @@ class Loader(_LoaderRequired, total=False):
     window_batches: int  # batches completed in it (>= 5 where the frames held allow)
     no_batch_reason: str | None  # why data_wait_fraction is None (no batch completed in the window)
     epoch_first_batch_age_s: float | None  # since the current epoch's first batch (None: none yet)
+    last_batch_age_s: float | None  # since its newest batch (None: none yet)
     queue_mean: dict[str, float | None]
     worker_ms_per_batch: float | None  # dataset fetch time one batch costs one worker
     batch_bytes: int | None  # CPU tensor bytes of a batch (each epoch's first); None: not read
@@ -488,6 +489,35 @@ def count_of(n: Any, word: str, fmt: str = "{:g}", many: str | None = None) -> s
     place the hints, the CLI's text, the TUI and ``compare`` make a count."""
     text = fmt.format(n) if isinstance(n, (int, float)) and not isinstance(n, bool) else str(n)
     return f"{text} {plural(text, word, many)}"
+
+
+# A loader the loop took a few batches from and then left with its epoch
+# open (Lightning's sanity check: 2 validation batches, then training; a
+# one-batch shape check with its iterator kept): fewer batches than a rate
+# window holds, none for SET_ASIDE_S, not waited on now, while another
+# loader on the same thread has returned batches since. It is no part of
+# the loop and no loader to judge: a Lightning run read "loop takes from
+# loaders 0 and 1" beside a sanity loader idle for 46 s, and "judging…
+# (2 of the 5 batches …)" for as long as it ran.
+SET_ASIDE_S = 5.0
+SET_ASIDE_MAX_BATCHES = 5  # collect/window.py: MIN_WINDOW_BATCHES
+
+
+def set_aside(ld: Mapping[str, Any], loaders: Iterable[Any]) -> bool:
+    """Whether the loop has left ``ld`` for another of ``loaders`` (above)."""
+    total, age = as_int(ld.get("batches_total")), num(ld.get("last_batch_age_s"))
+    on = ld.get("iterated_on")
+    if ld.get("in_next") is True or not isinstance(on, Mapping):
+        return False
+    if total is None or total >= SET_ASIDE_MAX_BATCHES or age is None or age < SET_ASIDE_S:
+        return False
+    for other in loaders:
+        if not isinstance(other, Mapping) or other.get("id") == ld.get("id"):
+            continue
+        since = num(other.get("last_batch_age_s"))
+        if other.get("iterated_on") == on and since is not None and since < age / 2:
+            return True
+    return False
 
 
 def workers_word(ld: Mapping[str, Any]) -> str:

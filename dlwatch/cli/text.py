@@ -6,7 +6,7 @@ from typing import Any
 
 from dlwatch.collect.co_iterated import describe as describe_loop
 from dlwatch.collect.loop_role import no_loader_yet
-from dlwatch.snapshot import count_of, epoch_start_missing, num, percent, pipeline_workers_line
+from dlwatch.snapshot import count_of, epoch_start_missing, num, percent, pipeline_workers_line, set_aside
 
 # What a figure only the hook measures reads for an attached job.
 NOT_SAMPLED = "n/a (attached: sampled)"
@@ -133,7 +133,7 @@ def render_snapshot(snap: dict, title: str = "dlwatch snapshot") -> str:
             # zip(a, b): the loop waits for each in turn, its wait is theirs summed.
             lines.append(f"  {describe_loop(loop)}")
         for ld in j.get("loaders", []):
-            lines.extend(_sampled_loader_lines(ld, j) if ld.get("sampled") is True else _loader_lines(ld))
+            lines.extend(_sampled_loader_lines(ld, j) if ld.get("sampled") is True else _loader_lines(ld, j))
         lines.extend(_stacks_lines(j, snap))
     if snap.get("uss_reason") and any(
         ld.get("workers") for j in snap.get("jobs", []) for ld in j.get("loaders", [])
@@ -263,7 +263,7 @@ def _built_as(ld: dict) -> str:
     return f", {cls}" if isinstance(cls, str) and cls and ld.get("library") in (None, "torch") else ""
 
 
-def _loader_lines(ld: dict) -> list[str]:
+def _loader_lines(ld: dict, job: dict | None = None) -> list[str]:
     batch = ld.get("batch_size") if ld.get("batch_size") is not None else "n/a"
     cfg = (
         f"workers {ld['num_workers']}"
@@ -297,6 +297,11 @@ def _loader_lines(ld: dict) -> list[str]:
     if ld.get("active") is False and num(ld.get("data_wait_fraction")) is not None:
         # The window reaches back to its last batches (at least 5): not the loop's now.
         lines.append("    idle: no iterator now; these figures are from its last batches")
+    elif set_aside(ld, (job or {}).get("loaders") or []):
+        lines.append(
+            f"    set aside: no batch for {num(ld.get('last_batch_age_s')) or 0:.0f} s, its epoch left open, "
+            "while the loop takes from another loader; not judged, no part of the loop's wait"
+        )
     if num(ld.get("data_wait_fraction")) is None and ld.get("no_batch_reason"):
         lines.append(f"    data wait n/a: {ld['no_batch_reason']}")
     lines.extend(_pipeline_lines(ld))

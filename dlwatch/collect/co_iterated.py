@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dlwatch.snapshot import num
+from dlwatch.snapshot import num, set_aside
 
 
 def _thread(ld: Mapping[str, Any]) -> tuple[str, bool] | None:
@@ -57,7 +57,7 @@ def loops(loaders: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     by_thread: dict[tuple[str, bool], list[tuple[Mapping[str, Any], float]]] = {}
     for ld in loaders:
         on, part = _thread(ld), share(ld)
-        if on is not None and part is not None and _in_a_loop(ld):
+        if on is not None and part is not None and _in_a_loop(ld) and not set_aside(ld, loaders):
             by_thread.setdefault(on, []).append((ld, part))
     out = []
     for (thread, main), group in by_thread.items():

@@ -408,6 +408,7 @@ def loader_dict(
         "window_batches": w.get("window_batches", 0),
         "no_batch_reason": w.get("no_batch_reason"),
         "epoch_first_batch_age_s": w.get("epoch_first_batch_age_s"),
+        "last_batch_age_s": w.get("last_batch_age_s"),
         "wait_ms_mean": w.get("wait_ms_mean"),
         "step_ms_mean": w.get("step_ms_mean"),
         "epoch_start_ms_last": esm[-1] if esm else None,

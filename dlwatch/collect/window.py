@@ -193,6 +193,7 @@ def loader_window(
         "wait_ms_mean": _round(_ratio(d_wait / 1e6, d_b), 3),
         "step_ms_mean": _round(_ratio(d_step / 1e6, d_b), 3),
         "epoch_first_batch_age_s": epoch_first_batch_age(frames, loader_id),
+        "last_batch_age_s": last_batch_age(frames, loader_id),
     }
     out["workers"] = [worker_window(frames, i, loader_id, w) for w in new.get("workers", ())]
     fetch = [
@@ -294,6 +295,19 @@ def epoch_first_batch_age(frames: Sequence[dict[str, Any]], loader_id: int) -> f
     if first >= len(frames):
         return None
     return round((t_new - _stamp(frames[first])) / NS, 3)
+
+
+def last_batch_age(frames: Sequence[dict[str, Any]], loader_id: int) -> float | None:
+    """Seconds from the loader's newest batch to the newest frame (a frame's
+    spacing is the precision); a batch older than the frames held: their
+    span (a lower bound). None: no batch yet. A loader the loop set aside
+    with its epoch open (Lightning's sanity check stops after 2 batches)
+    grows old here while the loop takes from another."""
+    new = _loader_in(frames[-1], loader_id)
+    if new is None or new.get("batches", 0) <= 0:
+        return None
+    first = bisect_left(frames, new["batches"], key=_batch_key(loader_id))
+    return round((_stamp(frames[-1]) - _stamp(frames[first])) / NS, 3)
 
 
 def worker_window(

@@ -37,7 +37,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dlwatch.snapshot import severity_rank
+from dlwatch.snapshot import set_aside, severity_rank
 
 from . import (
     ceiling,
@@ -262,15 +262,23 @@ def _iter_loaders(snapshot: Mapping[str, Any]) -> Iterator[tuple[dict[str, Any],
                 yield job, pid, ld, lid
 
 
+def _taken_from(ld: Mapping[str, Any], job: Mapping[str, Any]) -> bool:
+    """Whether the loop takes from the loader now: an iterator with an epoch
+    open, not one the loop left for another (snapshot.set_aside)."""
+    if ld.get("active") is False or ld.get("epoch_open") is False:
+        return False
+    return not set_aside(ld, as_list(job.get("loaders")))
+
+
 def stateless_phases(snapshot: Mapping[str, Any]) -> dict[tuple[int, int], str]:
     window = num(snapshot.get("window_s"))
     out = {}
-    for _job, pid, ld, lid in _iter_loaders(snapshot):
+    for job, pid, ld, lid in _iter_loaders(snapshot):
         if ld.get("sampled") is True:
             # Attached to a running job: no batch clock to judge warm-up by,
             # and the job was running before anyone looked.
             out[(pid, lid)] = STEADY
-        elif ld.get("active") is False or ld.get("epoch_open") is False:
+        elif not _taken_from(ld, job):
             out[(pid, lid)] = INACTIVE
         else:
             out[(pid, lid)] = STEADY if history_says_steady(ld, window) else WARMUP
@@ -284,7 +292,7 @@ def _track_loaders(
     window = num(snapshot.get("window_s"))
     phases: dict[tuple[int, int], str] = {}
     tracks: dict[tuple[int, int], LoaderTrack] = {}
-    for _job, pid, ld, lid in _iter_loaders(snapshot):
+    for job, pid, ld, lid in _iter_loaders(snapshot):
         key = (pid, lid)
         epoch = as_int(ld.get("epoch"))
         batches = as_int(ld.get("batches_total"))
@@ -312,7 +320,7 @@ def _track_loaders(
         tracks[key] = tr
         if ld.get("sampled") is True:
             phases[key] = STEADY  # as in stateless_phases
-        elif ld.get("active") is False or ld.get("epoch_open") is False:
+        elif not _taken_from(ld, job):
             phases[key] = INACTIVE
         else:
             phases[key] = STEADY if steady else WARMUP

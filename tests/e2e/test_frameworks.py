@@ -175,3 +175,43 @@ def test_a_lightning_validation_pauses_the_train_loader_and_is_never_its_stall(t
     # training between validations (seconds).
     steps = [ld["step_ms_mean"] for ld in evals if ld.get("step_ms_mean") is not None]
     assert steps and max(steps) < 1000, steps
+
+
+@pytest.mark.skipif(not _has("lightning"), reason="lightning not installed (the test extra has it)")
+def test_lightnings_sanity_loader_left_open_is_set_aside_not_part_of_the_loop(tmp_path):
+    """A run of Lightning's imagenet example: the sanity check stops its
+    validation loader at 2 batches with the epoch open, and every snapshot
+    read "loop on thread 'MainThread' takes from loaders 0 and 1" (its share
+    from a window stretched over 46 s), priced the train loader's advice
+    against it, and listed it as judging "(2 of the 5 batches …)"."""
+    from dlwatch.cli.text import render_snapshot
+    from dlwatch.snapshot import SET_ASIDE_S
+
+    stop = tmp_path / "stop"
+    job = Proc(
+        JOBS, "lightning_sanity", str(tmp_path / "s.json"), env={"TRAIN_S": "120", "STOP_FILE": str(stop)}
+    )
+    try:
+        job.json_line("ready", timeout=180)
+        end = time.monotonic() + 90
+        while True:
+            snap = snapshots_json({"s": job.dir}, "--window", "2")["s"]
+            j = job_in(snap, job.pid)
+            (val,) = [ld for ld in j["loaders"] if ld.get("role") == "eval"]
+            if (val.get("last_batch_age_s") or 0) > SET_ASIDE_S + 1 or time.monotonic() > end:
+                break
+            time.sleep(1)
+        stop.touch()
+        rc, stdout, err = job.finish(timeout=120)
+    finally:
+        job.cleanup()
+    assert rc == 0 and "fit-done" in stdout, err[-3000:]
+    # The premise: two batches, the epoch left open, training going on.
+    assert (val["batches_total"], val["epoch_open"], val["active"]) == (2, True, True), val
+    (train,) = [ld for ld in j["loaders"] if ld.get("role") == "train"]
+    assert train["last_batch_age_s"] < 1.0 and train["batches_per_s"] > 0, train
+    assert j["loops"] == [], j["loops"]
+    assert not [e for e in snap["judging"] if e["loader_id"] == val["id"]], snap["judging"]
+    assert not [h for h in snap["hints"] if "also takes from loader" in h["message"]], snap["hints"]
+    assert f"  loader {val['id']} (" in (text := render_snapshot(snap))
+    assert "set aside: no batch for" in text and "loop on thread" not in text, text

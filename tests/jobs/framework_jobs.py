@@ -1,6 +1,6 @@
 """Real framework training loops, each measuring the data wait its own loop sees.
 
-Usage: framework_jobs.py lightning|hf|accelerate|stateful|lightning_validation OUT.json
+Usage: framework_jobs.py lightning|hf|accelerate|stateful|lightning_validation|lightning_sanity OUT.json
 
 Each trains a tiny model for about TRAIN_S seconds on a dataset whose samples
 sleep (2 fork workers, batches of 8), prints ``ready {json}`` at the first
@@ -206,6 +206,29 @@ def lightning_validation(spans: Spans) -> None:
             return self.training_step(batch, i)
 
     quiet_trainer(max_epochs=2, limit_train_batches=20).fit(Model())
+
+
+def lightning_sanity(spans: Spans) -> None:
+    """Lightning's sanity check (its default, 2 validation batches), then
+    training until stopped with no validation in between: the sanity
+    loader's epoch is left open (Lightning stops it at 2 batches) while the
+    loop takes from the train loader."""
+
+    class Model(_tiny_module(spans)):
+        def train_dataloader(self):
+            return vector_loader()
+
+        def val_dataloader(self):
+            return DataLoader(SleepyVectors(), batch_size=BATCH, num_workers=0)
+
+        def on_train_batch_end(self, outputs, batch, i):
+            if spans.step_end():
+                self.trainer.should_stop = True
+
+        def validation_step(self, batch, i):
+            return self.training_step(batch, i)
+
+    quiet_trainer(num_sanity_val_steps=2, check_val_every_n_epoch=1000).fit(Model())
 
 
 def hf(spans: Spans) -> None:

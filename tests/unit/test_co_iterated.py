@@ -70,6 +70,24 @@ def test_what_the_loop_does_not_take_from_now_is_no_part_of_it(second, why):
     assert loops([_ld(0, 0.3, 10.0), second]) == [], why
 
 
+def test_a_loader_the_loop_left_with_its_epoch_open_is_set_aside():
+    # Lightning's sanity check: 2 validation batches, then training; a run
+    # read "loop … takes from loaders 0 and 1" with the sanity loader idle
+    # for 46 s (its window stretched back to its 2 batches).
+    train = _ld(1, 0.2, 10.0, batches_total=400, last_batch_age_s=0.1)
+    sanity = _ld(0, 0.6, 0.043, batches_total=2, last_batch_age_s=46.0, in_next=False)
+    assert loops([sanity, train]) == []
+    # Not while the loop waits on it, nor before the other has moved on, nor
+    # once it has the batches of a window (a validation pass every N steps).
+    for kept in (
+        dict(sanity, in_next=True),
+        dict(sanity, last_batch_age_s=3.0),
+        dict(sanity, batches_total=12),
+    ):
+        assert [lp["loaders"] for lp in loops([kept, train])] == [[0, 1]], kept
+    assert [lp["loaders"] for lp in loops([sanity, dict(train, last_batch_age_s=40.0)])] == [[0, 1]]
+
+
 def test_three_loaders_of_a_multi_task_loop_and_a_cap_at_the_whole():
     (loop,) = loops([_ld(0, 0.5, 10.0), _ld(1, 0.4, 10.0), _ld(2, 0.3, 10.0)])
     assert loop["loaders"] == [0, 1, 2] and loop["data_wait_fraction"] == 1.0

@@ -493,3 +493,10 @@ def test_epoch_first_batch_age():
     assert w["epoch_first_batch_age_s"] == 1.8  # frame 31 -> frame 49
     assert loader_window(frames[:25], 0, 1.0)["epoch_first_batch_age_s"] is None
     assert loader_window(frames[:20], 0, 1.0)["epoch_first_batch_age_s"] == 1.9  # older than the frames
+    # The newest batch: frame 49's (batch 38), none yet, or older than the frames.
+    assert w["last_batch_age_s"] == 0.0
+    assert loader_window(frames[:25], 0, 1.0)["last_batch_age_s"] == 0.5  # batch 19 at frame 19 (or 20)
+    idle = [dict(f, loaders=[dict(f["loaders"][0], batches=3)]) for f in frames[:10]]
+    assert loader_window(idle, 0, 1.0)["last_batch_age_s"] == 0.9  # a lower bound: the frames' span
+    none = [dict(f, loaders=[dict(f["loaders"][0], batches=0)]) for f in frames[:10]]
+    assert loader_window(none, 0, 1.0)["last_batch_age_s"] is None
