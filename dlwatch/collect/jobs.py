@@ -139,6 +139,12 @@ class JobConnection:
         self._deaths_seen = 0
         # What the job's hello announced it can do (wire.FEATURE_*).
         self.features: list[str] = []
+        # The history frames the job's hello said follow, and how many came:
+        # a window built before they all came is from the past (a loaded job
+        # sends them late: a --follow stream's first document was 17 s old).
+        self.history_due = 0
+        self.history_got = 0
+        self.caught_up_once = False  # Monitor.catch_up waited for it once
         # Each worker's first and last RSS sample: (time, bytes, time, bytes).
         self.worker_rss: dict[int, tuple[float, int, float, int]] = {}
 
@@ -227,6 +233,11 @@ class JobConnection:
         """When the process ended by the exit clock, when it saw it."""
         return None if self.exits is None else self.exits.ended_at(self.pid)
 
+    @property
+    def catching_up(self) -> bool:
+        """Connected, and its hello or part of its history still to come."""
+        return self.sock is not None and (self.job is None or self.history_got < self.history_due)
+
     def on_hangup(self) -> None:
         if pid_alive(self.pid):
             self.close()
@@ -278,6 +289,9 @@ class JobConnection:
                 return 0
             self.job = msg["job"]
             self.features = [str(f) for f in msg.get("features") or ()]
+            due = msg.get("history")
+            self.history_due = due if isinstance(due, int) and not isinstance(due, bool) and due > 0 else 0
+            self.history_got = 0
             self.state = "live"
             self.reason = ""
             if self.cgroup_dir is None:
@@ -295,6 +309,8 @@ class JobConnection:
                 self.bad_frames += 1
                 self.last_error = "window before hello"
                 return 0
+            if self.history_got < self.history_due:
+                self.history_got += 1
             if self.frames and msg["mono_ns"] <= self.frames[-1]["mono_ns"]:
                 return 0  # duplicates after a reconnect's history replay
             self.frames.append(msg)

@@ -52,6 +52,11 @@ DIAGNOSE_WINDOW_S = 3.0
 RESCAN_S = 1.0
 # A connected job that has not said hello after this long is shown as such.
 HELLO_GRACE_S = 2.0
+# How long a build waits for a new job's hello and history (Monitor.catch_up):
+# a QA run's --follow, beside a job and another keeping 2 cores busy, got a
+# history's first frames, 17 s old, as its first document; the rest came
+# within the next second.
+CATCH_UP_S = 2.0
 GPU_EVERY_S = 1.0
 HISTORY_POINTS = model.HISTORY_POINTS
 # Why a one-shot snapshot's workers have no USS. /proc/PID/smaps_rollup walks
@@ -281,6 +286,19 @@ class Monitor:
                 except (KeyError, ValueError):
                     pass
 
+    def catch_up(self, bound_s: float = CATCH_UP_S) -> None:
+        """Read until every connected job's hello and history have come, for
+        at most ``bound_s``: a build before then shows a job as it was
+        seconds ago (its newest frame is an old one of the history)."""
+        # Once per connection: a job that never finishes its history (or
+        # never says hello) must not slow every later build.
+        new = [c for c in self.conns.values() if c.catching_up and not c.caught_up_once]
+        end = time.monotonic() + bound_s
+        while any(c.catching_up for c in new) and (left := end - time.monotonic()) > 0:
+            self.poll(min(left, 0.05))
+        for c in new:
+            c.caught_up_once = True
+
     def dismiss(self, job_pid: int) -> None:
         c = self.conns.get(job_pid)
         if c is not None and not c.live:
@@ -445,6 +463,7 @@ class Monitor:
         self.scan()
         deadline = time.monotonic() + settle_s
         self.poll(0.15)  # the hello and the history replay
+        self.catch_up()
         if self._procs is not None:
             mains, workers = self._pids(self.conns.values())
             self._sample_procs(mains, workers, reuse=False, force_uss=True)
@@ -616,10 +635,9 @@ class Monitor:
                 if self._stop.wait(max(0.0, deadline - time.monotonic())):
                     break
                 self.poll(0.0)
-                if any(c.sock is not None and c.job is None for c in self.conns.values()):
-                    # Just connected (the rescan above): its hello and history
-                    # are a moment away; show the job now, not a build later.
-                    self.poll(0.05)
+                # Just connected (the rescan above): its hello and history are
+                # a moment away; show the job now, not a build later.
+                self.catch_up()
                 snap = self.build(reuse_procs=True)
                 with self._lock:
                     self._latest = cast(dict[str, Any], snap)  # a TypedDict is a dict

@@ -803,3 +803,61 @@ def test_listeners_hear_of_every_snapshot_and_a_failing_one_stops_nothing(rtdir)
     assert len(heard) >= 5 and all(isinstance(s, dict) for s in heard)
     assert len({id(s) for s in heard}) == len(heard)  # a new snapshot each time
     assert any("a view that cannot draw" in e for e in m.errors)
+
+
+def test_a_job_that_sends_its_history_late_is_shown_once_it_has_come(rtdir, fakes):
+    """A --follow beside a loaded Lightning job: its first document held
+    only the history's first frames (4 batches, 17 s old; the job had run
+    29 s), the next one the rest. The first build waits for the history the
+    hello announced, a bounded while, and only once per connection."""
+
+    def script(conn, fake):
+        announced = dict(json.loads(hello(fake.pid)), history=3)
+        conn.sendall(wire.encode(announced) + window(1))
+        time.sleep(0.6)  # a publisher thread starved of the GIL
+        conn.sendall(window(2) + window(5))
+        fake.go.wait(10)
+
+    fake = FakeJob(rtdir, script)
+    fakes.append(fake)
+    m = Monitor(directory=rtdir, interval=0.1, gpu=False, procs=False, host=False, diagnoser=False)
+    firsts: list[dict] = []
+    m.subscribe(lambda: firsts.append(m.latest()) if not firsts else None)
+    m.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not firsts and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        fake.go.set()
+        m.stop()
+    assert firsts, "no snapshot built"
+    (ld,) = only_job(firsts[0], fake.pid)["loaders"]
+    assert ld["batches_total"] == 50, ld["batches_total"]  # window(5): the history's newest
+    (c,) = m.conns.values()
+    assert (c.history_due, c.history_got, c.caught_up_once) == (3, 3, True)
+
+
+def test_a_history_that_never_comes_costs_one_bounded_wait(rtdir, fakes):
+    from dlwatch.collect.monitor import CATCH_UP_S
+
+    def script(conn, fake):
+        conn.sendall(wire.encode(dict(json.loads(hello(fake.pid)), history=5)) + window(1))
+        fake.go.wait(10)
+
+    fake = FakeJob(rtdir, script)
+    fakes.append(fake)
+    m = bare_monitor(rtdir)
+    try:
+        m.scan()
+        t0 = time.monotonic()
+        m.catch_up()
+        first = time.monotonic() - t0
+        t0 = time.monotonic()
+        m.catch_up()
+        again = time.monotonic() - t0
+        (ld,) = only_job(m.build(), fake.pid)["loaders"]
+    finally:
+        fake.go.set()
+    assert CATCH_UP_S - 0.1 <= first <= CATCH_UP_S + 1.5 and again < 0.05, (first, again)
+    assert ld["batches_total"] == 10  # what came is shown
