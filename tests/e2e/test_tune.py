@@ -169,10 +169,9 @@ def test_a_crash_in_the_second_trial_is_reported_not_measured():
     assert not marked("tune_crash_job.py")
 
 
-def test_a_script_that_refuses_a_second_run_is_told_apart_and_trial_names_each_run(tmp_path):
+def test_a_script_that_refuses_a_second_run_is_told_apart(tmp_path):
     """OpenCLIP refuses a --name whose logs exist: every trial after the
-    first failed and tune blamed the settings. Said so, and {trial} gives
-    each run its own name."""
+    first failed and tune blamed the settings. Said so, with {trial} named."""
     job = [sys.executable, os.path.join(JOBS, "tune_rerun_job.py"), "--logs", str(tmp_path)]
     opts = ["--trial-seconds", "2", "--max-trials", "3", "--no-ceiling", "--"]
     rc, doc, err = tune(*opts, *job, "--name", "clip")
@@ -181,11 +180,10 @@ def test_a_script_that_refuses_a_second_run_is_told_apart_and_trial_names_each_r
     said = doc["no_recommendation"]
     assert said.startswith("No recommendation: your settings ran, then every other trial ended before"), said
     assert "(Error. Experiment already exists." in said and "{trial}" in said, said
-    opts[3] = "2"  # --max-trials
-    rc, doc, err = tune(*opts, *job, "--name", "tune{trial}")
-    assert [t["status"] for t in doc["trials"]] == ["ok", "ok"], err[-3000:]
-    assert sorted(os.listdir(tmp_path)) == ["clip", "tune1", "tune2"]
+    assert os.listdir(tmp_path) == ["clip"]
     assert not marked("tune_rerun_job.py")
+    # {trial} (a run name per trial) is tests/unit/test_tune.py's: the runner
+    # starts the command it is given.
 
 
 # Parallel tier: nothing here is a rate or a share (the trial is told to
