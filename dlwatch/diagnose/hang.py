@@ -343,6 +343,15 @@ def summarize(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
         }
         if proc.get("via"):
             base["via"] = proc["via"]
+        if _has_threads(proc):
+            # Every Python thread of the process, by name: what fork left
+            # behind (a worker with its MainThread alone, a trainer running
+            # an executor's or an event loop's threads).
+            alive = [t for t in proc.get("threads") or [] if isinstance(t, dict)]
+            base["thread_names"] = [str(t.get("name") or "?") for t in alive][:32]
+            pools = [str(t.get("name") or "?") for t in alive if _runs_executor(t)]
+            if pools:
+                base["executor_threads"] = pools[:32]
         if not _has_threads(proc):
             why = proc.get("error") or "no Python thread"
             out.append({**base, "thread": None, "kind": None, "at": None, "line": f"{name}: {why}"})
@@ -377,6 +386,8 @@ def summarize(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
                     "kind": wait_kind(t, role),
                     "at": blocked_at(t),
                     "line": f"{label}: {line}",
+                    "awaits_future": _awaits_future(t),
+                    "forked_child": _forked_child(t),
                 }
             )
     return out
@@ -388,6 +399,29 @@ def _awaits_future(t: Mapping[str, Any]) -> bool:
         f[0].rsplit(".", 1)[-1] == "result" and "concurrent/futures" in f[1].replace("\\", "/")
         for f in _frames(t)[-4:]
     )
+
+
+def _forked_child(t: Mapping[str, Any]) -> bool:
+    """The thread is the main thread of a process that multiprocessing
+    forked from a Python parent (``Popen._launch`` in ``popen_fork.py``, then
+    ``BaseProcess._bootstrap``): it runs with whatever the parent had."""
+    return any(
+        f[0].rsplit(".", 1)[-1] == "_launch"
+        and f[1].replace("\\", "/").endswith("multiprocessing/popen_fork.py")
+        for f in _frames(t)
+    )
+
+
+def _runs_executor(t: Mapping[str, Any]) -> bool:
+    """A thread of a ``concurrent.futures`` pool or an asyncio event loop:
+    what completes the futures other threads wait for."""
+    for f in _frames(t):
+        name, path = f[0].rsplit(".", 1)[-1], f[1].replace("\\", "/")
+        if (name == "_worker" and path.endswith("concurrent/futures/thread.py")) or (
+            name == "run_forever" and "/asyncio/" in path
+        ):
+            return True
+    return False
 
 
 def _has_threads(proc: Mapping[str, Any]) -> bool:

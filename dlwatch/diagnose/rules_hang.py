@@ -29,7 +29,7 @@ from typing import Any
 from dlwatch.snapshot import run_key
 
 from . import hang
-from .facts import Context, LoaderView, as_int, hint, num, pct, r
+from .facts import Context, LoaderView, as_int, as_list, hint, num, pct, r
 from .registry import Rule
 
 # /dev/shm with less than this free cannot take a batch of any size that
@@ -495,10 +495,53 @@ def peer_rank_down(ctx: Context, lv: LoaderView, main: Entry | None) -> Cause | 
     )
 
 
-def _worker_cause(lv: LoaderView, w: Entry, others: list[Entry], workers: list[Entry]) -> Cause | None:
+def _machinery_free(names: Any) -> list[str]:
+    return [str(n) for n in as_list(names) if str(n) != "MainThread" and not str(n).startswith(_MACHINERY)]
+
+
+def fork_inherited_executor(lv: LoaderView, w: Entry, main: Entry | None) -> Cause | None:
+    """A worker of a fork loader waits for a ``concurrent.futures`` result
+    (an executor's ``submit``, asyncio's ``run_coroutine_threadsafe``) with
+    no thread of its own to complete it, while the trainer runs threads: the
+    dataset's executor or event loop was made in the trainer, and fork
+    copied it into the worker without its threads (fsspec's IO loop,
+    datachain#691; a dataset's ThreadPoolExecutor). Read as "waits on a
+    lock: find who holds it" before: nobody holds it."""
+    if (
+        w.get("thread_worker")
+        or not w.get("awaits_future")
+        or lv.loader.get("start_method") != "fork"
+        or _machinery_free(w.get("thread_names"))
+    ):
+        return None
+    # The pool's or loop's threads when the stacks show them (the rest of
+    # the trainer's threads otherwise: a pool of another make).
+    theirs = _machinery_free((main or {}).get("executor_threads")) or _machinery_free(
+        (main or {}).get("thread_names")
+    )
+    if not theirs:
+        return None
+    more = f" and {len(theirs) - 3} more" if len(theirs) > 3 else ""
+    return (
+        "fork-inherited-executor",
+        f"{_who(w)} waits for a future in {_where_text(w)} that no thread of the worker runs: it was "
+        f"forked from the trainer, whose threads ({', '.join(theirs[:3])}{more}) run the executor or "
+        "event loop the dataset made there; fork copied it into the worker without its threads",
+        "make the executor or event loop in each worker: lazily at the first __getitem__ (keyed by "
+        "os.getpid()) or in worker_init_fn; or start the workers with multiprocessing_context='spawn' or "
+        "'forkserver'",
+    )
+
+
+def _worker_cause(
+    lv: LoaderView, w: Entry, others: list[Entry], workers: list[Entry], main: Entry | None = None
+) -> Cause | None:
     """Why one stuck worker is stuck, from its stack."""
     who = _who(w)
     kind = w.get("kind")
+    executor = fork_inherited_executor(lv, w, main)
+    if executor is not None:
+        return executor
     if kind == hang.LOCK:
         users = _user_threads(others)
         if lv.loader.get("start_method") == "fork" and users:
@@ -621,7 +664,7 @@ def _cause(
     causes = [
         c
         for w in sorted(workers, key=lambda w: as_int(w.get("worker_id")) != awaited)
-        if (c := _worker_cause(lv, w, others, workers)) is not None
+        if (c := _worker_cause(lv, w, others, workers, main)) is not None
     ]
     if causes:
         return causes
@@ -641,6 +684,30 @@ def _cause(
                 "that call in the feeder thread does not return: find what it waits for (dlwatch stacks "
                 "shows every thread); with workers (num_workers > 0) DataLoader(timeout=...) fails "
                 "instead of hanging",
+            )
+        ]
+    if (
+        not lv.num_workers
+        and ld.get("in_next")
+        and main is not None
+        and main_kind == hang.NATIVE
+        and main.get("forked_child")
+    ):
+        # The job is itself a fork child of a Python process (a DataLoader
+        # run in a multiprocessing.Process): a pool the parent had running
+        # was copied without its threads (pytorch_geometric#3565: torch.cat
+        # in collate, after the parent ran the same loader). A timeout, the
+        # advice below, would never fire on it.
+        return [
+            (
+                "fork-inherited-pool",
+                f"the loop loads its own batches (num_workers=0) and that fetch is blocked in C, asleep, "
+                f"in {_where_text(main)}; this process was forked by multiprocessing (its stack starts in "
+                "Popen._launch): a native thread pool (OpenMP, MKL) or lock its parent had running was "
+                "copied without its threads, and the call waits for them forever",
+                "start that process with multiprocessing.get_context('spawn') or 'forkserver'; or keep it "
+                "single-threaded: torch.set_num_threads(1) first thing in it (OMP_NUM_THREADS=1 before the "
+                "parent imports torch)",
             )
         ]
     if not lv.num_workers and ld.get("in_next") and main is not None and main_kind in _STUCK:

@@ -598,6 +598,34 @@ def test_a_worker_waiting_on_a_sentinel_and_a_worker_behind_a_siblings_lock_are_
     assert "OMP_NUM_THREADS" not in h["suggestion"] and "sqlite" in h["suggestion"]
 
 
+def test_an_executor_and_a_pool_copied_by_fork_are_named_not_a_lock_or_a_timeout():
+    """Two hangs from public issues, side by side, each read before with the
+    right frame and the wrong cause: a dataset's executor made in the
+    trainer and used in fork workers (datachain-ai/datachain#691, fsspec's
+    IO loop) read "waits on a lock: find who holds that lock"; a loader run
+    with num_workers=0 in a forked multiprocessing.Process after its parent
+    ran it (pyg-team/pytorch_geometric#3565) read "give it a timeout"."""
+    pool_job, d1 = start("executor")
+    fork_job, d2 = start("forked-loop")
+    try:
+        a = wait_snapshot(d1, stalled_with_stacks, "the executor job's stall")
+        b = wait_snapshot(d2, stalled_with_stacks, "the forked loop's stall")
+    finally:
+        stop_sessions([pool_job, fork_job], grace=0.0)
+        for d in (d1, d2):
+            shutil.rmtree(d, ignore_errors=True)
+    h = _stall_hint(a)
+    assert h["evidence"]["cause"] == "fork-inherited-executor", h
+    assert "waits for a future in" in h["message"] and "Prefetching.__getitem__" in h["message"], h["message"]
+    assert "(reader_0, reader_1)" in h["message"], h["message"]
+    assert "in each worker" in h["suggestion"] and "find who holds" not in h["suggestion"], h
+    (child,) = [j for j in b["jobs"] if any(ld.get("stalled_s") for ld in j["loaders"])]
+    h = _stall_hint(b, child["pid"])
+    assert h["evidence"]["cause"] == "fork-inherited-pool", h
+    assert "forked by multiprocessing" in h["message"] and "<lambda>" in h["message"], h["message"]
+    assert "get_context('spawn')" in h["suggestion"] and "timeout" not in h["suggestion"], h
+
+
 def test_a_stopped_worker_is_named_with_kill_cont_and_the_loader_moves_once_it_continues():
     """A QA run: kill -STOP of a MONAI script's DataLoader worker read
     "every worker is idle" at the stall and, before it, other processes'

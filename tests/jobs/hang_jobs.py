@@ -345,6 +345,58 @@ def steady():
         time.sleep(0.01)
 
 
+class Prefetching(Dataset):
+    """Each item through a thread pool the dataset made in the trainer (a
+    zarr-style reader, fsspec's IO loop: datachain-ai/datachain#691): a fork
+    worker inherits the executor without its threads, and its first
+    submit()'s result never comes."""
+
+    def __init__(self):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(2, thread_name_prefix="reader")
+        list(self.pool.map(abs, range(4)))  # its threads run in the trainer
+
+    def __len__(self):
+        return 10_000
+
+    def __getitem__(self, i):
+        return torch.zeros(2) + self.pool.submit(abs, i).result()
+
+
+def executor():
+    """hang_jobs.py executor: the dataset's executor, made in the trainer,
+    used in two fork workers."""
+    for _ in DataLoader(Prefetching(), batch_size=2, num_workers=2, multiprocessing_context="fork"):
+        time.sleep(0.02)
+
+
+def _cat_batches(q=None):
+    data = [torch.rand(256, 256) for _ in range(40)]
+    for _ in DataLoader(data, batch_size=20, num_workers=0, collate_fn=lambda items: torch.cat(items)):
+        time.sleep(0.02)
+    if q is not None:
+        q.put("done")
+
+
+def forked_loop():
+    """hang_jobs.py forked-loop: pyg-team/pytorch_geometric#3565. The
+    trainer's loader concatenates its batches on two OpenMP threads, then
+    runs the same loader (num_workers=0) in a forked multiprocessing.Process:
+    the child's first torch.cat waits for the pool threads fork left behind."""
+    import multiprocessing
+
+    torch.set_num_threads(2)
+    for _ in range(3):
+        _cat_batches()
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    child = ctx.Process(target=_cat_batches, args=(q,), daemon=True)
+    child.start()
+    print("child", child.pid, flush=True)
+    q.get(timeout=DEADLINE_S)
+
+
 if __name__ == "__main__":
     timer = threading.Timer(DEADLINE_S, lambda: os._exit(3))
     timer.daemon = True
@@ -355,6 +407,8 @@ if __name__ == "__main__":
         modes["nodes-process"] = lambda: nodes_process(sys.argv[2])
     modes["sentinel"] = sentinel
     modes["steady"] = steady
+    modes["executor"] = executor
+    modes["forked-loop"] = forked_loop
     if sys.argv[1] == "sqlite":
         modes["sqlite"] = lambda: sqlite(sys.argv[2])
     if sys.argv[1] in modes:

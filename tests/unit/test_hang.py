@@ -1010,3 +1010,52 @@ def test_a_read_that_runs_on_a_cpu_is_not_called_blocked_in_io():
         "blocked in I/O in read_shard, shards.py:88"
     )
     assert hang.thread_line(t, "worker") == "blocked in I/O in read_shard, shards.py:88"
+
+
+FUTURE_WORKER = (
+    [
+        *FETCH,
+        ("__getitem__", "/job/ds.py", 18),
+        ("result", f"{STD}/concurrent/futures/_base.py", 451),
+        ("wait", f"{STD}/threading.py", 327),
+    ],
+    "waiter.acquire()",
+)
+POOL_THREAD = _thread(
+    [("_worker", f"{STD}/concurrent/futures/thread.py", 81)], "", main=False, name="ThreadPoolExecutor-0_0"
+)
+
+
+@pytest.mark.parametrize(
+    ("start_method", "others", "worker_threads", "want"),
+    [
+        ("fork", [POOL_THREAD], [], "fork-inherited-executor"),
+        # The trainer's pool is named even beside a thread of the user's.
+        ("fork", [USER_THREAD, POOL_THREAD], [], "fork-inherited-executor"),
+        # A pool that started in the worker has its threads there (Grain's
+        # mp_prefetch worker): the wait is that pool's.
+        ("fork", [POOL_THREAD], ["ThreadPoolExecutor-1_0"], None),
+        # Spawned workers copy nothing; no thread in the trainer, no pool to copy.
+        ("spawn", [POOL_THREAD], [], None),
+        ("fork", [], [], None),
+    ],
+)
+def test_a_future_only_the_trainers_pool_would_complete_is_an_executor_copied_by_fork(
+    start_method, others, worker_threads, want
+):
+    """datachain-ai/datachain#691 (fsspec's IO loop), a dataset's
+    ThreadPoolExecutor: read "waits on a lock: find who holds that lock"."""
+    j = _stalled_job([FUTURE_WORKER, FUTURE_WORKER], others=others, start_method=start_method)
+    for proc in j["stacks"]["processes"]:
+        if proc["role"] == "worker":
+            proc["threads"] += [
+                _thread([("run", f"{STD}/threading.py", 9)], "", False, n) for n in worker_threads
+            ]
+    j["stacks"]["summary"] = hang.summarize(j["stacks"])
+    h = _cause([j])
+    if want is None:
+        assert h["evidence"]["cause"] != "fork-inherited-executor", h
+        return
+    assert h["evidence"]["cause"] == want, h
+    assert "worker 0 (pid 5000) waits for a future in" in h["message"], h["message"]
+    assert "(ThreadPoolExecutor-0_0)" in h["message"] and "cache-refresher" not in h["message"], h["message"]
