@@ -8,6 +8,7 @@ readable line on stderr.
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 
 from dlwatch import __version__
@@ -89,11 +90,25 @@ def add_view_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _check_leading_options(parser: argparse.ArgumentParser, argv: list[str], first: str | None) -> None:
+    """An unknown option before the command (``dlwatch --intervl 1``): its
+    value was taken for the command ("invalid choice: '1'"); name the option
+    instead, with the one it most likely meant."""
+    known = parser._option_string_actions  # argparse's own table of the options it takes
+    for tok in argv[: argv.index(first)] if first is not None else argv:
+        name = tok.split("=", 1)[0]
+        if not name.startswith("-") or name in ("-", "--") or name in known:
+            continue
+        close = difflib.get_close_matches(name, [o for o in known if o.startswith("--")], n=1, cutoff=0.75)
+        parser.error(f"unrecognized arguments: {name}" + (f" (did you mean {close[0]}?)" if close else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # The first word that is not an option names the command: only its parser is built.
     first = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(first)
+    _check_leading_options(parser, argv, first)
     args, extras = parser.parse_known_args(argv)
     if extras:
         # argparse leaves a command's unknown options to the top level, whose

@@ -53,6 +53,16 @@ def test_an_unknown_option_is_reported_by_its_commands_usage(argv, usage, capsys
     assert "unrecognized arguments: --bogus" in err
 
 
+def test_a_misspelt_option_before_the_command_is_named_not_its_value(capsys):
+    # A new user's `dlwatch --intervl 1` read "invalid choice: '1' (choose
+    # from 'ls', ...)": the unknown option's value was taken for the command.
+    with pytest.raises(SystemExit) as e:
+        main.main(["--intervl", "1"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "unrecognized arguments: --intervl (did you mean --interval?)" in err, err
+    assert "invalid choice" not in err
+
+
 @pytest.mark.parametrize("exists", [True, False])
 def test_no_jobs_is_a_message_and_exit_0(exists):
     d = short_tmpdir()
