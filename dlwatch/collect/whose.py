@@ -32,6 +32,22 @@ def _owner(p: psutil.Process) -> tuple[int | None, str]:
         return uid, str(uid)
 
 
+def _not_python(p: psutil.Process) -> str | None:
+    """The process's name when it is no Python interpreter (its executable
+    and its command's first word are not ``python…``), else None (a new
+    user's `--pid 1` read "a job started … without the hook")."""
+    words = []
+    for read in (p.name, p.exe, lambda: (p.cmdline() or [""])[0]):
+        try:
+            words.append(os.path.basename(read() or ""))
+        except (psutil.Error, OSError):
+            pass  # not ours to read (another user's exe): the others say
+    words = [w for w in words if w]
+    if not words or any(w.startswith(("python", "pypy")) for w in words):
+        return None
+    return words[0]
+
+
 def _rank_of(pid: int) -> str:
     """ " (rank R)" for a job a launcher started with RANK in its environment
     (torchrun, a manual launch), else "": which --pid is which rank (a QA
@@ -77,6 +93,12 @@ def explain(pid: int, jobs: set[int], directory: str) -> tuple[str, str]:
         return OTHER_USER, (
             f"PID {pid} runs as user {name}, and dlwatch shows each user only their own jobs (yours are in "
             f"{directory}): run dlwatch as {name} to see it"
+        )
+    what = _not_python(p)
+    if what is not None:
+        return NOT_HOOKED, (
+            f"PID {pid} ({what}) is not a Python process: dlwatch watches Python training jobs "
+            "(`dlwatch ls` lists yours)"
         )
     return NOT_HOOKED, (
         f"PID {pid} is not instrumented by dlwatch (no socket in {directory}): a job started with "

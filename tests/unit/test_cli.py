@@ -367,7 +367,7 @@ def test_record_pid_of_a_process_that_is_no_job_says_so_up_front():
     from dlwatch.cli.commands.record import not_a_job_problem
 
     d = short_tmpdir()
-    p = subprocess.Popen(["sleep", "30"])
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         problem = not_a_job_problem(p.pid, d, 0.0)
     finally:

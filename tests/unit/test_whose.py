@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pwd
 import subprocess
+import sys
 import time
 
 import pytest
@@ -69,11 +70,20 @@ def test_a_workers_pid_names_its_job(tree):
     assert kind == whose.WORKER and f"it is a process of job {job}" in why and f"use --pid {job}" in why
 
 
-def test_a_process_without_the_hook_and_a_gone_one(tree):
-    _, plain = tree
-    kind, why = whose.explain(plain, set(), "/run/d")
-    assert kind == whose.NOT_HOOKED and why.startswith(f"PID {plain} is not instrumented by dlwatch")
+def test_a_process_without_the_hook_a_process_not_pythons_and_a_gone_one(tree):
+    _, sleep = tree
+    py = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        kind, why = whose.explain(py.pid, set(), "/run/d")
+    finally:
+        py.kill()
+        py.wait()
+    assert kind == whose.NOT_HOOKED and why.startswith(f"PID {py.pid} is not instrumented by dlwatch")
     assert "dlwatch ls" in why
+    # A new user's `--pid 1` (a container's process_api) read "a job started
+    # … without the hook".
+    kind, why = whose.explain(sleep, set(), "/run/d")
+    assert kind == whose.NOT_HOOKED and why.startswith(f"PID {sleep} (sleep) is not a Python process"), why
     gone = subprocess.Popen(["true"])
     gone.wait()
     kind, why = whose.explain(gone.pid, set(), "/run/d")
