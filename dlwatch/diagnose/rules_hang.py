@@ -826,7 +826,7 @@ def rule_loader_stalled(ctx: Context) -> list[dict[str, Any]]:
                         {
                             "id": w.get("worker_id"),
                             "pid": w.get("pid"),
-                            "in_fetch_s": w.get("in_fetch_s"),
+                            "in_fetch_s": r(num(w.get("in_fetch_s")), 1),
                             "kind": w.get("kind"),
                             "blocked_at": _where_text(w),
                         }

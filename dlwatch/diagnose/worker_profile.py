@@ -249,10 +249,19 @@ def verdict(a: dict[str, Any]) -> dict[str, Any] | None:
             top_kind
         ]
         what = f"{label} ({n}; the largest {top_stage['stage']} at {top_stage['share']:.0%})"
+    step = _NEXT_STEP[top_kind]
+    fns = records(a.get("worker_functions"))
+    if top_kind == "code" and fns and "/dlwatch/demo/" in str(fns[0].get("file", "")).replace("\\", "/"):
+        # `dlwatch demo`: "it is your own code" sent a new user to optimise
+        # dlwatch's synthetic dataset.
+        step = (
+            "that is dlwatch's demo dataset, which spends CPU per sample on purpose; in a job of yours, "
+            "this line names your dataset's function to optimise or cache"
+        )
     return {
         "verdict": _VERDICT[top_kind],
         "reason": f"{what}: {kshare:.0%} of the workers' time inside fetches",
-        "suggestion": _NEXT_STEP[top_kind],
+        "suggestion": step,
     }
 
 

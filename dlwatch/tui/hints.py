@@ -127,6 +127,9 @@ class HintsPanel(Static):
         elif not hints and ended:
             # Not "nothing to fix": a dead job is not judged at all.
             out.append("no hints: the job has exited (hints are about running jobs)", pal.dim)
+        elif not hints and not snapshot.get("jobs"):
+            # No job, nothing judged: a green tick read as an all-clear.
+            out.append("no hints: no job to judge yet", pal.dim)
         elif not hints:
             out.append("✓ no hints" + (" for this job" if others else ""), pal.good)
             out.append(" — nothing to fix in the input pipeline right now" if not others else "", pal.dim)

@@ -376,3 +376,17 @@ def test_the_exit_hook_returns_only_once_the_result_is_written(tmp_path, monkeyp
     _burst_the_worker_outlives_not(79)
     util._run_finalizers(100)
     assert os.path.exists(worker_sampler.result_path(str(tmp_path), 79, os.getpid()))
+
+
+@pytest.mark.parametrize(
+    ("file", "says"),
+    [
+        ("/home/me/train.py", "it is your own code"),
+        # `dlwatch demo`: a new user was told to optimise dlwatch's synthetic dataset.
+        ("/home/me/dlwatch/dlwatch/demo/train.py", "dlwatch's demo dataset"),  # README: `pip install -e .`
+    ],
+)
+def test_code_bound_names_whose_code_it_is(file, says):
+    frames = [list(FETCH), ["_SyntheticImageSource.sample", file, 40]]
+    doc = summary(1, result([[100, [0, 1], 41]], frames), None)
+    assert doc["verdict"] == "code-bound" and says in doc["suggestion"], doc
