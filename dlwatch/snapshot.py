@@ -273,6 +273,7 @@ class Host(_HostRequired, total=False):
     jobs_cpu_cores: float | None  # measured CPU of every live job's trainers and workers
     other_cpu_cores: float | None  # everyone else's CPU on our cores (busy minus the jobs')
     niced_busy_cores: float | None  # of busy_cores, processes at a positive nice
+    monitor_cores: float | None  # of busy_cores, the monitor's own process (not counted as others')
     other_niced_cpu_cores: float | None  # of other_cpu_cores, processes at a positive nice
 
 

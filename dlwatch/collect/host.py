@@ -364,6 +364,8 @@ class HostSampler:
         self._prev_percpu = self._read_percpu()
         self._last_busy_cores: float | None = None
         self._last_niced_cores: float | None = None
+        self._prev_own = _own_cpu()
+        self._last_own_cores: float | None = None
 
     def _read_percpu(self) -> list[CpuTimes] | None:
         try:
@@ -378,6 +380,10 @@ class HostSampler:
         load on CPUs outside the affinity mask takes nothing from them."""
         cur = self._read_percpu()
         prev, self._prev_percpu = self._prev_percpu, cur
+        own, (t0, c0) = _own_cpu(), self._prev_own
+        self._prev_own = own
+        if own[0] > t0:
+            self._last_own_cores = max(0.0, (own[1] - c0) / (own[0] - t0))
         if cur is None or prev is None or len(cur) != len(prev):
             return self._last_busy_cores
         try:
@@ -421,6 +427,9 @@ class HostSampler:
             # ... of which processes at a positive nice (/proc/stat's "nice"
             # time): they yield a contested core to nice-0 threads.
             "niced_busy_cores": self._last_niced_cores,
+            # ... of which this monitor's own process (the live view, a
+            # snapshot): busy time it causes is no other process's load.
+            "monitor_cores": self._last_own_cores,
             "logical_cpus": logical,
             "usable_cores": b.usable,
             "cpu_percent": self._last_percent,
@@ -432,6 +441,13 @@ class HostSampler:
             "quota_cores": b.quota,
             "cores_reason": b.reason,
         }
+
+
+def _own_cpu() -> tuple[float, float]:
+    """(monotonic now, CPU seconds of this process and its reaped children:
+    py-spy reads)."""
+    t = os.times()
+    return time.monotonic(), t.user + t.system + t.children_user + t.children_system
 
 
 _default_sampler: HostSampler | None = None

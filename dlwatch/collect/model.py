@@ -151,7 +151,12 @@ def cpu_accounting(
         slack = 0.0
         if isinstance(affinity, (int, float)) and isinstance(usable, (int, float)):
             slack = max(0.0, affinity - usable)
-        others = round(max(0.0, busy - (jobs or 0.0) - slack), 3)
+        mine = host.get("monitor_cores")
+        mine = mine if isinstance(mine, (int, float)) else 0.0
+        # The monitor's own busy time (the live view drawing, a snapshot
+        # starting) is no other process's: a new user's live view blamed
+        # "other processes" for it.
+        others = round(max(0.0, busy - (jobs or 0.0) - slack - mine), 3)
     niced = host.get("niced_busy_cores")
     others_niced = (
         round(min(others, max(0.0, niced - jobs_niced)), 3)

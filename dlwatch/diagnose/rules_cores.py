@@ -383,6 +383,14 @@ def rule_cores_shared_with_others(ctx: Context) -> list[dict[str, Any]]:
                 f"in the last minute "
                 f"({cores(round(theirs, 1))} now)"
             )
+        # The suggestion in the same tense: "use up to 1 of the 2 cores …
+        # measure while they run" read for a minute after they had stopped.
+        upto = f"other processes use up to {cores(round(peak, 1))} of the {count_of(usable, 'core')}"
+        if peak >= theirs + 0.2:
+            upto = (
+                f"other processes used up to {cores(round(peak, 1))} of the {count_of(usable, 'core')} in "
+                f"the last minute ({cores(round(theirs, 1))} now)"
+            )
         waited = f"this job's processes waited {count_of(cores(round(starved, 1)), CORE_S)} worth for a CPU"
         head = f"{lv.title} waits for data {pct(lv.wait)} of the time{window_phrase(lv)}; "
         if saturated:
@@ -394,9 +402,8 @@ def rule_cores_shared_with_others(ctx: Context) -> list[dict[str, Any]]:
             )
             cmd = tune_command(lv.job, {}) or "dlwatch tune"
             sugg = (
-                f"other processes use up to {cores(round(peak, 1))} of the {count_of(usable, 'core')}; the "
-                f"best num_workers depends on them: measure with `{cmd}` while they run, or make "
-                f"each batch cheaper (cache decoded samples)"
+                f"{upto}; the best num_workers depends on them: measure with `{cmd}` while they run, "
+                f"or make each batch cheaper (cache decoded samples)"
             )
         else:
             # Idle workers and a waiting loop on a quiet box are another
@@ -409,7 +416,7 @@ def rule_cores_shared_with_others(ctx: Context) -> list[dict[str, Any]]:
                 f"wait comes and goes with their load."
             )
             sugg = (
-                f"other processes use up to {cores(round(peak, 1))} of the {count_of(usable, 'core')}: "
+                f"{upto}: "
                 f"give this job its cores (stop or renice the other work, or run it where the cores "
                 f"are its own); {setting(lv.loader, 'num_workers', nw)} is not the limit, its workers "
                 f"idle {pct(1 - (lv.busy_mean or 0.0))} of the time"

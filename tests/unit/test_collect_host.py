@@ -375,3 +375,18 @@ def test_first_sample_without_interval_reports_since_boot_average():
     s = HostSampler(cpu_times=lambda: t)
     v = s.sample()["cpu_percent"]
     assert 0.0 < v < 100.0
+
+
+def test_the_monitors_own_cpu_is_counted_apart():
+    # A new user's live view blamed "other processes" for the CPU the view
+    # itself and a snapshot took.
+    sampler = HostSampler()
+    sampler.sample()
+    end = time.process_time() + 0.3
+    t0 = time.monotonic()
+    while time.process_time() < end:  # this process's own work: 0.3 s of CPU
+        pass
+    s = sampler.sample()
+    wall = time.monotonic() - t0
+    assert s["monitor_cores"] == pytest.approx(0.3 / wall, abs=0.15), (s["monitor_cores"], wall)
+    assert s["monitor_cores"] <= s["busy_cores"] + 0.1

@@ -293,6 +293,8 @@ def test_model_others_are_host_busy_minus_the_jobs():
     acc = cpu_accounting(dict(host, usable_cores=1.0), [_Conn(10, [11])], procs)
     assert acc["other_cpu_cores"] == 0.0
     assert cpu_accounting(host, [_Conn(10, [11])], {10: {"cpu_percent": None}})["other_cpu_cores"] is None
+    # The monitor's own process is no other's load.
+    assert cpu_accounting(dict(host, monitor_cores=0.3), [_Conn(10, [11])], procs)["other_cpu_cores"] == 0.6
 
 
 CPU_TIMES = type(psutil.cpu_times())

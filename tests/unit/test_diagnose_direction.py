@@ -264,7 +264,7 @@ def test_a_held_story_gives_the_most_the_others_used_once_they_went_quiet():
         hints = diag.update(demo_box(0.0, rq=1.0, t=T0 + k))
     (h,) = [h for h in hints if h["id"] == "cores-shared-with-others"]
     assert "other processes used up to 1.6 of the 2 usable cores in the last minute (0 now)" in h["message"]
-    assert "other processes use up to 1.6 of the 2 cores" in h["suggestion"]
+    assert "other processes used up to 1.6 of the 2 cores in the last minute (0 now)" in h["suggestion"]
     assert h["evidence"]["other_cpu_cores_peak"] == 1.6
 
 
