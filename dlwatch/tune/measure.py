@@ -109,6 +109,10 @@ class _Point:
 @dataclass
 class _Job:
     cpu_cores: list[tuple[float, float]] = field(default_factory=list)  # (time, cores)
+    # Other processes' CPU on the job's cores (the host's busy time less the
+    # trial's job and the monitor): a trial measured beside them is measured
+    # on fewer cores than the next one may get.
+    others: list[tuple[float, float]] = field(default_factory=list)  # (time, cores)
     worker_uss: int | None = None
     worker_rss: int | None = None
 
@@ -231,6 +235,9 @@ class TrialMeter:
             if as_int(h.get("job_pid")) == as_int(job.get("pid")) and isinstance(h.get("id"), str):
                 self.hint_ids.add(h["id"])
                 self.hints[h["id"]] = h
+        theirs = num(as_dict(snapshot.get("host")).get("other_cpu_cores"))
+        if theirs is not None:
+            self._job.others.append((t, theirs))
         cpu = num(job.get("main_cpu_percent"))
         ws = [w for ld in lds.values() for w in live_workers(ld)]
         wcpu = numbers(w.get("cpu_percent") for w in ws)
@@ -354,6 +361,7 @@ class TrialMeter:
         self.steady_from = t
         self.points = {lid: [p for p in pts if p.t >= t] for lid, pts in self.points.items()}
         self._job.cpu_cores = [(u, c) for u, c in self._job.cpu_cores if u >= t]
+        self._job.others = [(u, c) for u, c in self._job.others if u >= t]
 
     @property
     def stuck(self) -> bool:
@@ -459,6 +467,7 @@ class TrialMeter:
             "samples_per_s": _round(rate * bs, 1) if rate is not None and bs else None,
             "data_wait_fraction": _round(mean(numbers(p.wait for p in pts)), 4),
             "cpu_cores": _round(mean([c for _, c in self._job.cpu_cores]), 2),
+            "other_cpu_cores": _round(mean([c for _, c in self._job.others]), 2),
             "worker_uss_bytes": self._job.worker_uss,
             "worker_rss_bytes": self._job.worker_rss,
             "epoch_start_ms": _round(median(starts[1:] or starts), 1),

@@ -3,7 +3,7 @@ table, the recommendation and the reason the search stopped at the end."""
 
 from __future__ import annotations
 
-from dlwatch.snapshot import num, percent
+from dlwatch.snapshot import as_int, num, percent
 from dlwatch.tune.sweep import pace_note
 
 
@@ -238,6 +238,31 @@ def refused_rerun(doc: dict, failed: list[dict]) -> str | None:
     )
 
 
+# Other processes' CPU during a trial at or past this (cores): the settings
+# were measured on fewer cores than the job has alone (a new user's tune
+# beside another job of theirs measured 3.06x; 1.15x on the quiet box).
+BUSY_OTHERS_CORES = 0.5
+
+
+def load_note(doc: dict) -> str | None:
+    """Why the figures may not hold: other processes used the cores while
+    trials ran (each trial's ``other_cpu_cores``); None on a quiet box."""
+    seen = [
+        (as_int(t.get("index")), c)
+        for t in doc.get("trials") or []
+        if t.get("status") == "ok" and (c := num(t.get("other_cpu_cores"))) is not None
+    ]
+    if not seen or max(c for _, c in seen) < BUSY_OTHERS_CORES:
+        return None
+    each = ", ".join(f"trial {(i or 0) + 1} {c:.1f}" for i, c in seen)
+    return (
+        f"Other processes used these cores while the trials ran ({each} cores): each setting was "
+        "measured on fewer cores than the job has alone, and not under the same load, so these figures "
+        "may not hold on a quiet box. Tune again once the other work has stopped (`dlwatch ls` lists "
+        "your other jobs)."
+    )
+
+
 def annotate(doc: dict) -> dict:
     """``doc`` with ``no_recommendation`` beside ``recommendation`` (then the
     baseline's settings) when no other setting was measured: what `dlwatch
@@ -245,6 +270,9 @@ def annotate(doc: dict) -> dict:
     none = no_recommendation(doc)
     if none:
         doc["no_recommendation"] = none
+    busy = load_note(doc)
+    if busy:
+        doc["load_note"] = busy
     return doc
 
 
@@ -255,6 +283,9 @@ def summary(doc: dict) -> str:
             lines.append(f"trial {t['index'] + 1} ({t.get('status')}), last lines of its stderr:")
             lines.extend("    " + ln for ln in t["stderr_tail"])
             lines.append("")
+    busy = load_note(doc)
+    if busy:
+        lines.extend([busy, ""])
     best = doc.get("best")
     if best is not None and doc.get("recommendation"):
         sp = doc.get("speedup")

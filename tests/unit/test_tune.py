@@ -672,3 +672,34 @@ def test_a_script_that_refuses_to_run_twice_is_said_so_and_trial_gives_each_run_
     assert said.endswith("put {trial} in the command where a fresh name helps: each run gets its number."), (
         said
     )
+
+
+def test_a_change_must_beat_the_noise_clearly_to_replace_your_settings():
+    """A new user's sweep: baseline 0 workers, 2 workers "1.15x" beside 12 %
+    noise; alternated runs measured 0.90x. Kept unless it beats 1.5 times
+    the noise allowance."""
+    from dlwatch.search import choose
+
+    def trials(gain):
+        rows = [trial(0, 0, 20.0), trial(1, 0, 17.6), trial(2, 2, 20.0 * gain), trial(3, 2, 20.0 * gain)]
+        rows[0]["config"] = rows[1]["config"] = {}
+        return rows
+
+    assert choose(trials(1.15)).settings["num_workers"] == 0  # 12 % noise: 1.15x is not clear
+    assert choose(trials(1.30)).settings["num_workers"] == 2
+
+
+def test_trials_beside_other_processes_say_the_figures_may_not_hold():
+    from dlwatch.tune import report
+
+    base, other = trial(0, 0, 1.1), trial(1, 2, 3.4)
+    base["other_cpu_cores"], other["other_cpu_cores"] = 1.0, 0.2
+    doc = {"baseline": base, "trials": [base, other], "best": other, "recommendation": "x", "ceiling": None}
+    said = report.load_note(doc)
+    assert said.startswith(
+        "Other processes used these cores while the trials ran (trial 1 1.0, trial 2 0.2"
+    ), said
+    assert said in report.summary(doc) and report.annotate(doc)["load_note"] == said
+    base["other_cpu_cores"] = 0.1
+    doc.pop("load_note")
+    assert report.load_note(doc) is None and "load_note" not in report.annotate(doc)
