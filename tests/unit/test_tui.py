@@ -166,6 +166,24 @@ async def test_compact_layout_shows_gauge_workers_and_hints_at_80x24():
 
 
 @sync
+async def test_at_80x24_every_worker_row_can_be_paged_to():
+    # A new user's 80x24 view beside 4 jobs and a hint drew one of its two
+    # workers and hid the other, with pgdn doing nothing: the loaders'
+    # container clipped what did not fit instead of letting the view scroll.
+    app = make_app([F.several_jobs()])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        pids = [str(w["pid"]) for w in F.several_jobs()["jobs"][0]["loaders"][0]["workers"]]
+        seen = set()
+        for _ in range(6):
+            screen = "\n".join(screen_lines(app))
+            seen |= {p for p in pids if p in screen}
+            await pilot.press("pagedown")
+            await settle(pilot)
+        assert seen == set(pids), (seen, pids)
+
+
+@sync
 async def test_wide_layout_uses_big_digits_and_gpu_history():
     app = make_app([F.data_bound(with_gpu=True)])
     async with app.run_test(size=(120, 40)) as pilot:
