@@ -221,6 +221,23 @@ def blocked_at(thread: Mapping[str, Any]) -> dict[str, Any] | None:
             if _where(f[1]) == "user":
                 out["user"] = {"function": f[0], "file": f[1], "line": f[2], "text": frame_text(f)}
                 break
+    item = item_text(thread.get("item"))
+    if item:
+        out["item"] = item
+    return out
+
+
+def item_text(item: Any) -> str:
+    """ "at sample 37 of a batch of 32 (indices 32…63)": what the fetch was
+    on (probe/thread_stacks.py reads it); "" when not read."""
+    if not isinstance(item, Mapping):
+        return ""
+    idx, batch = item.get("index"), item.get("batch")
+    out = f"at sample {idx}" if type(idx) is int else ""
+    if isinstance(batch, list) and len(batch) == 3 and all(type(x) is int for x in batch):
+        first, last, n = batch
+        span = f"a batch of {n} (indices {first}…{last})" if n > 1 else f"a batch of index {first}"
+        out = f"{out} of {span}" if out else f"at {span}"
     return out
 
 
@@ -261,6 +278,8 @@ def thread_line(thread: Mapping[str, Any], role: str = "trainer") -> str:
     where = at["text"]
     if "user" in at:
         where += f" (from {at['user']['text']})"
+    if "item" in at:
+        where += f", {at['item']}"
     if kind == RUNNING:
         return f"in {where}"
     if kind == IDLE:

@@ -140,7 +140,8 @@ def _where_text(e: dict[str, Any] | None) -> str | None:
         return None
     text = str(at.get("text") or "")
     user = at.get("user")
-    return f"{text} (from {user['text']})" if isinstance(user, dict) else text
+    text = f"{text} (from {user['text']})" if isinstance(user, dict) else text
+    return f"{text}, {at['item']}" if at.get("item") else text
 
 
 def _finished_ranks(ctx: Context, job: dict[str, Any]) -> list[dict[str, Any]]:

@@ -38,6 +38,8 @@ def as_frame_of(wrapper, orig, mod):
             co_filename=code.co_filename,
             co_firstlineno=max(1, code.co_firstlineno - (call - w.co_firstlineno)),
         )
+        if hasattr(code, "co_qualname"):  # 3.11+: stack dumps name a frame by it
+            dressed = dressed.replace(co_qualname=code.co_qualname)
         f = types.FunctionType(
             dressed, mod.__dict__, wrapper.__name__, wrapper.__defaults__, wrapper.__closure__
         )

@@ -31,11 +31,41 @@ MAX_SRC_CHARS = 160
 OWN_PREFIX = "dlwatch-"
 
 
+_FETCH_FILE = ("_utils/fetch.py", "_utils\\fetch.py")
+_BATCH_MAX = 1 << 20
+
+
+def _read_item(f: FrameType, item: dict[str, Any]) -> None:
+    """What the fetch in ``f`` is on, into ``item``: a dataset's
+    ``__getitem__`` index (its first argument, an int) and the indices of
+    torch's fetch (``possibly_batched_index``: first, last, count). Where a
+    fetch hangs, the sample is what a user looks at first (a new user's
+    stall named the frame, not the sample). The innermost of each."""
+    code = f.f_code
+    try:
+        if "index" not in item and code.co_name == "__getitem__" and code.co_argcount >= 2:
+            v = f.f_locals.get(code.co_varnames[1])
+            if isinstance(v, int) and not isinstance(v, bool):
+                item["index"] = v
+        elif "batch" not in item and code.co_name == "fetch" and code.co_filename.endswith(_FETCH_FILE):
+            v = f.f_locals.get("possibly_batched_index")
+            if isinstance(v, list) and 0 < len(v) <= _BATCH_MAX:
+                first, last = v[0], v[-1]
+                if type(first) is int and type(last) is int:
+                    item["batch"] = [first, last, len(v)]
+    except Exception:
+        pass  # a frame whose locals cannot be read says nothing of its item
+
+
 def capture() -> list[dict]:
     """Every thread but ours: name, whether it is the main thread, daemon,
     frames outermost first as ``[function, file, line]``, and the source
     text of the innermost line (``src``)."""
     frames = sys._current_frames()
+    # A frame's locals are read only with no tracer set: under one (a
+    # debugger, coverage), CPython before 3.13 writes a frame's locals back
+    # from the dict a read fills, which another thread's read can make stale.
+    readable = sys.gettrace() is None and threading.gettrace() is None
     by_ident = {t.ident: t for t in threading.enumerate()}
     main_ident = threading.main_thread().ident
     out: list[dict] = []
@@ -47,11 +77,14 @@ def capture() -> list[dict]:
         chain: list[list[Any]] = []
         f: FrameType | None = top
         leaf: tuple[str, int] | None = None
+        item: dict[str, Any] = {}
         while f is not None and len(chain) < MAX_FRAMES:
             code = f.f_code
             if leaf is None:
                 leaf = (code.co_filename, f.f_lineno or 0)
             chain.append([qualnames.of_code(code), code.co_filename, f.f_lineno or 0])
+            if readable:
+                _read_item(f, item)
             f = f.f_back
         chain.reverse()
         src = linecache.getline(leaf[0], leaf[1]).strip()[:MAX_SRC_CHARS] if leaf else ""
@@ -67,6 +100,7 @@ def capture() -> list[dict]:
                 "frames": chain,
                 "truncated": f is not None,
                 "src": src,
+                **({"item": item} if item else {}),
             }
         )
         if len(out) >= MAX_THREADS:

@@ -618,6 +618,10 @@ def test_an_executor_and_a_pool_copied_by_fork_are_named_not_a_lock_or_a_timeout
     assert h["evidence"]["cause"] == "fork-inherited-executor", h
     assert "waits for a future in" in h["message"] and "Prefetching.__getitem__" in h["message"], h["message"]
     assert "(reader_0, reader_1)" in h["message"], h["message"]
+    # The sample each worker is stuck on, read from its own frames.
+    assert re.search(
+        r"Prefetching.__getitem__, hang_jobs.py:\d+\), at sample \d+ of a batch of 2 \(indices", h["message"]
+    )
     assert "in each worker" in h["suggestion"] and "find who holds" not in h["suggestion"], h
     (child,) = [j for j in b["jobs"] if any(ld.get("stalled_s") for ld in j["loaders"])]
     h = _stall_hint(b, child["pid"])
