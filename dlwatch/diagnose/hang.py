@@ -236,7 +236,14 @@ def item_text(item: Any) -> str:
     out = f"at sample {idx}" if type(idx) is int else ""
     if isinstance(batch, list) and len(batch) == 3 and all(type(x) is int for x in batch):
         first, last, n = batch
-        span = f"a batch of {n} (indices {first}…{last})" if n > 1 else f"a batch of index {first}"
+        if n <= 1:
+            span = f"a batch of index {first}"
+        elif item.get("batch_contiguous") is True:
+            span = f"a batch of {n} (indices {first}…{last})"
+        else:
+            # A shuffled batch: "indices 426…2109" read as a range that did
+            # not hold its own sample 4163.
+            span = f"a batch of {n} (shuffled indices, the first {first})"
         out = f"{out} of {span}" if out else f"at {span}"
     return out
 

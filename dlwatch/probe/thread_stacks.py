@@ -33,6 +33,7 @@ OWN_PREFIX = "dlwatch-"
 
 _FETCH_FILE = ("_utils/fetch.py", "_utils\\fetch.py")
 _BATCH_MAX = 1 << 20
+_CONTIGUOUS_MAX = 1 << 16  # indices checked one by one, at a stall only
 
 
 def _read_item(f: FrameType, item: dict[str, Any]) -> None:
@@ -53,6 +54,11 @@ def _read_item(f: FrameType, item: dict[str, Any]) -> None:
                 first, last = v[0], v[-1]
                 if type(first) is int and type(last) is int:
                     item["batch"] = [first, last, len(v)]
+                    # A sequential sampler's batch is a range; a shuffled one's
+                    # first and last say nothing of the rest.
+                    item["batch_contiguous"] = len(v) <= _CONTIGUOUS_MAX and all(
+                        type(b) is int and b - a == 1 for a, b in zip(v, v[1:])
+                    )
     except Exception:
         pass  # a frame whose locals cannot be read says nothing of its item
 

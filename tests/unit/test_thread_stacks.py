@@ -28,9 +28,12 @@ class Stuck(Dataset):
         return torch.zeros(2)
 
 
-def _stuck_thread(at: int = 37, batch_size: int = 8):
+def _stuck_thread(at: int = 37, batch_size: int = 8, shuffle: bool = False):
     gate, inside = threading.Event(), threading.Event()
-    loader = DataLoader(Stuck(at, gate, inside), batch_size=batch_size, num_workers=0)
+    g = torch.Generator().manual_seed(0)
+    loader = DataLoader(
+        Stuck(at, gate, inside), batch_size=batch_size, num_workers=0, shuffle=shuffle, generator=g
+    )
     t = threading.Thread(target=lambda: list(loader), name="loads", daemon=True)
     t.start()
     assert inside.wait(30)
@@ -49,7 +52,7 @@ def test_a_fetch_stuck_at_one_sample_is_read_with_its_batch():
     finally:
         gate.set()
         t.join(30)
-    assert th["item"] == {"index": 37, "batch": [32, 39, 8]}, th.get("item")
+    assert th["item"] == {"index": 37, "batch": [32, 39, 8], "batch_contiguous": True}, th.get("item")
     line = hang.thread_line(th)
     assert "(from Stuck.__getitem__, test_thread_stacks.py:" in line, line
     assert line.endswith("), at sample 37 of a batch of 8 (indices 32…39)"), line
@@ -69,3 +72,21 @@ def test_under_a_tracer_no_frames_locals_are_read():
         gate.set()
         t.join(30)
     assert "item" not in th and th["frames"], th
+
+
+def test_a_shuffled_batch_is_not_read_as_a_range():
+    # Lightning's shuffled train loader read "at sample 4163 of a batch of 16
+    # (indices 426…2109)", a range without its own sample.
+    t, gate = _stuck_thread(shuffle=True)
+    try:
+        th = _thread("loads")
+    finally:
+        gate.set()
+        t.join(30)
+    assert th["item"]["index"] == 37 and th["item"]["batch_contiguous"] is False, th["item"]
+    assert "(shuffled indices, the first " in hang.thread_line(th)
+    item = {"index": 4163, "batch": [426, 2109, 16], "batch_contiguous": False}
+    assert hang.item_text(item) == "at sample 4163 of a batch of 16 (shuffled indices, the first 426)"
+    assert (
+        hang.item_text({"batch": [32, 39, 8], "batch_contiguous": True}) == "at a batch of 8 (indices 32…39)"
+    )
