@@ -105,6 +105,10 @@ def table(doc: dict) -> str:
     base = doc.get("baseline") or {}
     trials = doc.get("trials", [])
     means = _group_means(trials)
+    repeats: dict[tuple, int] = {}
+    for t in trials:
+        if t.get("status") == "ok" and num(t.get("batches_per_s")) is not None:
+            repeats[_key(t.get("settings"))] = repeats.get(_key(t.get("settings")), 0) + 1
     base_rate = means.get(_key(base.get("settings"))) if base.get("status") == "ok" else None
     header = (
         "#",
@@ -127,6 +131,11 @@ def table(doc: dict) -> str:
             note = pace_note(t)
         if t.get("index") == 0:
             note = ("baseline; " + note) if note else "baseline"
+        n = repeats.get(_key(t.get("settings")), 0) if ok else 0
+        if n > 1 and _key(t.get("settings")) != _key(base.get("settings")):
+            # A new user read two rows of one setting, 19.9 and 22.1 batches/s,
+            # both "1.15x", as an error: the speed-up is the setting's mean.
+            note = f"{note}; speed-up: its {n} trials' mean" if note else f"speed-up: its {n} trials' mean"
         mean = means.get(_key(t.get("settings"))) if ok else None
         speedup = f"{mean / base_rate:.2f}x" if mean is not None and base_rate else "-"
         if ok and best_sp is not None and _key(t.get("settings")) == best_key:
