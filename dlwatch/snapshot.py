@@ -521,6 +521,11 @@ def set_aside(ld: Mapping[str, Any], loaders: Iterable[Any]) -> bool:
     return False
 
 
+# How a library's worker knob is named in a loader's ``knobs`` (the adapters'
+# ``Class.arg``): the advice (diagnose/facts.py) and the views read it so.
+WORKER_KNOB_ENDS = (".num_workers", ".num_threads", ".worker_count")
+
+
 def workers_word(ld: Mapping[str, Any]) -> str:
     """The loader's worker knob in its library's words (``worker_count`` for
     a grain.DataLoader, ``ParallelMapper``'s ``num_workers``), from the knobs
@@ -528,7 +533,7 @@ def workers_word(ld: Mapping[str, Any]) -> str:
     knobs = ld.get("knobs")
     if isinstance(knobs, Mapping):
         for key in knobs:
-            if isinstance(key, str) and key.endswith((".num_workers", ".num_threads", ".worker_count")):
+            if isinstance(key, str) and key.endswith(WORKER_KNOB_ENDS):
                 return key.rsplit(".", 1)[-1]
     return "num_workers"
 

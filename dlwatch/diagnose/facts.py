@@ -19,6 +19,7 @@ from typing import Any
 from dlwatch.snapshot import GONE_STATES as GONE_STATES
 from dlwatch.snapshot import NA, percent
 from dlwatch.snapshot import PERCENT_PER_CORE as PERCENT_PER_CORE
+from dlwatch.snapshot import WORKER_KNOB_ENDS as WORKER_KNOB_ENDS
 from dlwatch.snapshot import as_dict as as_dict
 from dlwatch.snapshot import as_int as as_int
 from dlwatch.snapshot import as_list as as_list
@@ -121,7 +122,6 @@ def worker_ms_per_batch(loader: Mapping[str, Any], workers: list[dict[str, Any]]
     return m
 
 
-WORKER_KNOB_ENDS = (".num_workers", ".num_threads", ".worker_count")
 PREFETCH_KNOB_ENDS = (".prefetch_factor", ".prefetch_buffer_size", ".buffer_size", ".worker_buffer_size")
 _KNOB_ENDS = {"num_workers": WORKER_KNOB_ENDS, "prefetch_factor": PREFETCH_KNOB_ENDS}
 

@@ -64,14 +64,14 @@ def _mib(v) -> str:
     return "n/a" if v is None else f"{v / (1 << 20):.0f} MiB"
 
 
-def _group_means(trials: list[dict]) -> dict[tuple, float]:
-    """Mean batches/s of each setting over its ok trials (repeats included)."""
+def _group_rates(trials: list[dict]) -> dict[tuple, list[float]]:
+    """The batches/s of each setting's ok trials (repeats included)."""
     rates: dict[tuple, list[float]] = {}
     for t in trials:
         rate = num(t.get("batches_per_s"))
         if t.get("status") == "ok" and rate is not None:
             rates.setdefault(_key(t.get("settings")), []).append(rate)
-    return {k: sum(v) / len(v) for k, v in rates.items()}
+    return rates
 
 
 def _key(settings) -> tuple:
@@ -104,11 +104,8 @@ def table(doc: dict) -> str:
     figure the recommendation states, and 1.00x for the baseline by definition."""
     base = doc.get("baseline") or {}
     trials = doc.get("trials", [])
-    means = _group_means(trials)
-    repeats: dict[tuple, int] = {}
-    for t in trials:
-        if t.get("status") == "ok" and num(t.get("batches_per_s")) is not None:
-            repeats[_key(t.get("settings"))] = repeats.get(_key(t.get("settings")), 0) + 1
+    rates = _group_rates(trials)
+    means = {k: sum(v) / len(v) for k, v in rates.items()}
     base_rate = means.get(_key(base.get("settings"))) if base.get("status") == "ok" else None
     header = (
         "#",
@@ -131,7 +128,7 @@ def table(doc: dict) -> str:
             note = pace_note(t)
         if t.get("index") == 0:
             note = ("baseline; " + note) if note else "baseline"
-        n = repeats.get(_key(t.get("settings")), 0) if ok else 0
+        n = len(rates.get(_key(t.get("settings")), ())) if ok else 0
         if n > 1 and _key(t.get("settings")) != _key(base.get("settings")):
             # A new user read two rows of one setting, 19.9 and 22.1 batches/s,
             # both "1.15x", as an error: the speed-up is the setting's mean.

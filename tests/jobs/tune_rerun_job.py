@@ -7,17 +7,8 @@ import os
 import sys
 import time
 
-import torch
-from torch.utils.data import DataLoader, Dataset
-
-
-class Sleepy(Dataset):
-    def __len__(self):
-        return 4096
-
-    def __getitem__(self, i):
-        time.sleep(0.004)
-        return torch.full((4,), float(i))
+from torch.utils.data import DataLoader
+from tune_crash_job import Sleepy  # the same sleeping samples (the job's own folder is on sys.path)
 
 
 def main():
