@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from rich.text import Text
 from textual.binding import Binding
 
@@ -19,22 +21,34 @@ LEGEND = [
 ]
 
 
+# The text's width inside the modal: TextModal's box is 76 columns, less a
+# border and a column of padding on each side and the 2-column scrollbar that
+# a 24-row terminal shows. A description longer than what is left beside its
+# key is wrapped here, under itself: the Static would wrap it to the left
+# edge, under the keys (at 80x24 the W and S rows did).
+TEXT_WIDTH = 70
+
+
+def _row(t: Text, key: str, what: str, key_width: int) -> None:
+    indent = 2 + key_width
+    t.append(f"  {key:<{key_width}}", "bold")
+    lines = textwrap.wrap(what, TEXT_WIDTH - indent) or [""]
+    t.append(("\n" + " " * indent).join(lines) + "\n")
+
+
 def help_text(replay: bool = False) -> Text:
     common, replays = help_rows(replay)
     t = Text()
     t.append("dlwatch keys\n\n", "bold")
     for key, what in common:
-        t.append(f"  {key:<18}", "bold")
-        t.append(f"{what}\n")
+        _row(t, key, what, 18)
     if replay:
         t.append("\nreplay\n\n", "bold")
         for key, what in replays:
-            t.append(f"  {key:<18}", "bold")
-            t.append(f"{what}\n")
+            _row(t, key, what, 18)
     t.append("\nlegend\n\n", "bold")
     for key, what in LEGEND:
-        t.append(f"  {key:<10}", "bold")
-        t.append(f"{what}\n")
+        _row(t, key, what, 10)
     return t
 
 

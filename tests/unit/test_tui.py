@@ -1223,11 +1223,21 @@ def test_every_key_has_an_action_and_a_line_in_the_help():
             target, _, name = k.action.split("(")[0].rpartition(".")
             cls = DlwatchApp if target == "app" else owner
             assert callable(getattr(cls, "action_" + name, None)), k
-    live, replay = help_text(replay=False).plain, help_text(replay=True).plain
+    texts = help_text(replay=False).plain, help_text(replay=True).plain
+    # A long description is wrapped under itself: compared as words.
+    live, replay = (" ".join(t.split()) for t in texts)
     for k in SCREEN_KEYS + APP_KEYS:
         if k.help_keys:
             assert k.help in (replay if k.replay_only else live), k
     assert "10 s back / forward" not in live and "pause / play the recording" in replay
+    # Within the modal's text width, each wrapped line under its own column
+    # (the Static wrapped the W and S rows to the left edge at 80x24).
+    from dlwatch.tui.help import TEXT_WIDTH
+
+    lines = texts[1].splitlines()
+    assert max(map(len, lines)) <= TEXT_WIDTH, [x for x in lines if len(x) > TEXT_WIDTH]
+    w = next(i for i, x in enumerate(lines) if x.lstrip().startswith("W "))
+    assert lines[w + 1].startswith(" " * 20) and "__getitem__" in lines[w + 1], lines[w : w + 2]
 
 
 @sync
