@@ -107,6 +107,8 @@ class JobConnection:
         exits: ExitClock | None = None,
     ) -> None:
         self.pid = pid
+        # When the monitor last tried to connect (its monotonic clock).
+        self.tried_at = 0.0
         # The monitor's exit clock (exit_clock.py): when the process ended, and
         # its wait status read before its parent reaped it.
         self.exits = exits

@@ -49,7 +49,14 @@ __all__ = ["Monitor", "take_snapshot", "SCHEMA_VERSION", "DEFAULT_WINDOW_S"]
 log = logging.getLogger("dlwatch.collect")
 DEFAULT_WINDOW_S = 3.0
 DIAGNOSE_WINDOW_S = 3.0
-RESCAN_S = 1.0
+# The runtime directory is listed this often for new jobs: a job shows about
+# this long after its socket appears (listing it and a kill(pid, 0) per socket
+# cost microseconds). At 1 s a new job waited 0.3-1.0 s to be seen, and every
+# judgement of it (warm-up and hold) started that much later.
+RESCAN_S = 0.25
+# A job that refused a connection (not yet listening, another user's) is
+# tried again this often: a connect may block up to CONNECT_TIMEOUT_S.
+RETRY_S = 1.0
 # A connected job that has not said hello after this long is shown as such.
 HELLO_GRACE_S = 2.0
 # How long a build waits for a new job's hello and history (Monitor.catch_up):
@@ -251,7 +258,11 @@ class Monitor:
                 c = JobConnection(pid, path, every=self.frame_every, exits=self._exits)
                 self.conns[pid] = c
                 self._exits.watch(pid)
-            if c.sock is None and c.state in ("connecting", "unreachable"):
+            due = c.state == "connecting" or (
+                c.state == "unreachable" and self._last_scan - c.tried_at >= RETRY_S
+            )
+            if c.sock is None and due:
+                c.tried_at = self._last_scan
                 if c.connect() and c.sock is not None:
                     self._sel.register(c.sock, selectors.EVENT_READ, c)
         # Jobs whose socket vanished while we were not connected.

@@ -384,11 +384,67 @@ def test_socket_nobody_listens_on(rtdir, fakes):
         # Once older than the grace period it is stale: removed.
         old = time.time() - jobsmod.STALE_GRACE_S - 1
         os.utime(fake.path, (old, old), follow_symlinks=False)
-        m._last_scan = 0
+        m._last_scan = m.conns[fake.pid].tried_at = 0
         pump(m, 0.2)
         assert not os.path.exists(fake.path)
         m.build()
     finally:
+        m.stop()
+
+
+class _Clock:
+    """The monitor module's ``time``, its monotonic clock moved by hand."""
+
+    def __init__(self) -> None:
+        self.t = time.monotonic()
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+def test_a_new_socket_is_seen_within_a_quarter_second_and_a_refusing_one_retried_each_second(
+    rtdir, fakes, monkeypatch
+):
+    # At a 1 s rescan a new job waited 0.3-1.0 s to be listed, and its
+    # judgement (warm-up, hold) started that much later. A socket that
+    # refuses is retried at most once a second: a connect may block 0.5 s.
+    from dlwatch.collect import monitor as monmod
+
+    clock = _Clock()
+    monkeypatch.setattr(monmod, "time", clock)
+    tries: list[int] = []
+    real_connect = JobConnection.connect
+
+    def counted(self):
+        tries.append(self.pid)
+        return real_connect(self)
+
+    monkeypatch.setattr(JobConnection, "connect", counted)
+    m = bare_monitor(rtdir)
+    try:
+        m.poll(0)  # the first scan: nothing yet
+        refusing = FakeJob(rtdir, script=None, listen=False)
+        fake = FakeJob(rtdir, script=lambda conn, f: f.go.wait(5))
+        fakes += [refusing, fake]
+        clock.t += monmod.RESCAN_S * 0.8
+        m.poll(0)
+        assert fake.pid not in m.conns  # not due yet
+        clock.t += monmod.RESCAN_S * 0.4
+        m.poll(0)
+        assert m.conns[fake.pid].sock is not None and m.conns[refusing.pid].state == "unreachable"
+        assert tries.count(refusing.pid) == 1
+        for _ in range(3):  # rescans within the second: no new try
+            clock.t += monmod.RESCAN_S
+            m.poll(0)
+        assert tries.count(refusing.pid) == 1 and tries.count(fake.pid) == 1
+        clock.t += monmod.RETRY_S
+        m.poll(0)
+        assert tries.count(refusing.pid) == 2 and tries.count(fake.pid) == 1
+    finally:
+        fake.go.set()
         m.stop()
 
 
