@@ -22,12 +22,11 @@ def _cmdline() -> str:
     """The job's command line, quoted for a shell: advice pastes it into a
     `dlwatch tune -- …` line (a QA run's `shard-{0000..0063}.tar` argument
     expanded into 64 when pasted, and `'two words'` split in two)."""
-    try:
-        with open(f"/proc/{os.getpid()}/cmdline", "rb") as f:
-            parts = f.read().split(b"\0")
-        return shlex.join(p.decode(errors="replace") for p in parts if p)
-    except OSError:
-        return shlex.join([sys.executable, *sys.argv])
+    # The interpreter's own copy (Python >= 3.10), empty arguments included:
+    # /proc's, split on its NULs with every empty part dropped, lost
+    # torchvision's `--output-dir ''`, and the suggested line failed
+    # ("expected one argument").
+    return shlex.join(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
 
 
 def _run_id() -> str | None:

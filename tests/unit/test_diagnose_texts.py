@@ -124,11 +124,13 @@ def test_the_jobs_command_line_pastes_back_into_a_shell_as_it_ran():
     import subprocess
     import sys
 
-    args = ["--train-data", "/d/shard-{0000..0063}.tar", "--note", "two words", "--x=$HOME"]
+    # And empty arguments: torchvision's reference train.py run with
+    # `--output-dir ''` lost the '' and the suggested line failed.
+    args = ["--train-data", "/d/shard-{0000..0063}.tar", "--note", "two words", "--x=$HOME", "", "-o", ""]
     code = "from dlwatch.probe.identity import _cmdline; print(_cmdline())"
-    cmd = [sys.executable, "-c", code, *args]
+    cmd = [sys.executable, "-X", "utf8", "-c", code, *args]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    assert shlex.split(out.strip()) == [sys.executable, "-c", code, *args]
+    assert shlex.split(out.strip()) == [sys.executable, "-X", "utf8", "-c", code, *args]
 
 
 @pytest.mark.parametrize(
