@@ -719,12 +719,14 @@ def rule_pipeline_has_headroom(ctx: Context) -> list[dict[str, Any]]:
         if isinstance(pred, capacity.Prediction):
             msg += f" With {rec}: {pred.phrase()}."
         elif isinstance(pred, capacity.NoPrediction):
-            msg += f" Whether {rec} keep up cannot be predicted: {pred.reason}; measure it."
+            who = count_of(rec, "worker")
+            msg += f" Whether {who} would keep up cannot be predicted: {pred.reason}; measure it."
         # In the words of the code that builds the loader (a QA run of the HF
         # Trainer read "num_workers=1" where its knob is dataloader_num_workers).
-        sugg = (
-            f"{setting(lv.loader, 'num_workers', rec)} would keep up and free CPU and memory for other work"
-        )
+        # Unpriced, the suggestion says no more than the message: torchvision's
+        # reference train.py read "cannot be predicted" beside "would keep up".
+        keeps = "would keep up" if isinstance(pred, capacity.Prediction) else "may keep up"
+        sugg = f"{setting(lv.loader, 'num_workers', rec)} {keeps} and free CPU and memory for other work"
         ev = _common_evidence(lv) | {
             "recommended_num_workers": rec,
             "method": method,

@@ -1062,6 +1062,21 @@ def test_headroom_recommendation():
     assert ev["recommended_num_workers"] == math.ceil(8 * 0.2 / 0.7)
 
 
+def test_headroom_that_cannot_be_priced_says_may_not_would(monkeypatch):
+    # torchvision's reference train.py (2 workers busy 20 %): the message said
+    # whether 1 keeps up "cannot be predicted", the suggestion that it "would".
+    from dlwatch.diagnose import capacity
+
+    snap = one(loader(nw=8, ready=16, worker_kw=dict(busy=0.1, cpu=10.0, fetch_ms=5.0)))
+    h = get(evaluate(snap), "pipeline-has-headroom")
+    assert "would keep up" in h["suggestion"] and "cannot be predicted" not in h["message"]
+    why = "its CPU figures would make each batch take 269 ms, yet it takes 214 ms now"
+    monkeypatch.setattr(capacity, "predict", lambda ctx, lv, n: capacity.NoPrediction(why))
+    h = get(evaluate(snap), "pipeline-has-headroom")
+    assert "Whether 1 worker would keep up cannot be predicted: " + why in h["message"]
+    assert h["suggestion"].startswith("num_workers=1 in DataLoader(...) may keep up"), h["suggestion"]
+
+
 def test_missing_everything_is_silent_and_safe():
     bare = {
         "schema_version": 1,
