@@ -6,7 +6,16 @@ from typing import Any
 
 from dlwatch.collect.co_iterated import describe as describe_loop
 from dlwatch.collect.loop_role import no_loader_yet
-from dlwatch.snapshot import count_of, epoch_start_missing, num, percent, pipeline_workers_line, set_aside
+from dlwatch.snapshot import (
+    count_of,
+    epoch_start_missing,
+    num,
+    percent,
+    pipeline_workers_line,
+    set_aside,
+    unmeasured_jobs,
+    unmeasured_line,
+)
 
 # What a figure only the hook measures reads for an attached job.
 NOT_SAMPLED = "n/a (attached: sampled)"
@@ -169,7 +178,13 @@ def render_snapshot(snap: dict, title: str = "dlwatch snapshot") -> str:
             for hint in hints:
                 lines.append(f"[{hint['severity']}] {hint['message']}\n    → {hint['suggestion']}")
     else:
-        lines.append("hints: none yet" if judging else "hints: none — nothing to fix")
+        unmeasured = unmeasured_jobs(snap.get("jobs"))
+        if judging:
+            lines.append("hints: none yet")
+        elif unmeasured:
+            lines.append(unmeasured_line(unmeasured))
+        else:
+            lines.append("hints: none — nothing to fix")
     return "\n".join(lines)
 
 

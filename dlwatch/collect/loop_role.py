@@ -65,7 +65,8 @@ def no_loader_yet(job: Mapping[str, Any]) -> str:
         t = steppers[0]
         return (
             f"hooked; training (thread '{t.get('thread')}' has stepped the optimizer {t.get('steps')} times) "
-            "but no loader seen yet: wrap what the loop iterates with dlwatch.watch(...)"
+            "but no loader seen yet: wrap what the loop iterates with dlwatch.watch(...), or a function it "
+            "calls for each batch as an iterator: dlwatch.watch(iter(lambda: get_batch(...), None))"
         )
     return (
         "hooked; no loader seen yet: figures appear at the first iter(loader), or wrap the iterable "

@@ -29,9 +29,10 @@ from dlwatch.collect.control import ProfileError, request_profile, request_worke
 from dlwatch.collect.hang import gather_stacks
 from dlwatch.collect.jobs import discover
 from dlwatch.collect.listing import list_jobs
+from dlwatch.collect.loop_role import no_loader_yet
 from dlwatch.collect.monitor import DEFAULT_WINDOW_S, JUDGE_S, take_snapshot
 from dlwatch.record.fileformat import compact
-from dlwatch.snapshot import records, severity_rank
+from dlwatch.snapshot import records, severity_rank, unmeasured_jobs, unmeasured_line
 
 # Jobs keep about two minutes of frames (collect/jobs.py MAX_FRAMES at 10 a
 # second): a longer window would cover less than it says.
@@ -122,6 +123,8 @@ class Tools:
                 f"{len(judging)} loader(s) are still settling (see judging); ask again with a longer "
                 "judge_seconds (each call watches from scratch)"
             )
+        elif not hints and (unmeasured := [p for p in unmeasured_jobs(snap.get("jobs")) if pid in (None, p)]):
+            doc["note"] = unmeasured_line(unmeasured) + " (see the job's note)"
         elif not hints:
             doc["note"] = "no hints: nothing in the input pipeline needs attention"
         return doc
@@ -250,12 +253,16 @@ class Tools:
 def _headline(job: dict[str, Any]) -> dict[str, Any]:
     """Who a job is and how its loaders fare, beside its hints."""
     keys = ("id", "num_workers", "batch_size", "data_wait_fraction", "batches_per_s")
-    return {
+    out = {
         "pid": job.get("pid"),
         "cmdline": job.get("cmdline"),
         "state": job.get("state"),
         "loaders": [{k: ld.get(k) for k in keys} for ld in records(job.get("loaders"))],
     }
+    if not out["loaders"]:
+        # What the live view says of it ("training … but no loader seen yet: wrap …").
+        out["note"] = no_loader_yet(job)
+    return out
 
 
 def _socket_path(directory: str, pid: int) -> str:

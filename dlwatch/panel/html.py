@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from dlwatch.diagnose.render import judging_lines
-from dlwatch.snapshot import as_dict, as_int, find_job, num, records, severity_rank
+from dlwatch.snapshot import as_dict, as_int, find_job, num, records, severity_rank, unmeasured_jobs
 
 NA = "n/a"
 BLOCKS = "▁▂▃▄▅▆▇█"
@@ -234,10 +234,13 @@ def _gpu_line(snapshot: Mapping) -> str:
     return " · ".join(parts)
 
 
-def _hint_lines(hints: list[dict], judging: list[str] | None = None) -> list[str]:
+def _hint_lines(hints: list[dict], judging: list[str] | None = None, unmeasured: bool = False) -> list[str]:
     if not hints and judging:
         # Not judged yet: no hint is not "nothing to fix".
         return [f"<div>{_e(line)}</div>" for line in judging]
+    if not hints and unmeasured:
+        # Nor is a kernel with no loader measured (none iterated yet, or one dlwatch does not see).
+        return ["<div>No hints: no loader of this kernel measured yet, so its data wait is not judged.</div>"]
     if not hints:
         return ["<div>No hints: nothing in the input pipeline needs attention.</div>"]
     out = ["<ul>"]
@@ -318,7 +321,8 @@ def render(
         parts.append(f"<div>{_gpu_line(snap)}</div>")
         shown = hints if hints is not None else job_hints(snap, pid)
         parts.append("<div><b>Hints</b></div>")
-        parts += _hint_lines(shown, judging_lines(snap.get("judging"), pid))
+        unmeasured = bool(job) and pid in unmeasured_jobs([job])
+        parts += _hint_lines(shown, judging_lines(snap.get("judging"), pid), unmeasured)
     parts.append("</div>")
     return "\n".join(parts)
 

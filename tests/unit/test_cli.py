@@ -281,6 +281,23 @@ def test_snapshot_text_says_what_a_window_covers_and_why_a_figure_is_missing():
     assert "0.0 %" not in out
 
 
+def test_no_hints_for_a_job_with_no_loader_measured_is_not_nothing_to_fix():
+    # nanoGPT's get_batch() loop: "no loader seen yet: wrap …", then
+    # "hints: none — nothing to fix", an all-clear on no evidence.
+    from dlwatch.cli.text import render_snapshot
+    from tests import tui_fixtures as F
+
+    snap = F.data_bound(hints=False)
+    job = snap["jobs"][0]
+    job["loaders"], job["train_threads"] = [], [{"thread": "MainThread", "steps": 178}]
+    out = render_snapshot(snap)
+    assert "stepped the optimizer 178 times) but no loader seen yet" in out, out
+    assert f"no hints: no loader of job {job['pid']} measured yet, so its data wait is not judged" in out
+    assert "nothing to fix" not in out
+    out = render_snapshot(F.data_bound(hints=False))
+    assert "hints: none — nothing to fix" in out
+
+
 def test_a_pipelines_settings_are_its_own_knobs_not_a_dataloaders():
     # A QA run: a torchdata.nodes graph read "pin_memory off, persistent off".
     from dlwatch.cli.text import render_snapshot

@@ -226,6 +226,24 @@ def test_hints_while_a_loader_is_judging_say_so_rather_than_nothing_to_fix(empty
     assert "judging" not in doc and doc["note"].startswith("no hints: nothing")
 
 
+def test_hints_of_a_job_with_no_loader_measured_are_no_judgement(empty_dir, monkeypatch):
+    # nanoGPT's train.py draws batches with its own get_batch(): the job is
+    # listed, nothing measures its wait, and "nothing to fix" was an all-clear
+    # on no evidence.
+    steppers = [{"thread": "MainThread", "steps": 178}]
+    job = {"pid": 11, "state": "live", "loaders": [], "train_threads": steppers}
+    snap = {"time": 1.0, "window_s": 3.0, "judged_s": 7.1, "jobs": [job], "hints": [], "judging": []}
+    monkeypatch.setattr(empty_dir, "_measure", lambda pid, window_s, judge_s: snap)
+    doc = empty_dir.hints(pid=11)
+    assert doc["note"].startswith("no hints: no loader of job 11 measured yet"), doc["note"]
+    assert "nothing" not in doc["note"]
+    (head,) = doc["jobs"]
+    assert "stepped the optimizer 178 times" in head["note"] and "dlwatch.watch(" in head["note"]
+    job["loaders"] = [{"id": 0, "data_wait_fraction": 0.02}]
+    doc = empty_dir.hints(pid=11)
+    assert doc["note"].startswith("no hints: nothing") and "note" not in doc["jobs"][0]
+
+
 def test_a_wrappers_pid_names_the_job_to_ask(empty_dir, private_runtime_dir):
     # The agent was given the `dlwatch run` wrapper's PID (the one it started):
     # the failure names the job below it, as the CLI does (collect/whose.py).

@@ -234,6 +234,11 @@ def test_a_loader_not_judged_yet_reads_judging_not_nothing_to_fix():
     assert f"judging… (3 s) loader 0 of PID {PID}" in out and "nothing in the input pipeline" not in out
     snap["judging"] = []
     assert "nothing in the input pipeline" in _text(html.render(snap, PID, html.LIVE, now=0, hints=[]))
+    # A kernel that trains on something dlwatch does not see (or has not
+    # iterated its loader yet) is not judged either.
+    snap["jobs"][0]["loaders"] = []
+    out = _text(html.render(snap, PID, html.LIVE, now=0, hints=[]))
+    assert "no loader of this kernel measured yet" in out and "nothing in the input pipeline" not in out
 
 
 def test_an_idle_loop_keeps_the_trainings_figures_until_its_next_batch():

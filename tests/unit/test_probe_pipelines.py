@@ -56,6 +56,33 @@ def test_watch_times_the_loops_next_and_keeps_the_iterable(monkeypatch):
     assert dlwatch.watch(data) is data
 
 
+def test_a_batch_function_made_an_iterator_is_watched_call_by_call():
+    # nanoGPT calls get_batch('train') at each step and iterates nothing; the
+    # docs' two lines: watch(iter(lambda: get_batch(...), None)), next() it.
+    patches.registry.clear()
+    calls = []
+
+    def get_batch(split):
+        time.sleep(0.004)
+        calls.append(split)
+        return len(calls), split
+
+    batches = dlwatch.watch(iter(lambda: get_batch("train"), None), name="get_batch")
+    waited = 0.0
+    t0 = time.perf_counter()
+    for _ in range(25):
+        a = time.perf_counter()
+        x, split = next(batches)
+        waited += time.perf_counter() - a
+        time.sleep(0.004)
+    total = time.perf_counter() - t0
+    assert (x, split) == (25, "train") and calls == ["train"] * 25
+    (f,) = _frames()
+    assert f["dataset"] == "get_batch" and f["library"] == "watch" and f["batches"] == 25
+    frac = f["wait_ns"] / (f["wait_ns"] + f["step_ns"])
+    assert abs(frac - waited / total) < 0.1, (frac, waited / total)
+
+
 class _Slow(Dataset):
     def __len__(self):
         return 10_000

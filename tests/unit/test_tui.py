@@ -259,6 +259,22 @@ async def test_a_loader_not_judged_yet_says_judging_never_nothing_to_fix():
 
 
 @sync
+async def test_a_job_with_no_loader_measured_is_not_told_nothing_to_fix():
+    # nanoGPT's get_batch() loop: "no loader seen yet" beside "✓ no hints —
+    # nothing to fix in the input pipeline right now".
+    snap = F.data_bound(hints=False)
+    job = snap["jobs"][0]
+    job["loaders"] = []
+    job["train_threads"] = [{"thread": "MainThread", "steps": 178}]
+    app = make_app([snap])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        hints = plain(app.screen.query_one(HintsPanel))
+        assert f"no hints: no loader of job {job['pid']} measured yet" in hints, hints
+        assert "nothing to fix" not in hints and "✓" not in hints
+
+
+@sync
 async def test_a_failed_diagnosis_and_collector_faults_are_shown():
     snap = F.data_bound(hints=False)
     snap["hints_error"] = "diagnosis failed: KeyError: 'loaders'"
