@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import select
 import subprocess
 import sys
 
@@ -99,7 +100,10 @@ def test_a_cell_that_trains_then_idles_is_saved_with_the_trainings_figures(runti
 
 def test_the_collector_ends_with_the_kernel(runtime_env):
     """The feed watches the kernel's pid: a kernel that dies leaves no collector behind."""
-    kernel = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])
+    # The kernel lives until the feed's first document is in: a kernel that
+    # slept 2 s had ended before the feed's own start-up beside the parallel
+    # tier (fresh-clone run 102: its first document read "ended").
+    kernel = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     feed = subprocess.Popen(
         [sys.executable, "-m", "dlwatch.panel.feed", "--pid", str(kernel.pid), "--interval", "0.3"],
         stdin=subprocess.PIPE,
@@ -107,11 +111,16 @@ def test_the_collector_ends_with_the_kernel(runtime_env):
         text=True,
     )
     try:
-        kernel.wait()
-        out, _ = feed.communicate(timeout=20)
+        ready, _, _ = select.select([feed.stdout], [], [], 60)
+        assert ready, "the feed wrote nothing in 60 s"
+        first = feed.stdout.readline()
+        kernel.stdin.close()
+        kernel.wait(timeout=20)
+        rest, _ = feed.communicate(timeout=20)
     finally:
         feed.kill()
-    docs = [json.loads(line) for line in out.splitlines()]
+        kernel.kill()
+    docs = [json.loads(line) for line in (first + rest).splitlines()]
     assert docs and docs[0]["state"] == "waiting"
     assert docs[-1]["state"] == "ended" and "has exited" in docs[-1]["html"]
     assert feed.returncode == 0
