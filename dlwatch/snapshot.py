@@ -428,22 +428,22 @@ def is_live(job: Mapping[str, Any]) -> bool:
     return job.get("state", "live") in ("live", "connecting")
 
 
-def unmeasured_jobs(jobs: Any) -> list[int]:
-    """PIDs of the live jobs with no loader measured (nothing iterated that
-    dlwatch recognises, or not yet): no hint about them is no judgement, so
-    never "nothing to fix" (nanoGPT's get_batch() loop read "✓ no hints —
-    nothing to fix" beside "no loader seen yet")."""
-    return [
-        pid
-        for j in records(jobs)
-        if is_live(j) and not j.get("loaders") and (pid := as_int(j.get("pid"))) is not None
-    ]
+def unmeasured_jobs(jobs: Any, pid: int | None = None) -> list[int]:
+    """PIDs of the live jobs (``pid``'s alone, if given) with no loader
+    measured (nothing iterated that dlwatch recognises, or not yet): no hint
+    about them is no judgement, so never "nothing to fix" (nanoGPT's
+    get_batch() loop read "✓ no hints — nothing to fix" beside "no loader
+    seen yet")."""
+    live = (as_int(j.get("pid")) for j in records(jobs) if is_live(j) and not j.get("loaders"))
+    return [p for p in live if p is not None and pid in (None, p)]
 
 
 def unmeasured_line(pids: list[int]) -> str:
     """The hints line while those jobs' data wait is unmeasured."""
-    who = f"job {pids[0]}" if len(pids) == 1 else "jobs " + ", ".join(map(str, pids))
-    return f"no hints: no loader of {who} measured yet, so its data wait is not judged"
+    if len(pids) == 1:
+        return f"no hints: no loader of job {pids[0]} measured yet, so its data wait is not judged"
+    who = ", ".join(map(str, pids))
+    return f"no hints: no loader of jobs {who} measured yet, so their data wait is not judged"
 
 
 def live_workers(loader: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -123,7 +123,7 @@ class Tools:
                 f"{len(judging)} loader(s) are still settling (see judging); ask again with a longer "
                 "judge_seconds (each call watches from scratch)"
             )
-        elif not hints and (unmeasured := [p for p in unmeasured_jobs(snap.get("jobs")) if pid in (None, p)]):
+        elif not hints and (unmeasured := unmeasured_jobs(snap.get("jobs"), pid)):
             doc["note"] = unmeasured_line(unmeasured) + " (see the job's note)"
         elif not hints:
             doc["note"] = "no hints: nothing in the input pipeline needs attention"

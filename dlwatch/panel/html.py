@@ -321,7 +321,7 @@ def render(
         parts.append(f"<div>{_gpu_line(snap)}</div>")
         shown = hints if hints is not None else job_hints(snap, pid)
         parts.append("<div><b>Hints</b></div>")
-        unmeasured = bool(job) and pid in unmeasured_jobs([job])
+        unmeasured = bool(unmeasured_jobs(snap.get("jobs"), pid))
         parts += _hint_lines(shown, judging_lines(snap.get("judging"), pid), unmeasured)
     parts.append("</div>")
     return "\n".join(parts)

@@ -85,12 +85,6 @@ def hint_text(h: dict, pal: fmt.Palette, wide: bool, width: int | None = None) -
 class HintsPanel(Static):
     _shown_for: tuple | None = None
 
-    @staticmethod
-    def _unmeasured(snapshot: dict, job_pid: int | None) -> list[int]:
-        """The selected job, or every job when none is, if none of its loaders is measured."""
-        pids = unmeasured_jobs(snapshot.get("jobs"))
-        return pids if job_pid is None else [p for p in pids if p == job_pid]
-
     def show(
         self,
         snapshot: dict | None,
@@ -137,7 +131,7 @@ class HintsPanel(Static):
         elif not hints and not snapshot.get("jobs"):
             # No job, nothing judged: a green tick read as an all-clear.
             out.append("no hints: no job to judge yet", pal.dim)
-        elif not hints and (unmeasured := self._unmeasured(snapshot, job_pid)):
+        elif not hints and (unmeasured := unmeasured_jobs(snapshot.get("jobs"), job_pid)):
             # A job training on something dlwatch does not see is not judged either.
             out.append(unmeasured_line(unmeasured), pal.dim)
         elif not hints:
