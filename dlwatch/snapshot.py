@@ -120,6 +120,9 @@ class Loader(_LoaderRequired, total=False):
     dataset: str | None  # the user's dataset class, beneath frameworks' wrappers
     dataset_wrappers: list[str]  # the wrappers' classes, outermost first (Subset, IterableDatasetShard)
     in_order: bool | None  # DataLoader(in_order=) with workers, torch >= 2.6; None otherwise
+    # The first dimension the arrays of an epoch's first batch share (None:
+    # they disagree, or hold none): shown, as read, where batch_size is None.
+    batch_rows: int | None
     # The thread that takes the loader's batches: {"thread": name, "main": bool,
     # "trains": whether that thread steps a torch optimizer (absent: none has yet)}
     # (None: no batch yet). Whose wait the figures are: loop_role.
@@ -554,6 +557,19 @@ def workers_word(ld: Mapping[str, Any]) -> str:
             if isinstance(key, str) and key.endswith(WORKER_KNOB_ENDS):
                 return key.rsplit(".", 1)[-1]
     return "num_workers"
+
+
+def batch_word(ld: Mapping[str, Any]) -> str:
+    """The loader's batch size as the views say it: the one it declares
+    ("32"); where it declares none (a watched ``get_batch()``, a pipeline
+    without a batching stage), the first dimension its batch's arrays share,
+    said as read from them ("12 (first dim)": a [T, B] layout reads T); else
+    "n/a"."""
+    declared = as_int(ld.get("batch_size"))
+    if declared is not None:
+        return str(declared)
+    rows = as_int(ld.get("batch_rows"))
+    return f"{rows} (first dim)" if rows is not None else "n/a"
 
 
 def pipeline_workers_line(ld: Mapping[str, Any], limit: int = 16) -> str | None:

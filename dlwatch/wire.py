@@ -246,7 +246,7 @@ LOADER = (
     | _of(_DICT, "queue")
 )
 LOADER_OPTIONAL = (
-    _of(_INT, "batch_size", "prefetch_factor", "teardown_ns", "batch_bytes")
+    _of(_INT, "batch_size", "prefetch_factor", "teardown_ns", "batch_bytes", "batch_rows")
     | _of(_BOOL, "pin_memory", "persistent_workers", "active")
     | _of(_INT, "samples", "wait_samples", "hol_samples")
     | _of(_BOOL, "in_order")

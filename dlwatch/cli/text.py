@@ -7,6 +7,7 @@ from typing import Any
 from dlwatch.collect.co_iterated import describe as describe_loop
 from dlwatch.collect.loop_role import no_loader_yet
 from dlwatch.snapshot import (
+    batch_word,
     count_of,
     epoch_start_missing,
     num,
@@ -279,7 +280,7 @@ def _built_as(ld: dict) -> str:
 
 
 def _loader_lines(ld: dict, job: dict | None = None) -> list[str]:
-    batch = ld.get("batch_size") if ld.get("batch_size") is not None else "n/a"
+    batch = batch_word(ld)
     cfg = (
         f"workers {ld['num_workers']}"
         + (f" ({ld['start_method']})" if ld.get("start_method") else "")

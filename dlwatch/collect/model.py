@@ -383,6 +383,9 @@ def loader_dict(
         "id": ld["id"],
         "num_workers": ld.get("num_workers", 0),
         "batch_size": ld.get("batch_size"),
+        # The first dimension of the batch's arrays: what the view shows where
+        # no batch size is declared (a watched get_batch()), said as read.
+        "batch_rows": ld.get("batch_rows"),
         "pin_memory": bool(ld.get("pin_memory", False)),
         "batch_bytes": ld.get("batch_bytes"),
         # None where the pipeline has no such setting (nodes, Grain): a QA run

@@ -461,6 +461,7 @@ def job_dict(
             "id": 0,
             "num_workers": len(workers),
             "batch_size": None,
+            "batch_rows": None,
             "pin_memory": s.pin_memory,
             "persistent_workers": None,
             "prefetch_factor": None,

@@ -252,7 +252,7 @@ class Tools:
 
 def _headline(job: dict[str, Any]) -> dict[str, Any]:
     """Who a job is and how its loaders fare, beside its hints."""
-    keys = ("id", "num_workers", "batch_size", "data_wait_fraction", "batches_per_s")
+    keys = ("id", "num_workers", "batch_size", "batch_rows", "data_wait_fraction", "batches_per_s")
     out = {
         "pid": job.get("pid"),
         "cmdline": job.get("cmdline"),

@@ -15,7 +15,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from dlwatch.diagnose.render import judging_lines
-from dlwatch.snapshot import as_dict, as_int, find_job, num, records, severity_rank, unmeasured_jobs
+from dlwatch.snapshot import (
+    as_dict,
+    as_int,
+    batch_word,
+    find_job,
+    num,
+    records,
+    severity_rank,
+    unmeasured_jobs,
+)
 
 NA = "n/a"
 BLOCKS = "▁▂▃▄▅▆▇█"
@@ -147,7 +156,7 @@ def _loader_lines(ld: Mapping, over: LoaderSummary | None = None, seconds: float
     name = ld.get("dataset") or "DataLoader"
     head = (
         f"<b>loader {_e(as_int(ld.get('id')) or 0)}</b> · {_e(name)} · "
-        f"num_workers={_e(ld.get('num_workers'))} · batch_size={_e(ld.get('batch_size'))} · "
+        f"num_workers={_e(ld.get('num_workers'))} · batch_size={_e(batch_word(ld))} · "
         f"epoch {_e(ld.get('epoch'))} · {_e(ld.get('batches_total'))} batches"
     )
     if wait is None:

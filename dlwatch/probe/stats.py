@@ -24,7 +24,7 @@ import threading
 import weakref
 from collections import deque
 from time import perf_counter as _clock  # float seconds, as the hot path's
-from typing import Any
+from typing import Any, NamedTuple
 
 from dlwatch.probe import deaths
 from dlwatch.probe import framework as _framework
@@ -97,6 +97,7 @@ class LoaderStats:
         "autotune",
         "batch_bytes",
         "batch_on_device",
+        "batch_rows",
         "deaths",
         "error",
         "procs",
@@ -159,6 +160,10 @@ class LoaderStats:
         # or collate_fn that moves them): no worker process can make those,
         # and there is no host copy to pin.
         self.batch_on_device = False
+        # The first dimension the batch's arrays share, read with its bytes:
+        # shown where the loader declares no batch size (a watched
+        # get_batch(), a pipeline without a batching stage), as read.
+        self.batch_rows: int | None = None
         self.deaths: list[dict] = []  # workers that died (deaths.py), the last MAX_DEATHS
         self.error: str | None = None  # the last exception __next__ raised (not StopIteration)
         # The current iterator's worker Process objects: a worker's exit
@@ -284,7 +289,7 @@ class LoaderStats:
                 self.iter_t0 = 0.0
             self.epoch_start_ms.append((t1 - self.epoch_t0) * 1e3)
             if data is not None:
-                self.batch_bytes, self.batch_on_device = batch_footprint(data)
+                self.batch_bytes, self.batch_on_device, self.batch_rows = batch_footprint(data)
             th = threading.current_thread()
             self.thread_name = th.name
             self.thread_main = th is threading.main_thread()
@@ -485,6 +490,8 @@ class LoaderStats:
             out["autotune"] = self.autotune
         if self.batch_bytes is not None:
             out["batch_bytes"] = self.batch_bytes
+        if self.batch_rows is not None:
+            out["batch_rows"] = self.batch_rows
         if self.deaths:
             out["worker_deaths"] = [dict(d) for d in self.deaths]
         if self.error is not None:
@@ -537,10 +544,34 @@ def host_bytes(data: Any) -> int | None:
     return batch_footprint(data)[0]
 
 
-def batch_footprint(data: Any) -> tuple[int | None, bool]:
-    """(``host_bytes``, whether a tensor in the batch is on a device). Reads
-    metadata only: nothing touches a device or waits for one."""
+class Footprint(NamedTuple):
+    """What an epoch's first batch is made of (``batch_footprint``)."""
+
+    host_bytes: int | None  # bytes of its CPU arrays; None: it holds none, or unread
+    on_device: bool  # an array in it lives on an accelerator
+    # The first dimension its arrays share (a loop over tensors of [B, ...]:
+    # B); None where they disagree, or it holds no array with one.
+    rows: int | None
+
+
+def _device_kind(device: Any) -> str | None:
+    """ "cpu", "cuda", ...: a torch device's ``type``, a JAX device's
+    ``platform``, or the string NumPy >= 2 answers (``ndarray.device``)."""
+    if isinstance(device, str):
+        return device
+    kind = getattr(device, "type", None)
+    if not isinstance(kind, str):
+        kind = getattr(device, "platform", None)
+    return kind if isinstance(kind, str) else None
+
+
+def batch_footprint(data: Any) -> Footprint:
+    """The host bytes, whether an array is on a device, and the first
+    dimension the arrays share, of a batch: tensors or NumPy arrays, and
+    lists, tuples and dicts of them. Reads metadata only: nothing touches a
+    device or waits for one. Never raises."""
     on_device = False
+    rows: set[int] = set()
     try:
         total, seen = 0, 0
         stack = [(data, 0)]
@@ -549,13 +580,17 @@ def batch_footprint(data: Any) -> tuple[int | None, bool]:
             obj, depth = stack.pop()
             seen += 1
             nbytes = getattr(obj, "nbytes", None)
-            device = getattr(obj, "device", None)
-            if isinstance(nbytes, int) and device is not None:
+            shape = getattr(obj, "shape", None)
+            if isinstance(nbytes, int) and (shape is not None or hasattr(obj, "device")):
                 found = True
-                if getattr(device, "type", None) == "cpu":
+                # NumPy < 2 arrays have no device: they are host memory.
+                kind = _device_kind(getattr(obj, "device", "cpu"))
+                if kind == "cpu":
                     total += nbytes
                 else:
                     on_device = True
+                if isinstance(shape, tuple) and shape and isinstance(shape[0], int):
+                    rows.add(shape[0])
                 continue
             if depth >= MAX_BATCH_DEPTH or isinstance(obj, (str, bytes)):
                 continue
@@ -563,9 +598,9 @@ def batch_footprint(data: Any) -> tuple[int | None, bool]:
                 stack.extend((v, depth + 1) for v in obj.values())
             elif isinstance(obj, (list, tuple)):
                 stack.extend((v, depth + 1) for v in obj)
-        return (total if found else None), on_device
+        return Footprint(total if found else None, on_device, rows.pop() if len(rows) == 1 else None)
     except Exception:
-        return None, on_device
+        return Footprint(None, on_device, None)
 
 
 def _ns(seconds: float) -> int:

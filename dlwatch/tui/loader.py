@@ -11,7 +11,7 @@ from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.widgets import Digits, Static
 
-from dlwatch.snapshot import count_of, epoch_start_missing, pipeline_workers_line, workers_word
+from dlwatch.snapshot import batch_word, count_of, epoch_start_missing, pipeline_workers_line, workers_word
 from dlwatch.tui import fmt
 from dlwatch.tui.keyed import set_static
 from dlwatch.tui.sparkline import FixedSparkline
@@ -69,7 +69,7 @@ def loader_title(ld: dict, pal: fmt.Palette) -> Text:
         how = "fed by" if isinstance(ld.get("consumer"), dict) else "feeder"
         parts.append(Text(f"{how} thread {fmt.s(fd.get('thread')) or '?'}", pal.dim))
     parts.append(f"{fmt.count(nw)} workers" if nw != 1 else "1 worker")
-    parts.append(f"batch {fmt.count(ld.get('batch_size'))}")
+    parts.append(f"batch {batch_word(ld)}")
     knobs = ld.get("knobs")
     if lib and lib not in ("torch", "monai") and isinstance(knobs, dict):
         # A pipeline's own settings, in its own names, not a DataLoader's (a

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -24,9 +25,32 @@ def test_tensors_already_on_a_device_are_not_host_bytes():
     on_gpu = SimpleNamespace(nbytes=1 << 20, device=SimpleNamespace(type="cuda"))
     # all on the GPU: nothing to copy, so no pin-memory hint (it would ask to
     # pin CUDA tensors, which torch refuses)
-    assert host_bytes([on_gpu]) == 0 and batch_footprint([on_gpu]) == (0, True)
+    assert host_bytes([on_gpu]) == 0 and batch_footprint([on_gpu]) == (0, True, None)
     assert host_bytes([on_gpu, torch.zeros(4, dtype=torch.uint8)]) == 4
-    assert batch_footprint([torch.zeros(4, dtype=torch.uint8)]) == (4, False)
+    assert batch_footprint([torch.zeros(4, dtype=torch.uint8)]) == (4, False, 4)
+
+
+def test_numpy_arrays_are_host_memory_whatever_numpy_says_of_their_device():
+    # NumPy >= 2 answers ndarray.device with the string "cpu" (the array
+    # API), which once read as "on a device": a collate_fn returning NumPy
+    # (JAX-style loaders, Grain's dicts) got 0 host bytes, no pin-memory
+    # figure, and autotune left the loader alone as if CUDA made its batches.
+    batch = {"image": np.zeros((8, 3, 4), dtype=np.float32), "label": np.zeros(8, dtype=np.int64)}
+    assert batch_footprint(batch) == (384 + 64, False, 8)
+    jax_like = SimpleNamespace(nbytes=16, shape=(2, 2), device=SimpleNamespace(platform="cpu"))
+    assert batch_footprint(jax_like) == (16, False, 2)
+    on_tpu = SimpleNamespace(nbytes=16, shape=(2, 2), device=SimpleNamespace(platform="tpu"))
+    assert batch_footprint(on_tpu) == (0, True, 2)
+
+
+def test_the_first_dimension_the_arrays_share_is_the_batchs_rows():
+    x, y = torch.zeros(12, 64, dtype=torch.long), torch.zeros(12, 64, dtype=torch.long)
+    assert batch_footprint((x, y)).rows == 12  # nanoGPT's get_batch: [B, T] twice
+    assert batch_footprint({"ids": x, "mask": x, "meta": {"len": torch.zeros(12)}}).rows == 12
+    # Arrays that disagree, a 0-d tensor, no array at all: nothing is guessed.
+    assert batch_footprint((x, torch.zeros(5))).rows is None
+    assert batch_footprint(torch.tensor(3.0)).rows is None
+    assert batch_footprint(["text", "more"]).rows is None
 
 
 def test_no_tensor_or_odd_objects_give_none_and_never_raise():

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import dlwatch
 from dlwatch.probe import handover, patches, trainthread
+from dlwatch.snapshot import batch_word
 
 
 def _frames():
@@ -81,6 +82,25 @@ def test_a_batch_function_made_an_iterator_is_watched_call_by_call():
     assert f["dataset"] == "get_batch" and f["library"] == "watch" and f["batches"] == 25
     frac = f["wait_ns"] / (f["wait_ns"] + f["step_ns"])
     assert abs(frac - waited / total) < 0.1, (frac, waited / total)
+
+
+def test_a_watched_batch_function_shows_its_tensors_rows_as_read():
+    # nanoGPT's get_batch returns x, y of [batch_size, block_size]: no loader
+    # declares the batch, the view once said "batch n/a".
+    patches.registry.clear()
+
+    def get_batch():
+        return torch.zeros(12, 64, dtype=torch.long), torch.zeros(12, 64, dtype=torch.long)
+
+    batches = dlwatch.watch(iter(get_batch, None), name="get_batch")
+    for _ in range(3):
+        next(batches)
+    (f,) = _frames()
+    assert f.get("batch_size") is None and f["batch_rows"] == 12 and f["batch_bytes"] == 2 * 12 * 64 * 8
+    assert batch_word(f) == "12 (first dim)"
+    # A declared batch size is the one shown, whatever the arrays hold.
+    assert batch_word({"batch_size": 32, "batch_rows": 12}) == "32"
+    assert batch_word({"batch_size": None, "batch_rows": None}) == "n/a"
 
 
 class _Slow(Dataset):
