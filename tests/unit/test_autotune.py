@@ -244,6 +244,38 @@ def test_a_loader_whose_batches_come_out_on_a_device_is_left_alone(probe, monkey
         autotune.uninstall()
 
 
+def test_a_loader_whose_collate_returns_numpy_is_not_taken_for_one_on_a_device(probe, monkeypatch):
+    # JAX-style training iterates a DataLoader whose collate_fn returns NumPy
+    # arrays; NumPy >= 2 says ndarray.device == "cpu" (a string), once read
+    # as "on a device", and autotune left the loader alone for it.
+    import time
+
+    import numpy as np
+    from torch.utils.data import DataLoader, Dataset
+
+    from dlwatch.probe import patches
+
+    class Slow(Dataset):
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, i):
+            time.sleep(0.01)
+            return np.zeros(2, dtype=np.float32)
+
+    monkeypatch.setattr(patches, "after_new_iterator", autotune.after_new_iterator)
+    autotune.install()
+    try:
+        dl = DataLoader(Slow(), batch_size=2, collate_fn=np.stack)
+        for _epoch in range(2):
+            for _batch in dl:
+                pass
+        t = autotune.tuner_of(dl)
+        assert t is not None and "already on the GPU" not in (t.reason or ""), (t.state, t.reason)
+    finally:
+        autotune.uninstall()
+
+
 def _warn_once_here() -> None:
     import warnings
 
