@@ -99,7 +99,7 @@ class _LoaderRequired(TypedDict):
     id: int
     num_workers: int
     batch_size: int | None
-    pin_memory: bool
+    pin_memory: bool | None  # None: the loop has no such setting (watched, nodes, Grain)
     persistent_workers: bool | None  # None: not known (an attached job)
     prefetch_factor: int | None
     # None for an attached job: only the hook counts batches.

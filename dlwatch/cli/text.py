@@ -291,6 +291,8 @@ def _loader_lines(ld: dict, job: dict | None = None) -> list[str]:
         # A pipeline's own settings, not a DataLoader's (a QA run read
         # "pin_memory off, persistent off" on a torchdata.nodes graph).
         cfg += ", ".join(f"{k}={v}" for k, v in knobs.items()) if knobs else "no settings read"
+    elif ld.get("pin_memory") is None:
+        cfg += "no DataLoader settings"  # a watched loop: what it iterates is the script's own
     else:
         cfg += (
             f"pin_memory {'on' if ld.get('pin_memory') else 'off'}, "

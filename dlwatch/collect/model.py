@@ -386,7 +386,10 @@ def loader_dict(
         # The first dimension of the batch's arrays: what the view shows where
         # no batch size is declared (a watched get_batch()), said as read.
         "batch_rows": ld.get("batch_rows"),
-        "pin_memory": bool(ld.get("pin_memory", False)),
+        # None where the loop has no such setting (a watched loop, nodes, Grain:
+        # only a DataLoader's config carries it): "set pin_memory=True in
+        # DataLoader(...)" is no advice for a loop without one.
+        "pin_memory": pin if isinstance(pin := ld.get("pin_memory"), bool) else None,
         "batch_bytes": ld.get("batch_bytes"),
         # None where the pipeline has no such setting (nodes, Grain): a QA run
         # of a grain.DataLoader read "set persistent_workers=True", which it lacks.

@@ -75,7 +75,7 @@ def loader_title(ld: dict, pal: fmt.Palette) -> Text:
         # A pipeline's own settings, in its own names, not a DataLoader's (a
         # QA run read "pin off, persistent off" on a torchdata.nodes graph).
         parts.extend(f"{k}={v}" for k, v in knobs.items())
-    else:
+    elif ld.get("pin_memory") is not None:  # None: not a DataLoader (a watched loop)
         parts.append(f"pin {_flag(ld.get('pin_memory'))}")
         parts.append(f"persistent {_flag(ld.get('persistent_workers'))}")
         if nw:

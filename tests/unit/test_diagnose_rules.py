@@ -563,6 +563,14 @@ CASES = [
     ("pin silent when busy GPU and no wait", one(loader(pin=False, wait=0.049)), "enable-pin-memory", False),
     ("pin silent when pinned", one(loader(pin=True, wait=0.5)), "enable-pin-memory", False),
     (
+        # A watched loop, nodes, Grain: no pin_memory setting to turn on
+        # (the model reads None where the probe sent none).
+        "pin silent for a loop that is not a DataLoader",
+        one(loader(pin=None, wait=0.5, library="watch", nw=0)),
+        "enable-pin-memory",
+        False,
+    ),
+    (
         "pin silent without CUDA",
         one(loader(pin=False, wait=0.5), job_kw={"cuda": False}),
         "enable-pin-memory",

@@ -15,6 +15,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import dlwatch
+from dlwatch.cli.text import _loader_lines
+from dlwatch.collect.model import loader_dict
 from dlwatch.probe import handover, patches, trainthread
 from dlwatch.snapshot import batch_word
 
@@ -98,6 +100,11 @@ def test_a_watched_batch_function_shows_its_tensors_rows_as_read():
     (f,) = _frames()
     assert f.get("batch_size") is None and f["batch_rows"] == 12 and f["batch_bytes"] == 2 * 12 * 64 * 8
     assert batch_word(f) == "12 (first dim)"
+    # As the monitor reads it: no pin_memory setting (None, not "off"), the
+    # text's loader line says so rather than "pin_memory off, persistent off".
+    rec = loader_dict([], f, 3.0, {}, {})
+    assert rec["pin_memory"] is None and rec["batch_rows"] == 12
+    assert "batch 12 (first dim), no DataLoader settings" in _loader_lines(rec)[0]
     # A declared batch size is the one shown, whatever the arrays hold.
     assert batch_word({"batch_size": 32, "batch_rows": 12}) == "32"
     assert batch_word({"batch_size": None, "batch_rows": None}) == "n/a"
