@@ -593,7 +593,12 @@ class Publisher:
                 self._drop(c)
 
     def _check_socket_file(self) -> None:
-        if self.path is None:
+        # Never once closed: close() waits 1 s at most for this thread (a job's
+        # exit must not hang on it), and a thread that outlived that wait on a
+        # loaded box found the socket close() had unlinked "deleted" and bound
+        # a new one, its directory too (a test run's check of runtime
+        # directories caught one at -n 5).
+        if self.path is None or self._stop.is_set():
             return
         try:
             st = os.stat(self.path)
@@ -601,6 +606,8 @@ class Publisher:
                 return
         except OSError:
             pass
+        if self._stop.is_set():
+            return
         try:
             rundir.ensure_dir(self.directory)
             self._bind()

@@ -535,6 +535,19 @@ def test_close_leaves_a_file_that_is_not_ours(short_tmpdir):
         assert f.read() == "someone else's"
 
 
+def test_a_thread_that_outlives_close_never_binds_again(short_tmpdir):
+    # close() waits 1 s at most for the thread; one that is still running
+    # (a loaded box) reaches its rebind check with the socket unlinked and
+    # its directory removed, as a test runner removes it: it must not
+    # recreate either.
+    p = Publisher(directory=os.path.join(short_tmpdir, "rt"))
+    p.open()  # no thread: its rebind check is called by hand below
+    p.close()
+    shutil.rmtree(p.directory)
+    p._check_socket_file()
+    assert not os.path.exists(p.directory)
+
+
 def _wait_for_socket(path: str, timeout: float) -> bool:
     def ok():
         try:
