@@ -178,12 +178,24 @@ def test_batches_and_pace_after_a_burst_match_an_untouched_twin():
     # clock: medians of the batch-to-batch time.
     start, done = doc["window_mono_ns"][0] - int(0.1e9), doc["done_mono_ns"] + int(0.1e9)
 
-    def intervals(res):
+    def intervals(res, before: bool = True, after: bool = True):
         ts = [t1 for _, _, t1 in res["recs"]["train"]["batches"]]
-        return [y - x for x, y in zip(ts, ts[1:]) if y < start or x > done]
+        return [y - x for x, y in zip(ts, ts[1:]) if (before and y < start) or (after and x > done)]
 
     ratio = statistics.median(intervals(a)) / statistics.median(intervals(b))
-    assert abs(ratio - 1) <= 0.02, ratio
+
+    # Each part's own ratio and size, should it fail (once in ~45 runs, 1.025,
+    # with no split on record): a lasting cost of the burst shows after it
+    # only, a difference between the two processes in both.
+    def parts() -> dict:
+        out = {}
+        for name, kw in (("before", {"after": False}), ("after", {"before": False})):
+            pa, pb = intervals(a, **kw), intervals(b, **kw)
+            ok = pa and pb
+            out[name] = (round(statistics.median(pa) / statistics.median(pb), 4), len(pa)) if ok else None
+        return out
+
+    assert abs(ratio - 1) <= 0.02, (ratio, parts())  # the message is made only on failure
 
 
 def test_job_that_exits_mid_burst():
