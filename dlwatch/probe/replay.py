@@ -22,8 +22,11 @@ entry (``batch["x"] = batch["x"].cuda()``) does not change what the next
 replay of that batch holds. A loop that changes a CPU batch in place
 (``x.sub_(mean)``) would change the cache itself, and every replay would
 drift further (to denormals, which slow CPU arithmetic, and so the pace):
-each tensor's version counter, which every in-place op bumps, tells. Once a
-cached tensor's version moves, the entries it touched are dropped, the rest
+each tensor's version counter, which every in-place op bumps, tells. A NumPy
+array has none (a ``collate_fn`` that returns NumPy, JAX-style; ``x /= 255``
+on it, or on ``torch.from_numpy(x)``): 64 of its elements spread over it
+stand in, which a whole-array change moves. Once a cached tensor's version
+or an array's sample moves, the entries it touched are dropped, the rest
 of the cache is made of copies the loop never sees, and each replay hands
 out a copy of its entry (pinned where the entry is).
 
@@ -33,6 +36,7 @@ publisher encodes it from another thread: its size never changes).
 
 from __future__ import annotations
 
+import sys
 from time import perf_counter as _clock
 from typing import Any
 
@@ -47,8 +51,9 @@ class Replay:
         self.max_bytes = int(spec.get("max_bytes", DEFAULT_MAX_BYTES))
         self.after_s = float(spec.get("after_s", DEFAULT_AFTER_S))
         self.cache: list[Any] = []
-        # Per cache entry: its CPU tensors and their versions when cached.
-        self.versions: list[list[tuple[Any, int]]] = []
+        # Per cache entry: its CPU tensors and NumPy arrays, each with what
+        # tells an in-place change (``_token``) as cached.
+        self.versions: list[list[tuple[Any, Any]]] = []
         # The loop changes batches in place: cache and hand out copies.
         self.copies = False
         self.pos = 0
@@ -150,7 +155,7 @@ class Replay:
             vs = self.versions
 
             def moved(i: int) -> bool:
-                return any(t._version != v for t, v in vs[i])
+                return any(_token(t) != v for t, v in vs[i])
 
             if not any(moved(i) for i in which):
                 return
@@ -220,6 +225,8 @@ def fresh(obj, _depth: int = 0, copy_cpu: bool = False):
             return obj.clone()  # on the device, asynchronous: nothing waits
         if copy_cpu and _is_cpu_tensor(obj):
             return _copy_cpu(obj)
+        if copy_cpu and _is_ndarray(obj):
+            return obj.copy()
         d = _depth + 1
         if type(obj) is dict:
             return {k: fresh(v, d, copy_cpu) for k, v in obj.items()}
@@ -243,6 +250,28 @@ def _is_cpu_tensor(obj) -> bool:
     return getattr(getattr(obj, "device", None), "type", None) == "cpu" and hasattr(obj, "_version")
 
 
+def _is_ndarray(obj) -> bool:
+    np = sys.modules.get("numpy")  # a batch of arrays means numpy is imported
+    return np is not None and isinstance(obj, np.ndarray)
+
+
+# Elements of a NumPy array read to tell an in-place change (it has no version
+# counter): spread over the whole array, so ``x /= 255`` or ``x -= mean`` move them.
+ARRAY_SAMPLE = 64
+
+
+def _token(obj) -> Any:
+    """What tells whether the loop changed a leaf in place since: a CPU
+    tensor's version counter, a NumPy array's sampled bytes."""
+    if _is_ndarray(obj):
+        n = obj.size
+        if n == 0:
+            return b""
+        step = max(1, n // ARRAY_SAMPLE)
+        return obj.flat[0:n:step].tobytes()  # a copy of the sample only, whatever the layout
+    return int(obj._version)
+
+
 def _copy_cpu(t):
     try:
         pinned = bool(t.is_pinned())
@@ -257,16 +286,17 @@ def _copy_cpu(t):
     return out
 
 
-def versions(obj, _depth: int = 0) -> list[tuple[Any, int]]:
-    """The CPU tensors in a batch with their version counters (every
-    in-place op bumps a tensor's), to tell later whether the loop changed
-    them. Empty where a tensor has none (inference mode)."""
-    out: list[tuple[Any, int]] = []
+def versions(obj, _depth: int = 0) -> list[tuple[Any, Any]]:
+    """The CPU tensors and NumPy arrays in a batch, each with its ``_token``
+    (a tensor's version counter, which every in-place op bumps; an array's
+    sampled bytes), to tell later whether the loop changed them. Empty where
+    a tensor has no counter (inference mode)."""
+    out: list[tuple[Any, Any]] = []
     if _depth > 16:
         return out
     try:
-        if _is_cpu_tensor(obj):
-            return [(obj, int(obj._version))]
+        if _is_cpu_tensor(obj) or _is_ndarray(obj):
+            return [(obj, _token(obj))]
         if isinstance(obj, dict):
             for v in obj.values():
                 out.extend(versions(v, _depth + 1))

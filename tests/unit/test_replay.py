@@ -9,6 +9,7 @@ import hashlib
 import os
 from collections import namedtuple
 
+import numpy as np
 import pytest
 
 from dlwatch import overrides as fmt
@@ -154,6 +155,46 @@ def test_a_loop_that_changes_its_batch_in_place_sees_the_loaders_values_in_every
     # Every batch the loop got is one the loader made, unchanged: no drift.
     assert set(seen) <= set(twin), [i for i, d in enumerate(seen) if d not in twin]
     # Replays keep their turn: the same batches over and over.
+    replayed = seen[9:]
+    assert len(set(replayed)) == kept
+    assert all(replayed[i] == replayed[i % kept] for i in range(len(replayed))), replayed
+
+
+class Arrays(Dataset):
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        return np.full((3, 2), float(i), dtype=np.float32)
+
+
+def numpy_collate(samples):
+    return {"image": np.stack(samples), "label": np.arange(len(samples))}
+
+
+@pytest.mark.parametrize("when", ["caching", "replaying"])
+def test_a_loop_that_changes_its_numpy_batch_in_place_sees_the_loaders_values_in_every_replay(
+    replay_env, when
+):
+    """JAX-style: a collate_fn that returns NumPy, normalised in place by the
+    loop (x -= mean). An array has no version counter: its sampled values
+    tell the replay it changed, and no replay drifts."""
+    twin = [digest(b) for b in DataLoader(Arrays(), batch_size=4, collate_fn=numpy_collate)]
+    replay_env(batches=3)
+    loader = DataLoader(Arrays(), batch_size=4, num_workers=1, collate_fn=numpy_collate)
+    seen = []
+    for _ in range(3):
+        for b in loader:
+            seen.append(digest(b))
+            if when == "caching" or len(seen) > 6:
+                b["image"] *= -3.0  # in place, on the array the loader handed out
+                b["image"] += 1.0
+    rep = loader._dlw_replay
+    assert rep.status["in_place"] is True and rep.status["state"] == "replaying"
+    kept = 3 if when == "caching" else 2
+    assert rep.status["batches_cached"] == kept == len(rep.cache)
+    assert seen[:3] == twin[:3]
+    assert set(seen) <= set(twin), [i for i, d in enumerate(seen) if d not in twin]
     replayed = seen[9:]
     assert len(set(replayed)) == kept
     assert all(replayed[i] == replayed[i % kept] for i in range(len(replayed))), replayed
