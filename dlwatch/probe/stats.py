@@ -547,7 +547,10 @@ def host_bytes(data: Any) -> int | None:
 class Footprint(NamedTuple):
     """What an epoch's first batch is made of (``batch_footprint``)."""
 
-    host_bytes: int | None  # bytes of its CPU arrays; None: it holds none, or unread
+    # Bytes of its CPU tensors: what pin_memory=True pins, what DataLoader
+    # workers hand over through /dev/shm, what a .to('cuda') copies. Not NumPy
+    # arrays (neither pins nor shares them). None: it holds no tensor, or unread.
+    host_bytes: int | None
     on_device: bool  # an array in it lives on an accelerator
     # The first dimension its arrays share (a loop over tensors of [B, ...]:
     # B); None where they disagree, or it holds no array with one.
@@ -566,7 +569,7 @@ def _device_kind(device: Any) -> str | None:
 
 
 def batch_footprint(data: Any) -> Footprint:
-    """The host bytes, whether an array is on a device, and the first
+    """The host tensor bytes, whether an array is on a device, and the first
     dimension the arrays share, of a batch: tensors or NumPy arrays, and
     lists, tuples and dicts of them. Reads metadata only: nothing touches a
     device or waits for one. Never raises."""
@@ -582,13 +585,17 @@ def batch_footprint(data: Any) -> Footprint:
             nbytes = getattr(obj, "nbytes", None)
             shape = getattr(obj, "shape", None)
             if isinstance(nbytes, int) and (shape is not None or hasattr(obj, "device")):
-                found = True
-                # NumPy < 2 arrays have no device: they are host memory.
-                kind = _device_kind(getattr(obj, "device", "cpu"))
-                if kind == "cpu":
-                    total += nbytes
-                else:
+                device = getattr(obj, "device", None)
+                # A NumPy array (no device before NumPy 2, the string "cpu"
+                # since) is host memory, never "on a device"; only torch's
+                # devices have a .type.
+                tensor = isinstance(getattr(device, "type", None), str)
+                if _device_kind(device) not in (None, "cpu"):
                     on_device = True
+                    found = found or tensor
+                elif tensor:
+                    total += nbytes
+                    found = True
                 if isinstance(shape, tuple) and shape and isinstance(shape[0], int):
                     rows.add(shape[0])
                 continue
