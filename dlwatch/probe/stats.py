@@ -549,7 +549,8 @@ class Footprint(NamedTuple):
 
     # Bytes of its CPU tensors: what pin_memory=True pins, what DataLoader
     # workers hand over through /dev/shm, what a .to('cuda') copies. Not NumPy
-    # arrays (neither pins nor shares them). None: it holds no tensor, or unread.
+    # arrays (neither pins nor shares them): a batch of those reads 0. None: it
+    # holds no array, or unread.
     host_bytes: int | None
     on_device: bool  # an array in it lives on an accelerator
     # The first dimension its arrays share (a loop over tensors of [B, ...]:
@@ -589,13 +590,13 @@ def batch_footprint(data: Any) -> Footprint:
                 # A NumPy array (no device before NumPy 2, the string "cpu"
                 # since) is host memory, never "on a device"; only torch's
                 # devices have a .type.
-                tensor = isinstance(getattr(device, "type", None), str)
+                # An array but no CPU tensor reads 0 bytes, not "unknown":
+                # pin_memory=True would pin nothing of it.
+                found = True
                 if _device_kind(device) not in (None, "cpu"):
                     on_device = True
-                    found = found or tensor
-                elif tensor:
+                elif isinstance(getattr(device, "type", None), str):
                     total += nbytes
-                    found = True
                 if isinstance(shape, tuple) and shape and isinstance(shape[0], int):
                     rows.add(shape[0])
                 continue

@@ -565,6 +565,13 @@ CASES = [
     (
         # A watched loop, nodes, Grain: no pin_memory setting to turn on
         # (the model reads None where the probe sent none).
+        # A collate_fn that returns NumPy: nothing that pin_memory=True pins.
+        "pin silent when the batch holds no tensor to pin",
+        one(loader(pin=False, wait=0.5, batch_bytes=0)),
+        "enable-pin-memory",
+        False,
+    ),
+    (
         "pin silent for a loop that is not a DataLoader",
         one(loader(pin=None, wait=0.5, library="watch", nw=0)),
         "enable-pin-memory",

@@ -36,12 +36,12 @@ def test_numpy_arrays_are_host_memory_whatever_numpy_says_of_their_device():
     # collate_fn returns NumPy (JAX-style) alone, as if CUDA made its batches.
     # Its bytes are not the tensors' that pin_memory pins or /dev/shm carries.
     batch = {"image": np.zeros((8, 3, 4), dtype=np.float32), "label": np.zeros(8, dtype=np.int64)}
-    assert batch_footprint(batch) == (None, False, 8)
+    assert batch_footprint(batch) == (0, False, 8)  # nothing to pin: no pin-memory advice
     assert batch_footprint({**batch, "t": torch.zeros(8, dtype=torch.uint8)}) == (8, False, 8)
     jax_like = SimpleNamespace(nbytes=16, shape=(2, 2), device=SimpleNamespace(platform="cpu"))
-    assert batch_footprint(jax_like) == (None, False, 2)
+    assert batch_footprint(jax_like) == (0, False, 2)
     on_tpu = SimpleNamespace(nbytes=16, shape=(2, 2), device=SimpleNamespace(platform="tpu"))
-    assert batch_footprint(on_tpu) == (None, True, 2)
+    assert batch_footprint(on_tpu) == (0, True, 2)
 
 
 def test_the_first_dimension_the_arrays_share_is_the_batchs_rows():
