@@ -587,12 +587,12 @@ def batch_footprint(data: Any) -> Footprint:
             shape = getattr(obj, "shape", None)
             if isinstance(nbytes, int) and (shape is not None or hasattr(obj, "device")):
                 device = getattr(obj, "device", None)
-                # A NumPy array (no device before NumPy 2, the string "cpu"
-                # since) is host memory, never "on a device"; only torch's
-                # devices have a .type.
                 # An array but no CPU tensor reads 0 bytes, not "unknown":
                 # pin_memory=True would pin nothing of it.
                 found = True
+                # A NumPy array (no device before NumPy 2, the string "cpu"
+                # since) is host memory, never "on a device", and not counted:
+                # only torch's devices have a .type.
                 if _device_kind(device) not in (None, "cpu"):
                     on_device = True
                 elif isinstance(getattr(device, "type", None), str):
