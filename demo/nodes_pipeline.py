@@ -2,7 +2,8 @@
 
 The loop iterates a torchdata.nodes.Loader, one iter() per epoch of 512 samples.
 Workers: --workers sets ParallelMapper(num_workers=...); --method picks threads
-(default) or processes for them.
+(default) or processes for them. --pin-memory adds a PinMemory node over the
+batches (it needs CUDA).
 
     python demo/nodes_pipeline.py --seconds 10 [--method process]
     dlwatch run -- python demo/nodes_pipeline.py      # then `dlwatch` in another terminal
@@ -14,6 +15,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common
+import torch
 import torchdata.nodes as tn
 from torch.utils.data import SequentialSampler
 
@@ -23,7 +25,10 @@ def main() -> None:
     parser.add_argument(
         "--method", choices=["thread", "process"], default="thread", help="ParallelMapper method"
     )
+    parser.add_argument("--pin-memory", action="store_true", help="a PinMemory node under the Prefetcher")
     args = parser.parse_args()
+    if args.pin_memory and not torch.cuda.is_available():
+        parser.error("--pin-memory needs CUDA: a PinMemory node pins batches for a GPU")
     _common.jpegs()  # built before any process worker forks, so they inherit them
 
     def loader() -> tn.Loader:
@@ -33,6 +38,8 @@ def main() -> None:
         )
         node = tn.Batcher(node, batch_size=args.batch_size, drop_last=False)
         node = tn.Mapper(node, _common.collate)
+        if args.pin_memory:
+            node = tn.PinMemory(node)
         node = tn.Prefetcher(node, prefetch_factor=2)
         return tn.Loader(node)
 

@@ -58,6 +58,19 @@ def pageable_copy_ms(batch_bytes: float) -> float:
     return batch_bytes / PAGEABLE_H2D_BYTES_PER_S * 1e3
 
 
+def _pin_words(loader: dict[str, Any]) -> tuple[str, str]:
+    """How the loader leaves its batches unpinned, and how to pin them, in
+    its library's terms: a torchdata.nodes graph pins in a ``PinMemory``
+    node (a thread beside the loop, as a DataLoader's pin thread), not with
+    a DataLoader argument it does not have."""
+    if loader.get("library") == "torchdata.nodes":
+        return (
+            "no PinMemory node in its graph",
+            "add a PinMemory node over the batches (PinMemory(Batcher(...)), under the Prefetcher)",
+        )
+    return "pin_memory=False", f"set {setting(loader, 'pin_memory', True)}"
+
+
 def rule_enable_pin_memory(ctx: Context) -> list[dict[str, Any]]:
     if not ctx.gpu_ok or not ctx.gpus:
         return []
@@ -93,12 +106,13 @@ def rule_enable_pin_memory(ctx: Context) -> list[dict[str, Any]]:
             )
         else:
             cost = "the batch size in bytes is not known here, so the copies' cost is not estimated"
+        unpinned, pin = _pin_words(lv.loader)
         msg = (
-            f"{lv.title} hands batches to CUDA from pageable memory (pin_memory=False) while "
+            f"{lv.title} hands batches to CUDA from pageable memory ({unpinned}) while "
             f"{' and '.join(reasons)}; {cost}. A pageable .to('cuda') makes an extra CPU copy "
             f"and cannot overlap with compute."
         )
-        sugg = f"set {setting(lv.loader, 'pin_memory', True)} and copy with .to(device, non_blocking=True)"
+        sugg = f"{pin} and copy with .to(device, non_blocking=True)"
         ev = {
             "pin_memory": False,
             "cuda_initialized": True,

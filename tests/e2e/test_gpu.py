@@ -144,3 +144,26 @@ def test_memory_used_is_nvidia_smis():
     assert status == "ok"
     # v1's "used" counted the driver's reserved memory: +480 MiB on an H100
     assert abs(gpus[0]["mem_used_bytes"] / 2**20 - float(smi.stdout.split()[0])) <= 64
+
+
+def test_a_nodes_graph_on_cuda_reads_its_pinmemory_node(tmp_path):
+    # torchdata.nodes pins in a PinMemory node (a thread of its own), which
+    # CPU torch cannot build: only a GPU runs the graph enable-pin-memory
+    # suggests to a nodes pipeline (its words are unit-tested).
+    pytest.importorskip("torchdata.nodes")
+    from tests.e2e.test_pipelines import DemoJob
+
+    args = ["--step", "cuda", "--workers", "1", "--epoch-samples", "100000", "--pin-memory"]
+    job = DemoJob("nodes_pipeline.py", *args, tmp=tmp_path)
+    try:
+        job.ready()
+        time.sleep(4.0)
+        snap = snapshot_json(job.dir, "--window", "3")
+        spans = job.finish()
+    finally:
+        job.kill()
+    ld = next(ld for j in snap["jobs"] for ld in j["loaders"] if ld.get("loop_role") == "loop")
+    assert ld["library"] == "torchdata.nodes" and ld["pin_memory"] is True
+    truth = truth_in_window(spans, *ld["window_mono_ns"])["data_wait_fraction"]
+    assert ld["data_wait_fraction"] == pytest.approx(truth, abs=0.03)
+    assert "enable-pin-memory" not in {h["id"] for h in snap["hints"]}, snap["hints"]

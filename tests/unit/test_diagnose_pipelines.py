@@ -218,3 +218,20 @@ def test_a_webloaders_stage_dataloader_is_one_tune_can_set():
     assert "dlwatch tune --workers 0,2" in with_tune_command(h, s)["suggestion"]
     del ld["workers_from"]
     assert "tune cannot set webdataset's settings" in with_tune_command(h, s)["suggestion"]
+
+
+def test_enable_pin_memory_speaks_of_a_pinmemory_node_to_a_nodes_graph():
+    # A torchdata.nodes graph has no pin_memory argument: it pins in a
+    # PinMemory node, which the probe reads from the graph (pin_memory).
+    h = get(evaluate(one(nodes(wait=0.3, pin=False))), "enable-pin-memory")
+    assert "(no PinMemory node in its graph)" in h["message"], h["message"]
+    assert "pin_memory=False" not in h["message"]
+    assert h["suggestion"].startswith("add a PinMemory node over the batches (PinMemory(Batcher(...))")
+    assert "DataLoader" not in h["suggestion"] and "pin_memory=True" not in h["suggestion"]
+    assert "enable-pin-memory" not in ids(evaluate(one(nodes(wait=0.3, pin=True))))
+    # A nodes frame from a probe that did not read the graph's pinning: nothing said.
+    assert "enable-pin-memory" not in ids(evaluate(one(nodes(wait=0.3, pin=None))))
+    # A DataLoader keeps its own words.
+    dl = get(evaluate(one(loader(pin=False, wait=0.3))), "enable-pin-memory")
+    assert "(pin_memory=False)" in dl["message"]
+    assert "set pin_memory=True in DataLoader(...)" in dl["suggestion"]

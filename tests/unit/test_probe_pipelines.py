@@ -190,10 +190,26 @@ def test_torchdata_nodes_loader_is_measured_every_epoch_with_its_knobs(monkeypat
         "ParallelMapper.method": "thread",
     }
     assert f["num_workers"] == 2 and f["batch_size"] == 4 and f["worker_kind"] == "thread"
+    assert f["pin_memory"] is False  # no PinMemory node in the graph
     # autotune says why it leaves this pipeline alone
     assert f["autotune"]["state"] == "left alone" and "torchdata.nodes" in f["autotune"]["reason"]
     # the iterator is still the library's own type
     assert isinstance(iter(loader), tn.BaseNode)
+
+
+def test_a_nodes_graph_with_a_pinmemory_node_reads_pinned(monkeypatch):
+    import torch
+    import torchdata.nodes as tn
+
+    from dlwatch.probe.adapters import nodes as adapter
+
+    # PinMemory asks CUDA for its device when built, which this CPU box has
+    # not: the one call is faked; the graph is read, not iterated.
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    batches = tn.Batcher(tn.IterableWrapper(range(8)), batch_size=4)
+    pinned = tn.Loader(tn.Prefetcher(tn.PinMemory(batches), prefetch_factor=2))
+    assert adapter.describe(pinned)["pin_memory"] is True
+    assert adapter.describe(tn.Loader(tn.Prefetcher(batches, prefetch_factor=2)))["pin_memory"] is False
 
 
 def test_grain_is_measured_on_every_epoch_not_only_the_first():

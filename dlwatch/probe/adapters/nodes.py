@@ -6,7 +6,9 @@
   ``method="thread"``) or processes (``method="process"``);
 - buffer: the mapper's output queue against its ``max_concurrent`` bound;
 - knobs: ``ParallelMapper(num_workers=…, method=…)``,
-  ``Prefetcher(prefetch_factor=…)``, ``Batcher(batch_size=…)``.
+  ``Prefetcher(prefetch_factor=…)``, ``Batcher(batch_size=…)``;
+- pinning: whether the graph has a ``PinMemory`` node (the pipeline's
+  ``pin_memory=True``), so enable-pin-memory can speak of one.
 """
 
 from __future__ import annotations
@@ -58,8 +60,10 @@ def describe(loader: Any) -> dict:
     out: dict[str, Any] = {}
     queue: dict[str, int | None] = {"ready": None, "in_flight": None, "capacity": None}
     kind = None
+    pinned = False
     for node in walk(loader.root, _GRAPH):
         name = type(node).__name__
+        pinned = pinned or name == "PinMemory"
         if name == "ParallelMapper":
             knobs["ParallelMapper.num_workers"] = int(getattr(node, "num_workers", 0) or 0)
             kind = str(getattr(node, "method", "thread"))
@@ -85,6 +89,7 @@ def describe(loader: Any) -> dict:
     if "ParallelMapper.num_workers" in knobs:
         out["num_workers"] = knobs["ParallelMapper.num_workers"]
         out["worker_kind"] = kind
+    out["pin_memory"] = pinned
     out["knobs"] = knobs
     out["pipeline_workers"] = workers_of(workers)
     out["queue"] = queue
