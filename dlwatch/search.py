@@ -63,7 +63,7 @@ STILL_WAITING = 0.05
 NOISE_FLOOR = 0.05
 NOISE_CAP = 0.25
 # persistent_workers is worth a trial when later epoch starts cost this share
-# of an epoch (the hint's bar is 10 % and 500 ms: a trial can measure less).
+# of an epoch (the hint's bar is 10 % and 20 ms: a trial can measure less).
 PERSIST_MIN_SHARE = 0.02
 PERSIST_MIN_STALL_MS = 20.0
 PREFETCH_TRY = 4
