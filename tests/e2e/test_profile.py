@@ -173,29 +173,26 @@ def test_batches_and_pace_after_a_burst_match_an_untouched_twin():
         twin.cleanup()
     n = min(len(a["digest"]), len(b["digest"]))
     assert n > 500 and a["digest"][:n] == b["digest"][:n]
-    # Pace outside the burst (from its first step until the job had written
-    # the trace) against the twin over the same span of the shared monotonic
-    # clock: medians of the batch-to-batch time.
+    # The pace after the burst (once the job had written the trace) against
+    # its own before it (from its first step), each as a median of the
+    # batch-to-batch time, and the twin's over the same spans of the shared
+    # monotonic clock: a lasting cost of the burst moves the profiled job's
+    # ratio alone, while what sets two processes' paces apart for the whole
+    # run (a core's wake-up latency under 5 ms sleeps) cancels. Set against
+    # each other directly, the two jobs' paces read 1.025 once in ~45 runs.
     start, done = doc["window_mono_ns"][0] - int(0.1e9), doc["done_mono_ns"] + int(0.1e9)
 
-    def intervals(res, before: bool = True, after: bool = True):
+    def median_interval(res, after: bool) -> float:
         ts = [t1 for _, _, t1 in res["recs"]["train"]["batches"]]
-        return [y - x for x, y in zip(ts, ts[1:]) if (before and y < start) or (after and x > done)]
+        part = [y - x for x, y in zip(ts, ts[1:]) if (x > done if after else y < start)]
+        assert len(part) > 100, (after, len(part))
+        return statistics.median(part)
 
-    ratio = statistics.median(intervals(a)) / statistics.median(intervals(b))
-
-    # Each part's own ratio and size, should it fail (once in ~45 runs, 1.025,
-    # with no split on record): a lasting cost of the burst shows after it
-    # only, a difference between the two processes in both.
-    def parts() -> dict:
-        out = {}
-        for name, kw in (("before", {"after": False}), ("after", {"before": False})):
-            pa, pb = intervals(a, **kw), intervals(b, **kw)
-            ok = pa and pb
-            out[name] = (round(statistics.median(pa) / statistics.median(pb), 4), len(pa)) if ok else None
-        return out
-
-    assert abs(ratio - 1) <= 0.02, (ratio, parts())  # the message is made only on failure
+    drift = {
+        name: median_interval(res, True) / median_interval(res, False)
+        for name, res in (("profiled", a), ("twin", b))
+    }
+    assert abs(drift["profiled"] / drift["twin"] - 1) <= 0.02, drift
 
 
 def test_job_that_exits_mid_burst():
