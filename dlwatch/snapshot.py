@@ -119,6 +119,10 @@ class Loader(_LoaderRequired, total=False):
     kind: str  # "map" | "iterable"
     dataset: str | None  # the user's dataset class, beneath frameworks' wrappers
     dataset_wrappers: list[str]  # the wrappers' classes, outermost first (Subset, IterableDatasetShard)
+    # An iterable dataset whose library hands each worker whole shards and
+    # stops the workers past this count (HF datasets: "datasets"); None else.
+    shards: int | None
+    shards_of: str | None
     in_order: bool | None  # DataLoader(in_order=) with workers, torch >= 2.6; None otherwise
     # The first dimension the arrays of an epoch's first batch share (None:
     # they disagree, or hold none): shown, as read, where batch_size is None.

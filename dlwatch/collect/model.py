@@ -399,6 +399,8 @@ def loader_dict(
         "kind": ld.get("kind", "map"),
         "dataset": ld.get("dataset"),
         "dataset_wrappers": list(ld.get("dataset_wrappers") or []),
+        "shards": ld.get("shards"),
+        "shards_of": ld.get("shards_of"),
         "in_order": ld.get("in_order"),
         "iterated_on": _iterated_on(ld.get("iterated_on")),
         "head_of_line_fraction": w.get("head_of_line_fraction"),

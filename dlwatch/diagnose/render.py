@@ -263,4 +263,7 @@ def with_tune_command(h: dict[str, Any], snapshot: Mapping[str, Any]) -> dict[st
     if cmd is None:
         return h
     where = " with the loop saved as train.py" if cmd.startswith("%") else ""
-    return dict(h, suggestion=f"{h.get('suggestion', '')}; verify with `{cmd}`{where}")
+    # tune runs the script as it is: past the dataset's shards the extra
+    # workers get no data until the script reshards it (rules_sharding).
+    once = "once resharded, " if isinstance(ev.get("reshard_to"), int) else ""
+    return dict(h, suggestion=f"{h.get('suggestion', '')}; {once}verify with `{cmd}`{where}")

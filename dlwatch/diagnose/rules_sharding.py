@@ -2,12 +2,17 @@
 duplicated-samples.
 
 An ``IterableDataset`` runs whole in every worker; the dataset itself must
-hand each worker its part (``torch.utils.data.get_worker_info()``, or a
-library's sharding such as ``datasets.distributed.split_dataset_by_node``).
-Shared out badly, some workers get nothing and idle while the loop waits on
-the one that has the data (fewer shards than workers: HF datasets #8669); not
-shared out at all, every worker yields the whole stream and each sample
-reaches the loop once per worker.
+hand each worker its part (``torch.utils.data.get_worker_info()``, or its
+library's sharding: an HF datasets ``IterableDataset`` gives each worker whole
+shards). Shared out badly, some workers get nothing and idle while the loop
+waits on the one that has the data (fewer shards than workers: HF datasets
+#8669, which stops the workers past its ``num_shards``); not shared out at
+all, every worker yields the whole stream and each sample reaches the loop
+once per worker.
+
+Where the probe read the shard count (``shards``, probe/stats.py), it also
+caps the worker-count advice of rules_workers: workers past it get no data,
+so a raise past it is a reshard first (``capped_by_shards``).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 
 from dlwatch.thresholds import DATA_BOUND_WAIT
 
-from .facts import GONE_STATES, Context, LoaderView, as_int, as_list, hint, pct, r
+from .facts import GONE_STATES, Context, LoaderView, as_int, as_list, count_of, hint, pct, r, setting
 from .registry import Rule
 
 # A worker is idle when it delivered at most this share of the busiest
@@ -51,9 +56,63 @@ def _ids(ws: list[dict[str, Any]]) -> str:
 
 SHARDING_ADVICE = (
     "shard the stream across workers: in __iter__, read torch.utils.data.get_worker_info() "
-    "(id, num_workers) and take every num_workers-th file or item, or with HF datasets use "
-    "split_dataset_by_node / a dataset with at least num_workers shards"
+    "(id, num_workers) and take every num_workers-th file or item; an HF datasets IterableDataset "
+    "does this itself when it has at least num_workers shards (split_dataset_by_node splits "
+    "across ranks, not workers)"
 )
+
+# Each library's name in advice, and how its dataset gets at least n shards.
+_LIBRARY_NAME = {"datasets": "HF datasets"}
+_RESHARD = {
+    "datasets": lambda n: (
+        f"more data files (a streaming dataset has one shard per file), ds.reshard() where your "
+        f"datasets release has it (Parquet: a shard per row group), "
+        f"Dataset.to_iterable_dataset(num_shards={n}), or a list of {n}+ items in "
+        f"IterableDataset.from_generator's gen_kwargs"
+    ),
+}
+
+
+def library_shards(lv: LoaderView) -> tuple[int, str] | None:
+    """(shards, library) of an iterable dataset whose library gives each
+    worker whole shards and stops the workers past the count (the probe's
+    ``shards``, HF datasets); None where no library shares it out so."""
+    n = as_int(lv.loader.get("shards"))
+    if lv.loader.get("kind") != "iterable" or n is None or n <= 0:
+        return None
+    return n, str(lv.loader.get("shards_of") or "")
+
+
+def reshard(lv: LoaderView, n: int) -> str:
+    """How to give the loader's dataset at least ``n`` shards, in its library's terms."""
+    lib = str(lv.loader.get("shards_of") or "")
+    how = _RESHARD.get(lib)
+    return f"give the dataset at least {n} shards" + (f" ({how(n)})" if how else "")
+
+
+def capped_by_shards(lv: LoaderView, rec: int) -> tuple[str, str, dict[str, Any]] | None:
+    """Where ``rec`` workers are more than the dataset's shards: a sentence
+    for the message, the suggestion that replaces "set num_workers=rec"
+    (workers past the shard count get no data: the raise is a reshard
+    first), and the evidence that says so (render.with_tune_command then
+    verifies once resharded). None where the shards do not cap ``rec``."""
+    got = library_shards(lv)
+    if got is None or rec <= got[0]:
+        return None
+    n, lib = got
+    who = _LIBRARY_NAME.get(lib, lib or "its library")
+    nw = lv.num_workers or 0
+    msg = (
+        f" But its dataset has {count_of(n, 'shard')}, and {who} gives each worker whole shards and "
+        f"stops the workers past {n}: as it is, {n} {'workers get' if n != 1 else 'worker gets'} data "
+        f"at most."
+    )
+    then = f"then set {setting(lv.loader, 'num_workers', rec)}"
+    if nw < n:
+        sugg = f"set {setting(lv.loader, 'num_workers', n)} now; for {rec}, {reshard(lv, rec)}, {then}"
+    else:
+        sugg = f"{reshard(lv, rec)}, {then}"
+    return msg, sugg, {"shards": n, "shards_of": lib or None, "reshard_to": rec}
 
 
 def rule_idle_workers(ctx: Context) -> list[dict[str, Any]]:
@@ -90,6 +149,20 @@ def rule_idle_workers(ctx: Context) -> list[dict[str, Any]]:
             f"all the loading."
         )
         sugg = SHARDING_ADVICE + f"; or set num_workers={len(working)} to stop paying for idle ones"
+        got = library_shards(lv)
+        nw = lv.num_workers or 0
+        if got is not None and got[0] < nw:
+            # The cause, in the library's terms: HF datasets stopped them.
+            n, lib = got
+            msg += (
+                f" Its dataset has {count_of(n, 'shard')} for {nw} workers, and "
+                f"{_LIBRARY_NAME.get(lib, lib)} gives each worker whole shards and stops the "
+                f"workers past {n}."
+            )
+            sugg = (
+                f"{reshard(lv, nw)}; or set {setting(lv.loader, 'num_workers', n)} to stop paying "
+                f"for idle ones"
+            )
         ev: dict[str, Any] = {
             "data_wait_fraction": r(lv.wait),
             "num_workers": lv.num_workers,
@@ -105,6 +178,7 @@ def rule_idle_workers(ctx: Context) -> list[dict[str, Any]]:
             ],
             "working_workers": [{"id": w.get("id"), "window_batches": c} for w, c in working],
             "idle_share": IDLE_SHARE,
+            "shards": lv.loader.get("shards"),
         }
         dup = duplicated_groups(lv)
         if dup:

@@ -57,6 +57,7 @@ from .facts import (
     worker_values,
 )
 from .registry import Rule
+from .rules_sharding import capped_by_shards
 
 # num_workers == 0 with wait between this and DATA_BOUND_WAIT: an info hint —
 # worth knowing, not worth a warning (the lower edge of the catalog's 5–10 %, docs/hints/index.md).
@@ -324,7 +325,11 @@ def rule_no_workers(ctx: Context) -> list[dict[str, Any]]:
                 theirs = f"; other processes use {cores(round(acc.others, 1))}"
             msg += f" The free cores ({cores(round(max(free, 0.0), 1))}{theirs}) allow {rec}."
         msg += gain_text
-        if rec is not None:
+        capped = capped_by_shards(lv, rec) if rec is not None else None
+        if capped is not None:
+            msg += capped[0]
+            sugg = capped[1] + " so batches load in the background while the loop computes"
+        elif rec is not None:
             sugg = (
                 f"set {setting(lv.loader, 'num_workers', rec)} so batches load in the "
                 f"background while the loop computes"
@@ -355,6 +360,8 @@ def rule_no_workers(ctx: Context) -> list[dict[str, Any]]:
             "loading_cpu_basis": load_how,
         }
         ev |= _prediction_evidence(pred)
+        if capped is not None:
+            ev |= capped[2]
         if acc is not None:
             ev["cpu_accounting"] = acc.evidence()
         out.append(_nothing_to_gain(hint("no-workers", severity, lv.pid, lv.lid, msg, sugg, ev), pred, lv))
@@ -468,6 +475,10 @@ def rule_add_workers(ctx: Context) -> list[dict[str, Any]]:
             )
         msg += "." + gain_text
         sugg = f"set {setting(lv.loader, 'num_workers', rec)}"
+        capped = capped_by_shards(lv, rec)
+        if capped is not None:
+            msg += capped[0]
+            sugg = capped[1]
         ev = _common_evidence(lv) | {
             "recommended_num_workers": rec,
             "little_law_workers": little,
@@ -480,6 +491,8 @@ def rule_add_workers(ctx: Context) -> list[dict[str, Any]]:
             "cpu_accounting": acc.evidence(),
         }
         ev |= _prediction_evidence(pred)
+        if capped is not None:
+            ev |= capped[2]
         h = hint("add-workers", "warn" if worth else "info", lv.pid, lv.lid, msg, sugg, ev)
         out.append(_nothing_to_gain(h, pred, lv))
     return out
@@ -508,6 +521,10 @@ def rule_io_bound(ctx: Context) -> list[dict[str, Any]]:
             f"set {setting(lv.loader, 'num_workers', rec)} (I/O waits overlap, so this may exceed "
             f"the core count), or cache the dataset on local SSD / in RAM"
         )
+        capped = capped_by_shards(lv, rec)
+        if capped is not None:
+            msg += capped[0]
+            sugg = capped[1] + "; or cache the dataset on local SSD / in RAM"
         ev = _common_evidence(lv) | {
             "recommended_num_workers": rec,
             "little_law_workers": little,
@@ -516,6 +533,8 @@ def rule_io_bound(ctx: Context) -> list[dict[str, Any]]:
             "cpu_bound_reason": why,
         }
         ev |= _prediction_evidence(pred)
+        if capped is not None:
+            ev |= capped[2]
         out.append(
             _nothing_to_gain(
                 hint("io-bound", "warn" if worth else "info", lv.pid, lv.lid, msg, sugg, ev), pred, lv
@@ -591,8 +610,13 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict[str, Any]]:
                 sugg = theirs
         else:
             sugg += "; to see which stage costs what: dlwatch profile --workers (W in the live view)"
+        capped = capped_by_shards(lv, nw + 1) if one_more_helps else None
         if one_more_helps:
-            sugg = f"set {setting(lv.loader, 'num_workers', nw + 1)}; beyond that, " + sugg
+            raise_to = f"set {setting(lv.loader, 'num_workers', nw + 1)}"
+            if capped is not None:
+                msg += capped[0]
+                raise_to = capped[1]
+            sugg = f"{raise_to}; beyond that, " + sugg
         ev = _common_evidence(lv) | {
             "usable_cores": ctx.usable_cores,
             "usable_cores_source": ctx.usable_cores_source(),
@@ -607,6 +631,8 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict[str, Any]]:
         if one_more_helps:
             ev["recommended_num_workers"] = nw + 1
         ev |= _prediction_evidence(more)
+        if capped is not None:
+            ev |= capped[2]
         ev["worker_profile"] = wp
         out.append(
             hint("cpu-bound-preprocessing", "warn" if worth else "info", lv.pid, lv.lid, msg, sugg, ev)

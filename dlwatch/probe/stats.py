@@ -756,6 +756,10 @@ def loader_config(loader, it) -> dict:
         cfg["dataset"] = type(user).__name__
         if wrappers:
             cfg["dataset_wrappers"] = wrappers
+        if cfg["kind"] == "iterable" and nw > 0:
+            shards = dataset_shards(user)
+            if shards is not None:
+                cfg["shards"], cfg["shards_of"] = shards
         cfg["iterator"] = type(it).__name__
         if type(loader).__name__ != "DataLoader":
             # A subclass: the class the script builds, named in advice
@@ -792,6 +796,33 @@ def _user_dataset(ds):
         wrappers.append(type(ds).__name__)
         ds = inner
     return ds, wrappers
+
+
+# Iterable datasets whose library shares whole shards out among a loader's
+# workers and stops the workers past the shard count (HF datasets'
+# IterableDataset: ``_iter_pytorch`` logs "Too many dataloader workers" and
+# returns). The worker-count advice is capped by that count, and raising it
+# means resharding. Keyed by the top-level package of the dataset's class;
+# the attributes are tried in order (``n_shards``: older datasets releases).
+_SHARDED_BY_LIBRARY = {"datasets": ("num_shards", "n_shards")}
+
+
+def dataset_shards(ds) -> tuple[int, str] | None:
+    """(shards, library) of an iterable dataset its library shards among
+    workers by itself; None for any other. Never raises: a property that
+    fails is a dataset dlwatch cannot size, not an error in the job."""
+    pkg = (type(ds).__module__ or "").split(".")[0]
+    names = _SHARDED_BY_LIBRARY.get(pkg)
+    if names is None:
+        return None
+    for name in names:
+        try:
+            n = getattr(ds, name, None)
+        except Exception:
+            continue
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            return n, pkg
+    return None
 
 
 def _is_iterable(ds) -> bool:

@@ -42,7 +42,9 @@ def _the_loader(snap: dict, pid: int) -> tuple[dict, list[dict]]:
 def test_thread_fed_and_iterable_loaders(tmp_path):
     """Four jobs side by side (their datasets sleep: they do not compete for
     the CPU much), one snapshot of each after a few seconds of steady state."""
-    modes = ("thread", "unsharded", "sharded", "duplicated")
+    # hf-shards: the same one-file stream as an HF datasets IterableDataset,
+    # whose library stops the workers past its shards (a test dependency).
+    modes = ("thread", "unsharded", "sharded", "duplicated", "hf-shards")
     # They train until the four snapshots, taken side by side, are done.
     stop = tmp_path / "stop"
     jobs = {m: _start(m, tmp_path / f"{m}.json", "--train-s", "300", "--stop-file", str(stop)) for m in modes}
@@ -83,6 +85,21 @@ def test_thread_fed_and_iterable_loaders(tmp_path):
     assert all(w["window_batches"] == 0 for w in idle["evidence"]["idle_workers"])
     assert "worker 1: 0" in idle["message"] and "get_worker_info()" in idle["suggestion"]
     assert not set(by_id) & {"add-workers", "io-bound", "duplicated-samples", "head-of-line-blocking"}
+
+    # HF datasets gives its one shard to worker 0 and stops workers 1 and 2
+    # itself: the probe read the shard count, and the advice is datasets'.
+    ld, hints = _the_loader(snaps["hf-shards"], jobs["hf-shards"].pid)
+    assert ld["kind"] == "iterable" and (ld["shards"], ld["shards_of"]) == (1, "datasets"), ld
+    loop = truth_in_window(own["hf-shards"]["spans"], *ld["window_mono_ns"])
+    assert abs(ld["data_wait_fraction"] - loop["data_wait_fraction"]) <= 0.05, (ld, loop)
+    by_id = {h["id"]: h for h in hints}
+    assert "idle-workers" in by_id, hints
+    idle = by_id["idle-workers"]
+    assert [w["id"] for w in idle["evidence"]["idle_workers"]] == [1, 2]
+    assert "1 shard for 3 workers" in idle["message"], idle
+    assert "at least 3 shards" in idle["suggestion"] and "num_shards=3" in idle["suggestion"], idle
+    assert "split_dataset_by_node" not in idle["suggestion"], idle
+    assert not set(by_id) & {"add-workers", "io-bound", "duplicated-samples"}
 
     # Three files, one a worker: every worker delivers its share.
     ld, hints = _the_loader(snaps["sharded"], jobs["sharded"].pid)

@@ -12,6 +12,8 @@ MODE:
   sharded     the same over three files: every worker gets one
   duplicated  an IterableDataset that ignores get_worker_info(): every worker
               yields the whole stream
+  hf-shards   an HF datasets IterableDataset (from_generator) of one shard on
+              3 workers: datasets gives worker 0 the shard and stops 1 and 2
   slow-tail   a map dataset where 1 batch in 20 takes 300 ms (the others 12
               ms), 4 workers, in_order as given: head-of-line blocking
   cycle       itertools.cycle over a 64-sample DataLoader (16 batches): after
@@ -113,6 +115,25 @@ class Spinning(Dataset):
         return torch.tensor([i], dtype=torch.float32)
 
 
+def hf_stream(shards: int):
+    """An HF datasets IterableDataset of ``shards`` shards (one a list item
+    of gen_kwargs) whose samples load as Files' do."""
+    from datasets import IterableDataset as HFIterable
+
+    return HFIterable.from_generator(_hf_rows, gen_kwargs={"files": list(range(shards))})
+
+
+def _hf_rows(files):
+    for f in files:
+        for i in range(100000):
+            time.sleep(SAMPLE_S)
+            yield {"f": f, "i": i}
+
+
+def pairs(rows):
+    return torch.tensor([[r["f"], r["i"]] for r in rows], dtype=torch.float32)
+
+
 def spin(seconds: float) -> None:
     """A step that keeps the thread on a CPU, as training does."""
     end = time.perf_counter() + seconds
@@ -198,6 +219,10 @@ def main() -> None:
         files = {"unsharded": 1, "sharded": 3, "duplicated": 1}[a.mode]
         ds = Files(files, shard=a.mode != "duplicated")
         res = loop(DataLoader(ds, num_workers=3, **kw), a, spans, step_s=0.004)
+    elif a.mode == "hf-shards":
+        res = loop(
+            DataLoader(hf_stream(shards=1), num_workers=3, collate_fn=pairs, **kw), a, spans, step_s=0.004
+        )
     elif a.mode == "slow-tail":
         dl = DataLoader(RareSlow(), num_workers=4, in_order=bool(a.in_order), **kw)
         res = loop(dl, a, spans, step_s=0.020)

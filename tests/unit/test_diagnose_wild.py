@@ -8,7 +8,17 @@ import pytest
 
 from dlwatch.diagnose import evaluate
 from dlwatch.diagnose.rules_order import predicted_speedup
-from tests.unit.test_diagnose_rules import get, ids, io_bound_loader, job, loader, one, snap, worker
+from tests.unit.test_diagnose_rules import (
+    cpu_bound_loader,
+    get,
+    ids,
+    io_bound_loader,
+    job,
+    loader,
+    one,
+    snap,
+    worker,
+)
 
 # --- factories ------------------------------------------------------------------
 
@@ -122,7 +132,9 @@ def test_idle_workers_names_the_idle_ones_with_their_counts():
     h = get(evaluate(one(iterable([170, 0, 0], gone=(1, 2)))), "idle-workers")
     assert h["severity"] == "warn"
     assert "worker 1: 0 (exited), worker 2: 0 (exited); worker 0: 170" in h["message"]
-    assert "get_worker_info()" in h["suggestion"] and "split_dataset_by_node" in h["suggestion"]
+    assert "get_worker_info()" in h["suggestion"]
+    # split_dataset_by_node splits across ranks: never the workers' fix.
+    assert "split_dataset_by_node splits across ranks, not workers" in h["suggestion"]
     assert [w["id"] for w in h["evidence"]["idle_workers"]] == [1, 2]
     assert "num_workers=1" in h["suggestion"]
 
@@ -329,3 +341,75 @@ def test_a_loop_stepping_on_after_its_pipelines_epoch_ended_is_told_so():
     assert "none has an epoch open now" in h["message"] and h["evidence"]["optimizer_steps"] == 3370
     ld["epoch_open"] = True
     assert "loop-off-its-loaders" not in ids(evaluate(snap([j])))
+
+
+# --- a library that shards among workers itself (HF datasets) -------------------
+
+HF = dict(kind="iterable", shards_of="datasets")
+
+
+def test_idle_workers_of_an_hf_dataset_with_fewer_shards_say_reshard_in_its_terms():
+    h = get(evaluate(one(iterable([170, 0, 0], gone=(1, 2), shards=1, shards_of="datasets"))), "idle-workers")
+    assert "Its dataset has 1 shard for 3 workers" in h["message"]
+    assert "HF datasets gives each worker whole shards and stops the workers past 1" in h["message"]
+    assert h["suggestion"].startswith("give the dataset at least 3 shards (")
+    assert (
+        "to_iterable_dataset(num_shards=3)" in h["suggestion"] and "get_worker_info()" not in h["suggestion"]
+    )
+    assert "num_workers=1 in DataLoader(...) to stop paying" in h["suggestion"]
+    assert h["evidence"]["shards"] == 1
+
+
+@pytest.mark.parametrize(
+    "shards, starts, capped",
+    [
+        (2, "give the dataset at least 4 shards (", True),  # already at its shards: reshard first
+        (3, "set num_workers=3 in DataLoader(...) now; for 4, give the dataset at least 4 shards", True),
+        (4, "set num_workers=4 in DataLoader(...)", False),  # enough shards: the plain raise
+        (None, "set num_workers=4 in DataLoader(...)", False),  # no library shards it
+    ],
+)
+def test_add_workers_past_the_shards_of_an_hf_dataset_is_a_reshard_first(shards, starts, capped):
+    h = get(evaluate(one(cpu_bound_loader(shards=shards, **HF))), "add-workers")
+    assert h["suggestion"].startswith(starts), h["suggestion"]
+    assert ("then set num_workers=4 in DataLoader(...)" in h["suggestion"]) is capped
+    # tune runs the script as it is: its extra workers would get no data yet.
+    assert ("once resharded, verify with `dlwatch tune --workers 2,4" in h["suggestion"]) is capped
+    assert (f"But its dataset has {shards} shards" in h["message"]) is capped
+    assert (h["evidence"].get("reshard_to") == 4) is capped
+    assert h["evidence"]["recommended_num_workers"] == 4  # the count the prediction prices
+
+
+def test_a_map_dataset_is_never_capped_by_shards():
+    h = get(evaluate(one(cpu_bound_loader(shards=1, shards_of="datasets"))), "add-workers")
+    assert h["suggestion"].startswith("set num_workers=4") and "shard" not in h["message"]
+
+
+def test_io_bound_past_the_shards_reshards_or_caches():
+    h = get(evaluate(one(io_bound_loader(shards=2, **HF))), "io-bound")
+    rec = h["evidence"]["recommended_num_workers"]
+    assert rec > 2 and h["evidence"]["reshard_to"] == rec
+    assert h["suggestion"].startswith(f"give the dataset at least {rec} shards (")
+    assert "or cache the dataset on local SSD / in RAM" in h["suggestion"]
+
+
+def test_no_workers_on_a_one_shard_hf_dataset_gets_one_worker_now():
+    h = get(evaluate(one(loader(nw=0, wait=0.8, shards=1, **HF))), "no-workers")
+    rec = h["evidence"]["recommended_num_workers"]
+    assert rec >= 2, h
+    assert h["suggestion"].startswith(
+        f"set num_workers=1 in DataLoader(...) now; for {rec}, give the dataset"
+    )
+    assert "so batches load in the background" in h["suggestion"]
+
+
+def test_one_more_worker_that_helps_is_a_reshard_when_the_shards_are_taken():
+    ld = cpu_bound_loader(
+        nw=1, worker_ms=20.0, worker_kw=dict(cpu=60.0, busy=0.95, fetch_ms=20.0), shards=1, **HF
+    )
+    h = get(evaluate(one(ld, usable=2.0, logical=2, other_cpu_cores=0.5)), "cpu-bound-preprocessing")
+    assert "One more worker still helps" in h["message"] and "its dataset has 1 shard" in h["message"]
+    assert h["suggestion"].startswith("give the dataset at least 2 shards (")
+    assert (
+        "then set num_workers=2 in DataLoader(...); beyond that, make each batch cheaper" in h["suggestion"]
+    )

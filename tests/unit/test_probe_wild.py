@@ -158,3 +158,51 @@ def test_accelerates_shard_of_an_iterable_dataset_is_seen_through():
     cfg = loader_config(DataLoader(ds, batch_size=4), None)
     assert cfg["dataset"] == "Stream" and cfg["dataset_wrappers"] == ["IterableDatasetShard"]
     assert cfg["kind"] == "iterable"
+
+
+def _hf_stream(shards: int):
+    datasets = pytest.importorskip("datasets")
+    return datasets.Dataset.from_dict({"x": list(range(64))}).to_iterable_dataset(num_shards=shards)
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_the_shards_of_an_hf_iterable_dataset_are_read(shards):
+    """HF datasets gives each worker whole shards and stops the rest: the
+    shard count is what caps the workers that get data."""
+    ds = _hf_stream(shards).map(lambda row: row)  # a pipeline on it keeps its shards
+    cfg = loader_config(DataLoader(ds, batch_size=4, num_workers=2), None)
+    assert cfg["kind"] == "iterable"
+    assert (cfg["shards"], cfg["shards_of"]) == (shards, "datasets")
+    assert all(
+        isinstance(cfg[k], t) for k, t in (("shards", wire.LOADER_OPTIONAL["shards"]), ("shards_of", str))
+    )
+
+
+def test_shards_are_read_only_where_workers_share_them():
+    # Without workers the loop reads every shard itself; a map dataset is
+    # shared out by the sampler; torch's own IterableDataset has no shards.
+    assert "shards" not in loader_config(DataLoader(_hf_stream(3), batch_size=4), None)
+    hf_map = pytest.importorskip("datasets").Dataset.from_dict({"x": list(range(8))})
+    assert "shards" not in loader_config(DataLoader(hf_map, batch_size=4, num_workers=2), None)
+    assert "shards" not in loader_config(DataLoader(Stream(True), batch_size=4, num_workers=2), None)
+
+
+class _BrokenShards(IterableDataset):
+    """A class of the datasets package whose shard count fails to compute."""
+
+    __module__ = "datasets.iterable_dataset"
+
+    @property
+    def num_shards(self):
+        raise RuntimeError("no shards for you")
+
+    n_shards = 0
+
+    def __iter__(self):
+        return iter(())
+
+
+def test_a_shard_count_that_fails_is_left_out_and_the_rest_is_read():
+    cfg = loader_config(DataLoader(_BrokenShards(), batch_size=4, num_workers=2), None)
+    assert "shards" not in cfg
+    assert cfg["kind"] == "iterable" and cfg["num_workers"] == 2 and cfg["batch_size"] == 4
