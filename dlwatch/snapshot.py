@@ -123,6 +123,9 @@ class Loader(_LoaderRequired, total=False):
     # stops the workers past this count (HF datasets: "datasets"); None else.
     shards: int | None
     shards_of: str | None
+    # The loop thread's CPU inside next() per batch, ms (read on one batch in
+    # 16): the handover from the workers, in series with the step. None: not read.
+    next_cpu_ms_mean: float | None
     in_order: bool | None  # DataLoader(in_order=) with workers, torch >= 2.6; None otherwise
     # The first dimension the arrays of an epoch's first batch share (None:
     # they disagree, or hold none): shown, as read, where batch_size is None.

@@ -377,7 +377,12 @@ def loader_dict(
             "batches_per_s": w.get("batches_per_s", 0.0),
         }
         w = dict(
-            w, data_wait_fraction=None, wait_ms_mean=None, step_ms_mean=None, no_batch_reason=role_reason
+            w,
+            data_wait_fraction=None,
+            wait_ms_mean=None,
+            step_ms_mean=None,
+            next_cpu_ms_mean=None,
+            no_batch_reason=role_reason,
         )
     out = {
         "id": ld["id"],
@@ -424,6 +429,10 @@ def loader_dict(
         "last_batch_age_s": w.get("last_batch_age_s"),
         "wait_ms_mean": w.get("wait_ms_mean"),
         "step_ms_mean": w.get("step_ms_mean"),
+        # The loop thread's CPU inside next() per batch (the probe reads it on
+        # one batch in 16): taking a batch from the workers, in series with
+        # the step (capacity.py's "handover" term). None: not read.
+        "next_cpu_ms_mean": w.get("next_cpu_ms_mean"),
         "epoch_start_ms_last": esm[-1] if esm else None,
         "epoch_start_ms": esm,
         "epoch_ms": em,

@@ -206,7 +206,28 @@ def loader_window(
     out["queue_mean"] = queue_means(frames[i:], loader_id)
     out.update(_sample_fractions(old, new))
     out["feeder"] = feeder_window(old.get("feeder"), new.get("feeder"), dt)
+    out["next_cpu_ms_mean"] = next_cpu_mean(old, new)
     return out
+
+
+# A window's mean of the loop thread's CPU in next() needs this many of the
+# probe's readings (one batch in 16); a thinner window takes the run's mean.
+MIN_NEXT_CPU_READINGS = 4
+
+
+def next_cpu_mean(old: dict[str, Any], new: dict[str, Any]) -> float | None:
+    """ms of the loop thread's CPU inside ``next()`` per batch: the handover
+    of a batch from the workers, in series with the step. The cost hardly
+    moves with time, so a window with few readings falls back to the run's."""
+    c_new, n_new = new.get("next_cpu_ns"), new.get("next_cpu_batches")
+    if not isinstance(c_new, int) or not isinstance(n_new, int) or n_new <= 0 or c_new < 0:
+        return None
+    c_old, n_old = old.get("next_cpu_ns"), old.get("next_cpu_batches")
+    if isinstance(c_old, int) and isinstance(n_old, int):
+        d_c, d_n = c_new - c_old, n_new - n_old
+        if d_n >= MIN_NEXT_CPU_READINGS and d_c >= 0:
+            return round(d_c / 1e6 / d_n, 3)
+    return round(c_new / 1e6 / n_new, 3)
 
 
 def feeder_window(old: Any, new: Any, dt: float) -> dict[str, Any] | None:

@@ -273,6 +273,10 @@ class CycleModel:
     # CPU burners priced 1 worker at 1.36x with the 0-worker job's share;
     # it measured 1.70x.
     share: Share | None = None
+    # ms of the loop thread's CPU inside next() per batch with workers (the
+    # probe's next_cpu_ms_mean): taking a batch off their queue, in series
+    # with the step, however many workers load. 0: not measured.
+    handover: float = 0.0
 
     def capacity_for(self, n: int) -> float:
         """The cores the job can have with ``n`` workers."""
@@ -351,6 +355,11 @@ class CycleModel:
             return {"loop loads": self.step + self.load_cpu + self.load_off_cpu, **others}
         out = {
             "compute step": self.step,
+            # The loop's thread takes each batch (unpickles it, maps its
+            # tensors) between its steps: no count of workers hides that.
+            # An HF stream with a 3.2 ms step priced 6 workers at 2.48x
+            # without it, measured 1.87-2.24x (RULES.md "Predicted gain").
+            **({"handover": self.step + self.handover} if self.handover > 0 else {}),
             "workers": (self.load_cpu + self.load_off_cpu) / n,
             "CPU": (self.trainer_cpu + self.load_cpu) / cap,
             "shared cores": (self.step + self.load_cpu) / (1.0 + self.idle_cores(n)),
@@ -448,11 +457,20 @@ def cycle_model(ctx: Context, lv: LoaderView) -> tuple[CycleModel | None, str]:
         fed_ms is not None,
         ctx.usable_cores,
         share,
+        handover_ms(lv, wait_ms) if n0 > 0 and fed_ms is None else 0.0,
     )
     fit = m.fit()
     if abs(fit - 1.0) > MODEL_FIT_TOLERANCE:
         return None, misfit(m.cycle(n0)[0], now)
     return m, ""
+
+
+def handover_ms(lv: LoaderView, wait_ms: float) -> float:
+    """The loop thread's CPU inside next() per batch (the probe's reading),
+    at most the wait it is part of; 0 where not read. Only with workers: with
+    none, next() is the loading itself, which the model prices apart."""
+    v = num(lv.loader.get("next_cpu_ms_mean"))
+    return 0.0 if v is None or v <= 0 else min(v, wait_ms)
 
 
 def thread_fed_load(lv: LoaderView) -> float | None:
@@ -488,7 +506,8 @@ class Prediction:
     speedup: float  # throughput after / before
     before_ms: float  # loop time per batch now: wait + step
     after_ms: float
-    bound: str  # "compute step" | "workers" | "CPU" | "shared cores" | "contended cores" | "loop loads"
+    # "compute step" | "handover" | "workers" | "CPU" | "shared cores" | "contended cores" | "loop loads"
+    bound: str
     model: CycleModel
     workers: int = 0  # the count priced
 
@@ -503,6 +522,7 @@ class Prediction:
                 "trainer_step_ms": r(m.step, 1),
                 **({"partner_floor_ms": {str(lid): r(f, 1) for lid, f in m.partners}} if m.partners else {}),
                 "trainer_cores": r(m.trainer_cores, 2),
+                **({"handover_cpu_ms_per_batch": r(m.handover, 2)} if m.handover > 0 else {}),
                 "loading_cpu_ms_per_batch": r(m.load_cpu, 1),
                 "loading_off_cpu_ms_per_batch": r(m.load_off_cpu, 1),
                 "job_capacity_cores": r(m.capacity, 2),
@@ -520,6 +540,10 @@ class Prediction:
         can_have = m.can_have_with(self.workers)
         why = {
             "compute step": "the loop's own step then sets the pace",
+            "handover": (
+                f"the loop's step and the {m.handover:.1f} ms of its own CPU that taking each batch from "
+                "the workers costs then set the pace"
+            ),
             "workers": "the workers then set the pace",
             "CPU": f"the job's CPU work then fills {can_have}",
             # "want while computing": the free cores a hint quotes are an

@@ -19,6 +19,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from time import perf_counter as _clock  # float seconds: see stats.py
+from time import thread_time as _thread_cpu
 from typing import Any
 
 from dlwatch.probe import postimport, worker_burst
@@ -124,6 +125,13 @@ def _patch(mod) -> None:
     cls._dlw_stats = None  # class default: uninstrumented iterators skip at once
 
 
+# The loop thread's CPU inside next() is read on one batch in 16 (the 9th of
+# each 16; an epoch's first is left out when it falls there).
+HANDOVER_EVERY = 16
+HANDOVER_MASK = HANDOVER_EVERY - 1
+HANDOVER_AT = 8
+
+
 def _wrap_next(orig_next, mod=None, like=None):
     """The patched ``__next__``: the hot path, around torch's own; with
     ``mod`` (torch's dataloader module), dressed as the original, or as
@@ -149,6 +157,7 @@ def _wrap_next(orig_next, mod=None, like=None):
     """
 
     clock = _clock  # a cell, not a global: the dressed function runs with torch's globals
+    cpu, mask, at = _thread_cpu, HANDOVER_MASK, HANDOVER_AT  # cells too
 
     def __next__(self):
         st = self._dlw_stats
@@ -156,6 +165,11 @@ def _wrap_next(orig_next, mod=None, like=None):
             return orig_next(self)
         t0 = clock()
         st.t_enter = t0
+        # One batch in HANDOVER_EVERY: the loop thread's CPU inside next(),
+        # what taking a batch off the workers' queue costs it (unpickling,
+        # tensors rebuilt from shared memory) in series with its step. A
+        # thread-clock read is a system call (~0.5 us), so not every batch.
+        c0 = cpu() if (st.batches & mask) == at else 0.0
         try:
             data = orig_next(self)
         except StopIteration:
@@ -170,6 +184,9 @@ def _wrap_next(orig_next, mod=None, like=None):
             raise
         t1 = clock()
         st.wait_s += t1 - t0
+        if c0 and st.t_last:  # not an epoch's first: its next() waits on new workers
+            st.next_cpu_s += cpu() - c0
+            st.next_cpu_n += 1
         last = st.t_last
         st.t_last = t1
         st.batches += 1

@@ -110,6 +110,8 @@ class LoaderStats:
         "pipeline_procs",
         "handover_q",
         "internal",
+        "next_cpu_s",
+        "next_cpu_n",
         "__weakref__",
     )
 
@@ -122,6 +124,10 @@ class LoaderStats:
         self.wait_s = 0.0  # completed time blocked in __next__
         self.step_s = 0.0  # completed time between batches (the loop's work)
         self.teardown_s = 0.0  # __next__ calls that ended the epoch
+        # The loop thread's CPU inside __next__ on the batches it was read
+        # for (patches.HANDOVER_EVERY), and how many: the handover's cost.
+        self.next_cpu_s = 0.0
+        self.next_cpu_n = 0
         self.t_enter = 0.0  # clock at the last entry into __next__ (in progress if > t_last)
         self.t_last = 0.0  # clock when the last batch was returned; 0 until an epoch's first
         # Clock at iter() when that ran inside the loop's next() (a generator
@@ -474,6 +480,10 @@ class LoaderStats:
             }
         if self.nested_in is not None:
             out["nested_in"] = self.nested_in
+        if consumer is None and self.next_cpu_n:
+            # The loop's own next() (a feeder's is the feeder's): its CPU.
+            out["next_cpu_ns"] = _ns(self.next_cpu_s)
+            out["next_cpu_batches"] = self.next_cpu_n
         if self.describe is not None:
             try:
                 out.update(self.describe())

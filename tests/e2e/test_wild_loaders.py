@@ -104,6 +104,15 @@ def test_thread_fed_and_iterable_loaders(tmp_path):
     # Three files, one a worker: every worker delivers its share.
     ld, hints = _the_loader(snaps["sharded"], jobs["sharded"].pid)
     assert all(w["window_batches"] > 0 for w in ld["workers"]), ld["workers"]
+    # The loop thread's CPU inside next() (the probe reads one batch in 16)
+    # against the loop's own thread clock around every next() in the window:
+    # its CPU, a fraction of its wait there (a QA-style check of the figure
+    # the cycle model's handover term reads).
+    start, end = ld["window_mono_ns"]
+    own_cpu = [ns for t, ns in own["sharded"]["next_cpu"] if start < t <= end]
+    own_ms = sum(own_cpu) / len(own_cpu) / 1e6
+    assert 0.6 * own_ms <= ld["next_cpu_ms_mean"] <= 1.6 * own_ms, (ld["next_cpu_ms_mean"], own_ms)
+    assert ld["next_cpu_ms_mean"] < ld["wait_ms_mean"], ld
     assert not {h["id"] for h in hints} & {"idle-workers", "duplicated-samples"}, hints
 
     # No sharding at all: every worker yields the same stream.

@@ -26,6 +26,7 @@ MODE:
 
 Prints ``ready {json}`` at the first batch and writes OUT.json at the end:
 ``spans`` (the main loop's own [epoch, wait start, wait end] per batch,
+``next_cpu`` (its thread's CPU ns inside each next(), [wait end, ns]),
 perf_counter_ns), ``batches`` and ``seconds`` (of the measured loop).
 """
 
@@ -142,6 +143,10 @@ def spin(seconds: float) -> None:
         x = (x @ x).clamp_(-1, 1)
 
 
+# The loop thread's own CPU inside each next(): [wait end, ns].
+NEXT_CPU: list = []
+
+
 def loop(batches, a, spans, step_s: float, step=time.sleep) -> dict:
     """Train on ``batches`` (an iterable) for a.train_s seconds."""
     t0 = None
@@ -149,13 +154,16 @@ def loop(batches, a, spans, step_s: float, step=time.sleep) -> dict:
     it = iter(batches)
     while True:
         w0 = time.perf_counter_ns()
+        c0 = time.thread_time_ns()
         batch = next(it)
+        c1 = time.thread_time_ns()
         w1 = time.perf_counter_ns()
         if t0 is None:
             t0 = time.monotonic()
             print("ready", json.dumps({"first": batch.tolist()[:2]}), flush=True)
         else:
             spans.append([0, w0, w1])
+            NEXT_CPU.append([w1, c1 - c0])
             n += 1
         step(step_s)
         if time.monotonic() - t0 > a.train_s or (a.stop_file and os.path.exists(a.stop_file)):
@@ -251,6 +259,7 @@ def main() -> None:
     else:
         raise SystemExit(f"unknown mode {a.mode}")
     res["spans"] = spans
+    res["next_cpu"] = NEXT_CPU
     with open(a.out, "w") as f:
         json.dump(res, f)
     print("done", flush=True)

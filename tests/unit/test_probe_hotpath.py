@@ -105,6 +105,54 @@ def test_wait_step_teardown_epoch_start_and_batches(hooked):
     assert st.t_last == 0.0 and st.t_enter == 0.0 and not st.first_pending
 
 
+class Spinning(Dataset):
+    """Samples that keep the loading thread on a CPU for ``cpu_s``."""
+
+    def __init__(self, n: int, cpu_s: float) -> None:
+        self.n, self.cpu_s = n, cpu_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        end = time.thread_time() + self.cpu_s
+        while time.thread_time() < end:
+            pass
+        return torch.tensor([float(i)])
+
+
+@pytest.mark.parametrize("cpu_s", [0.0, 0.004])
+def test_the_loop_threads_cpu_in_next_is_read_on_one_batch_in_16(hooked, cpu_s):
+    """With num_workers=0 the loop's next() is the loading: 4 ms of CPU a
+    sample reads about 4 ms, 4 ms of sleep (the wait) reads next to none,
+    so the figure is the thread's CPU, not its time in next()."""
+    ds = Spinning(40, cpu_s) if cpu_s else Sleepy(40)
+    it = iter(DataLoader(ds, batch_size=1, num_workers=0))
+    for _ in it:
+        pass
+    fr = frame_of(it)
+    # Batches 8 and 24 of 0..39 (the closing next() at 40 returns no batch).
+    assert fr["next_cpu_batches"] == 2
+    per_batch_ms = fr["next_cpu_ns"] / 1e6 / fr["next_cpu_batches"]
+    if cpu_s:
+        assert 0.9 * cpu_s * 1e3 <= per_batch_ms < 3 * cpu_s * 1e3, per_batch_ms
+    else:
+        assert per_batch_ms < 0.5 * SAMPLE_S * 1e3 and fr["wait_ns"] >= 40 * SAMPLE_S * 1e9, fr
+
+
+def test_an_epochs_first_batch_is_never_read(hooked):
+    # Four 4-batch epochs: the one batch of 16 read (index 8) is the third
+    # epoch's first, whose next() waits on a new epoch's start: left out.
+    loader = DataLoader(Sleepy(4, sleep_s=0), batch_size=1, num_workers=0)
+    seen = []
+    for _ in range(4):
+        it = iter(loader)
+        for _ in it:
+            pass
+        seen.append(frame_of(it).get("next_cpu_batches"))
+    assert stats_of(it).batches == 16 and seen == [None, None, None, None]
+
+
 def test_a_second_epoch_has_its_own_start_and_the_step_spans_only_batches(hooked):
     loader = DataLoader(Sleepy(3, sleep_s=0), batch_size=1, num_workers=0)
     for _ in loader:

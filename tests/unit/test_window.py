@@ -500,3 +500,33 @@ def test_epoch_first_batch_age():
     assert loader_window(idle, 0, 1.0)["last_batch_age_s"] == 0.9  # a lower bound: the frames' span
     none = [dict(f, loaders=[dict(f["loaders"][0], batches=0)]) for f in frames[:10]]
     assert loader_window(none, 0, 1.0)["last_batch_age_s"] is None
+
+
+def _with_next_cpu(frames: list, ms_before: float, ms_after: float | None = None, every: int = 16) -> list:
+    """The frames with the probe's readings of the loop thread's CPU in next(),
+    one a batch in ``every``: ``ms_before`` each up to frame 30, then
+    ``ms_after`` (default: the same)."""
+    after = ms_before if ms_after is None else ms_after
+    out, cpu_ms, seen = [], 0.0, 0
+    for i, f in enumerate(frames):
+        (ld,) = f["loaders"]
+        n = ld["batches"] // every
+        cpu_ms += (n - seen) * (ms_before if i <= 30 else after)
+        seen = n
+        out.append(dict(f, loaders=[dict(ld, next_cpu_ns=round(cpu_ms * MS), next_cpu_batches=n)]))
+    return out
+
+
+def test_the_loop_threads_cpu_in_next_is_the_windows_mean_of_its_readings():
+    frames = steady(51)  # 20 batches/s: 40 batches in the 2 s window (frames 30 to 50)
+    assert loader_window(_with_next_cpu(frames, 0.8, every=4), 0, 2.0)["next_cpu_ms_mean"] == 0.8
+    # The cost changed at the window's start: the window reads the new one (10 readings).
+    assert loader_window(_with_next_cpu(frames, 0.8, 0.3, every=4), 0, 2.0)["next_cpu_ms_mean"] == 0.3
+
+
+def test_a_window_with_few_readings_takes_the_runs_mean_and_none_is_none():
+    # One batch in 16: 3 readings in the window, too few: the run's mean over
+    # its 6 (3 at 1.0 ms, 3 at 2.0 ms), not the window's 2.0.
+    w = loader_window(_with_next_cpu(steady(51), 1.0, 2.0), 0, 2.0)
+    assert w["next_cpu_ms_mean"] == 1.5
+    assert loader_window(steady(51), 0, 2.0)["next_cpu_ms_mean"] is None  # an older probe, or a feeder
