@@ -271,10 +271,10 @@ LOADER_OPTIONAL = (
     # An iterable dataset its library shards among workers (HF datasets):
     # the shard count caps the workers that get data (probe/stats.py).
     | _of(_INT, "shards")
+    | _of(_STR, "shards_of")
     # The loop thread's CPU inside next() on the batches it was read for (one
     # in 16, probe/patches.py), and how many: the handover's cost per batch.
     | _of(_INT, "next_cpu_ns", "next_cpu_batches")
-    | _of(_STR, "shards_of")
     | _of(_INT, "nested_in")
 )
 QUEUE_OPTIONAL = {"ready": _INT, "in_flight": _INT, "capacity": _INT}

@@ -457,7 +457,7 @@ def cycle_model(ctx: Context, lv: LoaderView) -> tuple[CycleModel | None, str]:
         fed_ms is not None,
         ctx.usable_cores,
         share,
-        handover_ms(lv, wait_ms) if n0 > 0 and fed_ms is None else 0.0,
+        handover_ms(lv, wait_ms) if n0 > 0 else 0.0,
     )
     fit = m.fit()
     if abs(fit - 1.0) > MODEL_FIT_TOLERANCE:

@@ -17,7 +17,7 @@ so a raise past it is a reshard first (``capped_by_shards``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from dlwatch.thresholds import DATA_BOUND_WAIT
 
@@ -83,36 +83,45 @@ def library_shards(lv: LoaderView) -> tuple[int, str] | None:
     return n, str(lv.loader.get("shards_of") or "")
 
 
-def reshard(lv: LoaderView, n: int) -> str:
-    """How to give the loader's dataset at least ``n`` shards, in its library's terms."""
-    lib = str(lv.loader.get("shards_of") or "")
+def reshard(lib: str, n: int) -> str:
+    """How to give a dataset of ``lib`` at least ``n`` shards, in its terms."""
     how = _RESHARD.get(lib)
     return f"give the dataset at least {n} shards" + (f" ({how(n)})" if how else "")
 
 
-def capped_by_shards(lv: LoaderView, rec: int) -> tuple[str, str, dict[str, Any]] | None:
-    """Where ``rec`` workers are more than the dataset's shards: a sentence
-    for the message, the suggestion that replaces "set num_workers=rec"
-    (workers past the shard count get no data: the raise is a reshard
-    first), and the evidence that says so (render.with_tune_command then
-    verifies once resharded). None where the shards do not cap ``rec``."""
+def _stops(lib: str, n: int) -> str:
+    who = _LIBRARY_NAME.get(lib, lib or "its library")
+    return f"{who} gives each worker whole shards and stops the workers past {n}"
+
+
+class ShardCap(NamedTuple):
+    """A worker-count raise past the dataset's shards, said as a reshard."""
+
+    sentence: str  # added to the hint's message
+    suggestion: str  # replaces "set num_workers=rec"
+    evidence: dict[str, Any]
+
+
+def capped_by_shards(lv: LoaderView, rec: int) -> ShardCap | None:
+    """Where ``rec`` workers are more than the dataset's shards: workers past
+    the shard count get no data, so the raise is a reshard first (and
+    render.with_tune_command verifies once resharded, from ``reshard_to``).
+    None where the shards do not cap ``rec``."""
     got = library_shards(lv)
     if got is None or rec <= got[0]:
         return None
     n, lib = got
-    who = _LIBRARY_NAME.get(lib, lib or "its library")
     nw = lv.num_workers or 0
-    msg = (
-        f" But its dataset has {count_of(n, 'shard')}, and {who} gives each worker whole shards and "
-        f"stops the workers past {n}: as it is, {n} {'workers get' if n != 1 else 'worker gets'} data "
-        f"at most."
+    sentence = (
+        f" But its dataset has {count_of(n, 'shard')}, and {_stops(lib, n)}: as it is, "
+        f"{n} {'workers get' if n != 1 else 'worker gets'} data at most."
     )
     then = f"then set {setting(lv.loader, 'num_workers', rec)}"
     if nw < n:
-        sugg = f"set {setting(lv.loader, 'num_workers', n)} now; for {rec}, {reshard(lv, rec)}, {then}"
+        sugg = f"set {setting(lv.loader, 'num_workers', n)} now; for {rec}, {reshard(lib, rec)}, {then}"
     else:
-        sugg = f"{reshard(lv, rec)}, {then}"
-    return msg, sugg, {"shards": n, "shards_of": lib or None, "reshard_to": rec}
+        sugg = f"{reshard(lib, rec)}, {then}"
+    return ShardCap(sentence, sugg, {"shards": n, "shards_of": lib or None, "reshard_to": rec})
 
 
 def rule_idle_workers(ctx: Context) -> list[dict[str, Any]]:
@@ -154,13 +163,9 @@ def rule_idle_workers(ctx: Context) -> list[dict[str, Any]]:
         if got is not None and got[0] < nw:
             # The cause, in the library's terms: HF datasets stopped them.
             n, lib = got
-            msg += (
-                f" Its dataset has {count_of(n, 'shard')} for {nw} workers, and "
-                f"{_LIBRARY_NAME.get(lib, lib)} gives each worker whole shards and stops the "
-                f"workers past {n}."
-            )
+            msg += f" Its dataset has {count_of(n, 'shard')} for {nw} workers, and {_stops(lib, n)}."
             sugg = (
-                f"{reshard(lv, nw)}; or set {setting(lv.loader, 'num_workers', n)} to stop paying "
+                f"{reshard(lib, nw)}; or set {setting(lv.loader, 'num_workers', n)} to stop paying "
                 f"for idle ones"
             )
         ev: dict[str, Any] = {

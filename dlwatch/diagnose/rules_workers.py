@@ -327,8 +327,8 @@ def rule_no_workers(ctx: Context) -> list[dict[str, Any]]:
         msg += gain_text
         capped = capped_by_shards(lv, rec) if rec is not None else None
         if capped is not None:
-            msg += capped[0]
-            sugg = capped[1] + " so batches load in the background while the loop computes"
+            msg += capped.sentence
+            sugg = capped.suggestion + " so batches load in the background while the loop computes"
         elif rec is not None:
             sugg = (
                 f"set {setting(lv.loader, 'num_workers', rec)} so batches load in the "
@@ -361,7 +361,7 @@ def rule_no_workers(ctx: Context) -> list[dict[str, Any]]:
         }
         ev |= _prediction_evidence(pred)
         if capped is not None:
-            ev |= capped[2]
+            ev |= capped.evidence
         if acc is not None:
             ev["cpu_accounting"] = acc.evidence()
         out.append(_nothing_to_gain(hint("no-workers", severity, lv.pid, lv.lid, msg, sugg, ev), pred, lv))
@@ -477,8 +477,8 @@ def rule_add_workers(ctx: Context) -> list[dict[str, Any]]:
         sugg = f"set {setting(lv.loader, 'num_workers', rec)}"
         capped = capped_by_shards(lv, rec)
         if capped is not None:
-            msg += capped[0]
-            sugg = capped[1]
+            msg += capped.sentence
+            sugg = capped.suggestion
         ev = _common_evidence(lv) | {
             "recommended_num_workers": rec,
             "little_law_workers": little,
@@ -492,7 +492,7 @@ def rule_add_workers(ctx: Context) -> list[dict[str, Any]]:
         }
         ev |= _prediction_evidence(pred)
         if capped is not None:
-            ev |= capped[2]
+            ev |= capped.evidence
         h = hint("add-workers", "warn" if worth else "info", lv.pid, lv.lid, msg, sugg, ev)
         out.append(_nothing_to_gain(h, pred, lv))
     return out
@@ -523,8 +523,8 @@ def rule_io_bound(ctx: Context) -> list[dict[str, Any]]:
         )
         capped = capped_by_shards(lv, rec)
         if capped is not None:
-            msg += capped[0]
-            sugg = capped[1] + "; or cache the dataset on local SSD / in RAM"
+            msg += capped.sentence
+            sugg = capped.suggestion + "; or cache the dataset on local SSD / in RAM"
         ev = _common_evidence(lv) | {
             "recommended_num_workers": rec,
             "little_law_workers": little,
@@ -534,7 +534,7 @@ def rule_io_bound(ctx: Context) -> list[dict[str, Any]]:
         }
         ev |= _prediction_evidence(pred)
         if capped is not None:
-            ev |= capped[2]
+            ev |= capped.evidence
         out.append(
             _nothing_to_gain(
                 hint("io-bound", "warn" if worth else "info", lv.pid, lv.lid, msg, sugg, ev), pred, lv
@@ -614,8 +614,8 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict[str, Any]]:
         if one_more_helps:
             raise_to = f"set {setting(lv.loader, 'num_workers', nw + 1)}"
             if capped is not None:
-                msg += capped[0]
-                raise_to = capped[1]
+                msg += capped.sentence
+                raise_to = capped.suggestion
             sugg = f"{raise_to}; beyond that, " + sugg
         ev = _common_evidence(lv) | {
             "usable_cores": ctx.usable_cores,
@@ -632,7 +632,7 @@ def rule_cpu_bound_preprocessing(ctx: Context) -> list[dict[str, Any]]:
             ev["recommended_num_workers"] = nw + 1
         ev |= _prediction_evidence(more)
         if capped is not None:
-            ev |= capped[2]
+            ev |= capped.evidence
         ev["worker_profile"] = wp
         out.append(
             hint("cpu-bound-preprocessing", "warn" if worth else "info", lv.pid, lv.lid, msg, sugg, ev)

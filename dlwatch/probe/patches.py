@@ -184,10 +184,10 @@ def _wrap_next(orig_next, mod=None, like=None):
             raise
         t1 = clock()
         st.wait_s += t1 - t0
-        if c0 and st.t_last:  # not an epoch's first: its next() waits on new workers
+        last = st.t_last
+        if c0 and last:  # not an epoch's first: its next() waits on new workers
             st.next_cpu_s += cpu() - c0
             st.next_cpu_n += 1
-        last = st.t_last
         st.t_last = t1
         st.batches += 1
         if last:

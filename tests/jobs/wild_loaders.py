@@ -143,14 +143,11 @@ def spin(seconds: float) -> None:
         x = (x @ x).clamp_(-1, 1)
 
 
-# The loop thread's own CPU inside each next(): [wait end, ns].
-NEXT_CPU: list = []
-
-
 def loop(batches, a, spans, step_s: float, step=time.sleep) -> dict:
     """Train on ``batches`` (an iterable) for a.train_s seconds."""
     t0 = None
     n = 0
+    next_cpu = []  # the loop thread's own CPU inside each next(): [wait end, ns]
     it = iter(batches)
     while True:
         w0 = time.perf_counter_ns()
@@ -163,11 +160,11 @@ def loop(batches, a, spans, step_s: float, step=time.sleep) -> dict:
             print("ready", json.dumps({"first": batch.tolist()[:2]}), flush=True)
         else:
             spans.append([0, w0, w1])
-            NEXT_CPU.append([w1, c1 - c0])
+            next_cpu.append([w1, c1 - c0])
             n += 1
         step(step_s)
         if time.monotonic() - t0 > a.train_s or (a.stop_file and os.path.exists(a.stop_file)):
-            return {"batches": n, "seconds": time.monotonic() - t0}
+            return {"batches": n, "seconds": time.monotonic() - t0, "next_cpu": next_cpu}
 
 
 def thread_fed(a, spans, last: int | None = None) -> dict:
@@ -259,7 +256,6 @@ def main() -> None:
     else:
         raise SystemExit(f"unknown mode {a.mode}")
     res["spans"] = spans
-    res["next_cpu"] = NEXT_CPU
     with open(a.out, "w") as f:
         json.dump(res, f)
     print("done", flush=True)
