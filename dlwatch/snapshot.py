@@ -119,8 +119,9 @@ class Loader(_LoaderRequired, total=False):
     kind: str  # "map" | "iterable"
     dataset: str | None  # the user's dataset class, beneath frameworks' wrappers
     dataset_wrappers: list[str]  # the wrappers' classes, outermost first (Subset, IterableDatasetShard)
-    # An iterable dataset whose library hands each worker whole shards and
-    # stops the workers past this count (HF datasets: "datasets"); None else.
+    # An iterable dataset whose library hands each worker whole shards, none
+    # to the workers past this count (HF datasets: "datasets", WebDataset's
+    # tar files: "webdataset"); None else.
     shards: int | None
     shards_of: str | None
     # The loop thread's CPU inside next() per batch, ms (read on one batch in

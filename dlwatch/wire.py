@@ -268,7 +268,7 @@ LOADER_OPTIONAL = (
     | _of(_STR, "library", "loader_class", "worker_kind")
     | _of(_DICT, "knobs", "feeder", "consumer")
     | _of(_LIST, "pipeline_workers")
-    # An iterable dataset its library shards among workers (HF datasets):
+    # An iterable dataset its library shards among workers (HF datasets, WebDataset):
     # the shard count caps the workers that get data (probe/stats.py).
     | _of(_INT, "shards")
     | _of(_STR, "shards_of")

@@ -476,6 +476,10 @@ def loader_dict(
 # What a thin wrapper (WebDataset's WebLoader, a dlwatch.watch() around a
 # DataLoader) takes from the DataLoader it steps: its workers and settings.
 _LENT = (
+    # an iterable dataset's shards cap the stage's workers (rules_sharding)
+    "kind",
+    "shards",
+    "shards_of",
     "num_workers",
     "workers",
     "queue",

@@ -3,11 +3,12 @@ duplicated-samples.
 
 An ``IterableDataset`` runs whole in every worker; the dataset itself must
 hand each worker its part (``torch.utils.data.get_worker_info()``, or its
-library's sharding: an HF datasets ``IterableDataset`` gives each worker whole
-shards). Shared out badly, some workers get nothing and idle while the loop
-waits on the one that has the data (fewer shards than workers: HF datasets
-#8669, which stops the workers past its ``num_shards``); not shared out at
-all, every worker yields the whole stream and each sample reaches the loop
+library's sharding: an HF datasets ``IterableDataset`` or a ``WebDataset``
+gives each worker whole shards). Shared out badly, some workers get nothing
+and idle while the loop waits on the one that has the data (fewer shards than
+workers: HF datasets #8669, which stops the workers past its ``num_shards``;
+WebDataset fails the run there unless ``empty_check=False``); not shared out
+at all, every worker yields the whole stream and each sample reaches the loop
 once per worker.
 
 Where the probe read the shard count (``shards``, probe/stats.py), it also
@@ -62,7 +63,7 @@ SHARDING_ADVICE = (
 )
 
 # Each library's name in advice, and how its dataset gets at least n shards.
-_LIBRARY_NAME = {"datasets": "HF datasets"}
+_LIBRARY_NAME = {"datasets": "HF datasets", "webdataset": "WebDataset"}
 _RESHARD = {
     "datasets": lambda n: (
         f"more data files (a streaming dataset has one shard per file), ds.reshard() where your "
@@ -70,13 +71,25 @@ _RESHARD = {
         f"Dataset.to_iterable_dataset(num_shards={n}), or a list of {n}+ items in "
         f"IterableDataset.from_generator's gen_kwargs"
     ),
+    "webdataset": lambda n: (
+        f"write the data as {n}+ tar files, e.g. wds.ShardWriter with a smaller maxcount; or "
+        f"WebDataset(urls, resampled=True) with .with_epoch(): each worker then draws shards at random"
+    ),
+}
+# What a worker past the shard count does, in each library.
+_PAST_THE_SHARDS = {
+    "datasets": "stops the workers past {n}",
+    "webdataset": (
+        'a worker past {n} gets none, which fails the run ("No samples found in dataset") '
+        "unless empty_check=False"
+    ),
 }
 
 
 def library_shards(lv: LoaderView) -> tuple[int, str] | None:
     """(shards, library) of an iterable dataset whose library gives each
-    worker whole shards and stops the workers past the count (the probe's
-    ``shards``, HF datasets); None where no library shares it out so."""
+    worker whole shards, none past the count (the probe's ``shards``: HF
+    datasets, WebDataset); None where no library shares it out so."""
     n = as_int(lv.loader.get("shards"))
     if lv.loader.get("kind") != "iterable" or n is None or n <= 0:
         return None
@@ -91,7 +104,8 @@ def reshard(lib: str, n: int) -> str:
 
 def _stops(lib: str, n: int) -> str:
     who = _LIBRARY_NAME.get(lib, lib or "its library")
-    return f"{who} gives each worker whole shards and stops the workers past {n}"
+    past = _PAST_THE_SHARDS.get(lib, "the workers past {n} get none").format(n=n)
+    return f"{who} gives each worker whole shards and {past}"
 
 
 class ShardCap(NamedTuple):

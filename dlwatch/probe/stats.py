@@ -809,30 +809,72 @@ def _user_dataset(ds):
 
 
 # Iterable datasets whose library shares whole shards out among a loader's
-# workers and stops the workers past the shard count (HF datasets'
-# IterableDataset: ``_iter_pytorch`` logs "Too many dataloader workers" and
-# returns). The worker-count advice is capped by that count, and raising it
-# means resharding. Keyed by the top-level package of the dataset's class;
-# the attributes are tried in order (``n_shards``: older datasets releases).
-_SHARDED_BY_LIBRARY = {"datasets": ("num_shards", "n_shards")}
+# workers, so that a worker past the shard count gets no data: HF datasets'
+# IterableDataset (``_iter_pytorch`` logs "Too many dataloader workers" and
+# stops it) and WebDataset (``split_by_worker`` hands it no tar file, and its
+# default ``empty_check`` then fails the run: "No samples found in dataset").
+# The worker-count advice is capped by that count, and raising it means
+# resharding. Keyed by the top-level package of the dataset's class.
+# HF datasets: the attributes tried in order (``n_shards``: older releases).
+_HF_SHARD_ATTRS = ("num_shards", "n_shards")
 
 
-def dataset_shards(ds) -> tuple[int, str] | None:
-    """(shards, library) of an iterable dataset its library shards among
-    workers by itself; None for any other. Never raises: a property that
-    fails is a dataset dlwatch cannot size, not an error in the job."""
-    pkg = (type(ds).__module__ or "").split(".")[0]
-    names = _SHARDED_BY_LIBRARY.get(pkg)
-    if names is None:
-        return None
-    for name in names:
+def _hf_shards(ds) -> int | None:
+    for name in _HF_SHARD_ATTRS:
         try:
             n = getattr(ds, name, None)
         except Exception:
             continue
         if isinstance(n, int) and not isinstance(n, bool) and n > 0:
-            return n, pkg
+            return n
     return None
+
+
+def _stage_name(stage) -> str:
+    return str(getattr(stage, "__name__", None) or type(stage).__name__)
+
+
+def _webdataset_shards(ds) -> int | None:
+    """The tar files this rank's workers share: a pipeline that starts from
+    a fixed list (``SimpleShardList``, what ``WebDataset(urls)`` builds) and
+    splits it by worker. A resampled one (``ResampledShards``) draws shards
+    at random in every worker, and a custom splitter's share is its own:
+    None for those."""
+    stages = getattr(ds, "pipeline", None)
+    if not isinstance(stages, list) or not stages:
+        return None
+    names = [_stage_name(st) for st in stages]
+    urls = getattr(stages[0], "urls", None)
+    if names[0] != "SimpleShardList" or "split_by_worker" not in names or not isinstance(urls, list):
+        return None
+    n = len(urls)
+    if "split_by_node" in names:  # this rank's share first: urls[rank::world_size]
+        # webdataset's own reading of the rank (its module is loaded: the
+        # dataset is one of its own), None where it is not there to ask.
+        info = getattr(sys.modules.get("webdataset.utils"), "pytorch_worker_info", None)
+        if info is None:
+            return None
+        rank, world = info()[:2]
+        n = len(range(rank, n, max(1, world)))
+    return n if n > 0 else None
+
+
+_SHARDED_BY_LIBRARY = {"datasets": _hf_shards, "webdataset": _webdataset_shards}
+
+
+def dataset_shards(ds) -> tuple[int, str] | None:
+    """(shards, library) of an iterable dataset its library shards among
+    workers by itself; None for any other. Never raises: a dataset whose
+    shards fail to count is one dlwatch cannot size, not an error in the job."""
+    pkg = (type(ds).__module__ or "").split(".")[0]
+    count = _SHARDED_BY_LIBRARY.get(pkg)
+    if count is None:
+        return None
+    try:
+        n = count(ds)
+    except Exception:
+        return None
+    return (n, pkg) if n is not None else None
 
 
 def _is_iterable(ds) -> bool:

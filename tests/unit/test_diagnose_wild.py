@@ -413,3 +413,27 @@ def test_one_more_worker_that_helps_is_a_reshard_when_the_shards_are_taken():
     assert (
         "then set num_workers=2 in DataLoader(...); beyond that, make each batch cheaper" in h["suggestion"]
     )
+
+
+# --- WebDataset: split_by_worker hands each worker whole tar files ---------------
+
+WDS = dict(kind="iterable", shards_of="webdataset")
+
+
+def test_add_workers_past_a_webdatasets_tar_files_says_the_run_would_fail():
+    # Raised past its 2 tar files, WebDataset's default empty_check fails the
+    # run in the third worker: the raise is a reshard first, in its terms.
+    h = get(evaluate(one(cpu_bound_loader(shards=2, **WDS))), "add-workers")
+    said = "But its dataset has 2 shards, and WebDataset gives each worker whole shards and a worker past 2"
+    assert said in h["message"]
+    assert 'fails the run ("No samples found in dataset") unless empty_check=False' in h["message"]
+    assert h["suggestion"].startswith("give the dataset at least 4 shards (write the data as 4+ tar files")
+    assert "resampled=True" in h["suggestion"] and "to_iterable_dataset" not in h["suggestion"]
+    assert h["evidence"]["shards_of"] == "webdataset" and h["evidence"]["reshard_to"] == 4
+
+
+def test_idle_workers_of_a_webdataset_without_empty_check_say_reshard_in_its_terms():
+    ld = iterable([170, 0, 0], gone=(1, 2), shards=1, shards_of="webdataset")
+    h = get(evaluate(one(ld)), "idle-workers")
+    assert "Its dataset has 1 shard for 3 workers, and WebDataset gives each worker" in h["message"]
+    assert h["suggestion"].startswith("give the dataset at least 3 shards (write the data as 3+ tar files")

@@ -206,3 +206,63 @@ def test_a_shard_count_that_fails_is_left_out_and_the_rest_is_read():
     cfg = loader_config(DataLoader(_BrokenShards(), batch_size=4, num_workers=2), None)
     assert "shards" not in cfg
     assert cfg["kind"] == "iterable" and cfg["num_workers"] == 2 and cfg["batch_size"] == 4
+
+
+def _tar_shards(tmp_path, n: int) -> list[str]:
+    wds = pytest.importorskip("webdataset")
+    urls = []
+    for s in range(n):
+        urls.append(str(tmp_path / f"shard-{s}.tar"))
+        with wds.TarWriter(urls[-1]) as w:
+            for i in range(4):
+                w.write({"__key__": f"{s}-{i}", "cls": str(i).encode()})
+    return urls
+
+
+def test_the_tar_files_of_a_webdataset_are_its_shards(tmp_path):
+    """WebDataset's split_by_worker gives each worker whole tar files: a
+    worker past their count gets none (and fails the run by default)."""
+    wds = pytest.importorskip("webdataset")
+    urls = _tar_shards(tmp_path, 3)
+    built = {
+        "WebDataset, composed": wds.WebDataset(urls, shardshuffle=False).decode().shuffle(8).batched(2),
+        "DataPipeline": wds.DataPipeline(
+            wds.SimpleShardList(urls), wds.split_by_worker, wds.tarfile_to_samples()
+        ),
+        "split by node on one rank": wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node),
+    }
+    for name, ds in built.items():
+        cfg = loader_config(DataLoader(ds, batch_size=None, num_workers=2), None)
+        assert (cfg.get("shards"), cfg.get("shards_of")) == (3, "webdataset"), name
+    # Resampled: every worker draws shards at random, none runs dry; and a
+    # pipeline that does not split by worker gives every worker every file.
+    for ds in (
+        wds.WebDataset(urls, resampled=True, shardshuffle=False),
+        wds.DataPipeline(wds.SimpleShardList(urls), wds.tarfile_to_samples()),
+    ):
+        assert "shards" not in loader_config(DataLoader(ds, batch_size=None, num_workers=2), None)
+
+
+def test_a_webloader_lends_its_stages_shards_with_its_workers():
+    """OpenCLIP's WebLoader(WebDataset, num_workers=N): the wrapper is the
+    loop's loader and shows its DataLoader stage's workers; the stage's tar
+    files cap them, so the wrapper carries them too (the advice's shard cap)."""
+    from dlwatch.collect.model import lend_stage_workers
+
+    outer = {"id": 0, "library": "webdataset", "loop_role": "loop", "num_workers": 0}
+    stage = {"id": 1, "library": "torch", "loop_role": "stage", "nested_in": 0, "num_workers": 4}
+    stage.update(kind="iterable", shards=2, shards_of="webdataset", workers=[{"id": i} for i in range(4)])
+    lend_stage_workers([outer, stage])
+    assert (outer["num_workers"], outer["workers_from"]) == (4, 1)
+    assert (outer["kind"], outer["shards"], outer["shards_of"]) == ("iterable", 2, "webdataset")
+
+
+def test_a_webdataset_split_by_node_counts_this_ranks_tar_files(tmp_path, monkeypatch):
+    # Rank 1 of 2 reads urls[1::2]: one of the three files, for its workers.
+    wds = pytest.importorskip("webdataset")
+    urls = _tar_shards(tmp_path, 3)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    ds = wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node)
+    cfg = loader_config(DataLoader(ds, batch_size=None, num_workers=2), None)
+    assert (cfg["shards"], cfg["shards_of"]) == (1, "webdataset")
