@@ -37,6 +37,7 @@ publisher encodes it from another thread: its size never changes).
 from __future__ import annotations
 
 import sys
+import weakref
 from time import perf_counter as _clock
 from typing import Any
 
@@ -83,23 +84,39 @@ class Replay:
         loader._dlw_replay = self
 
     def attach(self, it) -> None:
-        """Route ``it``'s batches through the replay (once per iterator)."""
+        """Route ``it``'s batches through the replay (once per iterator).
+
+        The wrapper, kept on ``it``, holds ``it`` and this replay weakly: a
+        strong hold would make a reference cycle, and an iterator in one is
+        freed by the garbage collector, at whatever allocation in the loop
+        (or in a worker forked later, which inherits it) sets the collector
+        off, not where the loop drops it. Its workers' shutdown then waited
+        torch's 5 s join timeout, each time, inside someone's training step."""
         self.attached = True
-        orig = it._next_data
-        if getattr(orig, "_dlw_replay", None) is self:
+        own = it.__dict__.get("_next_data")
+        if own is not None and getattr(own, "_dlw_replay", None) is not None and own._dlw_replay() is self:
             return
+        orig = own if own is not None else type(it)._next_data.__get__(it)
+        if getattr(orig, "__self__", None) is it:
+            orig = orig.__func__  # unbound: the wrapper gets ``it`` from its weak reference
+            bound = False
+        else:
+            bound = True  # someone else's wrapper, already bound
+        it_ref, rep_ref = weakref.ref(it), weakref.ref(self)
 
         def _next_data():
-            if self.it is it:
-                return self.serve(it)
-            data = orig()
-            try:
-                self.observe(data, it)
-            except Exception:
-                pass
+            me, rep = it_ref(), rep_ref()
+            if rep is not None and me is not None and rep.it is me:
+                return rep.serve(me)
+            data = orig() if bound else orig(me)
+            if rep is not None:
+                try:
+                    rep.observe(data, me)
+                except Exception:
+                    pass
             return data
 
-        _next_data._dlw_replay = self  # type: ignore[attr-defined]
+        _next_data._dlw_replay = rep_ref  # type: ignore[attr-defined]
         it._next_data = _next_data
 
     def observe(self, data, it) -> None:

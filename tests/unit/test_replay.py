@@ -5,8 +5,10 @@ never replays."""
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
+import weakref
 from collections import namedtuple
 
 import numpy as np
@@ -336,3 +338,29 @@ def test_accelerates_prepared_loader_replays_the_selected_one(replay_env):
     seen = [digest(b) for b in prepared]
     assert len(seen) == 6 and len(set(seen)) == 2, seen
     assert mine._dlw_replay.status["state"] == "replaying"
+
+
+@pytest.mark.parametrize("state", ["caching", "replaying"])
+def test_an_iterator_the_loop_drops_is_freed_then_not_by_the_garbage_collector(replay_env, state):
+    """An iterator in a reference cycle is freed when the collector runs, at
+    whatever allocation of the loop sets it off (or in a worker forked
+    later): its workers' shutdown then waited torch's 5 s join there. Without
+    the collector, the dropped iterator goes at once and its worker exits."""
+    replay_env(batches=2 if state == "replaying" else 50)
+    loader = DataLoader(Tuples(), batch_size=4, num_workers=1)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    assert loader._dlw_replay.status["state"] == state
+    gone, worker = weakref.ref(it), it._workers[0]
+    gc.disable()
+    try:
+        del it
+        if state == "replaying":  # the replay keeps its iterator for the next epoch
+            overrides.uninstall()
+            del loader
+        assert gone() is None
+        worker.join(timeout=3.0)
+        assert worker.exitcode is not None
+    finally:
+        gc.enable()
