@@ -32,6 +32,7 @@ from .facts import (
     PERCENT_PER_CORE,
     Context,
     LoaderView,
+    as_int,
     as_list,
     cores,
     has_worker_knob,
@@ -156,11 +157,19 @@ def rule_no_worker_knob(ctx: Context) -> list[dict[str, Any]]:
             "data, or the library's own prefetch or parallel option); dlwatch.watch() measures the loop's "
             "wait on whatever it iterates",
         )
+        shards = as_int(lv.loader.get("shards"))
+        if lib == "webdataset" and shards:
+            # split_by_worker hands each worker whole tar files: N past them fails the run.
+            sugg += (
+                f"; N at most {shards}, its tar files: a worker past them gets none, which fails the run "
+                f'("No samples found in dataset") unless empty_check=False'
+            )
         ev = {
             "data_wait_fraction": r(lv.wait),
             "library": lib,
             "dataset": name,
             "ceiling_speedup": r(ceiling, 2),
+            "shards": shards,
         }
         severity = "warn" if lv.wait >= NO_KNOB_WARN_WAIT else "info"
         out.append(hint("no-worker-knob", severity, lv.pid, lv.lid, msg, sugg, ev))

@@ -149,6 +149,10 @@ def test_monai_webdataset_and_a_watched_generator_report_the_loops_own_wait(tmp_
         assert ld["data_wait_fraction"] > 0.2, (name, ld)
         assert [h["id"] for h in hints] == ["no-worker-knob"], (name, hints)
     assert got["a watched generator"][0]["dataset"] == "generator"
+    # Its 4 tar files bound the count it would take in a DataLoader's workers.
+    ld, (h,) = got["webdataset iterated directly"][:2]
+    assert (ld["shards"], ld["shards_of"]) == (4, "webdataset")
+    assert "N at most 4, its tar files" in h["suggestion"], h["suggestion"]
 
 
 def test_a_data_bound_nodes_pipeline_is_advised_in_its_own_knob(tmp_path):

@@ -96,6 +96,15 @@ def test_no_knob_never_advises_num_workers_and_says_the_ceiling():
     assert "num_workers=" not in h["suggestion"].split("(")[0]
     wds = get(evaluate(one(watched(library="webdataset"))), "no-worker-knob")
     assert "DataLoader(dataset, batch_size=None, num_workers=N)" in wds["suggestion"]
+    assert "at most" not in wds["suggestion"]  # its tar files unknown
+    ld = watched(library="webdataset")
+    ld["shards"] = 4
+    wds = get(evaluate(one(ld)), "no-worker-knob")
+    assert wds["suggestion"].endswith(
+        '; N at most 4, its tar files: a worker past them gets none, which fails the run ("No samples '
+        'found in dataset") unless empty_check=False'
+    )
+    assert wds["evidence"]["shards"] == 4
     assert get(evaluate(one(watched(wait=0.15))), "no-worker-knob")["severity"] == "info"
 
 

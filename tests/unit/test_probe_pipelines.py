@@ -539,3 +539,22 @@ def test_a_webdataset_pipeline_that_batches_itself_has_that_batch_size():
         ("webdataset", "DataPipeline", None),  # ends unbatched
         ("webdataset", "WebLoader", 16),
     ], got
+
+
+def test_a_webdataset_iterated_directly_carries_its_tar_files(tmp_path):
+    """Moved into a DataLoader's workers, a worker past its tar files gets
+    none: no-worker-knob's N is bounded by them (rules_pipelines)."""
+    import webdataset as wds
+
+    import dlwatch.hook  # noqa: F401
+
+    urls = []
+    for s in range(3):
+        urls.append(str(tmp_path / f"{s}.tar"))
+        with wds.TarWriter(urls[-1]) as w:
+            for i in range(4):
+                w.write({"__key__": f"{s}-{i}", "cls": str(i).encode()})
+    patches.registry.clear()
+    assert len(_drain(iter(wds.WebDataset(urls, shardshuffle=False)))) == 12
+    (f,) = _frames()
+    assert (f["library"], f["shards"], f["shards_of"]) == ("webdataset", 3, "webdataset"), f

@@ -38,13 +38,19 @@ def uninstall() -> None:
 
 
 def _config(pipe: Any) -> dict:
-    return {
+    cfg = {
         "num_workers": 0,
         "library": LIBRARY,
         "kind": "webdataset",
         "dataset": type(pipe).__name__,
         "batch_size": pipeline_batch(pipe),
     }
+    # Its tar files: moved into a DataLoader's workers, a worker past them
+    # gets none (and fails the run by default), so they bound the count.
+    shards = stats.dataset_shards(pipe)
+    if shards is not None:
+        cfg["shards"], cfg["shards_of"] = shards
+    return cfg
 
 
 def pipeline_batch(pipe: Any, depth: int = 0) -> int | None:
