@@ -89,9 +89,11 @@ class Replay:
         The wrapper, kept on ``it``, holds ``it`` and this replay weakly: a
         strong hold would make a reference cycle, and an iterator in one is
         freed by the garbage collector, at whatever allocation in the loop
-        (or in a worker forked later, which inherits it) sets the collector
-        off, not where the loop drops it. Its workers' shutdown then waited
-        torch's 5 s join timeout, each time, inside someone's training step."""
+        sets it off (a worker forked later inherits the cycle too), not
+        where the loop drops it. Dropped mid-epoch, its workers still up,
+        their shutdown there waited torch's 5 s join timeout: a script that
+        caps its steps per epoch and collects at each epoch's end took 5.15 s
+        an epoch, not 0.16 s."""
         self.attached = True
         own = it.__dict__.get("_next_data")
         if own is not None and getattr(own, "_dlw_replay", None) is not None and own._dlw_replay() is self:
