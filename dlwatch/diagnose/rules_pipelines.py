@@ -43,6 +43,7 @@ from .facts import (
     setting,
 )
 from .registry import Rule
+from .rules_sharding import WEBDATASET_EMPTY_WORKER
 
 # Threads whose CPU sums to at most this many cores while the loop waits run
 # one at a time: one core is the GIL's ceiling, the margin is tick noise and
@@ -160,10 +161,8 @@ def rule_no_worker_knob(ctx: Context) -> list[dict[str, Any]]:
         shards = as_int(lv.loader.get("shards"))
         if lib == "webdataset" and shards:
             # split_by_worker hands each worker whole tar files: N past them fails the run.
-            sugg += (
-                f"; N at most {shards}, its tar files: a worker past them gets none, which fails the run "
-                f'("No samples found in dataset") unless empty_check=False'
-            )
+            sugg += f"; N at most {shards}, its tar files: a worker past them gets none, "
+            sugg += WEBDATASET_EMPTY_WORKER
         ev = {
             "data_wait_fraction": r(lv.wait),
             "library": lib,

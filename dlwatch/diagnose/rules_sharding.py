@@ -76,13 +76,12 @@ _RESHARD = {
         f"WebDataset(urls, resampled=True) with .with_epoch(): each worker then draws shards at random"
     ),
 }
+# What WebDataset does with a worker left without a tar file (its default empty_check).
+WEBDATASET_EMPTY_WORKER = 'which fails the run ("No samples found in dataset") unless empty_check=False'
 # What a worker past the shard count does, in each library.
 _PAST_THE_SHARDS = {
     "datasets": "stops the workers past {n}",
-    "webdataset": (
-        'a worker past {n} gets none, which fails the run ("No samples found in dataset") '
-        "unless empty_check=False"
-    ),
+    "webdataset": "a worker past {n} gets none, " + WEBDATASET_EMPTY_WORKER,
 }
 
 
