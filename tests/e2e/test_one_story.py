@@ -8,6 +8,8 @@ import json
 
 from dlwatch.cli.text import render_snapshot
 from dlwatch.collect.monitor import Monitor
+from dlwatch.diagnose.direction import COUNT_HINTS
+from tests.e2e.test_scenarios import is_the_boxs_load
 from tests.e2e_util import Job, dlwatch, snapshot_json
 
 
@@ -29,9 +31,21 @@ def test_snapshot_gives_the_live_views_hints_for_the_same_job():
         # Judged as the live view judges: the hold passed, nothing left judging.
         assert snap["judging"] == [] and snap["judged_s"] >= 3.0, snap["judging"]
         assert shown is not None
-        mine = sorted(h["id"] for h in snap["hints"] if h["job_pid"] == job.proc.pid)
-        theirs = sorted(h["id"] for h in shown["hints"] if h["job_pid"] == job.proc.pid)
-        assert mine and mine == theirs, (snap["hints"], shown["hints"], shown.get("judging"))
+        ours = [h for h in snap["hints"] if h["job_pid"] == job.proc.pid]
+        live_ours = [h for h in shown["hints"] if h["job_pid"] == job.proc.pid]
+        mine, theirs = sorted(h["id"] for h in ours), sorted(h["id"] for h in live_ours)
+        assert mine, (snap["hints"], shown.get("judging"))
+        # Beside the parallel tier the box's load can be the worker-count story
+        # on one surface and not the other (once: the live view said
+        # cores-shared-with-others, the job's processes queued 1.74 cores for
+        # a CPU, the one-shot io-bound): the two judge windows 6 s apart, and
+        # a shown direction stays a minute (direction.DWELL_S). Where a
+        # warning's own figures say the box was loaded, only the count story
+        # may differ; on a quiet box the two are equal.
+        if any(is_the_boxs_load(h["id"], h.get("evidence")) for h in ours + live_ours):
+            mine = [i for i in mine if i not in COUNT_HINTS]
+            theirs = [i for i in theirs if i not in COUNT_HINTS]
+        assert mine == theirs, (snap["hints"], shown["hints"], shown.get("judging"))
 
         # Asked for one measurement only, it prints no hint and says why.
         r = dlwatch("snapshot", "--judge", "0", runtime_dir=job.dir)
